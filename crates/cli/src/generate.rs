@@ -1,0 +1,91 @@
+use std::io::Write;
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+use engine::tokenizer::ChatMessage;
+use engine::{CancelToken, Engine, Event, GenerateRequest, SamplingParams};
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Model folder (config.json, *.safetensors, tokenizer.json).
+    #[arg(long, short)]
+    model: PathBuf,
+    /// The prompt text.
+    #[arg(long, short)]
+    prompt: String,
+    /// Wrap the prompt as a user turn in the model's chat template.
+    #[arg(long)]
+    chat: bool,
+    /// With --chat: ask the template to skip the thinking block.
+    #[arg(long, requires = "chat")]
+    no_think: bool,
+    #[arg(long, default_value_t = 256)]
+    max_tokens: usize,
+    /// Sampling temperature; 0 = greedy.
+    #[arg(long = "temp", default_value_t = 0.0)]
+    temperature: f32,
+    #[arg(long, default_value_t = 1.0)]
+    top_p: f32,
+    /// 0 = off.
+    #[arg(long, default_value_t = 0)]
+    top_k: i32,
+    /// 0 = off.
+    #[arg(long, default_value_t = 0.0)]
+    min_p: f32,
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Stop before this string (repeatable).
+    #[arg(long)]
+    stop: Vec<String>,
+}
+
+pub fn run(args: Args) -> Result<()> {
+    let engine = Engine::load(&args.model).with_context(|| format!("loading {}", args.model.display()))?;
+    let text = if args.chat {
+        let mut extra = serde_json::Map::new();
+        if args.no_think {
+            extra.insert("enable_thinking".into(), false.into());
+        }
+        engine.tokenizer.apply_chat_template(&[ChatMessage::new("user", &args.prompt)], true, &extra)?
+    } else {
+        args.prompt.clone()
+    };
+    let request = GenerateRequest {
+        prompt: engine.tokenizer.encode(&text)?,
+        max_tokens: args.max_tokens,
+        sampling: SamplingParams {
+            temperature: args.temperature,
+            top_p: args.top_p,
+            top_k: args.top_k,
+            min_p: args.min_p,
+            seed: args.seed,
+        },
+        stop: args.stop,
+        ignore_eos: false,
+    };
+    let mut out = std::io::stdout().lock();
+    for event in engine.generate(request, CancelToken::default())? {
+        match event? {
+            Event::Text(t) => {
+                out.write_all(t.as_bytes())?;
+                out.flush()?;
+            }
+            Event::Finished(s) => {
+                let t = &s.timings;
+                writeln!(out)?;
+                eprintln!(
+                    "[{} prompt tokens, TTFT {:.1} ms, prompt {:.1} tok/s | {} tokens, decode {:.1} tok/s | peak memory {:.1} MB | {:?}, {}]",
+                    s.usage.prompt_tokens,
+                    t.ttft.as_secs_f64() * 1e3,
+                    t.prompt_tps,
+                    s.usage.completion_tokens,
+                    t.decode_tps,
+                    t.peak_memory_bytes as f64 / 1e6,
+                    s.finish_reason,
+                    engine.backend,
+                );
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,116 @@
+//! Per-layer generation state. Full-attention layers keep keys and values in a buffer that
+//! grows in steps of [`KvCache::STEP`] positions, so decoding does not reallocate per token.
+
+use mlx_rs::ops::indexing::{Ellipsis, IndexOp, TryIndexMutOp};
+use mlx_rs::{ops, Array};
+
+use crate::error::Result;
+
+#[derive(Debug, Default)]
+pub struct KvCache {
+    keys: Option<Array>,
+    values: Option<Array>,
+    /// Number of positions written so far.
+    pub offset: i32,
+}
+
+impl KvCache {
+    pub const STEP: i32 = 256;
+
+    /// Appends `keys`/`values` ([B, heads, L, head_dim]) and returns all positions so far.
+    pub fn update_and_fetch(&mut self, keys: &Array, values: &Array) -> Result<(Array, Array)> {
+        let prev = self.offset;
+        let new_len = keys.dim(2);
+        let capacity = self.keys.as_ref().map_or(0, |k| k.dim(2));
+        if self.keys.is_none() || prev + new_len > capacity {
+            let steps = (Self::STEP + new_len - 1) / Self::STEP;
+            let grow = |like: &Array| -> Result<Array> {
+                let s = like.shape();
+                Ok(ops::zeros_dtype(&[s[0], s[1], steps * Self::STEP, s[3]], like.dtype())?)
+            };
+            let (new_k, new_v) = (grow(keys)?, grow(values)?);
+            match (self.keys.take(), self.values.take()) {
+                (Some(mut k), Some(mut v)) => {
+                    if prev % Self::STEP != 0 {
+                        k = k.index((Ellipsis, ..prev, ..));
+                        v = v.index((Ellipsis, ..prev, ..));
+                    }
+                    self.keys = Some(ops::concatenate(&[k, new_k], 2)?);
+                    self.values = Some(ops::concatenate(&[v, new_v], 2)?);
+                }
+                _ => {
+                    self.keys = Some(new_k);
+                    self.values = Some(new_v);
+                }
+            }
+        }
+        self.offset += new_len;
+        let (k, v) = (self.keys.as_mut().unwrap(), self.values.as_mut().unwrap());
+        k.try_index_mut((Ellipsis, prev..self.offset, ..), keys)?;
+        v.try_index_mut((Ellipsis, prev..self.offset, ..), values)?;
+        if self.offset < k.dim(2) {
+            Ok((
+                k.index((Ellipsis, ..self.offset, ..)),
+                v.index((Ellipsis, ..self.offset, ..)),
+            ))
+        } else {
+            Ok((k.clone(), v.clone()))
+        }
+    }
+
+    /// Bytes held by the buffers (capacity, not just the used part).
+    pub fn nbytes(&self) -> usize {
+        self.keys.as_ref().map_or(0, |k| k.nbytes()) + self.values.as_ref().map_or(0, |v| v.nbytes())
+    }
+
+    pub fn state(&self) -> Vec<&Array> {
+        self.keys.iter().chain(self.values.iter()).collect()
+    }
+}
+
+/// The state of one layer. Hybrid models add recurrent (linear-attention) states here.
+#[derive(Debug)]
+pub enum LayerCache {
+    Kv(KvCache),
+}
+
+/// The state of a whole model for one sequence.
+#[derive(Debug, Default)]
+pub struct Cache {
+    pub layers: Vec<LayerCache>,
+}
+
+impl Cache {
+    pub fn kv(n_layers: usize) -> Self {
+        Cache {
+            layers: (0..n_layers).map(|_| LayerCache::Kv(KvCache::default())).collect(),
+        }
+    }
+
+    /// Positions processed so far.
+    pub fn offset(&self) -> i32 {
+        match self.layers.first() {
+            Some(LayerCache::Kv(kv)) => kv.offset,
+            None => 0,
+        }
+    }
+
+    pub fn nbytes(&self) -> usize {
+        self.layers
+            .iter()
+            .map(|l| match l {
+                LayerCache::Kv(kv) => kv.nbytes(),
+            })
+            .sum()
+    }
+
+    /// Arrays to evaluate so the cache is materialised between prefill chunks.
+    pub fn arrays(&self) -> Vec<&Array> {
+        self.layers
+            .iter()
+            .flat_map(|l| match l {
+                LayerCache::Kv(kv) => kv.state(),
+            })
+            .collect()
+    }
+}

@@ -1,0 +1,79 @@
+//! Model shapes for project-made checkpoints: `tiny` for tests (milliseconds per token on a
+//! laptop CPU) up to the shapes of real Qwen3 models for benchmarks.
+
+use serde_json::{json, Value};
+
+use crate::error::{Error, Result};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Arch {
+    Qwen3,
+    Qwen3Moe,
+}
+
+impl Arch {
+    pub fn parse(name: &str) -> Result<Self> {
+        match name {
+            "qwen3" => Ok(Arch::Qwen3),
+            "qwen3_moe" | "qwen3-moe" => Ok(Arch::Qwen3Moe),
+            other => Err(Error::Request(format!("unknown architecture `{other}` (known: qwen3, qwen3_moe)"))),
+        }
+    }
+}
+
+/// Preset names for each architecture, smallest first.
+pub fn names(arch: Arch) -> &'static [&'static str] {
+    match arch {
+        Arch::Qwen3 => &["tiny", "small", "0.6b", "8b", "32b"],
+        Arch::Qwen3Moe => &["tiny", "small", "30b-a3b"],
+    }
+}
+
+/// The `config.json` fields of a preset (without quantization and eos ids).
+pub fn config(arch: Arch, preset: &str) -> Result<Value> {
+    // (hidden, layers, heads, kv heads, head_dim, intermediate, vocab, tied)
+    let dense = |h: i32, l: i32, q: i32, kv: i32, hd: i32, i: i32, v: i32, tie: bool| {
+        json!({
+            "model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"],
+            "hidden_size": h, "num_hidden_layers": l, "num_attention_heads": q,
+            "num_key_value_heads": kv, "head_dim": hd, "intermediate_size": i,
+            "vocab_size": v, "tie_word_embeddings": tie, "rms_norm_eps": 1e-6,
+            "rope_theta": 1_000_000.0, "max_position_embeddings": 40960,
+            "attention_bias": false, "hidden_act": "silu",
+        })
+    };
+    let moe = |base: Value, experts: i32, top_k: i32, moe_i: i32| {
+        let mut c = base;
+        c["model_type"] = json!("qwen3_moe");
+        c["architectures"] = json!(["Qwen3MoeForCausalLM"]);
+        c["num_experts"] = json!(experts);
+        c["num_experts_per_tok"] = json!(top_k);
+        c["moe_intermediate_size"] = json!(moe_i);
+        c["decoder_sparse_step"] = json!(1);
+        c["mlp_only_layers"] = json!([]);
+        c["norm_topk_prob"] = json!(true);
+        c
+    };
+    let config = match (arch, preset) {
+        (Arch::Qwen3, "tiny") => dense(64, 2, 4, 2, 16, 128, 512, true),
+        (Arch::Qwen3, "small") => dense(256, 4, 8, 4, 32, 768, 2048, false),
+        (Arch::Qwen3, "0.6b") => dense(1024, 28, 16, 8, 128, 3072, 151936, true),
+        (Arch::Qwen3, "8b") => dense(4096, 36, 32, 8, 128, 12288, 151936, false),
+        (Arch::Qwen3, "32b") => dense(5120, 64, 64, 8, 128, 25600, 151936, false),
+        (Arch::Qwen3Moe, "tiny") => {
+            // One dense layer (mlp_only_layers) so both feed-forward kinds are exercised.
+            let mut c = moe(dense(64, 3, 4, 2, 16, 128, 512, false), 8, 2, 32);
+            c["mlp_only_layers"] = json!([1]);
+            c
+        }
+        (Arch::Qwen3Moe, "small") => moe(dense(256, 4, 8, 4, 32, 768, 2048, false), 16, 4, 128),
+        (Arch::Qwen3Moe, "30b-a3b") => moe(dense(2048, 48, 32, 4, 128, 6144, 151936, false), 128, 8, 768),
+        _ => {
+            return Err(Error::Request(format!(
+                "unknown preset `{preset}` for {arch:?} (known: {})",
+                names(arch).join(", ")
+            )))
+        }
+    };
+    Ok(config)
+}

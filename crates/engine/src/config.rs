@@ -1,0 +1,333 @@
+//! `config.json` of an MLX checkpoint: the fields the Qwen3 family uses, the quantization
+//! block (with per-layer overrides), and checks that name the field that is wrong.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+use crate::error::{Error, Result};
+
+/// Architectures this build can run, by `model_type`.
+pub const SUPPORTED_ARCHITECTURES: &[&str] = &["qwen3", "qwen3_moe"];
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct ModelConfig {
+    pub model_type: String,
+    pub hidden_size: i32,
+    pub num_hidden_layers: i32,
+    pub intermediate_size: i32,
+    pub num_attention_heads: i32,
+    pub num_key_value_heads: i32,
+    #[serde(default)]
+    pub head_dim: Option<i32>,
+    pub rms_norm_eps: f32,
+    pub vocab_size: i32,
+    #[serde(default)]
+    pub max_position_embeddings: Option<i32>,
+    #[serde(default)]
+    pub rope_theta: Option<f32>,
+    #[serde(default)]
+    pub rope_scaling: Option<RopeScaling>,
+    #[serde(default)]
+    pub tie_word_embeddings: bool,
+    #[serde(default)]
+    pub attention_bias: bool,
+    #[serde(default)]
+    pub eos_token_id: Option<TokenIds>,
+
+    // Mixture of experts (qwen3_moe).
+    #[serde(default)]
+    pub num_experts: i32,
+    #[serde(default)]
+    pub num_experts_per_tok: i32,
+    #[serde(default)]
+    pub moe_intermediate_size: i32,
+    #[serde(default = "one")]
+    pub decoder_sparse_step: i32,
+    #[serde(default)]
+    pub mlp_only_layers: Vec<i32>,
+    #[serde(default)]
+    pub norm_topk_prob: bool,
+
+    /// mlx-lm writes `quantization` (and a copy as `quantization_config`, which some
+    /// converters write alone).
+    #[serde(default)]
+    pub quantization: Option<serde_json::Map<String, serde_json::Value>>,
+    #[serde(default)]
+    pub quantization_config: Option<serde_json::Map<String, serde_json::Value>>,
+
+    /// Filled in by [`ModelConfig::load`], not read from the file.
+    #[serde(skip)]
+    pub path: PathBuf,
+    #[serde(skip)]
+    pub quant: Option<Quantization>,
+}
+
+fn one() -> i32 {
+    1
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum TokenIds {
+    One(u32),
+    Many(Vec<u32>),
+}
+
+impl TokenIds {
+    pub fn to_vec(&self) -> Vec<u32> {
+        match self {
+            TokenIds::One(id) => vec![*id],
+            TokenIds::Many(ids) => ids.clone(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct RopeScaling {
+    #[serde(default, alias = "type")]
+    pub rope_type: Option<String>,
+    #[serde(default)]
+    pub factor: Option<f32>,
+}
+
+/// Affine quantization of a linear or embedding layer, as `mx.quantize` writes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QuantSpec {
+    pub group_size: i32,
+    pub bits: i32,
+}
+
+/// The checkpoint's quantization: the default spec and per-module overrides
+/// (`None` = that module is kept in floating point).
+#[derive(Debug, Clone)]
+pub struct Quantization {
+    pub default: QuantSpec,
+    pub overrides: HashMap<String, Option<QuantSpec>>,
+}
+
+impl Quantization {
+    /// The spec for the module at `path` (e.g. `model.layers.0.mlp.gate`).
+    pub fn spec_for(&self, path: &str) -> Option<QuantSpec> {
+        match self.overrides.get(path) {
+            Some(spec) => *spec,
+            None => Some(self.default),
+        }
+    }
+}
+
+impl ModelConfig {
+    /// Reads and checks `DIR/config.json`.
+    pub fn load(dir: &Path) -> Result<Self> {
+        let path = dir.join("config.json");
+        let text = std::fs::read_to_string(&path).map_err(|e| Error::io(&path, e))?;
+        Self::parse(&text, &path)
+    }
+
+    pub fn parse(text: &str, path: &Path) -> Result<Self> {
+        let de = &mut serde_json::Deserializer::from_str(text);
+        let mut config: ModelConfig = serde_path_to_error::deserialize(de).map_err(|e| {
+            let field = e.path().to_string();
+            let inner = e.into_inner();
+            if inner.is_syntax() || inner.is_eof() {
+                Error::malformed(path, format!("not valid JSON: {inner}"))
+            } else {
+                Error::config(path, field, inner.to_string())
+            }
+        })?;
+        config.path = path.to_path_buf();
+        if !SUPPORTED_ARCHITECTURES.contains(&config.model_type.as_str()) {
+            return Err(Error::UnknownArchitecture {
+                path: path.to_path_buf(),
+                model_type: config.model_type.clone(),
+                supported: SUPPORTED_ARCHITECTURES.join(", "),
+            });
+        }
+        config.quant = config
+            .quantization
+            .as_ref()
+            .or(config.quantization_config.as_ref())
+            .map(|block| parse_quantization(block, path))
+            .transpose()?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    pub fn head_dim(&self) -> i32 {
+        self.head_dim
+            .unwrap_or(self.hidden_size / self.num_attention_heads.max(1))
+    }
+
+    pub fn rope_theta(&self) -> f32 {
+        self.rope_theta.unwrap_or(1_000_000.0)
+    }
+
+    /// RoPE position scale for `mx.fast.rope` (1 / factor for linear scaling).
+    pub fn rope_scale(&self) -> Result<f32> {
+        let Some(scaling) = &self.rope_scaling else {
+            return Ok(1.0);
+        };
+        match scaling.rope_type.as_deref() {
+            None | Some("default") => Ok(1.0),
+            Some("linear") => Ok(1.0 / scaling.factor.unwrap_or(1.0)),
+            Some(other) => Err(Error::config(
+                &self.path,
+                "rope_scaling.rope_type",
+                format!("`{other}` is not supported (supported: default, linear)"),
+            )),
+        }
+    }
+
+    pub fn is_moe_layer(&self, layer: i32) -> bool {
+        self.num_experts > 0
+            && !self.mlp_only_layers.contains(&layer)
+            && (layer + 1) % self.decoder_sparse_step.max(1) == 0
+    }
+
+    fn validate(&self) -> Result<()> {
+        let positive = [
+            ("hidden_size", self.hidden_size),
+            ("num_hidden_layers", self.num_hidden_layers),
+            ("num_attention_heads", self.num_attention_heads),
+            ("num_key_value_heads", self.num_key_value_heads),
+            ("vocab_size", self.vocab_size),
+            ("head_dim", self.head_dim()),
+        ];
+        for (field, value) in positive {
+            if value <= 0 {
+                return Err(Error::config(&self.path, field, format!("must be > 0, got {value}")));
+            }
+        }
+        if self.num_attention_heads % self.num_key_value_heads != 0 {
+            return Err(Error::config(
+                &self.path,
+                "num_key_value_heads",
+                format!(
+                    "{} does not divide num_attention_heads = {}",
+                    self.num_key_value_heads, self.num_attention_heads
+                ),
+            ));
+        }
+        if self.model_type == "qwen3_moe" {
+            if self.num_experts <= 0 {
+                return Err(Error::config(&self.path, "num_experts", "qwen3_moe needs num_experts > 0"));
+            }
+            if self.num_experts_per_tok <= 0 || self.num_experts_per_tok > self.num_experts {
+                return Err(Error::config(
+                    &self.path,
+                    "num_experts_per_tok",
+                    format!("must be in 1..={}, got {}", self.num_experts, self.num_experts_per_tok),
+                ));
+            }
+            if self.moe_intermediate_size <= 0 {
+                return Err(Error::config(&self.path, "moe_intermediate_size", "must be > 0"));
+            }
+        }
+        self.rope_scale()?;
+        Ok(())
+    }
+}
+
+fn parse_quantization(
+    block: &serde_json::Map<String, serde_json::Value>,
+    path: &Path,
+) -> Result<Quantization> {
+    let unsupported = |detail: String| Error::UnsupportedQuantization {
+        path: path.to_path_buf(),
+        detail,
+    };
+    if let Some(mode) = block.get("mode").and_then(|m| m.as_str()) {
+        if mode != "affine" {
+            return Err(unsupported(format!("mode `{mode}` (only affine is supported)")));
+        }
+    }
+    let spec = |value: &serde_json::Value, at: &str| -> Result<QuantSpec> {
+        let field = |name: &str| {
+            value
+                .get(name)
+                .and_then(|v| v.as_i64())
+                .ok_or_else(|| Error::config(path, format!("{at}.{name}"), "missing or not an integer"))
+        };
+        let spec = QuantSpec {
+            group_size: field("group_size")? as i32,
+            bits: field("bits")? as i32,
+        };
+        if ![2, 3, 4, 5, 6, 8].contains(&spec.bits) {
+            return Err(unsupported(format!("{at}: {} bits (supported: 2, 3, 4, 5, 6, 8)", spec.bits)));
+        }
+        if ![32, 64, 128].contains(&spec.group_size) {
+            return Err(unsupported(format!(
+                "{at}: group size {} (supported: 32, 64, 128)",
+                spec.group_size
+            )));
+        }
+        Ok(spec)
+    };
+    let root = serde_json::Value::Object(block.clone());
+    let default = spec(&root, "quantization")?;
+    let mut overrides = HashMap::new();
+    for (key, value) in block {
+        match value {
+            serde_json::Value::Object(_) => {
+                overrides.insert(key.clone(), Some(spec(value, &format!("quantization.{key}"))?));
+            }
+            serde_json::Value::Bool(false) => {
+                overrides.insert(key.clone(), None);
+            }
+            _ => {}
+        }
+    }
+    Ok(Quantization { default, overrides })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TINY: &str = r#"{"model_type":"qwen3","hidden_size":64,"num_hidden_layers":2,
+        "intermediate_size":128,"num_attention_heads":4,"num_key_value_heads":2,"head_dim":16,
+        "rms_norm_eps":1e-6,"vocab_size":256,"rope_theta":1000000,"tie_word_embeddings":true}"#;
+
+    fn parse(text: &str) -> Result<ModelConfig> {
+        ModelConfig::parse(text, Path::new("m/config.json"))
+    }
+
+    #[test]
+    fn parses_a_qwen3_config() {
+        let c = parse(TINY).unwrap();
+        assert_eq!(c.head_dim(), 16);
+        assert!(c.quant.is_none());
+        assert!(!c.is_moe_layer(0));
+    }
+
+    #[test]
+    fn names_the_bad_field() {
+        let text = TINY.replace("\"hidden_size\":64", "\"hidden_size\":\"wide\"");
+        let err = parse(&text).unwrap_err().to_string();
+        assert!(err.contains("m/config.json") && err.contains("hidden_size"), "{err}");
+    }
+
+    #[test]
+    fn rejects_unknown_architecture_and_bad_json() {
+        let err = parse(&TINY.replace("\"qwen3\"", "\"llama\"")).unwrap_err().to_string();
+        assert!(err.contains("unknown architecture `llama`"), "{err}");
+        let err = parse("{\"model_type\": ").unwrap_err().to_string();
+        assert!(err.contains("not valid JSON"), "{err}");
+    }
+
+    #[test]
+    fn reads_quantization_with_overrides() {
+        let text = TINY.replace(
+            "\"tie_word_embeddings\":true",
+            r#""tie_word_embeddings":true,"quantization":{"group_size":64,"bits":4,
+               "model.layers.0.mlp.gate":{"group_size":64,"bits":8},"lm_head":false}"#,
+        );
+        let q = parse(&text).unwrap().quant.unwrap();
+        assert_eq!(q.spec_for("model.layers.1.mlp.up_proj"), Some(QuantSpec { group_size: 64, bits: 4 }));
+        assert_eq!(q.spec_for("model.layers.0.mlp.gate"), Some(QuantSpec { group_size: 64, bits: 8 }));
+        assert_eq!(q.spec_for("lm_head"), None);
+        let bad = text.replace("\"bits\":4", "\"bits\":7");
+        assert!(parse(&bad).unwrap_err().to_string().contains("7 bits"));
+    }
+}

@@ -1,0 +1,347 @@
+//! The generation API the CLI, the server and the app build on: a request in, a stream of
+//! events out (text deltas, then one summary with finish reason, usage and timings),
+//! cancelable at any token.
+//!
+//! Decoding is pipelined as in mlx-lm: the graph for token n+1 is built and handed to MLX
+//! (`async_eval`) before token n is read back, so the host never leaves the device idle.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use mlx_rs::ops::indexing::{IndexOp, NewAxis};
+use mlx_rs::transforms::{async_eval, eval};
+use mlx_rs::Array;
+use serde::Serialize;
+
+use crate::cache::Cache;
+use crate::device::{self, Backend};
+use crate::error::{Error, Result};
+use crate::models::{self, LanguageModel};
+use crate::sampling::{Sampler, SamplingParams};
+use crate::tokenizer::{StreamDecoder, Tokenizer};
+
+/// Prompt positions processed per forward pass during prefill.
+pub const DEFAULT_PREFILL_CHUNK: usize = 2048;
+
+#[derive(Debug, Clone)]
+pub struct GenerateRequest {
+    pub prompt: Vec<u32>,
+    pub max_tokens: usize,
+    pub sampling: SamplingParams,
+    /// Generation ends before the first occurrence of any of these strings.
+    pub stop: Vec<String>,
+    /// Keep going past end-of-sequence tokens (benchmarks need a fixed length).
+    pub ignore_eos: bool,
+}
+
+impl GenerateRequest {
+    pub fn greedy(prompt: Vec<u32>, max_tokens: usize) -> Self {
+        GenerateRequest { prompt, max_tokens, sampling: SamplingParams::greedy(), stop: vec![], ignore_eos: false }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FinishReason {
+    /// An end-of-sequence token or a stop string.
+    Stop,
+    /// `max_tokens` reached.
+    Length,
+    Cancelled,
+}
+
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Usage {
+    pub prompt_tokens: usize,
+    pub completion_tokens: usize,
+}
+
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Timings {
+    /// Request start to the first generated token.
+    pub ttft: Duration,
+    pub prompt_tps: f64,
+    /// Tokens after the first, over the time since the first.
+    pub decode_tps: f64,
+    pub total: Duration,
+    /// MLX peak memory during the request.
+    pub peak_memory_bytes: usize,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Summary {
+    pub finish_reason: FinishReason,
+    pub usage: Usage,
+    pub timings: Timings,
+}
+
+#[derive(Debug, Clone)]
+pub enum Event {
+    Text(String),
+    Finished(Summary),
+}
+
+/// Shared flag that stops a generation at its next token.
+#[derive(Debug, Clone, Default)]
+pub struct CancelToken(Arc<AtomicBool>);
+
+impl CancelToken {
+    pub fn cancel(&self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+    pub fn is_cancelled(&self) -> bool {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+/// A loaded model with its tokenizer.
+pub struct Engine {
+    pub model: Box<dyn LanguageModel>,
+    pub tokenizer: Tokenizer,
+    pub dir: PathBuf,
+    pub backend: Backend,
+    pub prefill_chunk: usize,
+}
+
+impl Engine {
+    pub fn load(dir: &Path) -> Result<Self> {
+        let backend = device::backend();
+        let model = models::load(dir)?;
+        let tokenizer = Tokenizer::load(dir)?;
+        tracing::info!("loaded {} from {} on {backend}", model.config().model_type, dir.display());
+        Ok(Engine { model, tokenizer, dir: dir.to_path_buf(), backend, prefill_chunk: DEFAULT_PREFILL_CHUNK })
+    }
+
+    pub fn generate(&self, request: GenerateRequest, cancel: CancelToken) -> Result<Generation<'_>> {
+        if request.prompt.is_empty() {
+            return Err(Error::Request("the prompt is empty".into()));
+        }
+        let vocab = self.model.config().vocab_size as u32;
+        if let Some(bad) = request.prompt.iter().find(|&&t| t >= vocab) {
+            return Err(Error::Request(format!("token id {bad} is outside the vocabulary ({vocab})")));
+        }
+        if request.stop.iter().any(String::is_empty) {
+            return Err(Error::Request("a stop string is empty".into()));
+        }
+        let sampler = Sampler::new(request.sampling.clone())?;
+        Ok(Generation {
+            engine: self,
+            cache: self.model.new_cache(),
+            sampler,
+            stops: StopMatcher::new(request.stop.clone()),
+            request,
+            cancel,
+            decoder: StreamDecoder::new(),
+            pending: None,
+            generated: 0,
+            started: Instant::now(),
+            first_token_at: None,
+            last_token_at: None,
+            finish: None,
+            done: false,
+        })
+    }
+
+    /// Runs a whole request and returns its text and summary.
+    pub fn generate_text(&self, request: GenerateRequest) -> Result<(String, Summary)> {
+        let mut text = String::new();
+        for event in self.generate(request, CancelToken::default())? {
+            match event? {
+                Event::Text(t) => text.push_str(&t),
+                Event::Finished(summary) => return Ok((text, summary)),
+            }
+        }
+        Err(Error::Request("generation ended without a summary".into()))
+    }
+}
+
+/// One running request; iterate it for events.
+pub struct Generation<'a> {
+    engine: &'a Engine,
+    request: GenerateRequest,
+    cancel: CancelToken,
+    cache: Cache,
+    sampler: Sampler,
+    decoder: StreamDecoder,
+    stops: StopMatcher,
+    /// The next token, scheduled on the device but not read back yet.
+    pending: Option<Array>,
+    generated: usize,
+    started: Instant,
+    first_token_at: Option<Instant>,
+    last_token_at: Option<Instant>,
+    /// Set when the stream must end after the text already returned.
+    finish: Option<FinishReason>,
+    done: bool,
+}
+
+impl Generation<'_> {
+    /// Logits of the last position → the next token (lazy).
+    fn step(&mut self, tokens: &Array) -> Result<Array> {
+        let logits = self.engine.model.forward(tokens, &mut self.cache)?;
+        let last = logits.index((.., -1, ..));
+        self.sampler.sample(&last)
+    }
+
+    fn prefill(&mut self) -> Result<Array> {
+        mlx_rs::memory::reset_peak_memory()?;
+        let prompt = &self.request.prompt;
+        let (head, last) = prompt.split_at(prompt.len() - 1);
+        for chunk in head.chunks(self.engine.prefill_chunk.max(1)) {
+            if self.cancel.is_cancelled() {
+                break;
+            }
+            let ids = Array::from_slice(chunk, &[1, chunk.len() as i32]);
+            // Only the cache is evaluated: the logits of these positions are never computed.
+            let _ = self.engine.model.forward(&ids, &mut self.cache)?;
+            eval(self.cache.arrays())?;
+        }
+        self.step(&Array::from_slice(last, &[1, 1]))
+    }
+
+    fn summary(&self, finish_reason: FinishReason) -> Summary {
+        let now = Instant::now();
+        let first = self.first_token_at.unwrap_or(now);
+        let prefill = first.duration_since(self.started);
+        let decode = self.last_token_at.unwrap_or(first).duration_since(first);
+        let rate = |n: usize, d: Duration| if d.as_secs_f64() > 0.0 { n as f64 / d.as_secs_f64() } else { 0.0 };
+        Summary {
+            finish_reason,
+            usage: Usage { prompt_tokens: self.request.prompt.len(), completion_tokens: self.generated },
+            timings: Timings {
+                ttft: prefill,
+                prompt_tps: rate(self.request.prompt.len(), prefill),
+                decode_tps: rate(self.generated.saturating_sub(1), decode),
+                total: now.duration_since(self.started),
+                peak_memory_bytes: mlx_rs::memory::peak_memory().unwrap_or(0),
+            },
+        }
+    }
+
+    fn advance(&mut self) -> Result<Event> {
+        loop {
+            if let Some(reason) = self.finish {
+                return Ok(Event::Finished(self.summary(reason)));
+            }
+            if self.cancel.is_cancelled() {
+                return Ok(Event::Finished(self.summary(FinishReason::Cancelled)));
+            }
+            let y = match self.pending.take() {
+                Some(y) => y,
+                None if self.generated == 0 => self.prefill()?,
+                None => return Ok(Event::Finished(self.summary(FinishReason::Length))),
+            };
+            if self.generated + 1 < self.request.max_tokens {
+                let next = self.step(&y.index(NewAxis))?;
+                async_eval([&next])?;
+                self.pending = Some(next);
+            }
+            let token = y.item_cast::<u32>();
+            let now = Instant::now();
+            self.first_token_at.get_or_insert(now);
+            self.last_token_at = Some(now);
+            self.generated += 1;
+
+            let mut reason = None;
+            let mut text = if !self.request.ignore_eos && self.engine.tokenizer.eos_ids.contains(&token) {
+                reason = Some(FinishReason::Stop);
+                self.decoder.flush(&self.engine.tokenizer)?
+            } else {
+                self.decoder.push(&self.engine.tokenizer, token)?
+            };
+            if reason.is_none() && self.generated >= self.request.max_tokens {
+                reason = Some(FinishReason::Length);
+                text.push_str(&self.decoder.flush(&self.engine.tokenizer)?);
+            }
+            let (mut out, hit) = self.stops.push(&text);
+            if hit {
+                reason = Some(FinishReason::Stop);
+            } else if reason.is_some() {
+                out.push_str(&self.stops.flush());
+            }
+            if reason.is_some() {
+                self.pending = None;
+                self.finish = reason;
+            }
+            if !out.is_empty() {
+                return Ok(Event::Text(out));
+            }
+        }
+    }
+}
+
+impl Iterator for Generation<'_> {
+    type Item = Result<Event>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.done {
+            return None;
+        }
+        let event = self.advance();
+        if !matches!(event, Ok(Event::Text(_))) {
+            self.done = true;
+        }
+        Some(event)
+    }
+}
+
+/// Finds stop strings in streamed text, holding back any tail that could begin one.
+struct StopMatcher {
+    stops: Vec<String>,
+    held: String,
+}
+
+impl StopMatcher {
+    fn new(stops: Vec<String>) -> Self {
+        StopMatcher { stops, held: String::new() }
+    }
+
+    /// Returns the text that is safe to emit, and whether a stop string was found.
+    fn push(&mut self, delta: &str) -> (String, bool) {
+        self.held.push_str(delta);
+        if let Some(at) = self.stops.iter().filter_map(|s| self.held.find(s.as_str())).min() {
+            let out = self.held[..at].to_string();
+            self.held.clear();
+            return (out, true);
+        }
+        let keep = (1..=self.held.len())
+            .rev()
+            .filter(|&n| self.held.is_char_boundary(self.held.len() - n))
+            .find(|&n| {
+                let tail = &self.held[self.held.len() - n..];
+                self.stops.iter().any(|s| s.starts_with(tail))
+            })
+            .unwrap_or(0);
+        let out = self.held[..self.held.len() - keep].to_string();
+        self.held.drain(..self.held.len() - keep);
+        (out, false)
+    }
+
+    fn flush(&mut self) -> String {
+        std::mem::take(&mut self.held)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::StopMatcher;
+
+    #[test]
+    fn stop_strings_split_across_deltas() {
+        let mut m = StopMatcher::new(vec!["END".into()]);
+        assert_eq!(m.push("hello E"), ("hello ".into(), false));
+        assert_eq!(m.push("N"), ("".into(), false));
+        assert_eq!(m.push("D tail"), ("".into(), true));
+        let mut m = StopMatcher::new(vec!["END".into()]);
+        assert_eq!(m.push("EN"), ("".into(), false));
+        assert_eq!(m.push("x é"), ("ENx é".into(), false));
+        assert_eq!(m.flush(), "");
+    }
+}
+
+/// MLX's peak memory since the last reset (each request resets it).
+pub fn peak_memory_bytes() -> usize {
+    mlx_rs::memory::peak_memory().unwrap_or(0)
+}

@@ -1,0 +1,61 @@
+//! Grouped-query attention with per-head q/k RMSNorm and RoPE (Qwen3).
+
+use mlx_rs::fast::{self, ScaledDotProductAttentionMask};
+use mlx_rs::Array;
+
+use super::{Linear, RmsNorm};
+use crate::cache::KvCache;
+use crate::error::Result;
+
+#[derive(Debug, Clone)]
+pub struct Rope {
+    pub dims: i32,
+    pub base: f32,
+    pub scale: f32,
+}
+
+impl Rope {
+    pub fn forward(&self, x: &Array, offset: i32) -> Result<Array> {
+        Ok(fast::rope(x, self.dims, false, self.base, self.scale, offset, None)?)
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct Attention {
+    pub q_proj: Linear,
+    pub k_proj: Linear,
+    pub v_proj: Linear,
+    pub o_proj: Linear,
+    pub q_norm: RmsNorm,
+    pub k_norm: RmsNorm,
+    pub n_heads: i32,
+    pub n_kv_heads: i32,
+    pub head_dim: i32,
+    pub rope: Rope,
+}
+
+impl Attention {
+    /// `x`: [B, L, hidden]. Attends causally over the cache plus the `L` new positions.
+    pub fn forward(&self, x: &Array, cache: &mut KvCache) -> Result<Array> {
+        let (b, l) = (x.dim(0), x.dim(1));
+        let heads = |y: Array, n: i32| y.reshape(&[b, l, n, -1]);
+        let q = self.q_norm.forward(&heads(self.q_proj.forward(x)?, self.n_heads)?)?;
+        let k = self.k_norm.forward(&heads(self.k_proj.forward(x)?, self.n_kv_heads)?)?;
+        let v = heads(self.v_proj.forward(x)?, self.n_kv_heads)?;
+        let (q, k, v) = (
+            q.transpose_axes(&[0, 2, 1, 3])?,
+            k.transpose_axes(&[0, 2, 1, 3])?,
+            v.transpose_axes(&[0, 2, 1, 3])?,
+        );
+        let q = self.rope.forward(&q, cache.offset)?;
+        let k = self.rope.forward(&k, cache.offset)?;
+        let (k, v) = cache.update_and_fetch(&k, &v)?;
+        let scale = (self.head_dim as f64).powf(-0.5) as f32;
+        // MLX's causal mode aligns the mask to the end of the keys, so it is right after a
+        // cached prefix too; a single new position needs no mask.
+        let mask = (l > 1).then_some(ScaledDotProductAttentionMask::Causal);
+        let o = fast::scaled_dot_product_attention(&q, &k, &v, scale, mask, None)?;
+        let o = o.transpose_axes(&[0, 2, 1, 3])?.reshape(&[b, l, -1])?;
+        self.o_proj.forward(&o)
+    }
+}

@@ -1,0 +1,81 @@
+//! Linear and embedding layers, dense or affine-quantized as `mx.quantize` packs them.
+
+use mlx_rs::{ops, Array};
+
+use crate::config::QuantSpec;
+use crate::error::Result;
+
+/// Packed weights of a quantized matrix: `weight` is uint32 with `32 / bits` values per word,
+/// `scales` and `biases` have one value per group of `group_size` inputs.
+#[derive(Debug, Clone)]
+pub struct Packed {
+    pub weight: Array,
+    pub scales: Array,
+    pub biases: Array,
+    pub spec: QuantSpec,
+}
+
+#[derive(Debug, Clone)]
+pub enum Linear {
+    Dense { weight: Array, bias: Option<Array> },
+    Quantized { packed: Packed, bias: Option<Array> },
+}
+
+impl Linear {
+    pub fn forward(&self, x: &Array) -> Result<Array> {
+        let (y, bias) = match self {
+            Linear::Dense { weight, bias } => {
+                if let Some(bias) = bias {
+                    return Ok(ops::addmm(bias, x, weight.t(), None, None)?);
+                }
+                (ops::matmul(x, weight.t())?, None)
+            }
+            Linear::Quantized { packed, bias } => (quantized_matmul(x, packed)?, bias.as_ref()),
+        };
+        Ok(match bias {
+            Some(b) => y.add(b)?,
+            None => y,
+        })
+    }
+}
+
+fn quantized_matmul(x: &Array, p: &Packed) -> Result<Array> {
+    Ok(ops::quantized_matmul(
+        x,
+        &p.weight,
+        &p.scales,
+        &p.biases,
+        true,
+        p.spec.group_size,
+        p.spec.bits,
+    )?)
+}
+
+#[derive(Debug, Clone)]
+pub enum Embedding {
+    Dense { weight: Array },
+    Quantized { packed: Packed },
+}
+
+impl Embedding {
+    /// Rows of the table for token ids of any shape.
+    pub fn forward(&self, ids: &Array) -> Result<Array> {
+        match self {
+            Embedding::Dense { weight } => Ok(weight.take_axis(ids, 0)?),
+            Embedding::Quantized { packed } => {
+                let w = packed.weight.take_axis(ids, 0)?;
+                let s = packed.scales.take_axis(ids, 0)?;
+                let b = packed.biases.take_axis(ids, 0)?;
+                Ok(ops::dequantize(&w, &s, &b, packed.spec.group_size, packed.spec.bits)?)
+            }
+        }
+    }
+
+    /// The table used as the output projection (tied embeddings).
+    pub fn as_linear(&self, x: &Array) -> Result<Array> {
+        match self {
+            Embedding::Dense { weight } => Ok(ops::matmul(x, weight.t())?),
+            Embedding::Quantized { packed } => quantized_matmul(x, packed),
+        }
+    }
+}

@@ -1,0 +1,85 @@
+//! Builds layers from checkpoint tensors, checking every shape against the config. A layer
+//! is quantized when its `.scales` tensor is present (as mlx-lm decides), with the bits and
+//! group size of the config's `quantization` block or its per-layer override.
+
+use super::linear::Packed;
+use super::moe::SwitchLinear;
+use super::{Embedding, Linear, RmsNorm};
+use crate::config::{QuantSpec, Quantization};
+use crate::error::{Error, Result};
+use crate::weights::Weights;
+
+pub struct Loader<'a> {
+    pub weights: &'a mut Weights,
+    pub quant: Option<&'a Quantization>,
+    pub config_path: std::path::PathBuf,
+}
+
+impl Loader<'_> {
+    fn spec(&self, path: &str) -> Result<Option<QuantSpec>> {
+        if !self.weights.contains(&format!("{path}.scales")) {
+            return Ok(None);
+        }
+        match self.quant.and_then(|q| q.spec_for(path)) {
+            Some(spec) => Ok(Some(spec)),
+            None => Err(Error::UnsupportedQuantization {
+                path: self.config_path.clone(),
+                detail: format!("`{path}` is quantized but the config gives no bits/group size for it"),
+            }),
+        }
+    }
+
+    /// Quantized weights of a matrix of logical shape [..lead, out, in].
+    fn packed(&mut self, path: &str, lead: &[i32], out: i32, inp: i32, spec: QuantSpec) -> Result<Packed> {
+        if inp % spec.group_size != 0 || (inp * spec.bits) % 32 != 0 {
+            return Err(Error::UnsupportedQuantization {
+                path: self.config_path.clone(),
+                detail: format!("`{path}`: input size {inp} does not fit group size {} / {} bits", spec.group_size, spec.bits),
+            });
+        }
+        let shape = |last: i32| [lead, &[out, last]].concat();
+        Ok(Packed {
+            weight: self.weights.take(&format!("{path}.weight"), Some(&shape(inp * spec.bits / 32)))?,
+            scales: self.weights.take(&format!("{path}.scales"), Some(&shape(inp / spec.group_size)))?,
+            biases: self.weights.take(&format!("{path}.biases"), Some(&shape(inp / spec.group_size)))?,
+            spec,
+        })
+    }
+
+    pub fn linear(&mut self, path: &str, inp: i32, out: i32, bias: bool) -> Result<Linear> {
+        let bias = if bias {
+            Some(self.weights.take(&format!("{path}.bias"), Some(&[out]))?)
+        } else {
+            None
+        };
+        Ok(match self.spec(path)? {
+            Some(spec) => Linear::Quantized { packed: self.packed(path, &[], out, inp, spec)?, bias },
+            None => Linear::Dense { weight: self.weights.take(&format!("{path}.weight"), Some(&[out, inp]))?, bias },
+        })
+    }
+
+    pub fn embedding(&mut self, path: &str, vocab: i32, dim: i32) -> Result<Embedding> {
+        Ok(match self.spec(path)? {
+            Some(spec) => Embedding::Quantized { packed: self.packed(path, &[], vocab, dim, spec)? },
+            None => Embedding::Dense { weight: self.weights.take(&format!("{path}.weight"), Some(&[vocab, dim]))? },
+        })
+    }
+
+    pub fn switch_linear(&mut self, path: &str, experts: i32, inp: i32, out: i32) -> Result<SwitchLinear> {
+        Ok(match self.spec(path)? {
+            Some(spec) => SwitchLinear::Quantized { packed: self.packed(path, &[experts], out, inp, spec)? },
+            None => {
+                let mut weight = self.weights.take(&format!("{path}.weight"), Some(&[experts, out, inp]))?;
+                // MLX's CPU gather_mm supports only float32 (mlx-lm fails there).
+                if weight.dtype() != mlx_rs::Dtype::Float32 && crate::device::backend() == crate::device::Backend::Cpu {
+                    weight = weight.as_dtype(mlx_rs::Dtype::Float32)?;
+                }
+                SwitchLinear::Dense { weight }
+            }
+        })
+    }
+
+    pub fn rms_norm(&mut self, path: &str, dim: i32, eps: f32) -> Result<RmsNorm> {
+        Ok(RmsNorm { weight: self.weights.take(&format!("{path}.weight"), Some(&[dim]))?, eps })
+    }
+}

@@ -1,0 +1,103 @@
+//! Mixture of experts (Qwen3-MoE): a softmax router picks `top_k` experts per token and the
+//! experts' SwiGLU MLPs run as one gathered (quantized) matmul per projection.
+
+use mlx_rs::ops::indexing::{Ellipsis, TryIndexOp};
+use mlx_rs::{ops, Array};
+
+use super::linear::Packed;
+use super::{swiglu, Linear};
+use crate::error::Result;
+
+/// One projection of all experts: weights [experts, out, in].
+#[derive(Debug, Clone)]
+pub enum SwitchLinear {
+    Dense { weight: Array },
+    Quantized { packed: Packed },
+}
+
+impl SwitchLinear {
+    /// `x`: [..., 1, in] rows, `experts`: matching expert ids.
+    fn forward(&self, x: &Array, experts: &Array, sorted: bool) -> Result<Array> {
+        Ok(match self {
+            SwitchLinear::Dense { weight } if weight.dtype() != x.dtype() => {
+                // CPU gather_mm is float32-only: the loader upcast the weights.
+                let y = ops::gather_mm(x.as_dtype(weight.dtype())?, weight.swap_axes(-1, -2)?, None, experts, sorted)?;
+                y.as_dtype(x.dtype())?
+            }
+            SwitchLinear::Dense { weight } => {
+                ops::gather_mm(x, weight.swap_axes(-1, -2)?, None, experts, sorted)?
+            }
+            SwitchLinear::Quantized { packed: p } => ops::gather_qmm(
+                x,
+                &p.weight,
+                &p.scales,
+                &p.biases,
+                None,
+                experts,
+                true,
+                p.spec.group_size,
+                p.spec.bits,
+                sorted,
+            )?,
+        })
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct SwitchGlu {
+    pub gate_proj: SwitchLinear,
+    pub up_proj: SwitchLinear,
+    pub down_proj: SwitchLinear,
+}
+
+impl SwitchGlu {
+    /// `x`: [B, L, D], `indices`: [B, L, K] → [B, L, K, D].
+    pub fn forward(&self, x: &Array, indices: &Array) -> Result<Array> {
+        let x = ops::expand_dims_axes(x, &[-2, -3])?;
+        // With many (token, expert) pairs, grouping the rows by expert makes the gathered
+        // matmuls read each expert's weights once.
+        let sort = indices.size() >= 64;
+        let (x, idx, inverse) = if sort {
+            let k = indices.dim(-1);
+            let flat = indices.flatten(None, None)?;
+            let order = ops::argsort(&flat)?;
+            let inverse = ops::argsort(&order)?;
+            let rows = order.floor_divide(Array::from_int(k))?;
+            let x = x.flatten(0, -3)?.take_axis(&rows, 0)?;
+            (x, flat.take_axis(&order, 0)?, Some(inverse))
+        } else {
+            (x, indices.clone(), None)
+        };
+        let up = self.up_proj.forward(&x, &idx, sort)?;
+        let gate = self.gate_proj.forward(&x, &idx, sort)?;
+        let mut y = self.down_proj.forward(&swiglu(&gate, &up)?, &idx, sort)?;
+        if let Some(inverse) = inverse {
+            y = ops::unflatten(y.take_axis(&inverse, 0)?, 0, indices.shape())?;
+        }
+        Ok(y.squeeze_axes(&[-2])?)
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct SparseMoe {
+    pub gate: Linear,
+    pub experts: SwitchGlu,
+    pub top_k: i32,
+    pub norm_topk_prob: bool,
+}
+
+impl SparseMoe {
+    pub fn forward(&self, x: &Array) -> Result<Array> {
+        let probs = ops::softmax_axis(self.gate.forward(x)?, -1, true)?;
+        let k = self.top_k;
+        let top = ops::argpartition_axis(&probs, -k, -1)?;
+        let top = top.try_index((Ellipsis, -k..))?;
+        let mut scores = ops::indexing::take_along_axis(&probs, &top, -1)?;
+        if self.norm_topk_prob {
+            scores = scores.divide(scores.sum_axis(-1, true)?)?;
+        }
+        let y = self.experts.forward(x, &top)?;
+        let weighted = y.multiply(ops::expand_dims(&scores, -1)?)?;
+        Ok(weighted.sum_axis(-2, false)?)
+    }
+}

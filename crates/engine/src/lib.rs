@@ -1,0 +1,18 @@
+//! Ferrite's inference engine: MLX-format checkpoints of the Qwen3 family run through
+//! mlx-rs, with caches, sampling and a streaming generation API. It knows nothing of HTTP.
+
+pub mod cache;
+pub mod checkpoint;
+pub mod config;
+pub mod device;
+pub mod error;
+pub mod generate;
+pub mod layers;
+pub mod models;
+pub mod sampling;
+pub mod tokenizer;
+pub mod weights;
+
+pub use error::{Error, Result};
+pub use generate::{CancelToken, Engine, Event, FinishReason, GenerateRequest, Summary};
+pub use sampling::SamplingParams;

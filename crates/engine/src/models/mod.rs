@@ -1,0 +1,46 @@
+//! Model architectures, one file each, and the decoder trunk they share.
+
+pub mod qwen3;
+pub mod qwen3_moe;
+pub mod transformer;
+
+use std::path::Path;
+
+use mlx_rs::Array;
+
+use crate::cache::Cache;
+use crate::config::ModelConfig;
+use crate::error::Result;
+use crate::layers::Loader;
+use crate::weights::Weights;
+
+pub use transformer::Transformer;
+
+/// What the generator needs from a model.
+pub trait LanguageModel: Send {
+    /// Logits [B, L, vocab] for token ids [B, L], advancing `cache` by L positions.
+    fn forward(&self, tokens: &Array, cache: &mut Cache) -> Result<Array>;
+    /// An empty cache for one sequence.
+    fn new_cache(&self) -> Cache;
+    fn config(&self) -> &ModelConfig;
+}
+
+/// Loads the model in `dir` (config.json + safetensors), dispatching on `model_type`.
+pub fn load(dir: &Path) -> Result<Box<dyn LanguageModel>> {
+    let config = ModelConfig::load(dir)?;
+    let mut weights = Weights::load(dir)?;
+    let dropped = weights.drop_prefix("mtp.");
+    if dropped > 0 {
+        tracing::info!("{}: ignoring {dropped} mtp.* tensors (no MTP head for {})", dir.display(), config.model_type);
+    }
+    let model = {
+        let mut loader = Loader { weights: &mut weights, quant: config.quant.as_ref(), config_path: config.path.clone() };
+        match config.model_type.as_str() {
+            "qwen3" => qwen3::build(&config, &mut loader)?,
+            "qwen3_moe" => qwen3_moe::build(&config, &mut loader)?,
+            other => unreachable!("config.rs accepted unknown model_type {other}"),
+        }
+    };
+    weights.finish()?;
+    Ok(Box::new(model))
+}

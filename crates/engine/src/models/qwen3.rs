@@ -1,0 +1,20 @@
+//! Qwen3 (dense): every layer has a SwiGLU MLP.
+
+use super::Transformer;
+use crate::config::ModelConfig;
+use crate::error::Result;
+use crate::layers::{FeedForward, Loader, Mlp};
+
+pub fn build(config: &ModelConfig, ld: &mut Loader) -> Result<Transformer> {
+    Transformer::build(config, ld, |ld, _, path| {
+        Ok(FeedForward::Dense(mlp(ld, path, config.hidden_size, config.intermediate_size)?))
+    })
+}
+
+pub fn mlp(ld: &mut Loader, path: &str, dim: i32, hidden: i32) -> Result<Mlp> {
+    Ok(Mlp {
+        gate_proj: ld.linear(&format!("{path}.gate_proj"), dim, hidden, false)?,
+        up_proj: ld.linear(&format!("{path}.up_proj"), dim, hidden, false)?,
+        down_proj: ld.linear(&format!("{path}.down_proj"), hidden, dim, false)?,
+    })
+}

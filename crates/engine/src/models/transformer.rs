@@ -1,0 +1,89 @@
+//! The decoder-only trunk of the Qwen3 family: embeddings, pre-norm decoder layers, final
+//! norm and the output projection (or the tied embedding table).
+
+use mlx_rs::Array;
+
+use super::LanguageModel;
+use crate::cache::{Cache, LayerCache};
+use crate::config::ModelConfig;
+use crate::error::Result;
+use crate::layers::attention::Rope;
+use crate::layers::{Attention, DecoderLayer, Embedding, FeedForward, Linear, Loader, RmsNorm};
+
+pub struct Transformer {
+    pub config: ModelConfig,
+    pub embed_tokens: Embedding,
+    pub layers: Vec<DecoderLayer>,
+    pub norm: RmsNorm,
+    /// `None` when the embeddings are tied.
+    pub lm_head: Option<Linear>,
+}
+
+impl Transformer {
+    /// Builds the trunk; `ffn(loader, layer_index, path)` builds each layer's feed-forward.
+    pub fn build(
+        config: &ModelConfig,
+        ld: &mut Loader,
+        mut ffn: impl FnMut(&mut Loader, i32, &str) -> Result<FeedForward>,
+    ) -> Result<Self> {
+        let c = config;
+        let (dim, hd, eps) = (c.hidden_size, c.head_dim(), c.rms_norm_eps);
+        let embed_tokens = ld.embedding("model.embed_tokens", c.vocab_size, dim)?;
+        let mut layers = Vec::with_capacity(c.num_hidden_layers as usize);
+        for i in 0..c.num_hidden_layers {
+            let p = format!("model.layers.{i}");
+            let a = format!("{p}.self_attn");
+            let bias = c.attention_bias;
+            let self_attn = Attention {
+                q_proj: ld.linear(&format!("{a}.q_proj"), dim, c.num_attention_heads * hd, bias)?,
+                k_proj: ld.linear(&format!("{a}.k_proj"), dim, c.num_key_value_heads * hd, bias)?,
+                v_proj: ld.linear(&format!("{a}.v_proj"), dim, c.num_key_value_heads * hd, bias)?,
+                o_proj: ld.linear(&format!("{a}.o_proj"), c.num_attention_heads * hd, dim, bias)?,
+                q_norm: ld.rms_norm(&format!("{a}.q_norm"), hd, eps)?,
+                k_norm: ld.rms_norm(&format!("{a}.k_norm"), hd, eps)?,
+                n_heads: c.num_attention_heads,
+                n_kv_heads: c.num_key_value_heads,
+                head_dim: hd,
+                rope: Rope { dims: hd, base: c.rope_theta(), scale: c.rope_scale()? },
+            };
+            layers.push(DecoderLayer {
+                input_layernorm: ld.rms_norm(&format!("{p}.input_layernorm"), dim, eps)?,
+                self_attn,
+                post_attention_layernorm: ld.rms_norm(&format!("{p}.post_attention_layernorm"), dim, eps)?,
+                mlp: ffn(ld, i, &format!("{p}.mlp"))?,
+            });
+        }
+        let norm = ld.rms_norm("model.norm", dim, eps)?;
+        let lm_head = if c.tie_word_embeddings {
+            // Some tied checkpoints still carry a copy; mlx-lm drops it too.
+            ld.weights.drop_prefix("lm_head.");
+            None
+        } else {
+            Some(ld.linear("lm_head", dim, c.vocab_size, false)?)
+        };
+        Ok(Transformer { config: config.clone(), embed_tokens, layers, norm, lm_head })
+    }
+}
+
+impl LanguageModel for Transformer {
+    fn forward(&self, tokens: &Array, cache: &mut Cache) -> Result<Array> {
+        let mut h = self.embed_tokens.forward(tokens)?;
+        for (layer, state) in self.layers.iter().zip(cache.layers.iter_mut()) {
+            let LayerCache::Kv(kv) = state;
+            h = layer.forward(&h, kv)?;
+        }
+        let h = self.norm.forward(&h)?;
+        match &self.lm_head {
+            Some(head) => head.forward(&h),
+            None => self.embed_tokens.as_linear(&h),
+        }
+    }
+
+    fn new_cache(&self) -> Cache {
+        Cache::kv(self.layers.len())
+    }
+
+    fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+}

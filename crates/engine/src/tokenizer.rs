@@ -1,0 +1,189 @@
+//! Text in and out: the checkpoint's `tokenizer.json`, its chat template (rendered with
+//! minijinja) and its end-of-sequence ids, plus a streaming detokenizer that never splits a
+//! UTF-8 character.
+
+use std::path::{Path, PathBuf};
+
+use serde::Serialize;
+
+use crate::error::{Error, Result};
+
+pub struct Tokenizer {
+    inner: tokenizers::Tokenizer,
+    chat_template: Option<String>,
+    bos_token: Option<String>,
+    eos_token: Option<String>,
+    /// Ids that end a generation: generation_config.json, config.json and the eos token.
+    pub eos_ids: Vec<u32>,
+    path: PathBuf,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ChatMessage {
+    pub role: String,
+    pub content: String,
+}
+
+impl ChatMessage {
+    pub fn new(role: &str, content: &str) -> Self {
+        ChatMessage { role: role.into(), content: content.into() }
+    }
+}
+
+fn read_json(path: &Path) -> Result<Option<serde_json::Value>> {
+    if !path.exists() {
+        return Ok(None);
+    }
+    let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+    serde_json::from_str(&text)
+        .map(Some)
+        .map_err(|e| Error::malformed(path, format!("not valid JSON: {e}")))
+}
+
+/// A token given as a string or as `{"content": ...}` (both occur in tokenizer_config.json).
+fn token_string(v: Option<&serde_json::Value>) -> Option<String> {
+    match v? {
+        serde_json::Value::String(s) => Some(s.clone()),
+        other => other.get("content")?.as_str().map(str::to_string),
+    }
+}
+
+fn ids(v: Option<&serde_json::Value>) -> Vec<u32> {
+    match v {
+        Some(serde_json::Value::Number(n)) => n.as_u64().map(|n| vec![n as u32]).unwrap_or_default(),
+        Some(serde_json::Value::Array(a)) => a.iter().filter_map(|n| n.as_u64()).map(|n| n as u32).collect(),
+        _ => vec![],
+    }
+}
+
+impl Tokenizer {
+    /// Loads the tokenizer files of a model folder.
+    pub fn load(dir: &Path) -> Result<Self> {
+        let path = dir.join("tokenizer.json");
+        if !path.exists() {
+            return Err(Error::Tokenizer { path, message: "missing".into() });
+        }
+        let inner = tokenizers::Tokenizer::from_file(&path)
+            .map_err(|e| Error::Tokenizer { path: path.clone(), message: e.to_string() })?;
+        let config = read_json(&dir.join("tokenizer_config.json"))?.unwrap_or_default();
+        let template_file = dir.join("chat_template.jinja");
+        let chat_template = if template_file.exists() {
+            Some(std::fs::read_to_string(&template_file).map_err(|e| Error::io(&template_file, e))?)
+        } else {
+            config.get("chat_template").and_then(|t| t.as_str()).map(str::to_string)
+        };
+        let eos_token = token_string(config.get("eos_token"));
+        let bos_token = token_string(config.get("bos_token"));
+
+        let mut eos_ids = ids(read_json(&dir.join("generation_config.json"))?.as_ref().and_then(|g| g.get("eos_token_id")));
+        eos_ids.extend(ids(read_json(&dir.join("config.json"))?.as_ref().and_then(|c| c.get("eos_token_id"))));
+        if let Some(id) = eos_token.as_deref().and_then(|t| inner.token_to_id(t)) {
+            eos_ids.push(id);
+        }
+        eos_ids.sort_unstable();
+        eos_ids.dedup();
+        Ok(Tokenizer { inner, chat_template, bos_token, eos_token, eos_ids, path })
+    }
+
+    pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
+        // Special tokens in the text (e.g. from a rendered chat template) map to their ids;
+        // no BOS/EOS is added, as Qwen does not use them.
+        let enc = self
+            .inner
+            .encode(text, false)
+            .map_err(|e| Error::Tokenizer { path: self.path.clone(), message: e.to_string() })?;
+        Ok(enc.get_ids().to_vec())
+    }
+
+    pub fn decode(&self, ids: &[u32]) -> Result<String> {
+        self.inner
+            .decode(ids, true)
+            .map_err(|e| Error::Tokenizer { path: self.path.clone(), message: e.to_string() })
+    }
+
+    pub fn vocab_size(&self) -> usize {
+        self.inner.get_vocab_size(true)
+    }
+
+    pub fn token_to_id(&self, token: &str) -> Option<u32> {
+        self.inner.token_to_id(token)
+    }
+
+    pub fn has_chat_template(&self) -> bool {
+        self.chat_template.is_some()
+    }
+
+    /// Renders the chat template. `extra` adds template variables such as `enable_thinking`.
+    pub fn apply_chat_template(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+        extra: &serde_json::Map<String, serde_json::Value>,
+    ) -> Result<String> {
+        let template = self
+            .chat_template
+            .as_deref()
+            .ok_or_else(|| Error::Template(format!("{}: the model has no chat_template", self.path.display())))?;
+        let mut env = minijinja::Environment::new();
+        minijinja_contrib::add_to_environment(&mut env);
+        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        env.add_function("raise_exception", |msg: String| -> std::result::Result<String, minijinja::Error> {
+            Err(minijinja::Error::new(minijinja::ErrorKind::InvalidOperation, msg))
+        });
+        env.add_template("chat", template).map_err(|e| Error::Template(e.to_string()))?;
+        let mut ctx = serde_json::Map::new();
+        ctx.insert("messages".into(), serde_json::to_value(messages).unwrap_or_default());
+        ctx.insert("add_generation_prompt".into(), add_generation_prompt.into());
+        ctx.insert("bos_token".into(), self.bos_token.clone().unwrap_or_default().into());
+        ctx.insert("eos_token".into(), self.eos_token.clone().unwrap_or_default().into());
+        for (k, v) in extra {
+            ctx.insert(k.clone(), v.clone());
+        }
+        let tmpl = env.get_template("chat").map_err(|e| Error::Template(e.to_string()))?;
+        tmpl.render(minijinja::Value::from_serialize(&ctx)).map_err(|e| Error::Template(e.to_string()))
+    }
+}
+
+/// Turns a stream of token ids into text deltas. Decodes a short window of recent ids and
+/// holds back output while it ends in an incomplete UTF-8 sequence (U+FFFD).
+pub struct StreamDecoder {
+    ids: Vec<u32>,
+    prefix_offset: usize,
+    read_offset: usize,
+}
+
+impl Default for StreamDecoder {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl StreamDecoder {
+    pub fn new() -> Self {
+        StreamDecoder { ids: Vec::new(), prefix_offset: 0, read_offset: 0 }
+    }
+
+    /// Adds one token; returns the text it completes (possibly empty).
+    pub fn push(&mut self, tokenizer: &Tokenizer, id: u32) -> Result<String> {
+        self.ids.push(id);
+        let prefix = tokenizer.decode(&self.ids[self.prefix_offset..self.read_offset])?;
+        let full = tokenizer.decode(&self.ids[self.prefix_offset..])?;
+        if full.len() > prefix.len() && !full.ends_with('\u{FFFD}') && full.starts_with(&prefix) {
+            let delta = full[prefix.len()..].to_string();
+            self.prefix_offset = self.read_offset;
+            self.read_offset = self.ids.len();
+            Ok(delta)
+        } else {
+            Ok(String::new())
+        }
+    }
+
+    /// Whatever is still held back at the end of the stream.
+    pub fn flush(&mut self, tokenizer: &Tokenizer) -> Result<String> {
+        let prefix = tokenizer.decode(&self.ids[self.prefix_offset..self.read_offset])?;
+        let full = tokenizer.decode(&self.ids[self.prefix_offset..])?;
+        self.prefix_offset = self.ids.len();
+        self.read_offset = self.ids.len();
+        Ok(full.get(prefix.len()..).unwrap_or_default().to_string())
+    }
+}

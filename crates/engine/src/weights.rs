@@ -1,0 +1,175 @@
+//! Reading a checkpoint's tensors: `model.safetensors`, or shards listed in
+//! `model.safetensors.index.json`. Headers are checked with the `safetensors` crate before
+//! MLX maps the data, so a missing shard or a truncated file is reported by name instead of
+//! surfacing later as an MLX exception.
+
+use std::collections::{BTreeSet, HashMap};
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
+use mlx_rs::Array;
+
+use crate::error::{Error, Result};
+
+/// All tensors of a checkpoint, taken one by one as the model is built; what is left over at
+/// the end is an error (a misnamed tensor must not be silently ignored).
+pub struct Weights {
+    dir: PathBuf,
+    tensors: HashMap<String, (Array, PathBuf)>,
+}
+
+impl Weights {
+    pub fn load(dir: &Path) -> Result<Self> {
+        let mut tensors = HashMap::new();
+        for file in weight_files(dir)? {
+            let names = check_header(&file)?;
+            let arrays = Array::load_safetensors(&file)
+                .map_err(|e| Error::malformed(&file, format!("MLX could not load it: {e}")))?;
+            for (name, array) in arrays {
+                debug_assert!(names.contains(&name));
+                tensors.insert(name, (array, file.clone()));
+            }
+        }
+        Ok(Weights {
+            dir: dir.to_path_buf(),
+            tensors,
+        })
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    pub fn contains(&self, name: &str) -> bool {
+        self.tensors.contains_key(name)
+    }
+
+    /// Removes and returns `name`, checking its shape when `shape` is given.
+    pub fn take(&mut self, name: &str, shape: Option<&[i32]>) -> Result<Array> {
+        let (array, file) = self.tensors.remove(name).ok_or_else(|| Error::MissingTensor {
+            dir: self.dir.clone(),
+            name: name.to_string(),
+        })?;
+        if let Some(expected) = shape {
+            if array.shape() != expected {
+                return Err(Error::Shape {
+                    file,
+                    name: name.to_string(),
+                    expected: expected.to_vec(),
+                    found: array.shape().to_vec(),
+                });
+            }
+        }
+        Ok(array)
+    }
+
+    pub fn take_optional(&mut self, name: &str, shape: Option<&[i32]>) -> Result<Option<Array>> {
+        if self.contains(name) {
+            self.take(name, shape).map(Some)
+        } else {
+            Ok(None)
+        }
+    }
+
+    /// Drops every tensor whose name starts with `prefix`; returns how many there were.
+    pub fn drop_prefix(&mut self, prefix: &str) -> usize {
+        let before = self.tensors.len();
+        self.tensors.retain(|name, _| !name.starts_with(prefix));
+        before - self.tensors.len()
+    }
+
+    /// Fails if any tensor was not used by the model.
+    pub fn finish(self) -> Result<()> {
+        let unused: BTreeSet<&String> = self.tensors.keys().collect();
+        match unused.iter().next() {
+            None => Ok(()),
+            Some(example) => Err(Error::UnusedTensors {
+                dir: self.dir.clone(),
+                count: unused.len(),
+                example: example.to_string(),
+            }),
+        }
+    }
+}
+
+/// The safetensors files of a checkpoint: the shards the index names, else every
+/// `*.safetensors` in the folder.
+pub fn weight_files(dir: &Path) -> Result<Vec<PathBuf>> {
+    let index = dir.join("model.safetensors.index.json");
+    if index.exists() {
+        let text = std::fs::read_to_string(&index).map_err(|e| Error::io(&index, e))?;
+        let value: serde_json::Value = serde_json::from_str(&text)
+            .map_err(|e| Error::malformed(&index, format!("not valid JSON: {e}")))?;
+        let map = value
+            .get("weight_map")
+            .and_then(|m| m.as_object())
+            .ok_or_else(|| Error::config(&index, "weight_map", "missing or not an object"))?;
+        let mut files = BTreeSet::new();
+        for (tensor, file) in map {
+            let file = file.as_str().ok_or_else(|| {
+                Error::config(&index, format!("weight_map.{tensor}"), "not a file name")
+            })?;
+            files.insert(file.to_string());
+        }
+        return files
+            .into_iter()
+            .map(|f| {
+                let path = dir.join(&f);
+                if path.is_file() {
+                    Ok(path)
+                } else {
+                    Err(Error::malformed(&index, format!("shard `{f}` is listed but missing")))
+                }
+            })
+            .collect();
+    }
+    let entries = std::fs::read_dir(dir).map_err(|e| Error::io(dir, e))?;
+    let mut files: Vec<PathBuf> = entries
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
+        .collect();
+    files.sort();
+    if files.is_empty() {
+        return Err(Error::malformed(dir, "no model.safetensors (or *.safetensors shards) here"));
+    }
+    Ok(files)
+}
+
+/// Parses a safetensors header and checks that the file holds all the bytes it announces.
+/// Returns the tensor names.
+pub fn check_header(file: &Path) -> Result<BTreeSet<String>> {
+    let bad = |m: String| Error::malformed(file, m);
+    let mut handle = std::fs::File::open(file).map_err(|e| Error::io(file, e))?;
+    let file_len = handle.metadata().map_err(|e| Error::io(file, e))?.len();
+    let mut len_bytes = [0u8; 8];
+    handle
+        .read_exact(&mut len_bytes)
+        .map_err(|_| bad("truncated: shorter than a safetensors header".into()))?;
+    let header_len = u64::from_le_bytes(len_bytes);
+    if header_len > 100_000_000 || 8 + header_len > file_len {
+        return Err(bad(format!("truncated or not safetensors: header of {header_len} bytes in a {file_len}-byte file")));
+    }
+    let mut header = vec![0u8; header_len as usize];
+    handle
+        .read_exact(&mut header)
+        .map_err(|e| bad(format!("reading the header: {e}")))?;
+    let metadata: safetensors::tensor::Metadata = serde_json::from_slice(&header)
+        .map_err(|e| bad(format!("invalid safetensors header: {e}")))?;
+    let tensors = metadata.tensors();
+    let data_end = tensors.values().map(|t| t.data_offsets.1).max().unwrap_or(0) as u64;
+    let have = file_len - 8 - header_len;
+    if have < data_end {
+        return Err(bad(format!(
+            "truncated: the header announces {data_end} bytes of tensor data, the file holds {have}"
+        )));
+    }
+    Ok(tensors.keys().cloned().collect())
+}
+
+impl Weights {
+    /// Adds a tensor derived from others (e.g. stacked experts); it counts as from the folder.
+    pub fn insert(&mut self, name: String, array: Array) {
+        let origin = self.dir.clone();
+        self.tensors.insert(name, (array, origin));
+    }
+}

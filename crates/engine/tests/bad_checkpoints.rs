@@ -1,0 +1,139 @@
+//! Broken checkpoints are refused with an error that names the file and what is wrong.
+
+mod common;
+
+use std::path::Path;
+
+use engine::checkpoint::{Arch, Dtype};
+use engine::Engine;
+
+fn load_err(dir: &Path) -> String {
+    match Engine::load(dir) {
+        Ok(_) => panic!("{} loaded but should not have", dir.display()),
+        Err(e) => e.to_string(),
+    }
+}
+
+fn edit_config(dir: &Path, f: impl FnOnce(&mut serde_json::Value)) {
+    let path = dir.join("config.json");
+    let mut c: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    f(&mut c);
+    std::fs::write(path, c.to_string()).unwrap();
+}
+
+fn tiny(bits: Option<i32>) -> tempfile::TempDir {
+    common::make(&common::options(Arch::Qwen3, "tiny", bits, 32, Dtype::Bfloat16))
+}
+
+#[test]
+fn malformed_config() {
+    let d = tiny(None);
+    std::fs::write(d.path().join("config.json"), "{\"model_type\": \"qwen3\",").unwrap();
+    let e = load_err(d.path());
+    assert!(e.contains("config.json") && e.contains("not valid JSON"), "{e}");
+}
+
+#[test]
+fn wrong_field_type() {
+    let d = tiny(None);
+    edit_config(d.path(), |c| c["num_attention_heads"] = "many".into());
+    let e = load_err(d.path());
+    assert!(e.contains("config.json") && e.contains("num_attention_heads"), "{e}");
+}
+
+#[test]
+fn unknown_architecture() {
+    let d = tiny(None);
+    edit_config(d.path(), |c| c["model_type"] = "mamba".into());
+    let e = load_err(d.path());
+    assert!(e.contains("unknown architecture `mamba`") && e.contains("qwen3"), "{e}");
+}
+
+#[test]
+fn unsupported_quantization() {
+    let d = tiny(Some(4));
+    edit_config(d.path(), |c| c["quantization"]["bits"] = 7.into());
+    let e = load_err(d.path());
+    assert!(e.contains("unsupported quantization") && e.contains("7 bits"), "{e}");
+    edit_config(d.path(), |c| {
+        c["quantization"]["bits"] = 4.into();
+        c["quantization"]["mode"] = "mxfp4".into();
+    });
+    let e = load_err(d.path());
+    assert!(e.contains("mode `mxfp4`"), "{e}");
+}
+
+#[test]
+fn quantized_weights_without_quantization_block() {
+    let d = tiny(Some(4));
+    edit_config(d.path(), |c| {
+        let o = c.as_object_mut().unwrap();
+        o.remove("quantization");
+        o.remove("quantization_config");
+    });
+    let e = load_err(d.path());
+    assert!(e.contains("is quantized but the config gives no bits"), "{e}");
+}
+
+#[test]
+fn shape_mismatch() {
+    let d = tiny(None);
+    edit_config(d.path(), |c| c["intermediate_size"] = 96.into());
+    let e = load_err(d.path());
+    assert!(e.contains("model.safetensors") && e.contains("mlp.gate_proj.weight") && e.contains("[96, 64]"), "{e}");
+}
+
+#[test]
+fn truncated_safetensors() {
+    let d = tiny(None);
+    let file = d.path().join("model.safetensors");
+    let len = std::fs::metadata(&file).unwrap().len();
+    let f = std::fs::OpenOptions::new().write(true).open(&file).unwrap();
+    f.set_len(len - 1000).unwrap();
+    let e = load_err(d.path());
+    assert!(e.contains("model.safetensors") && e.contains("truncated"), "{e}");
+    f.set_len(5).unwrap();
+    let e = load_err(d.path());
+    assert!(e.contains("truncated"), "{e}");
+}
+
+#[test]
+fn missing_shard_and_missing_tensor() {
+    let mut o = common::options(Arch::Qwen3, "tiny", None, 64, Dtype::Float32);
+    o.shard_bytes = 100_000;
+    let d = common::make(&o);
+    let mut shards: Vec<_> = std::fs::read_dir(d.path()).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).filter(|n| n.starts_with("model-")).collect();
+    shards.sort();
+    assert!(shards.len() >= 3 && shards[1].starts_with("model-00002-of-"), "{shards:?}");
+    let shard = d.path().join(&shards[1]);
+    let moved = d.path().join("elsewhere.bin");
+    std::fs::rename(&shard, &moved).unwrap();
+    let e = load_err(d.path());
+    assert!(e.contains("model.safetensors.index.json") && e.contains(&shards[1]) && e.contains("missing"), "{e}");
+    std::fs::rename(&moved, &shard).unwrap();
+    Engine::load(d.path()).unwrap();
+
+    // Drop a tensor: the error names it.
+    let d = tiny(None);
+    edit_config(d.path(), |c| c["num_hidden_layers"] = 3.into());
+    let e = load_err(d.path());
+    assert!(e.contains("model.layers.2.") && e.contains("missing"), "{e}");
+}
+
+#[test]
+fn extra_tensors_are_not_ignored() {
+    let d = tiny(None);
+    edit_config(d.path(), |c| c["num_hidden_layers"] = 1.into());
+    let e = load_err(d.path());
+    assert!(e.contains("not used by the model") && e.contains("model.layers.1."), "{e}");
+}
+
+#[test]
+fn missing_tokenizer_and_files() {
+    let d = tiny(None);
+    std::fs::remove_file(d.path().join("tokenizer.json")).unwrap();
+    let e = load_err(d.path());
+    assert!(e.contains("tokenizer.json") && e.contains("missing"), "{e}");
+    let e = load_err(Path::new("/nonexistent/model"));
+    assert!(e.contains("/nonexistent/model/config.json"), "{e}");
+}

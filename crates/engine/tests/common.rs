@@ -1,0 +1,32 @@
+//! Helpers shared by the engine's integration tests.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+
+use engine::checkpoint::{self, Arch, Dtype, MakeOptions};
+
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().unwrap()
+}
+
+/// The venv with mlx-lm that scripts/setup.sh creates.
+pub fn reference_python() -> PathBuf {
+    let python = repo_root().join("third_party/venv/bin/python");
+    assert!(python.exists(), "{} is missing: run scripts/setup.sh (make setup)", python.display());
+    python
+}
+
+pub fn options(arch: Arch, preset: &str, bits: Option<i32>, group_size: i32, dtype: Dtype) -> MakeOptions {
+    let mut o = MakeOptions::new(arch, preset);
+    o.bits = bits;
+    o.group_size = group_size;
+    o.dtype = dtype;
+    o
+}
+
+/// Makes a checkpoint in a fresh temporary folder (kept alive by the returned guard).
+pub fn make(opts: &MakeOptions) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    checkpoint::make(opts, dir.path()).unwrap();
+    dir
+}

@@ -1,0 +1,147 @@
+//! The generation API on a tiny checkpoint: finish reasons, stop strings, cancel, chunked
+//! prefill, streaming UTF-8 and reproducible sampling.
+
+mod common;
+
+use engine::checkpoint::{Arch, Dtype};
+use engine::tokenizer::{ChatMessage, StreamDecoder};
+use engine::{CancelToken, Engine, Event, FinishReason, GenerateRequest, SamplingParams};
+
+fn engine(arch: Arch, dtype: Dtype) -> (tempfile::TempDir, Engine) {
+    let d = common::make(&common::options(arch, "tiny", None, 64, dtype));
+    let e = Engine::load(d.path()).unwrap();
+    (d, e)
+}
+
+fn prompt(e: &Engine) -> Vec<u32> {
+    e.tokenizer.encode("fn main() { let total = numbers.iter().sum(); }").unwrap()
+}
+
+#[test]
+fn length_and_usage() {
+    let (_d, e) = engine(Arch::Qwen3, Dtype::Float32);
+    let p = prompt(&e);
+    let req = GenerateRequest { ignore_eos: true, ..GenerateRequest::greedy(p.clone(), 12) };
+    let (_, s) = e.generate_text(req).unwrap();
+    assert_eq!(s.finish_reason, FinishReason::Length);
+    assert_eq!(s.usage.completion_tokens, 12);
+    assert_eq!(s.usage.prompt_tokens, p.len());
+    assert!(s.timings.decode_tps > 0.0 && s.timings.prompt_tps > 0.0);
+    assert!(s.timings.peak_memory_bytes > 0);
+}
+
+#[test]
+fn chunked_prefill_matches_one_pass() {
+    let (_d, mut e) = engine(Arch::Qwen3Moe, Dtype::Float32);
+    let p: Vec<u32> = (0..300u32).map(|i| (i * 13 + 5) % 490).collect();
+    let req = GenerateRequest { ignore_eos: true, ..GenerateRequest::greedy(p, 24) };
+    let (whole, _) = e.generate_text(req.clone()).unwrap();
+    e.prefill_chunk = 7;
+    let (chunked, _) = e.generate_text(req).unwrap();
+    assert!(!whole.is_empty());
+    assert_eq!(whole, chunked);
+}
+
+#[test]
+fn stop_strings_end_the_text_before_them() {
+    let (_d, e) = engine(Arch::Qwen3, Dtype::Bfloat16);
+    let req = GenerateRequest { ignore_eos: true, ..GenerateRequest::greedy(prompt(&e), 40) };
+    let (full, _) = e.generate_text(req.clone()).unwrap();
+    let chars: Vec<char> = full.chars().collect();
+    assert!(chars.len() > 12, "{full:?}");
+    let stop: String = chars[8..11].iter().collect();
+    let expected = &full[..full.find(&stop).unwrap()];
+    let (text, s) = e.generate_text(GenerateRequest { stop: vec![stop.clone()], ..req }).unwrap();
+    assert_eq!(text, expected, "stop {stop:?}");
+    assert_eq!(s.finish_reason, FinishReason::Stop);
+}
+
+#[test]
+fn eos_ends_generation() {
+    let (_d, mut e) = engine(Arch::Qwen3, Dtype::Float32);
+    let p = prompt(&e);
+    let (first, _) = e.generate_text(GenerateRequest::greedy(p.clone(), 1)).unwrap();
+    let first_id = e.tokenizer.encode(&first).unwrap()[0];
+    e.tokenizer.eos_ids = vec![first_id];
+    let (text, s) = e.generate_text(GenerateRequest::greedy(p.clone(), 20)).unwrap();
+    assert_eq!((text.as_str(), s.finish_reason, s.usage.completion_tokens), ("", FinishReason::Stop, 1));
+    let req = GenerateRequest { ignore_eos: true, ..GenerateRequest::greedy(p, 5) };
+    assert_eq!(e.generate_text(req).unwrap().1.usage.completion_tokens, 5);
+}
+
+#[test]
+fn cancel_stops_at_the_next_token() {
+    let (_d, e) = engine(Arch::Qwen3, Dtype::Float32);
+    let cancel = CancelToken::default();
+    let req = GenerateRequest { ignore_eos: true, ..GenerateRequest::greedy(prompt(&e), 1000) };
+    let mut events = e.generate(req, cancel.clone()).unwrap();
+    let mut texts = 0;
+    let summary = loop {
+        match events.next().unwrap().unwrap() {
+            Event::Text(_) => {
+                texts += 1;
+                if texts == 3 {
+                    cancel.cancel();
+                }
+            }
+            Event::Finished(s) => break s,
+        }
+    };
+    assert!(events.next().is_none());
+    assert_eq!(summary.finish_reason, FinishReason::Cancelled);
+    assert!(summary.usage.completion_tokens < 20, "{}", summary.usage.completion_tokens);
+}
+
+#[test]
+fn bad_requests_are_refused() {
+    let (_d, e) = engine(Arch::Qwen3, Dtype::Float32);
+    let err = |r: GenerateRequest| e.generate(r, CancelToken::default()).err().unwrap().to_string();
+    assert!(err(GenerateRequest::greedy(vec![], 4)).contains("prompt is empty"));
+    assert!(err(GenerateRequest::greedy(vec![1, 99999], 4)).contains("token id 99999"));
+    let hot = SamplingParams { temperature: -1.0, ..Default::default() };
+    assert!(err(GenerateRequest { sampling: hot, ..GenerateRequest::greedy(vec![1], 4) }).contains("temperature"));
+}
+
+#[test]
+fn seeded_sampling_reproduces() {
+    let (_d, e) = engine(Arch::Qwen3Moe, Dtype::Bfloat16);
+    let sampling = SamplingParams { temperature: 1.0, top_p: 0.9, top_k: 50, min_p: 0.02, seed: Some(42) };
+    let req = GenerateRequest { sampling, ignore_eos: true, ..GenerateRequest::greedy(prompt(&e), 30) };
+    let (a, _) = e.generate_text(req.clone()).unwrap();
+    let (b, _) = e.generate_text(req.clone()).unwrap();
+    assert_eq!(a, b);
+    let other = GenerateRequest { sampling: SamplingParams { seed: Some(43), ..req.sampling.clone() }, ..req };
+    assert_ne!(a, e.generate_text(other).unwrap().0);
+}
+
+#[test]
+fn streaming_never_splits_a_character() {
+    let (_d, e) = engine(Arch::Qwen3, Dtype::Float32);
+    let text = "héllo wörld — 你好 🙂 fn main() {}";
+    let ids = e.tokenizer.encode(text).unwrap();
+    assert!(ids.len() > text.chars().count() / 2);
+    let mut dec = StreamDecoder::new();
+    let mut out = String::new();
+    for id in ids {
+        let delta = dec.push(&e.tokenizer, id).unwrap();
+        assert!(!delta.contains('\u{FFFD}'), "{delta:?}");
+        out.push_str(&delta);
+    }
+    out.push_str(&dec.flush(&e.tokenizer).unwrap());
+    assert_eq!(out, text);
+}
+
+#[test]
+fn chat_template_renders() {
+    let (_d, e) = engine(Arch::Qwen3, Dtype::Float32);
+    let mut extra = serde_json::Map::new();
+    let msgs = [ChatMessage::new("system", "Be brief."), ChatMessage::new("user", "Hi")];
+    let on = e.tokenizer.apply_chat_template(&msgs, true, &extra).unwrap();
+    assert_eq!(on, "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
+    extra.insert("enable_thinking".into(), false.into());
+    let off = e.tokenizer.apply_chat_template(&msgs, true, &extra).unwrap();
+    assert!(off.ends_with("<think>\n\n</think>\n\n"));
+    let ids = e.tokenizer.encode(&on).unwrap();
+    assert_eq!(ids[0], e.tokenizer.token_to_id("<|im_start|>").unwrap());
+    assert!(e.tokenizer.eos_ids.contains(&e.tokenizer.token_to_id("<|im_end|>").unwrap()));
+}

@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# Prepares a fresh checkout: system packages, MLX (CPU wheel), a Linux-patched mlx-sys and the
+# mlx-lm reference venv. Idempotent: each step is skipped when its result is already there.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$PWD
+tp=$root/third_party
+mkdir -p "$tp"
+
+MLX_VERSION=0.32.2          # must equal the MLX tag that mlx-c (mlx-sys 0.7.0) pins
+MLX_LM_VERSION=0.32.0       # last mlx-lm whose MoE path runs on MLX 0.32.2
+MLX_SYS_VERSION=0.7.0
+PY=${PYTHON:-python3}
+
+say() { printf '\033[1msetup:\033[0m %s\n' "$*"; }
+
+case "$(uname -s)" in
+  Darwin)
+    # On a Mac mlx-sys builds MLX with Metal from source: no patch, no wheel needed.
+    command -v cmake >/dev/null || { echo "setup: install cmake (brew install cmake) and Xcode's command line tools (xcode-select --install)"; exit 1; }
+    ;;
+  Linux)
+    need=()
+    command -v cmake >/dev/null || need+=(cmake)
+    [ -n "$(ls /usr/lib/llvm-*/lib/libclang*.so* 2>/dev/null)" ] || need+=(libclang-dev)
+    command -v patch >/dev/null || need+=(patch)
+    command -v g++ >/dev/null || need+=(g++)
+    $PY -c 'import venv, ensurepip' 2>/dev/null || need+=(python3-venv)
+    if [ ${#need[@]} -gt 0 ]; then
+      if [ "$(id -u)" = 0 ]; then
+        say "installing Debian packages: ${need[*]}"
+        apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
+      else
+        echo "setup: please install these Debian packages first: sudo apt-get install ${need[*]}"; exit 1
+      fi
+    fi
+
+    # 1. MLX itself: the PyPI CPU wheel ships libmlx.so, headers and MLXConfig.cmake.
+    if [ ! -f "$tp/mlx-cpu/mlx/lib/libmlx.so" ]; then
+      say "installing mlx-cpu==$MLX_VERSION into third_party/mlx-cpu"
+      rm -rf "$tp/mlx-cpu"
+      $PY -m pip install -q --disable-pip-version-check --no-deps --target "$tp/mlx-cpu" "mlx-cpu==$MLX_VERSION"
+    fi
+
+    # 2. mlx-sys from cargo's registry, with the Linux build branch patched in.
+    stamp=$tp/mlx-sys/.ferrite-patch-sha
+    want=$(sha256sum "$tp/mlx-sys.patch" | cut -d' ' -f1)
+    if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+      say "preparing third_party/mlx-sys ($MLX_SYS_VERSION + Linux patch)"
+      fetch=$(mktemp -d)
+      mkdir -p "$fetch/src" && touch "$fetch/src/lib.rs"
+      printf '[package]\nname="fetch-mlx-sys"\nversion="0.0.0"\nedition="2021"\n[dependencies]\nmlx-sys={version="=%s",default-features=false}\n' \
+        "$MLX_SYS_VERSION" > "$fetch/Cargo.toml"
+      (cd "$fetch" && cargo fetch -q)
+      src=$(ls -d "${CARGO_HOME:-$HOME/.cargo}"/registry/src/*/mlx-sys-$MLX_SYS_VERSION | head -n1)
+      rm -rf "$fetch" "$tp/mlx-sys"
+      cp -r "$src" "$tp/mlx-sys"
+      patch -s -p1 -d "$tp/mlx-sys" < "$tp/mlx-sys.patch"
+      echo "$want" > "$stamp"
+    fi
+    ;;
+  *) echo "setup: unsupported OS $(uname -s)"; exit 1 ;;
+esac
+
+# 3. The reference implementation, in its own venv (tests and benchmarks compare against it).
+venv=$tp/venv
+if ! "$venv/bin/python" -c "import mlx_lm, mlx.core" 2>/dev/null; then
+  say "creating third_party/venv with mlx-lm==$MLX_LM_VERSION"
+  rm -rf "$venv"
+  $PY -m venv "$venv"
+  "$venv/bin/pip" install -q --disable-pip-version-check --upgrade pip
+  if [ "$(uname -s)" = Linux ]; then mlx_pkg="mlx[cpu]==$MLX_VERSION"; else mlx_pkg="mlx==$MLX_VERSION"; fi
+  "$venv/bin/pip" install -q --disable-pip-version-check "$mlx_pkg" "mlx-lm==$MLX_LM_VERSION" numpy safetensors
+fi
+say "ready"

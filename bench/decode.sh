@@ -4,7 +4,8 @@
 #
 #   bench/decode.sh [CASE ...]       cases: tiny-4bit 0.6b-4bit 8b-4bit 30b-a3b-4bit (default: the first two)
 # Environment: FERRITE (binary), PYTHON (with mlx-lm), BENCH_DIR (checkpoints), GEN_TOKENS,
-# PROMPT_TOKENS, RUNS.
+# PROMPT_TOKENS, RUNS, DTYPE (of scales and unquantized weights: bf16, as mlx-community ships;
+# f32 on a CPU, whose bf16 quantized matmul is ~8x slower).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 FERRITE=${FERRITE:-$root/target/release/ferrite}
@@ -13,6 +14,7 @@ BENCH_DIR=${BENCH_DIR:-$root/bench/out}
 GEN_TOKENS=${GEN_TOKENS:-128}
 PROMPT_TOKENS=${PROMPT_TOKENS:-128}
 RUNS=${RUNS:-3}
+DTYPE=${DTYPE:-bf16}
 cases=("$@")
 [ ${#cases[@]} -gt 0 ] || cases=(tiny-4bit 0.6b-4bit)
 
@@ -30,8 +32,8 @@ for c in "${cases[@]}"; do
     30b-a3b-4bit) args=(--arch qwen3_moe --preset 30b-a3b --bits 4 --group-size 64) ;;
     *) echo "unknown case $c" >&2; exit 2 ;;
   esac
-  dir=$BENCH_DIR/$c
-  [ -f "$dir/config.json" ] || "$FERRITE" dev make-checkpoint "${args[@]}" --out "$dir" >&2
+  dir=$BENCH_DIR/$c-$DTYPE
+  [ -f "$dir/config.json" ] || "$FERRITE" dev make-checkpoint "${args[@]}" --dtype "$DTYPE" --out "$dir" >&2
   f=$(RUST_LOG=warn "$FERRITE" bench --model "$dir" --prompt-ids "$ids" --gen-tokens "$GEN_TOKENS" --runs "$RUNS")
   p=$("$PYTHON" "$root/bench/mlx_lm_decode.py" --model "$dir" --prompt-ids "$ids" --gen-tokens "$GEN_TOKENS" --runs "$RUNS")
   echo "$f" >> "$BENCH_DIR/results.jsonl"; echo "$p" >> "$BENCH_DIR/results.jsonl"

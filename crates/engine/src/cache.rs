@@ -1,10 +1,11 @@
 //! Per-layer generation state. Full-attention layers keep keys and values in a buffer that
 //! grows in steps of [`KvCache::STEP`] positions, so decoding does not reallocate per token.
 
-use mlx_rs::ops::indexing::{Ellipsis, IndexOp, TryIndexMutOp};
+use mlx_rs::ops::indexing::{Ellipsis, IndexOp};
 use mlx_rs::{ops, Array};
 
 use crate::error::Result;
+use crate::ffi;
 
 #[derive(Debug, Default)]
 pub struct KvCache {
@@ -45,9 +46,16 @@ impl KvCache {
             }
         }
         self.offset += new_len;
-        let (k, v) = (self.keys.as_mut().unwrap(), self.values.as_mut().unwrap());
-        k.try_index_mut((Ellipsis, prev..self.offset, ..), keys)?;
-        v.try_index_mut((Ellipsis, prev..self.offset, ..), values)?;
+        let write = |buf: &mut Option<Array>, new: &Array| -> Result<()> {
+            if let Some(b) = buf.take() {
+                let s = b.shape().to_vec();
+                *buf = Some(ffi::slice_update(&b, new, &[0, 0, prev, 0], &[s[0], s[1], self.offset, s[3]])?);
+            }
+            Ok(())
+        };
+        write(&mut self.keys, keys)?;
+        write(&mut self.values, values)?;
+        let (k, v) = (self.keys.as_ref().unwrap(), self.values.as_ref().unwrap());
         if self.offset < k.dim(2) {
             Ok((
                 k.index((Ellipsis, ..self.offset, ..)),

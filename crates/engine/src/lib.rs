@@ -6,6 +6,7 @@ pub mod checkpoint;
 pub mod config;
 pub mod device;
 pub mod error;
+mod ffi;
 pub mod generate;
 pub mod layers;
 pub mod models;

@@ -4,7 +4,8 @@
 #
 #   bench/decode.sh [CASE ...]       cases: tiny-4bit 0.6b-4bit 8b-4bit 30b-a3b-4bit (default: the first two)
 # Environment: FERRITE (binary), PYTHON (with mlx-lm), BENCH_DIR (checkpoints), GEN_TOKENS,
-# PROMPT_TOKENS, RUNS, DTYPE (of scales and unquantized weights: bf16, as mlx-community ships;
+# PROMPT_TOKENS, RUNS, ROUNDS (ferrite and mlx-lm alternate this many times; medians are
+# compared, so drift on a shared machine hits both alike), DTYPE (of scales and unquantized weights: bf16, as mlx-community ships;
 # f32 on a CPU, whose bf16 quantized matmul is ~8x slower).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -14,6 +15,7 @@ BENCH_DIR=${BENCH_DIR:-$root/bench/out}
 GEN_TOKENS=${GEN_TOKENS:-128}
 PROMPT_TOKENS=${PROMPT_TOKENS:-128}
 RUNS=${RUNS:-3}
+ROUNDS=${ROUNDS:-3}
 DTYPE=${DTYPE:-bf16}
 cases=("$@")
 [ ${#cases[@]} -gt 0 ] || cases=(tiny-4bit 0.6b-4bit)
@@ -34,13 +36,20 @@ for c in "${cases[@]}"; do
   esac
   dir=$BENCH_DIR/$c-$DTYPE
   [ -f "$dir/config.json" ] || "$FERRITE" dev make-checkpoint "${args[@]}" --dtype "$DTYPE" --out "$dir" >&2
-  f=$(RUST_LOG=warn "$FERRITE" bench --model "$dir" --prompt-ids "$ids" --gen-tokens "$GEN_TOKENS" --runs "$RUNS")
-  p=$("$PYTHON" "$root/bench/mlx_lm_decode.py" --model "$dir" --prompt-ids "$ids" --gen-tokens "$GEN_TOKENS" --runs "$RUNS")
-  echo "$f" >> "$BENCH_DIR/results.jsonl"; echo "$p" >> "$BENCH_DIR/results.jsonl"
-  "$PYTHON" - "$c" "$f" "$p" <<'PY'
-import json, sys
-c, f, p = sys.argv[1], json.loads(sys.argv[2]), json.loads(sys.argv[3])
-print(f"{c:<14} {f['backend']:<12} {f['decode_tps']:10.1f} {p['decode_tps']:10.1f} {f['decode_tps'] / p['decode_tps']:8.3f}")
-print(f"{'  prefill':<14} {'':<12} {f['prompt_tps']:10.1f} {p['prompt_tps']:10.1f} {f['prompt_tps'] / p['prompt_tps']:8.3f}")
+  fs=(); ps=()
+  for _ in $(seq "$ROUNDS"); do
+    fs+=("$(RUST_LOG=warn "$FERRITE" bench --model "$dir" --prompt-ids "$ids" --gen-tokens "$GEN_TOKENS" --runs "$RUNS")")
+    ps+=("$("$PYTHON" "$root/bench/mlx_lm_decode.py" --model "$dir" --prompt-ids "$ids" --gen-tokens "$GEN_TOKENS" --runs "$RUNS")")
+    printf '%s\n%s\n' "${fs[-1]}" "${ps[-1]}" >> "$BENCH_DIR/results.jsonl"
+  done
+  "$PYTHON" - "$c" "$(printf '%s\n' "${fs[@]}")" "$(printf '%s\n' "${ps[@]}")" <<'PY'
+import json, statistics, sys
+c = sys.argv[1]
+f = [json.loads(l) for l in sys.argv[2].splitlines() if l.strip()]
+p = [json.loads(l) for l in sys.argv[3].splitlines() if l.strip()]
+med = lambda rows, k: statistics.median(r[k] for r in rows)
+for label, k in ((c, "decode_tps"), ("  prefill", "prompt_tps")):
+    a, b = med(f, k), med(p, k)
+    print(f"{label:<14} {f[0]['backend'] if k == 'decode_tps' else '':<12} {a:10.1f} {b:10.1f} {a / b:8.3f}")
 PY
 done

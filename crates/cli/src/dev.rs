@@ -1,7 +1,7 @@
 use std::path::PathBuf;
 
 use anyhow::{bail, Result};
-use engine::checkpoint::{self, Arch, Dtype, MakeOptions};
+use engine::checkpoint::{self, Arch, Dtype, Layout, MakeOptions};
 
 #[derive(clap::Subcommand)]
 pub enum Command {
@@ -11,10 +11,10 @@ pub enum Command {
 
 #[derive(clap::Args)]
 pub struct MakeArgs {
-    /// qwen3 or qwen3_moe.
+    /// qwen3, qwen3_moe, qwen3_next, qwen3_5 or qwen3_5_moe.
     #[arg(long, default_value = "qwen3")]
     arch: String,
-    /// tiny, small, 0.6b, 8b, 32b (qwen3); tiny, small, 30b-a3b (qwen3_moe).
+    /// tiny, small, 0.6b, 8b, 32b (qwen3); tiny, small, 30b-a3b (qwen3_moe); tiny, small (hybrids).
     #[arg(long, default_value = "tiny")]
     preset: String,
     /// Quantize matrices to this many bits (2, 3, 4, 5, 6, 8); omit for floating point.
@@ -30,6 +30,9 @@ pub struct MakeArgs {
     tie: Option<bool>,
     #[arg(long, default_value_t = 0)]
     seed: u64,
+    /// `mlx` (as mlx-community publishes) or `transformers` (as Qwen publishes hybrids).
+    #[arg(long, default_value = "mlx")]
+    layout: String,
     /// Start a new safetensors shard after this many MiB.
     #[arg(long, default_value_t = 4096)]
     shard_mib: usize,
@@ -52,6 +55,11 @@ pub fn run(cmd: Command) -> Result<()> {
     opts.tie_embeddings = a.tie;
     opts.seed = a.seed;
     opts.shard_bytes = a.shard_mib.max(1) << 20;
+    opts.layout = match a.layout.as_str() {
+        "mlx" => Layout::Mlx,
+        "transformers" | "hf" => Layout::Transformers,
+        other => bail!("--layout: unknown layout `{other}` (mlx, transformers)"),
+    };
     let made = checkpoint::make(&opts, &a.out)?;
     println!(
         "wrote {}: {} parameters, {:.1} MB of weights in {} file(s)",

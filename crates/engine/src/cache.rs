@@ -76,10 +76,53 @@ impl KvCache {
     }
 }
 
-/// The state of one layer. Hybrid models add recurrent (linear-attention) states here.
+/// The state of a Gated DeltaNet layer: the last `kernel - 1` inputs of its causal
+/// convolution, [B, kernel - 1, channels], and the recurrent state, [B, Hv, Dv, Dk] in f32.
+#[derive(Debug, Default)]
+pub struct LinearState {
+    pub conv: Option<Array>,
+    pub recurrent: Option<Array>,
+    pub offset: i32,
+}
+
+impl LinearState {
+    pub fn nbytes(&self) -> usize {
+        self.conv.as_ref().map_or(0, |c| c.nbytes()) + self.recurrent.as_ref().map_or(0, |r| r.nbytes())
+    }
+
+    pub fn state(&self) -> Vec<&Array> {
+        self.conv.iter().chain(self.recurrent.iter()).collect()
+    }
+}
+
+/// The state of one layer.
 #[derive(Debug)]
 pub enum LayerCache {
     Kv(KvCache),
+    Linear(LinearState),
+}
+
+impl LayerCache {
+    fn offset(&self) -> i32 {
+        match self {
+            LayerCache::Kv(kv) => kv.offset,
+            LayerCache::Linear(l) => l.offset,
+        }
+    }
+
+    fn nbytes(&self) -> usize {
+        match self {
+            LayerCache::Kv(kv) => kv.nbytes(),
+            LayerCache::Linear(l) => l.nbytes(),
+        }
+    }
+
+    fn state(&self) -> Vec<&Array> {
+        match self {
+            LayerCache::Kv(kv) => kv.state(),
+            LayerCache::Linear(l) => l.state(),
+        }
+    }
 }
 
 /// The state of a whole model for one sequence.
@@ -97,28 +140,15 @@ impl Cache {
 
     /// Positions processed so far.
     pub fn offset(&self) -> i32 {
-        match self.layers.first() {
-            Some(LayerCache::Kv(kv)) => kv.offset,
-            None => 0,
-        }
+        self.layers.first().map_or(0, LayerCache::offset)
     }
 
     pub fn nbytes(&self) -> usize {
-        self.layers
-            .iter()
-            .map(|l| match l {
-                LayerCache::Kv(kv) => kv.nbytes(),
-            })
-            .sum()
+        self.layers.iter().map(LayerCache::nbytes).sum()
     }
 
     /// Arrays to evaluate so the cache is materialised between prefill chunks.
     pub fn arrays(&self) -> Vec<&Array> {
-        self.layers
-            .iter()
-            .flat_map(|l| match l {
-                LayerCache::Kv(kv) => kv.state(),
-            })
-            .collect()
+        self.layers.iter().flat_map(LayerCache::state).collect()
     }
 }

@@ -9,13 +9,15 @@ use serde::Deserialize;
 use crate::error::{Error, Result};
 
 /// Architectures this build can run, by `model_type`.
-pub const SUPPORTED_ARCHITECTURES: &[&str] = &["qwen3", "qwen3_moe"];
+pub const SUPPORTED_ARCHITECTURES: &[&str] = &["qwen3", "qwen3_moe", "qwen3_next", "qwen3_5", "qwen3_5_moe"];
 
 #[derive(Debug, Clone, Deserialize)]
 pub struct ModelConfig {
     pub model_type: String,
     pub hidden_size: i32,
     pub num_hidden_layers: i32,
+    /// Dense MLP width (absent in configs whose every layer is MoE).
+    #[serde(default)]
     pub intermediate_size: i32,
     pub num_attention_heads: i32,
     pub num_key_value_heads: i32,
@@ -47,8 +49,35 @@ pub struct ModelConfig {
     pub decoder_sparse_step: i32,
     #[serde(default)]
     pub mlp_only_layers: Vec<i32>,
+    /// Defaults differ by architecture: see [`ModelConfig::norm_topk_prob`].
+    #[serde(default, rename = "norm_topk_prob")]
+    pub norm_topk_prob_field: Option<bool>,
+    /// Hybrid models: a shared expert beside the routed ones.
     #[serde(default)]
-    pub norm_topk_prob: bool,
+    pub shared_expert_intermediate_size: i32,
+
+    // Hybrid models (qwen3_next, qwen3_5): Gated DeltaNet layers between full-attention ones.
+    #[serde(default)]
+    pub linear_num_value_heads: i32,
+    #[serde(default)]
+    pub linear_num_key_heads: i32,
+    #[serde(default)]
+    pub linear_key_head_dim: i32,
+    #[serde(default)]
+    pub linear_value_head_dim: i32,
+    #[serde(default)]
+    pub linear_conv_kernel_dim: i32,
+    #[serde(default = "four")]
+    pub full_attention_interval: i32,
+    /// Per layer `linear_attention` or `full_attention`; overrides the interval.
+    #[serde(default)]
+    pub layer_types: Option<Vec<String>>,
+    /// Fraction of each attention head that gets rotary embeddings.
+    #[serde(default)]
+    pub partial_rotary_factor: Option<f32>,
+    /// Transformers >= 5 nests rope_theta / partial_rotary_factor here (Qwen3.5).
+    #[serde(default)]
+    pub rope_parameters: Option<serde_json::Value>,
 
     /// mlx-lm writes `quantization` (and a copy as `quantization_config`, which some
     /// converters write alone).
@@ -66,6 +95,10 @@ pub struct ModelConfig {
 
 fn one() -> i32 {
     1
+}
+
+fn four() -> i32 {
+    4
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -126,15 +159,12 @@ impl ModelConfig {
     }
 
     pub fn parse(text: &str, path: &Path) -> Result<Self> {
-        let de = &mut serde_json::Deserializer::from_str(text);
-        let mut config: ModelConfig = serde_path_to_error::deserialize(de).map_err(|e| {
-            let field = e.path().to_string();
-            let inner = e.into_inner();
-            if inner.is_syntax() || inner.is_eof() {
-                Error::malformed(path, format!("not valid JSON: {inner}"))
-            } else {
-                Error::config(path, field, inner.to_string())
-            }
+        let value: serde_json::Value = serde_json::from_str(text)
+            .map_err(|e| Error::malformed(path, format!("not valid JSON: {e}")))?;
+        let (value, prefix) = flatten_text_config(value);
+        let mut config: ModelConfig = serde_path_to_error::deserialize(value).map_err(|e| {
+            let field = format!("{prefix}{}", e.path());
+            Error::config(path, field, e.into_inner().to_string())
         })?;
         config.path = path.to_path_buf();
         if !SUPPORTED_ARCHITECTURES.contains(&config.model_type.as_str()) {
@@ -160,7 +190,36 @@ impl ModelConfig {
     }
 
     pub fn rope_theta(&self) -> f32 {
-        self.rope_theta.unwrap_or(1_000_000.0)
+        let nested = self.rope_parameters.as_ref().and_then(|p| p.get("rope_theta")).and_then(|t| t.as_f64());
+        self.rope_theta.or(nested.map(|t| t as f32)).unwrap_or(1_000_000.0)
+    }
+
+    /// Rotary dimensions per head (all of them unless `partial_rotary_factor` says less).
+    pub fn rope_dims(&self) -> i32 {
+        let nested = self.rope_parameters.as_ref().and_then(|p| p.get("partial_rotary_factor")).and_then(|f| f.as_f64());
+        let factor = self.partial_rotary_factor.or(nested.map(|f| f as f32)).unwrap_or(1.0);
+        (self.head_dim() as f32 * factor) as i32
+    }
+
+    /// Qwen3.5 normalises the top-k router weights by default, the others do not.
+    pub fn norm_topk_prob(&self) -> bool {
+        self.norm_topk_prob_field.unwrap_or(self.model_type.starts_with("qwen3_5"))
+    }
+
+    /// A Qwen3-Next / Qwen3.5 hybrid (Gated DeltaNet + gated full attention).
+    pub fn is_hybrid(&self) -> bool {
+        matches!(self.model_type.as_str(), "qwen3_next" | "qwen3_5" | "qwen3_5_moe")
+    }
+
+    /// Whether layer `i` of a hybrid model is a Gated DeltaNet layer.
+    pub fn is_linear_layer(&self, i: i32) -> bool {
+        if !self.is_hybrid() {
+            return false;
+        }
+        match &self.layer_types {
+            Some(types) => types.get(i as usize).is_some_and(|t| t == "linear_attention"),
+            None => (i + 1) % self.full_attention_interval.max(1) != 0,
+        }
     }
 
     /// RoPE position scale for `mx.fast.rope` (1 / factor for linear scaling).
@@ -180,6 +239,9 @@ impl ModelConfig {
     }
 
     pub fn is_moe_layer(&self, layer: i32) -> bool {
+        if self.model_type.starts_with("qwen3_5") {
+            return self.num_experts > 0;
+        }
         self.num_experts > 0
             && !self.mlp_only_layers.contains(&layer)
             && (layer + 1) % self.decoder_sparse_step.max(1) == 0
@@ -209,7 +271,32 @@ impl ModelConfig {
                 ),
             ));
         }
-        if self.model_type == "qwen3_moe" {
+        if self.is_hybrid() {
+            let linear = [
+                ("linear_num_value_heads", self.linear_num_value_heads),
+                ("linear_num_key_heads", self.linear_num_key_heads),
+                ("linear_key_head_dim", self.linear_key_head_dim),
+                ("linear_value_head_dim", self.linear_value_head_dim),
+                ("linear_conv_kernel_dim", self.linear_conv_kernel_dim),
+            ];
+            for (field, value) in linear {
+                if value <= 0 {
+                    return Err(Error::config(&self.path, field, format!("a hybrid model needs it > 0, got {value}")));
+                }
+            }
+            if self.linear_num_value_heads % self.linear_num_key_heads != 0 {
+                return Err(Error::config(&self.path, "linear_num_value_heads", "must be a multiple of linear_num_key_heads"));
+            }
+            if let Some(types) = &self.layer_types {
+                if types.len() != self.num_hidden_layers as usize {
+                    return Err(Error::config(&self.path, "layer_types", format!("has {} entries for {} layers", types.len(), self.num_hidden_layers)));
+                }
+            }
+        }
+        if (0..self.num_hidden_layers).any(|i| !self.is_moe_layer(i)) && self.intermediate_size <= 0 {
+            return Err(Error::config(&self.path, "intermediate_size", "dense layers need intermediate_size > 0"));
+        }
+        if self.model_type == "qwen3_moe" || (self.is_hybrid() && self.num_experts > 0) {
             if self.num_experts <= 0 {
                 return Err(Error::config(&self.path, "num_experts", "qwen3_moe needs num_experts > 0"));
             }
@@ -227,6 +314,25 @@ impl ModelConfig {
         self.rope_scale()?;
         Ok(())
     }
+}
+
+/// Qwen3.5 configs describe the text model under `text_config` (beside a vision tower we do
+/// not run); its fields are read as if they stood at the top, with the top-level
+/// `model_type`, quantization and other settings winning. Returns the prefix for error paths.
+fn flatten_text_config(value: serde_json::Value) -> (serde_json::Value, &'static str) {
+    let serde_json::Value::Object(mut top) = value else {
+        return (value, "");
+    };
+    let Some(serde_json::Value::Object(mut text)) = top.remove("text_config") else {
+        return (serde_json::Value::Object(top), "");
+    };
+    top.remove("vision_config");
+    for (k, v) in top {
+        if k == "model_type" || !text.contains_key(&k) {
+            text.insert(k, v);
+        }
+    }
+    (serde_json::Value::Object(text), "text_config.")
 }
 
 fn parse_quantization(

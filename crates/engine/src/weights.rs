@@ -173,3 +173,29 @@ impl Weights {
         self.tensors.insert(name, (array, origin));
     }
 }
+
+impl Weights {
+    /// Names of the tensors not taken yet.
+    pub fn names(&self) -> Vec<String> {
+        self.tensors.keys().cloned().collect()
+    }
+
+    /// Renames every tensor starting with `from` to start with `to` instead.
+    pub fn rename_prefix(&mut self, from: &str, to: &str) {
+        let names: Vec<String> = self.tensors.keys().filter(|n| n.starts_with(from)).cloned().collect();
+        for name in names {
+            if let Some(entry) = self.tensors.remove(&name) {
+                self.tensors.insert(format!("{to}{}", &name[from.len()..]), entry);
+            }
+        }
+    }
+
+    /// Replaces tensor `name` by `f(tensor)` (e.g. a layout or offset fix-up on load).
+    pub fn update(&mut self, name: &str, f: impl FnOnce(&Array) -> Result<Array>) -> Result<()> {
+        if let Some((array, file)) = self.tensors.remove(name) {
+            let new = f(&array)?;
+            self.tensors.insert(name.to_string(), (new, file));
+        }
+        Ok(())
+    }
+}

@@ -137,3 +137,20 @@ fn missing_tokenizer_and_files() {
     let e = load_err(Path::new("/nonexistent/model"));
     assert!(e.contains("/nonexistent/model/config.json"), "{e}");
 }
+
+#[test]
+fn hybrid_config_without_linear_attention_fields() {
+    let d = common::make(&common::options(Arch::Qwen3Next, "tiny", None, 32, Dtype::Float32));
+    edit_config(d.path(), |c| {
+        c.as_object_mut().unwrap().remove("linear_key_head_dim");
+    });
+    let e = load_err(d.path());
+    assert!(e.contains("config.json") && e.contains("linear_key_head_dim"), "{e}");
+    let d = common::make(&common::options(Arch::Qwen35, "tiny", None, 32, Dtype::Float32));
+    edit_config(d.path(), |c| c["text_config"]["layer_types"] = serde_json::json!(["full_attention"]));
+    let e = load_err(d.path());
+    assert!(e.contains("layer_types") && e.contains("1 entries for 4 layers"), "{e}");
+    edit_config(d.path(), |c| c["text_config"]["hidden_size"] = "wide".into());
+    let e = load_err(d.path());
+    assert!(e.contains("text_config.hidden_size"), "{e}");
+}

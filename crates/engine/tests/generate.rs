@@ -32,14 +32,17 @@ fn length_and_usage() {
 
 #[test]
 fn chunked_prefill_matches_one_pass() {
-    let (_d, mut e) = engine(Arch::Qwen3Moe, Dtype::Float32);
-    let p: Vec<u32> = (0..300u32).map(|i| (i * 13 + 5) % 490).collect();
-    let req = GenerateRequest { ignore_eos: true, ..GenerateRequest::greedy(p, 24) };
-    let (whole, _) = e.generate_text(req.clone()).unwrap();
-    e.prefill_chunk = 7;
-    let (chunked, _) = e.generate_text(req).unwrap();
-    assert!(!whole.is_empty());
-    assert_eq!(whole, chunked);
+    // The hybrid carries conv and recurrent state across chunks, the others KV caches.
+    for arch in [Arch::Qwen3Moe, Arch::Qwen3Next, Arch::Qwen35] {
+        let (_d, mut e) = engine(arch, Dtype::Float32);
+        let p: Vec<u32> = (0..300u32).map(|i| (i * 13 + 5) % 490).collect();
+        let req = GenerateRequest { ignore_eos: true, ..GenerateRequest::greedy(p, 24) };
+        let (whole, _) = e.generate_text(req.clone()).unwrap();
+        e.prefill_chunk = 7;
+        let (chunked, _) = e.generate_text(req).unwrap();
+        assert!(!whole.is_empty());
+        assert_eq!(whole, chunked, "{arch:?}");
+    }
 }
 
 #[test]

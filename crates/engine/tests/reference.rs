@@ -8,7 +8,7 @@
 mod common;
 
 use engine::cache::Cache;
-use engine::checkpoint::{Arch, Dtype, MakeOptions};
+use engine::checkpoint::{Arch, Dtype, Layout, MakeOptions};
 use engine::models::{self, LanguageModel};
 use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::{ops, Array};
@@ -120,4 +120,58 @@ fn qwen3_moe_4bit() {
 #[test]
 fn qwen3_moe_8bit_f32_scales() {
     check("qwen3_moe 8-bit g32 f32", common::options(Arch::Qwen3Moe, "tiny", Some(8), 32, Dtype::Float32), F32_TOL);
+}
+
+// Hybrid models: Gated DeltaNet + gated attention, in mlx-lm's layout and in the
+// Transformers layout Qwen publishes (norm offsets, conv kernel last, unstacked experts).
+
+fn hybrid(arch: Arch, bits: Option<i32>, dtype: Dtype, layout: Layout) -> MakeOptions {
+    let mut o = common::options(arch, "tiny", bits, 32, dtype);
+    o.layout = layout;
+    o
+}
+
+#[test]
+fn qwen3_next_f32() {
+    check("qwen3_next f32", hybrid(Arch::Qwen3Next, None, Dtype::Float32, Layout::Mlx), F32_TOL);
+}
+
+#[test]
+fn qwen3_next_4bit() {
+    check("qwen3_next 4-bit g32", hybrid(Arch::Qwen3Next, Some(4), Dtype::Bfloat16, Layout::Mlx), BF16_TOL);
+}
+
+#[test]
+fn qwen3_next_transformers_layout() {
+    check("qwen3_next f32 transformers layout", hybrid(Arch::Qwen3Next, None, Dtype::Float32, Layout::Transformers), F32_TOL);
+}
+
+#[test]
+fn qwen3_5_f32() {
+    check("qwen3_5 f32", hybrid(Arch::Qwen35, None, Dtype::Float32, Layout::Mlx), F32_TOL);
+}
+
+#[test]
+fn qwen3_5_bf16_transformers_layout() {
+    check("qwen3_5 bf16 transformers layout", hybrid(Arch::Qwen35, None, Dtype::Bfloat16, Layout::Transformers), BF16_TOL);
+}
+
+#[test]
+fn qwen3_5_8bit() {
+    check("qwen3_5 8-bit g32", hybrid(Arch::Qwen35, Some(8), Dtype::Bfloat16, Layout::Mlx), BF16_TOL);
+}
+
+#[test]
+fn qwen3_5_moe_f32() {
+    check("qwen3_5_moe f32", hybrid(Arch::Qwen35Moe, None, Dtype::Float32, Layout::Mlx), F32_TOL);
+}
+
+#[test]
+fn qwen3_5_moe_transformers_layout() {
+    check("qwen3_5_moe f32 transformers layout", hybrid(Arch::Qwen35Moe, None, Dtype::Float32, Layout::Transformers), F32_TOL);
+}
+
+#[test]
+fn qwen3_5_moe_4bit() {
+    check("qwen3_5_moe 4-bit g32", hybrid(Arch::Qwen35Moe, Some(4), Dtype::Bfloat16, Layout::Mlx), BF16_TOL);
 }

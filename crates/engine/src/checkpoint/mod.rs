@@ -4,6 +4,7 @@
 //! seed: each tensor draws from its own key, derived from the seed and its name.
 
 pub mod presets;
+pub mod tensors;
 pub mod tokenizer_trainer;
 
 use std::collections::{BTreeMap, HashMap};
@@ -14,6 +15,8 @@ pub use mlx_rs::Dtype;
 use serde_json::json;
 
 pub use presets::Arch;
+pub use tensors::Layout;
+use tensors::{Kind, TensorSpec};
 
 use crate::error::{Error, Result};
 
@@ -30,6 +33,7 @@ pub struct MakeOptions {
     pub seed: u64,
     /// A new shard starts once one holds this many bytes.
     pub shard_bytes: usize,
+    pub layout: Layout,
 }
 
 impl MakeOptions {
@@ -43,6 +47,7 @@ impl MakeOptions {
             tie_embeddings: None,
             seed: 0,
             shard_bytes: 4 << 30,
+            layout: Layout::Mlx,
         }
     }
 }
@@ -55,63 +60,6 @@ pub struct Made {
     pub files: Vec<PathBuf>,
 }
 
-/// What a tensor is, which decides its initialisation and whether it is quantized.
-#[derive(Debug, Clone, Copy, PartialEq)]
-enum Kind {
-    /// A projection [.., out, in]: N(0, 1/in).
-    Matrix,
-    /// Embedding table or output head: wide enough logits that greedy picks are clear.
-    Table,
-    /// The MoE router: quantized at 8 bits, as mlx-lm's qwen3_moe predicate does.
-    Router,
-    /// RMSNorm weight around 1.
-    Norm,
-}
-
-struct TensorSpec {
-    name: String,
-    shape: Vec<i32>,
-    kind: Kind,
-}
-
-fn tensor_specs(c: &serde_json::Value) -> Vec<TensorSpec> {
-    let g = |k: &str| c[k].as_i64().unwrap_or(0) as i32;
-    let (h, v, hd) = (g("hidden_size"), g("vocab_size"), g("head_dim"));
-    let (nq, nkv, inter) = (g("num_attention_heads"), g("num_key_value_heads"), g("intermediate_size"));
-    let mut t = Vec::new();
-    let mut add = |name: String, shape: &[i32], kind: Kind| t.push(TensorSpec { name, shape: shape.to_vec(), kind });
-    add("model.embed_tokens".into(), &[v, h], Kind::Table);
-    let dense_only: Vec<i64> = c["mlp_only_layers"].as_array().map(|a| a.iter().filter_map(|x| x.as_i64()).collect()).unwrap_or_default();
-    for i in 0..g("num_hidden_layers") {
-        let p = format!("model.layers.{i}");
-        add(format!("{p}.input_layernorm"), &[h], Kind::Norm);
-        add(format!("{p}.post_attention_layernorm"), &[h], Kind::Norm);
-        add(format!("{p}.self_attn.q_proj"), &[nq * hd, h], Kind::Matrix);
-        add(format!("{p}.self_attn.k_proj"), &[nkv * hd, h], Kind::Matrix);
-        add(format!("{p}.self_attn.v_proj"), &[nkv * hd, h], Kind::Matrix);
-        add(format!("{p}.self_attn.o_proj"), &[h, nq * hd], Kind::Matrix);
-        add(format!("{p}.self_attn.q_norm"), &[hd], Kind::Norm);
-        add(format!("{p}.self_attn.k_norm"), &[hd], Kind::Norm);
-        let (experts, step) = (g("num_experts"), g("decoder_sparse_step").max(1));
-        if experts > 0 && !dense_only.contains(&(i as i64)) && (i + 1) % step == 0 {
-            let mi = g("moe_intermediate_size");
-            add(format!("{p}.mlp.gate"), &[experts, h], Kind::Router);
-            add(format!("{p}.mlp.switch_mlp.gate_proj"), &[experts, mi, h], Kind::Matrix);
-            add(format!("{p}.mlp.switch_mlp.up_proj"), &[experts, mi, h], Kind::Matrix);
-            add(format!("{p}.mlp.switch_mlp.down_proj"), &[experts, h, mi], Kind::Matrix);
-        } else {
-            add(format!("{p}.mlp.gate_proj"), &[inter, h], Kind::Matrix);
-            add(format!("{p}.mlp.up_proj"), &[inter, h], Kind::Matrix);
-            add(format!("{p}.mlp.down_proj"), &[h, inter], Kind::Matrix);
-        }
-    }
-    add("model.norm".into(), &[h], Kind::Norm);
-    if !c["tie_word_embeddings"].as_bool().unwrap_or(false) {
-        add("lm_head".into(), &[v, h], Kind::Table);
-    }
-    t
-}
-
 /// FNV-1a: a stable per-name key, independent of the order tensors are made in.
 fn name_hash(name: &str) -> u64 {
     name.bytes().fold(0xcbf29ce484222325, |h, b| (h ^ b as u64).wrapping_mul(0x100000001b3))
@@ -119,13 +67,17 @@ fn name_hash(name: &str) -> u64 {
 
 fn random_tensor(spec: &TensorSpec, seed: u64, hidden: i32) -> Result<Array> {
     let key = random::key(seed ^ name_hash(&spec.name))?;
+    let shape = &spec.shape[..];
     let fan_in = *spec.shape.last().unwrap_or(&1) as f32;
-    let x = match spec.kind {
-        Kind::Matrix | Kind::Router => random::normal::<f32>(&spec.shape[..], 0.0, 1.0 / fan_in.sqrt(), &key)?,
-        Kind::Table => random::normal::<f32>(&spec.shape[..], 0.0, 2.0 / (hidden as f32).sqrt(), &key)?,
-        Kind::Norm => random::normal::<f32>(&spec.shape[..], 1.0, 0.1, &key)?,
-    };
-    Ok(x)
+    let normal = |mean: f32, std: f32| random::normal::<f32>(shape, mean, std, &key);
+    Ok(match spec.kind {
+        Kind::Matrix | Kind::Router => normal(0.0, 1.0 / fan_in.sqrt())?,
+        Kind::Table => normal(0.0, 2.0 / (hidden as f32).sqrt())?,
+        Kind::Norm | Kind::DtBias => normal(1.0, 0.1)?,
+        Kind::NormOffset => normal(0.0, 0.1)?,
+        Kind::Conv => normal(0.0, 1.0 / (spec.shape.iter().product::<i32>() as f32 / spec.shape[0] as f32).sqrt())?,
+        Kind::ALog => ops::log(random::uniform::<f32, f32>(1.0, 16.0, shape, &key)?)?,
+    })
 }
 
 /// Writes a random checkpoint to `out` (created if needed).
@@ -135,7 +87,8 @@ pub fn make(opts: &MakeOptions, out: &Path) -> Result<Made> {
         config["tie_word_embeddings"] = json!(tie);
     }
     std::fs::create_dir_all(out).map_err(|e| Error::io(out, e))?;
-    let hidden = config["hidden_size"].as_i64().unwrap_or(0) as i32;
+    let parsed = crate::config::ModelConfig::parse(&config.to_string(), &out.join("config.json"))?;
+    let hidden = parsed.hidden_size;
 
     let mut quant = serde_json::Map::new();
     if let Some(bits) = opts.bits {
@@ -146,12 +99,18 @@ pub fn make(opts: &MakeOptions, out: &Path) -> Result<Made> {
 
     let mut shards = ShardWriter::new(out, opts.shard_bytes);
     let mut parameters = 0u64;
-    for spec in tensor_specs(&config) {
+    for spec in tensors::tensor_specs(&parsed, opts.layout) {
         parameters += spec.shape.iter().map(|&d| d as u64).product::<u64>();
-        let w = random_tensor(&spec, opts.seed, hidden)?.as_dtype(opts.dtype)?;
+        let dtype = if spec.kind == Kind::ALog { Dtype::Float32 } else { opts.dtype };
+        let w = random_tensor(&spec, opts.seed, hidden)?.as_dtype(dtype)?;
+        if spec.raw {
+            shards.add(spec.name.clone(), w)?;
+            continue;
+        }
         let fan_in = *spec.shape.last().unwrap_or(&0);
         let bits = match (spec.kind, opts.bits) {
-            (Kind::Norm, _) | (_, None) => None,
+            (_, None) => None,
+            (kind, _) if !kind.quantizable() => None,
             (Kind::Router, Some(_)) => Some(8),
             (_, Some(bits)) => Some(bits),
         };
@@ -171,7 +130,7 @@ pub fn make(opts: &MakeOptions, out: &Path) -> Result<Made> {
     let (files, bytes) = shards.finish()?;
 
     // Token ids: the trained vocabulary, then the special tokens.
-    let vocab_size = config["vocab_size"].as_i64().unwrap_or(0) as usize;
+    let vocab_size = parsed.vocab_size as usize;
     let tok_path = out.join("tokenizer.json");
     let tok_len = tokenizer_trainer::write_tokenizer(&tok_path, vocab_size.min(4096))?;
     let special_id = |i: usize| (tok_len - tokenizer_trainer::SPECIAL_TOKENS.len() + i) as u32;

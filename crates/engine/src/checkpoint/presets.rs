@@ -9,6 +9,9 @@ use crate::error::{Error, Result};
 pub enum Arch {
     Qwen3,
     Qwen3Moe,
+    Qwen3Next,
+    Qwen35,
+    Qwen35Moe,
 }
 
 impl Arch {
@@ -16,7 +19,12 @@ impl Arch {
         match name {
             "qwen3" => Ok(Arch::Qwen3),
             "qwen3_moe" | "qwen3-moe" => Ok(Arch::Qwen3Moe),
-            other => Err(Error::Request(format!("unknown architecture `{other}` (known: qwen3, qwen3_moe)"))),
+            "qwen3_next" | "qwen3-next" => Ok(Arch::Qwen3Next),
+            "qwen3_5" | "qwen3.5" => Ok(Arch::Qwen35),
+            "qwen3_5_moe" | "qwen3.5-moe" => Ok(Arch::Qwen35Moe),
+            other => Err(Error::Request(format!(
+                "unknown architecture `{other}` (known: qwen3, qwen3_moe, qwen3_next, qwen3_5, qwen3_5_moe)"
+            ))),
         }
     }
 }
@@ -26,6 +34,62 @@ pub fn names(arch: Arch) -> &'static [&'static str] {
     match arch {
         Arch::Qwen3 => &["tiny", "small", "0.6b", "8b", "32b"],
         Arch::Qwen3Moe => &["tiny", "small", "30b-a3b"],
+        Arch::Qwen3Next | Arch::Qwen35 | Arch::Qwen35Moe => &["tiny", "small"],
+    }
+}
+
+/// A hybrid (Gated DeltaNet + gated attention) config from a dense base: `nk`/`nv` linear
+/// key/value heads of `dk`/`dv` dims; MoE (8 experts, top 2, with a shared expert) for
+/// qwen3_next and qwen3_5_moe; Qwen3.5 nests the text model under `text_config`.
+fn hybrid(arch: Arch, base: Value, nk: i32, nv: i32, dk: i32, dv: i32) -> Value {
+    let mut c = base;
+    let h = c["hidden_size"].as_i64().unwrap_or(64);
+    c["linear_num_key_heads"] = json!(nk);
+    c["linear_num_value_heads"] = json!(nv);
+    c["linear_key_head_dim"] = json!(dk);
+    c["linear_value_head_dim"] = json!(dv);
+    c["linear_conv_kernel_dim"] = json!(4);
+    c["full_attention_interval"] = json!(4);
+    c["partial_rotary_factor"] = json!(0.25);
+    if arch != Arch::Qwen35 {
+        c["num_experts"] = json!(8);
+        c["num_experts_per_tok"] = json!(2);
+        c["moe_intermediate_size"] = json!(h / 2);
+        c["shared_expert_intermediate_size"] = json!(h / 2);
+        c["decoder_sparse_step"] = json!(1);
+        c["mlp_only_layers"] = json!([]);
+        c["norm_topk_prob"] = json!(true);
+    }
+    match arch {
+        Arch::Qwen3Next => {
+            c["model_type"] = json!("qwen3_next");
+            c["architectures"] = json!(["Qwen3NextForCausalLM"]);
+            c
+        }
+        _ => {
+            let layers = c["num_hidden_layers"].as_i64().unwrap_or(4);
+            c["layer_types"] = json!((0..layers)
+                .map(|i| if (i + 1) % 4 == 0 { "full_attention" } else { "linear_attention" })
+                .collect::<Vec<_>>());
+            let theta = c["rope_theta"].clone();
+            let obj = c.as_object_mut().expect("object");
+            obj.remove("rope_theta");
+            obj.remove("partial_rotary_factor");
+            let tie = obj.remove("tie_word_embeddings").unwrap_or(json!(false));
+            let (top, text) = if arch == Arch::Qwen35 {
+                ("qwen3_5", "qwen3_5_text")
+            } else {
+                ("qwen3_5_moe", "qwen3_5_moe_text")
+            };
+            c["model_type"] = json!(text);
+            c["rope_parameters"] = json!({"rope_type": "default", "rope_theta": theta, "partial_rotary_factor": 0.25, "mrope_section": [11, 11, 10]});
+            json!({
+                "model_type": top,
+                "architectures": [if arch == Arch::Qwen35 { "Qwen3_5ForConditionalGeneration" } else { "Qwen3_5MoeForConditionalGeneration" }],
+                "tie_word_embeddings": tie,
+                "text_config": c,
+            })
+        }
     }
 }
 
@@ -68,6 +132,8 @@ pub fn config(arch: Arch, preset: &str) -> Result<Value> {
         }
         (Arch::Qwen3Moe, "small") => moe(dense(256, 4, 8, 4, 32, 768, 2048, false), 16, 4, 128),
         (Arch::Qwen3Moe, "30b-a3b") => moe(dense(2048, 48, 32, 4, 128, 6144, 151936, false), 128, 8, 768),
+        (Arch::Qwen3Next | Arch::Qwen35 | Arch::Qwen35Moe, "tiny") => hybrid(arch, dense(64, 4, 4, 2, 16, 128, 512, false), 2, 4, 16, 16),
+        (Arch::Qwen3Next | Arch::Qwen35 | Arch::Qwen35Moe, "small") => hybrid(arch, dense(256, 8, 8, 2, 32, 768, 2048, false), 4, 8, 32, 32),
         _ => {
             return Err(Error::Request(format!(
                 "unknown preset `{preset}` for {arch:?} (known: {})",

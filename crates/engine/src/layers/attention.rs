@@ -1,4 +1,5 @@
-//! Grouped-query attention with per-head q/k RMSNorm and RoPE (Qwen3).
+//! Grouped-query attention with per-head q/k RMSNorm and RoPE (Qwen3), optionally with the
+//! sigmoid output gate and partial rotary embeddings of the hybrid models' full-attention layers.
 
 use mlx_rs::fast::{self, ScaledDotProductAttentionMask};
 use mlx_rs::Array;
@@ -32,6 +33,8 @@ pub struct Attention {
     pub n_kv_heads: i32,
     pub head_dim: i32,
     pub rope: Rope,
+    /// Qwen3-Next / Qwen3.5: `q_proj` also yields a per-channel gate, `o_proj(o * sigmoid(gate))`.
+    pub output_gate: bool,
 }
 
 impl Attention {
@@ -39,7 +42,14 @@ impl Attention {
     pub fn forward(&self, x: &Array, cache: &mut KvCache) -> Result<Array> {
         let (b, l) = (x.dim(0), x.dim(1));
         let heads = |y: Array, n: i32| y.reshape(&[b, l, n, -1]);
-        let q = self.q_norm.forward(&heads(self.q_proj.forward(x)?, self.n_heads)?)?;
+        let (q, gate) = if self.output_gate {
+            let qg = heads(self.q_proj.forward(x)?, self.n_heads)?;
+            let parts = qg.split_at_indices(&[self.head_dim], -1)?;
+            (parts[0].clone(), Some(parts[1].reshape(&[b, l, -1])?))
+        } else {
+            (heads(self.q_proj.forward(x)?, self.n_heads)?, None)
+        };
+        let q = self.q_norm.forward(&q)?;
         let k = self.k_norm.forward(&heads(self.k_proj.forward(x)?, self.n_kv_heads)?)?;
         let v = heads(self.v_proj.forward(x)?, self.n_kv_heads)?;
         let (q, k, v) = (
@@ -56,6 +66,9 @@ impl Attention {
         let mask = (l > 1).then_some(ScaledDotProductAttentionMask::Causal);
         let o = fast::scaled_dot_product_attention(&q, &k, &v, scale, mask, None)?;
         let o = o.transpose_axes(&[0, 2, 1, 3])?.reshape(&[b, l, -1])?;
-        self.o_proj.forward(&o)
+        match gate {
+            Some(gate) => self.o_proj.forward(&o.multiply(mlx_rs::ops::sigmoid(&gate)?)?),
+            None => self.o_proj.forward(&o),
+        }
     }
 }

@@ -1,8 +1,33 @@
 use mlx_rs::Array;
 
-use super::{Attention, Mlp, RmsNorm, SparseMoe};
-use crate::cache::KvCache;
-use crate::error::Result;
+use super::{Attention, GatedDeltaNet, Mlp, RmsNorm, SparseMoe};
+use crate::cache::LayerCache;
+use crate::error::{Error, Result};
+
+/// What mixes information across positions: softmax attention over a KV cache, or a
+/// Gated DeltaNet over a recurrent state.
+#[derive(Debug, Clone)]
+pub enum Mixer {
+    Attention(Attention),
+    Linear(GatedDeltaNet),
+}
+
+impl Mixer {
+    pub fn forward(&self, x: &Array, cache: &mut LayerCache) -> Result<Array> {
+        match (self, cache) {
+            (Mixer::Attention(a), LayerCache::Kv(kv)) => a.forward(x, kv),
+            (Mixer::Linear(l), LayerCache::Linear(state)) => l.forward(x, state),
+            _ => Err(Error::Request("a layer was given the cache of another kind of layer".into())),
+        }
+    }
+
+    pub fn new_cache(&self) -> LayerCache {
+        match self {
+            Mixer::Attention(_) => LayerCache::Kv(Default::default()),
+            Mixer::Linear(_) => LayerCache::Linear(Default::default()),
+        }
+    }
+}
 
 #[derive(Debug, Clone)]
 pub enum FeedForward {
@@ -23,14 +48,14 @@ impl FeedForward {
 #[derive(Debug, Clone)]
 pub struct DecoderLayer {
     pub input_layernorm: RmsNorm,
-    pub self_attn: Attention,
+    pub mixer: Mixer,
     pub post_attention_layernorm: RmsNorm,
     pub mlp: FeedForward,
 }
 
 impl DecoderLayer {
-    pub fn forward(&self, x: &Array, cache: &mut KvCache) -> Result<Array> {
-        let h = x.add(self.self_attn.forward(&self.input_layernorm.forward(x)?, cache)?)?;
+    pub fn forward(&self, x: &Array, cache: &mut LayerCache) -> Result<Array> {
+        let h = x.add(self.mixer.forward(&self.input_layernorm.forward(x)?, cache)?)?;
         let r = self.mlp.forward(&self.post_attention_layernorm.forward(&h)?)?;
         Ok(h.add(r)?)
     }

@@ -1,8 +1,10 @@
 //! Building blocks shared by the model files: linear and embedding layers (dense or
-//! affine-quantized), RMSNorm, RoPE, attention, the SwiGLU MLP and the mixture of experts.
+//! affine-quantized), RMSNorm, RoPE, attention, Gated DeltaNet, the SwiGLU MLP and the
+//! mixture of experts.
 
 pub mod attention;
 pub mod block;
+pub mod gated_delta;
 pub mod linear;
 pub mod loader;
 pub mod mlp;
@@ -10,7 +12,8 @@ pub mod moe;
 pub mod norm;
 
 pub use attention::Attention;
-pub use block::{DecoderLayer, FeedForward};
+pub use block::{DecoderLayer, FeedForward, Mixer};
+pub use gated_delta::GatedDeltaNet;
 pub use linear::{Embedding, Linear};
 pub use loader::Loader;
 pub use mlp::Mlp;

@@ -84,6 +84,14 @@ pub struct SparseMoe {
     pub experts: SwitchGlu,
     pub top_k: i32,
     pub norm_topk_prob: bool,
+    /// Hybrid models add an always-on expert, scaled by `sigmoid(shared_expert_gate(x))`.
+    pub shared: Option<SharedExpert>,
+}
+
+#[derive(Debug, Clone)]
+pub struct SharedExpert {
+    pub mlp: super::Mlp,
+    pub gate: Linear,
 }
 
 impl SparseMoe {
@@ -98,6 +106,13 @@ impl SparseMoe {
         }
         let y = self.experts.forward(x, &top)?;
         let weighted = y.multiply(ops::expand_dims(&scores, -1)?)?;
-        Ok(weighted.sum_axis(-2, false)?)
+        let y = weighted.sum_axis(-2, false)?;
+        match &self.shared {
+            Some(shared) => {
+                let s = shared.mlp.forward(x)?;
+                Ok(y.add(ops::sigmoid(shared.gate.forward(x)?)?.multiply(&s)?)?)
+            }
+            None => Ok(y),
+        }
     }
 }

@@ -1,7 +1,10 @@
 //! Model architectures, one file each, and the decoder trunk they share.
 
+pub mod hybrid;
 pub mod qwen3;
+pub mod qwen3_5;
 pub mod qwen3_moe;
+pub mod qwen3_next;
 pub mod transformer;
 
 use std::path::Path;
@@ -27,8 +30,11 @@ pub trait LanguageModel: Send {
 
 /// Loads the model in `dir` (config.json + safetensors), dispatching on `model_type`.
 pub fn load(dir: &Path) -> Result<Box<dyn LanguageModel>> {
-    let config = ModelConfig::load(dir)?;
+    let mut config = ModelConfig::load(dir)?;
     let mut weights = Weights::load(dir)?;
+    if config.is_hybrid() {
+        hybrid::normalize_layout(&mut weights, config.quant.as_mut())?;
+    }
     let dropped = weights.drop_prefix("mtp.");
     if dropped > 0 {
         tracing::info!("{}: ignoring {dropped} mtp.* tensors (no MTP head for {})", dir.display(), config.model_type);
@@ -38,6 +44,8 @@ pub fn load(dir: &Path) -> Result<Box<dyn LanguageModel>> {
         match config.model_type.as_str() {
             "qwen3" => qwen3::build(&config, &mut loader)?,
             "qwen3_moe" => qwen3_moe::build(&config, &mut loader)?,
+            "qwen3_next" => qwen3_next::build(&config, &mut loader)?,
+            "qwen3_5" | "qwen3_5_moe" => qwen3_5::build(&config, &mut loader)?,
             other => unreachable!("config.rs accepted unknown model_type {other}"),
         }
     };

@@ -1,12 +1,14 @@
 //! Qwen3 (dense): every layer has a SwiGLU MLP.
 
+use super::transformer::attention;
 use super::Transformer;
 use crate::config::ModelConfig;
 use crate::error::Result;
-use crate::layers::{FeedForward, Loader, Mlp};
+use crate::layers::{FeedForward, Loader, Mixer, Mlp};
 
 pub fn build(config: &ModelConfig, ld: &mut Loader) -> Result<Transformer> {
-    Transformer::build(config, ld, |ld, _, path| {
+    Transformer::build(config, ld, |ld, _, p| Ok(Mixer::Attention(attention(config, ld, p, false)?)), |ld, _, p| {
+        let path = &format!("{p}.mlp");
         Ok(FeedForward::Dense(mlp(ld, path, config.hidden_size, config.intermediate_size)?))
     })
 }

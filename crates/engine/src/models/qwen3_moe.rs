@@ -7,37 +7,54 @@
 
 use mlx_rs::{ops, Array};
 
+use super::transformer::attention;
 use super::{qwen3, Transformer};
 use crate::config::ModelConfig;
 use crate::error::Result;
-use crate::layers::moe::{SwitchGlu, SwitchLinear};
-use crate::layers::{FeedForward, Loader, SparseMoe};
+use crate::layers::moe::SwitchGlu;
+use crate::layers::{FeedForward, Loader, Mixer, SparseMoe};
 
 pub fn build(config: &ModelConfig, ld: &mut Loader) -> Result<Transformer> {
     let c = config;
-    Transformer::build(config, ld, |ld, layer, path| {
+    Transformer::build(config, ld, |ld, _, p| Ok(Mixer::Attention(attention(c, ld, p, false)?)), |ld, layer, p| {
+        let path = &format!("{p}.mlp");
         if !c.is_moe_layer(layer) {
             return Ok(FeedForward::Dense(qwen3::mlp(ld, path, c.hidden_size, c.intermediate_size)?));
         }
         let (e, dim, hidden) = (c.num_experts, c.hidden_size, c.moe_intermediate_size);
-        let mut proj = |name: &str, inp: i32, out: i32| -> Result<SwitchLinear> {
-            if ld.weights.contains(&format!("{path}.experts.0.{name}.weight")) {
-                stack_experts(ld, path, name, e)?;
-            }
-            ld.switch_linear(&format!("{path}.switch_mlp.{name}"), e, inp, out)
-        };
+        stack_expert_layouts(ld, path, e)?;
         let experts = SwitchGlu {
-            gate_proj: proj("gate_proj", dim, hidden)?,
-            up_proj: proj("up_proj", dim, hidden)?,
-            down_proj: proj("down_proj", hidden, dim)?,
+            gate_proj: ld.switch_linear(&format!("{path}.switch_mlp.gate_proj"), e, dim, hidden)?,
+            up_proj: ld.switch_linear(&format!("{path}.switch_mlp.up_proj"), e, dim, hidden)?,
+            down_proj: ld.switch_linear(&format!("{path}.switch_mlp.down_proj"), e, hidden, dim)?,
         };
         Ok(FeedForward::Moe(SparseMoe {
             gate: ld.linear(&format!("{path}.gate"), dim, e, false)?,
             experts,
             top_k: c.num_experts_per_tok,
-            norm_topk_prob: c.norm_topk_prob,
+            norm_topk_prob: c.norm_topk_prob(),
+            shared: None,
         }))
     })
+}
+
+/// Rewrites the Transformers expert layouts of the MoE block at `path` into mlx-lm's stacked
+/// `{path}.switch_mlp.{gate,up,down}_proj.*`: one tensor per expert (`experts.{i}.*`), or
+/// Qwen3.5's fused `experts.gate_up_proj` [E, 2I, H] and `experts.down_proj`.
+pub fn stack_expert_layouts(ld: &mut Loader, path: &str, experts: i32) -> Result<()> {
+    let fused = format!("{path}.experts.gate_up_proj");
+    if ld.weights.contains(&fused) {
+        let gate_up = ld.weights.take(&fused, None)?;
+        let halves = gate_up.split_equal(2, -2)?;
+        ld.weights.insert(format!("{path}.switch_mlp.gate_proj.weight"), halves[0].clone());
+        ld.weights.insert(format!("{path}.switch_mlp.up_proj.weight"), halves[1].clone());
+        let down = ld.weights.take(&format!("{path}.experts.down_proj"), None)?;
+        ld.weights.insert(format!("{path}.switch_mlp.down_proj.weight"), down);
+    }
+    for name in ["gate_proj", "up_proj", "down_proj"] {
+        stack_experts(ld, path, name, experts)?;
+    }
+    Ok(())
 }
 
 /// Moves `{path}.experts.{i}.{name}.*` into one stacked `{path}.switch_mlp.{name}.*`.

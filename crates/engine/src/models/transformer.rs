@@ -4,11 +4,11 @@
 use mlx_rs::Array;
 
 use super::LanguageModel;
-use crate::cache::{Cache, LayerCache};
+use crate::cache::Cache;
 use crate::config::ModelConfig;
 use crate::error::Result;
 use crate::layers::attention::Rope;
-use crate::layers::{Attention, DecoderLayer, Embedding, FeedForward, Linear, Loader, RmsNorm};
+use crate::layers::{Attention, DecoderLayer, Embedding, FeedForward, Linear, Loader, Mixer, RmsNorm};
 
 pub struct Transformer {
     pub config: ModelConfig,
@@ -20,37 +20,25 @@ pub struct Transformer {
 }
 
 impl Transformer {
-    /// Builds the trunk; `ffn(loader, layer_index, path)` builds each layer's feed-forward.
+    /// Builds the trunk; for each layer `mixer(loader, index, path)` builds its attention (or
+    /// linear-attention) part and `ffn(loader, index, path)` its feed-forward.
     pub fn build(
         config: &ModelConfig,
         ld: &mut Loader,
+        mut mixer: impl FnMut(&mut Loader, i32, &str) -> Result<Mixer>,
         mut ffn: impl FnMut(&mut Loader, i32, &str) -> Result<FeedForward>,
     ) -> Result<Self> {
         let c = config;
-        let (dim, hd, eps) = (c.hidden_size, c.head_dim(), c.rms_norm_eps);
+        let (dim, eps) = (c.hidden_size, c.rms_norm_eps);
         let embed_tokens = ld.embedding("model.embed_tokens", c.vocab_size, dim)?;
         let mut layers = Vec::with_capacity(c.num_hidden_layers as usize);
         for i in 0..c.num_hidden_layers {
             let p = format!("model.layers.{i}");
-            let a = format!("{p}.self_attn");
-            let bias = c.attention_bias;
-            let self_attn = Attention {
-                q_proj: ld.linear(&format!("{a}.q_proj"), dim, c.num_attention_heads * hd, bias)?,
-                k_proj: ld.linear(&format!("{a}.k_proj"), dim, c.num_key_value_heads * hd, bias)?,
-                v_proj: ld.linear(&format!("{a}.v_proj"), dim, c.num_key_value_heads * hd, bias)?,
-                o_proj: ld.linear(&format!("{a}.o_proj"), c.num_attention_heads * hd, dim, bias)?,
-                q_norm: ld.rms_norm(&format!("{a}.q_norm"), hd, eps)?,
-                k_norm: ld.rms_norm(&format!("{a}.k_norm"), hd, eps)?,
-                n_heads: c.num_attention_heads,
-                n_kv_heads: c.num_key_value_heads,
-                head_dim: hd,
-                rope: Rope { dims: hd, base: c.rope_theta(), scale: c.rope_scale()? },
-            };
             layers.push(DecoderLayer {
                 input_layernorm: ld.rms_norm(&format!("{p}.input_layernorm"), dim, eps)?,
-                self_attn,
+                mixer: mixer(ld, i, &p)?,
                 post_attention_layernorm: ld.rms_norm(&format!("{p}.post_attention_layernorm"), dim, eps)?,
-                mlp: ffn(ld, i, &format!("{p}.mlp"))?,
+                mlp: ffn(ld, i, &p)?,
             });
         }
         let norm = ld.rms_norm("model.norm", dim, eps)?;
@@ -65,12 +53,31 @@ impl Transformer {
     }
 }
 
+/// Full attention at `{path}.self_attn`; `output_gate` for the hybrids' gated attention.
+pub fn attention(c: &ModelConfig, ld: &mut Loader, path: &str, output_gate: bool) -> Result<Attention> {
+    let (dim, hd, eps, bias) = (c.hidden_size, c.head_dim(), c.rms_norm_eps, c.attention_bias);
+    let a = format!("{path}.self_attn");
+    let q_width = c.num_attention_heads * hd * if output_gate { 2 } else { 1 };
+    Ok(Attention {
+        q_proj: ld.linear(&format!("{a}.q_proj"), dim, q_width, bias)?,
+        k_proj: ld.linear(&format!("{a}.k_proj"), dim, c.num_key_value_heads * hd, bias)?,
+        v_proj: ld.linear(&format!("{a}.v_proj"), dim, c.num_key_value_heads * hd, bias)?,
+        o_proj: ld.linear(&format!("{a}.o_proj"), c.num_attention_heads * hd, dim, bias)?,
+        q_norm: ld.rms_norm(&format!("{a}.q_norm"), hd, eps)?,
+        k_norm: ld.rms_norm(&format!("{a}.k_norm"), hd, eps)?,
+        n_heads: c.num_attention_heads,
+        n_kv_heads: c.num_key_value_heads,
+        head_dim: hd,
+        rope: Rope { dims: c.rope_dims(), base: c.rope_theta(), scale: c.rope_scale()? },
+        output_gate,
+    })
+}
+
 impl LanguageModel for Transformer {
     fn forward(&self, tokens: &Array, cache: &mut Cache) -> Result<Array> {
         let mut h = self.embed_tokens.forward(tokens)?;
         for (layer, state) in self.layers.iter().zip(cache.layers.iter_mut()) {
-            let LayerCache::Kv(kv) = state;
-            h = layer.forward(&h, kv)?;
+            h = layer.forward(&h, state)?;
         }
         let h = self.norm.forward(&h)?;
         match &self.lm_head {
@@ -80,7 +87,7 @@ impl LanguageModel for Transformer {
     }
 
     fn new_cache(&self) -> Cache {
-        Cache::kv(self.layers.len())
+        Cache { layers: self.layers.iter().map(|l| l.mixer.new_cache()).collect() }
     }
 
     fn config(&self) -> &ModelConfig {

@@ -1,0 +1,171 @@
+//! Gated DeltaNet, the linear-attention layer of Qwen3-Next and Qwen3.5: projections, a
+//! depthwise causal conv1d over (q, k, v) with a cached tail, L2-normalised q/k, the gated
+//! delta rule with an f32 recurrent state [B, Hv, Dv, Dk], and a z-gated RMSNorm.
+//!
+//! The recurrence follows mlx-lm's `gated_delta_ops` step by step (one compiled graph per
+//! position), so results match it exactly on every backend.
+
+use std::cell::RefCell;
+
+use mlx_rs::error::Exception;
+use mlx_rs::ops::indexing::{IndexOp, NewAxis};
+use mlx_rs::transforms::compile::compile;
+use mlx_rs::{fast, ops, Array, Dtype};
+
+use super::{Linear, RmsNorm};
+use crate::cache::LinearState;
+use crate::error::Result;
+
+/// How the checkpoint packs the input projections.
+#[derive(Debug, Clone)]
+pub enum DeltaInputs {
+    /// Qwen3-Next: `in_proj_qkvz` and `in_proj_ba`, interleaved per key head.
+    Fused { qkvz: Linear, ba: Linear },
+    /// Qwen3.5: `in_proj_qkv`, `in_proj_z`, `in_proj_b`, `in_proj_a`.
+    Split { qkv: Linear, z: Linear, b: Linear, a: Linear },
+}
+
+#[derive(Debug, Clone)]
+pub struct GatedDeltaNet {
+    pub inputs: DeltaInputs,
+    /// Depthwise conv weights in MLX layout [channels, kernel, 1].
+    pub conv_weight: Array,
+    pub dt_bias: Array,
+    pub a_log: Array,
+    /// RMSNorm over each value head, gated by `silu(z)`.
+    pub norm: RmsNorm,
+    pub out_proj: Linear,
+    pub num_k_heads: i32,
+    pub num_v_heads: i32,
+    pub head_k_dim: i32,
+    pub head_v_dim: i32,
+    pub kernel: i32,
+}
+
+/// A Python-style scalar: takes the dtype of the array it meets.
+fn scalar(v: f64, like: &Array) -> Result<Array> {
+    Ok(Array::from_f32(v as f32).as_dtype(like.dtype())?)
+}
+
+impl GatedDeltaNet {
+    pub fn forward(&self, x: &Array, state: &mut LinearState) -> Result<Array> {
+        let (b, s) = (x.dim(0), x.dim(1));
+        let (nk, nv, dk, dv) = (self.num_k_heads, self.num_v_heads, self.head_k_dim, self.head_v_dim);
+        let key_dim = nk * dk;
+        let (qkv, z, beta_logits, a) = match &self.inputs {
+            DeltaInputs::Fused { qkvz, ba } => {
+                let r = nv / nk;
+                let m = qkvz.forward(x)?.reshape(&[b, s, nk, -1])?;
+                let p = m.split_at_indices(&[dk, 2 * dk, 2 * dk + r * dv], -1)?;
+                let mba = ba.forward(x)?.reshape(&[b, s, nk, -1])?;
+                let pba = mba.split_at_indices(&[r], -1)?;
+                let flat = |t: &Array| t.reshape(&[b, s, -1]);
+                let qkv = ops::concatenate(&[flat(&p[0])?, flat(&p[1])?, flat(&p[2])?], -1)?;
+                (qkv, p[3].reshape(&[b, s, -1, dv])?, pba[0].reshape(&[b, s, nv])?, pba[1].reshape(&[b, s, nv])?)
+            }
+            DeltaInputs::Split { qkv, z, b: bp, a: ap } => (
+                qkv.forward(x)?,
+                z.forward(x)?.reshape(&[b, s, nv, dv])?,
+                bp.forward(x)?,
+                ap.forward(x)?,
+            ),
+        };
+
+        // Causal depthwise conv over the cached tail plus the new positions.
+        let channels = qkv.dim(-1);
+        let keep = self.kernel - 1;
+        let tail = match state.conv.take() {
+            Some(t) => t,
+            None => ops::zeros_dtype(&[b, keep, channels], x.dtype())?,
+        };
+        let conv_input = ops::concatenate(&[tail, qkv], 1)?;
+        let total = conv_input.dim(1);
+        state.conv = Some(conv_input.index((.., (total - keep).., ..)).contiguous()?);
+        let conv = ops::conv1d(&conv_input, &self.conv_weight, 1, 0, 1, channels)?;
+        let conv = conv.multiply(ops::sigmoid(&conv)?)?;
+        let p = conv.split_at_indices(&[key_dim, 2 * key_dim], -1)?;
+        let q = p[0].reshape(&[b, s, nk, dk])?;
+        let k = p[1].reshape(&[b, s, nk, dk])?;
+        let v = p[2].reshape(&[b, s, nv, dv])?;
+
+        // L2-normalise q and k, folding the dk^-0.5 readout scale into q.
+        let inv_scale = (dk as f64).powf(-0.5);
+        let rms_eps = (1e-6 * inv_scale * inv_scale) as f32;
+        let q = fast::rms_norm(&q, None, rms_eps)?;
+        let q = scalar(inv_scale * inv_scale, &q)?.multiply(&q)?;
+        let k = fast::rms_norm(&k, None, rms_eps)?;
+        let k = scalar(inv_scale, &k)?.multiply(&k)?;
+
+        let beta = ops::sigmoid(&beta_logits)?;
+        let g = DECAY.with_borrow_mut(|f| f((&self.a_log, &a, &self.dt_bias)))?;
+        let recurrent = match state.recurrent.take() {
+            Some(r) => r,
+            None => ops::zeros_dtype(&[b, nv, dv, dk], Dtype::Float32)?,
+        };
+        let (y, recurrent) = delta_rule(&q, &k, &v, &g, &beta, recurrent)?;
+        state.recurrent = Some(recurrent);
+        state.offset += s;
+
+        let normed = self.norm.forward(&y)?;
+        let out = GATED_NORM.with_borrow_mut(|f| f((&y, &z, &normed)))?;
+        self.out_proj.forward(&out.reshape(&[b, s, -1])?)
+    }
+}
+
+/// Runs the recurrence over the sequence: y [B, T, Hv, Dv] and the final state.
+fn delta_rule(q: &Array, k: &Array, v: &Array, g: &Array, beta: &Array, mut state: Array) -> Result<(Array, Array)> {
+    let repeat = v.dim(2) / q.dim(2);
+    let (q, k) = if repeat > 1 {
+        (Array::repeat_axis::<f32>(q.clone(), repeat, -2)?, Array::repeat_axis::<f32>(k.clone(), repeat, -2)?)
+    } else {
+        (q.clone(), k.clone())
+    };
+    let mut ys = Vec::with_capacity(q.dim(1) as usize);
+    for t in 0..q.dim(1) {
+        let at = |x: &Array| x.index((.., t));
+        let args = [at(&q), at(&k), at(v), at(g), at(beta), state];
+        let mut out = DELTA_STEP.with_borrow_mut(|f| f(&args))?;
+        state = out.pop().expect("step returns y and state");
+        ys.push(out.pop().expect("step returns y and state"));
+    }
+    Ok((ops::stack(&ys, 1)?, state))
+}
+
+type Unary3 = Box<dyn for<'a> FnMut((&'a Array, &'a Array, &'a Array)) -> std::result::Result<Array, Exception>>;
+type Step = Box<dyn for<'a> FnMut(&'a [Array]) -> std::result::Result<Vec<Array>, Exception>>;
+
+thread_local! {
+    /// Per-position decay `exp(-exp(A_log) * softplus(a + dt_bias))`, as mlx-lm's `compute_g`.
+    static DECAY: RefCell<Unary3> = RefCell::new(Box::new(compile(decay_graph, true)));
+    /// `silu(z) * norm(y)` in f32, as mlx-lm's `precise_swiglu`.
+    static GATED_NORM: RefCell<Unary3> = RefCell::new(Box::new(compile(gated_norm_graph, true)));
+    /// One position of the delta rule, as mlx-lm's `_gated_delta_step_ops`.
+    static DELTA_STEP: RefCell<Step> = RefCell::new(Box::new(compile(delta_step_graph, false)));
+}
+
+fn decay_graph((a_log, a, dt_bias): (&Array, &Array, &Array)) -> std::result::Result<Array, Exception> {
+    let x = a.add(dt_bias)?;
+    let softplus = ops::logaddexp(&x, Array::from_f32(0.0).as_dtype(x.dtype())?)?;
+    let rate = ops::exp(a_log.as_dtype(Dtype::Float32)?)?.negative()?;
+    ops::exp(rate.multiply(&softplus)?)
+}
+
+fn gated_norm_graph((y, z, normed): (&Array, &Array, &Array)) -> std::result::Result<Array, Exception> {
+    let z = z.as_dtype(Dtype::Float32)?;
+    let gate = z.multiply(ops::sigmoid(&z)?)?;
+    gate.multiply(normed.as_dtype(Dtype::Float32)?)?.as_dtype(y.dtype())
+}
+
+/// q, k: [B, H, Dk]; v: [B, H, Dv]; g, beta: [B, H]; state: [B, H, Dv, Dk].
+fn delta_step_graph(args: &[Array]) -> std::result::Result<Vec<Array>, Exception> {
+    let [q, k, v, g, beta, state] = args else {
+        return Err(Exception::custom("delta step takes 6 arrays"));
+    };
+    let state = state.multiply(g.index((.., .., NewAxis, NewAxis)))?;
+    let k_row = k.index((.., .., NewAxis, ..));
+    let kv_mem = state.multiply(&k_row)?.sum_axis(-1, false)?;
+    let delta = v.subtract(&kv_mem)?.multiply(beta.index((.., .., NewAxis)))?;
+    let state = state.add(k_row.multiply(delta.index((.., .., .., NewAxis)))?)?;
+    let y = state.multiply(q.index((.., .., NewAxis, ..)))?.sum_axis(-1, false)?;
+    Ok(vec![y.as_dtype(q.dtype())?, state])
+}

@@ -1,0 +1,146 @@
+//! What Qwen3-Next and Qwen3.5 share: Gated DeltaNet layers between gated full-attention
+//! layers, MoE with a shared expert, and the fix-ups that read Transformers-layout
+//! checkpoints (as Qwen publishes them) as well as mlx-community's converted ones.
+
+use mlx_rs::Array;
+
+use super::qwen3;
+use super::transformer::{attention, Transformer};
+use crate::config::{ModelConfig, Quantization};
+use crate::error::Result;
+use crate::layers::gated_delta::DeltaInputs;
+use crate::layers::moe::{SharedExpert, SwitchGlu};
+use crate::layers::{FeedForward, GatedDeltaNet, Loader, Mixer, SparseMoe};
+use crate::weights::Weights;
+
+/// How a hybrid checkpoint packs its Gated DeltaNet input projections.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InputLayout {
+    Fused,
+    Split,
+}
+
+pub fn build(c: &ModelConfig, ld: &mut Loader, layout: InputLayout) -> Result<Transformer> {
+    Transformer::build(
+        c,
+        ld,
+        |ld, i, p| {
+            Ok(if c.is_linear_layer(i) {
+                Mixer::Linear(gated_delta(c, ld, &format!("{p}.linear_attn"), layout)?)
+            } else {
+                Mixer::Attention(attention(c, ld, p, true)?)
+            })
+        },
+        |ld, i, p| feed_forward(c, ld, i, &format!("{p}.mlp")),
+    )
+}
+
+fn gated_delta(c: &ModelConfig, ld: &mut Loader, p: &str, layout: InputLayout) -> Result<GatedDeltaNet> {
+    let (h, nk, nv) = (c.hidden_size, c.linear_num_key_heads, c.linear_num_value_heads);
+    let (dk, dv, kernel) = (c.linear_key_head_dim, c.linear_value_head_dim, c.linear_conv_kernel_dim);
+    let (key_dim, value_dim) = (nk * dk, nv * dv);
+    let channels = 2 * key_dim + value_dim;
+    let inputs = match layout {
+        InputLayout::Fused => DeltaInputs::Fused {
+            qkvz: ld.linear(&format!("{p}.in_proj_qkvz"), h, 2 * key_dim + 2 * value_dim, false)?,
+            ba: ld.linear(&format!("{p}.in_proj_ba"), h, 2 * nv, false)?,
+        },
+        InputLayout::Split => DeltaInputs::Split {
+            qkv: ld.linear(&format!("{p}.in_proj_qkv"), h, channels, false)?,
+            z: ld.linear(&format!("{p}.in_proj_z"), h, value_dim, false)?,
+            b: ld.linear(&format!("{p}.in_proj_b"), h, nv, false)?,
+            a: ld.linear(&format!("{p}.in_proj_a"), h, nv, false)?,
+        },
+    };
+    Ok(GatedDeltaNet {
+        inputs,
+        conv_weight: ld.weights.take(&format!("{p}.conv1d.weight"), Some(&[channels, kernel, 1]))?,
+        dt_bias: ld.weights.take(&format!("{p}.dt_bias"), Some(&[nv]))?,
+        a_log: ld.weights.take(&format!("{p}.A_log"), Some(&[nv]))?,
+        norm: ld.rms_norm(&format!("{p}.norm"), dv, c.rms_norm_eps)?,
+        out_proj: ld.linear(&format!("{p}.out_proj"), value_dim, h, false)?,
+        num_k_heads: nk,
+        num_v_heads: nv,
+        head_k_dim: dk,
+        head_v_dim: dv,
+        kernel,
+    })
+}
+
+fn feed_forward(c: &ModelConfig, ld: &mut Loader, i: i32, p: &str) -> Result<FeedForward> {
+    let h = c.hidden_size;
+    if !c.is_moe_layer(i) {
+        return Ok(FeedForward::Dense(qwen3::mlp(ld, p, h, c.intermediate_size)?));
+    }
+    let (e, mi) = (c.num_experts, c.moe_intermediate_size);
+    super::qwen3_moe::stack_expert_layouts(ld, p, e)?;
+    let experts = SwitchGlu {
+        gate_proj: ld.switch_linear(&format!("{p}.switch_mlp.gate_proj"), e, h, mi)?,
+        up_proj: ld.switch_linear(&format!("{p}.switch_mlp.up_proj"), e, h, mi)?,
+        down_proj: ld.switch_linear(&format!("{p}.switch_mlp.down_proj"), e, mi, h)?,
+    };
+    let shared = if c.shared_expert_intermediate_size > 0 {
+        Some(SharedExpert {
+            mlp: qwen3::mlp(ld, &format!("{p}.shared_expert"), h, c.shared_expert_intermediate_size)?,
+            gate: ld.linear(&format!("{p}.shared_expert_gate"), h, 1, false)?,
+        })
+    } else {
+        None
+    };
+    Ok(FeedForward::Moe(SparseMoe {
+        gate: ld.linear(&format!("{p}.gate"), h, e, false)?,
+        experts,
+        top_k: c.num_experts_per_tok,
+        norm_topk_prob: c.norm_topk_prob(),
+        shared,
+    }))
+}
+
+/// Where Qwen (`model.language_model`) and mlx-lm (`language_model.model`) put Qwen3.5's
+/// text model, mapped to the names the trunk uses.
+const PREFIXES: [(&str, &str); 3] = [
+    ("model.language_model.", "model."),
+    ("language_model.model.", "model."),
+    ("language_model.lm_head.", "lm_head."),
+];
+
+/// Reads both published layouts as one. Qwen3.5 nests the text model (`model.language_model.*`
+/// from Qwen, `language_model.model.*` from mlx-lm) beside a vision tower that is dropped.
+/// Transformers-layout checkpoints (conv1d weights [C, 1, K]) store RMSNorm weights as
+/// offsets from 1 and the conv kernel last; mlx-lm's converter rewrites both, and so does this.
+pub fn normalize_layout(weights: &mut Weights, quant: Option<&mut Quantization>) -> Result<()> {
+    for (from, to) in PREFIXES {
+        weights.rename_prefix(from, to);
+    }
+    // Per-layer quantization overrides name modules by their path in the checkpoint.
+    if let Some(q) = quant {
+        q.overrides = std::mem::take(&mut q.overrides)
+            .into_iter()
+            .map(|(k, v)| {
+                let k = PREFIXES.iter().find_map(|(from, to)| k.strip_prefix(from).map(|r| format!("{to}{r}"))).unwrap_or(k);
+                (k, v)
+            })
+            .collect();
+    }
+    let vision = weights.drop_prefix("model.visual.") + weights.drop_prefix("vision_tower.");
+    if vision > 0 {
+        tracing::info!("{}: ignoring {vision} vision-tower tensors (text only)", weights.dir().display());
+    }
+    let names = weights.names();
+    let mut transformers_layout = false;
+    for name in names.iter().filter(|n| n.ends_with("conv1d.weight")) {
+        let mut moved = false;
+        weights.update(name, |w| {
+            moved = w.dim(-1) != 1;
+            Ok(if moved { w.swap_axes(1, 2)? } else { w.clone() })
+        })?;
+        transformers_layout |= moved;
+    }
+    if transformers_layout {
+        const NORMS: [&str; 5] = [".input_layernorm.weight", ".post_attention_layernorm.weight", "model.norm.weight", ".q_norm.weight", ".k_norm.weight"];
+        for name in names.iter().filter(|n| NORMS.iter().any(|s| n.ends_with(s)) && !n.starts_with("mtp.")) {
+            weights.update(name, |w| Ok(if w.ndim() == 1 { w.add(Array::from_f32(1.0).as_dtype(w.dtype())?)? } else { w.clone() }))?;
+        }
+    }
+    Ok(())
+}

@@ -30,6 +30,9 @@ pub struct MakeArgs {
     tie: Option<bool>,
     #[arg(long, default_value_t = 0)]
     seed: u64,
+    /// Hybrid models: also write a multi-token-prediction head (mtp.*).
+    #[arg(long)]
+    mtp: bool,
     /// `mlx` (as mlx-community publishes) or `transformers` (as Qwen publishes hybrids).
     #[arg(long, default_value = "mlx")]
     layout: String,
@@ -55,6 +58,7 @@ pub fn run(cmd: Command) -> Result<()> {
     opts.tie_embeddings = a.tie;
     opts.seed = a.seed;
     opts.shard_bytes = a.shard_mib.max(1) << 20;
+    opts.mtp = a.mtp;
     opts.layout = match a.layout.as_str() {
         "mlx" => Layout::Mlx,
         "transformers" | "hf" => Layout::Transformers,

@@ -37,6 +37,9 @@ pub struct Args {
     /// Stop before this string (repeatable).
     #[arg(long)]
     stop: Vec<String>,
+    /// Draft this many tokens per cycle with the model's MTP head (0 = plain decoding, max 4).
+    #[arg(long, default_value_t = 0)]
+    draft_depth: usize,
 }
 
 pub fn run(args: Args) -> Result<()> {
@@ -62,6 +65,8 @@ pub fn run(args: Args) -> Result<()> {
         },
         stop: args.stop,
         ignore_eos: false,
+        draft_depth: args.draft_depth,
+        draft_script: None,
     };
     let mut out = std::io::stdout().lock();
     for event in engine.generate(request, CancelToken::default())? {
@@ -84,6 +89,18 @@ pub fn run(args: Args) -> Result<()> {
                     s.finish_reason,
                     engine.backend,
                 );
+                if let Some(spec) = &s.speculative {
+                    let per_position: Vec<String> = spec.acceptance().iter().map(|a| format!("{:.0}%", a * 100.0)).collect();
+                    eprintln!(
+                        "[MTP depth {}: {} cycles, {:.2} tokens/cycle, acceptance by position {} | draft {:.2} ms, verify {:.2} ms per cycle]",
+                        spec.depth,
+                        spec.cycles,
+                        spec.tokens_per_cycle(),
+                        per_position.join(" "),
+                        spec.draft_time.as_secs_f64() * 1e3 / spec.cycles.max(1) as f64,
+                        spec.verify_time.as_secs_f64() * 1e3 / spec.cycles.max(1) as f64,
+                    );
+                }
             }
         }
     }

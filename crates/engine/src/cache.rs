@@ -66,6 +66,11 @@ impl KvCache {
         }
     }
 
+    /// Forgets the last `n` positions (their slots are overwritten by the next update).
+    pub fn trim(&mut self, n: i32) {
+        self.offset -= n.min(self.offset);
+    }
+
     /// Bytes held by the buffers (capacity, not just the used part).
     pub fn nbytes(&self) -> usize {
         self.keys.as_ref().map_or(0, |k| k.nbytes()) + self.values.as_ref().map_or(0, |v| v.nbytes())
@@ -83,9 +88,37 @@ pub struct LinearState {
     pub conv: Option<Array>,
     pub recurrent: Option<Array>,
     pub offset: i32,
+    /// While set, each forward keeps what [`LinearState::rollback`] needs.
+    pub record: bool,
+    /// The recurrent state after each position of the last forward (when recording).
+    pub steps: Vec<Array>,
+    /// The last forward's conv input: the cached tail followed by its new positions.
+    pub conv_window: Option<Array>,
 }
 
 impl LinearState {
+    /// Returns to the state after the first `L - n` positions of the last (recorded) forward
+    /// of `L` positions: recurrent state and conv tail exactly as they were then.
+    pub fn rollback(&mut self, n: i32) -> Result<()> {
+        if n == 0 {
+            return Ok(());
+        }
+        let (Some(window), false) = (&self.conv_window, self.steps.is_empty()) else {
+            return Err(crate::error::Error::Request("rollback of a linear-attention state that was not recorded".into()));
+        };
+        let len = self.steps.len() as i32;
+        if n > len {
+            return Err(crate::error::Error::Request(format!("cannot roll back {n} of {len} recorded positions")));
+        }
+        let keep = len - n;
+        let tail = window.dim(1) - len; // kernel - 1
+        self.conv = Some(window.index((.., keep..keep + tail, ..)).contiguous()?);
+        self.recurrent = Some(self.steps[(keep - 1) as usize].clone());
+        self.offset -= n;
+        self.steps.truncate(keep as usize);
+        Ok(())
+    }
+
     pub fn nbytes(&self) -> usize {
         self.conv.as_ref().map_or(0, |c| c.nbytes()) + self.recurrent.as_ref().map_or(0, |r| r.nbytes())
     }
@@ -145,6 +178,29 @@ impl Cache {
 
     pub fn nbytes(&self) -> usize {
         self.layers.iter().map(LayerCache::nbytes).sum()
+    }
+
+    /// Forgets the last `n` positions of every layer (attention: trimmed; linear attention:
+    /// restored from the states recorded during the last forward).
+    pub fn rollback(&mut self, n: i32) -> Result<()> {
+        for layer in &mut self.layers {
+            match layer {
+                LayerCache::Kv(kv) => kv.trim(n),
+                LayerCache::Linear(l) => l.rollback(n)?,
+            }
+        }
+        Ok(())
+    }
+
+    /// Makes linear-attention layers keep per-position states (for a verify pass).
+    pub fn set_record(&mut self, record: bool) {
+        for layer in &mut self.layers {
+            if let LayerCache::Linear(l) = layer {
+                l.record = record;
+                l.steps.clear();
+                l.conv_window = None;
+            }
+        }
     }
 
     /// Arrays to evaluate so the cache is materialised between prefill chunks.

@@ -75,6 +75,11 @@ pub struct ModelConfig {
     /// Fraction of each attention head that gets rotary embeddings.
     #[serde(default)]
     pub partial_rotary_factor: Option<f32>,
+    /// Layers of the MTP head (Qwen3-Next / Qwen3.5 name it differently).
+    #[serde(default)]
+    pub num_nextn_predict_layers: Option<i32>,
+    #[serde(default)]
+    pub mtp_num_hidden_layers: Option<i32>,
     /// Transformers >= 5 nests rope_theta / partial_rotary_factor here (Qwen3.5).
     #[serde(default)]
     pub rope_parameters: Option<serde_json::Value>,

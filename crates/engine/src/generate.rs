@@ -5,6 +5,7 @@
 //! Decoding is pipelined as in mlx-lm: the graph for token n+1 is built and handed to MLX
 //! (`async_eval`) before token n is read back, so the host never leaves the device idle.
 
+use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -20,6 +21,7 @@ use crate::device::{self, Backend};
 use crate::error::{Error, Result};
 use crate::models::{self, LanguageModel};
 use crate::sampling::{Sampler, SamplingParams};
+use crate::speculative::{SpecStats, Speculator};
 use crate::tokenizer::{StreamDecoder, Tokenizer};
 
 /// Prompt positions processed per forward pass during prefill.
@@ -34,11 +36,16 @@ pub struct GenerateRequest {
     pub stop: Vec<String>,
     /// Keep going past end-of-sequence tokens (benchmarks need a fixed length).
     pub ignore_eos: bool,
+    /// Tokens drafted per cycle by the model's MTP head (0 = plain decoding, at most 4).
+    pub draft_depth: usize,
+    /// Tests only: greedy drafts taken from this script (see `Speculator::draft_script`).
+    #[doc(hidden)]
+    pub draft_script: Option<Vec<u32>>,
 }
 
 impl GenerateRequest {
     pub fn greedy(prompt: Vec<u32>, max_tokens: usize) -> Self {
-        GenerateRequest { prompt, max_tokens, sampling: SamplingParams::greedy(), stop: vec![], ignore_eos: false }
+        GenerateRequest { prompt, max_tokens, sampling: SamplingParams::greedy(), stop: vec![], ignore_eos: false, draft_depth: 0, draft_script: None }
     }
 }
 
@@ -75,6 +82,8 @@ pub struct Summary {
     pub finish_reason: FinishReason,
     pub usage: Usage,
     pub timings: Timings,
+    /// Present when the request decoded speculatively.
+    pub speculative: Option<SpecStats>,
 }
 
 #[derive(Debug, Clone)]
@@ -126,7 +135,23 @@ impl Engine {
             return Err(Error::Request("a stop string is empty".into()));
         }
         let sampler = Sampler::new(request.sampling.clone())?;
+        let spec = match request.draft_depth {
+            0 => None,
+            depth => {
+                let seed = request.sampling.seed.unwrap_or(0);
+                let mut spec = Speculator::new(self.model.as_ref(), depth, seed)?;
+                if let Some(s) = &mut spec {
+                    s.draft_script = request.draft_script.clone();
+                }
+                if spec.is_none() {
+                    tracing::warn!("{}: no MTP head, decoding without speculation", self.dir.display());
+                }
+                spec
+            }
+        };
         Ok(Generation {
+            spec,
+            queue: VecDeque::new(),
             engine: self,
             cache: self.model.new_cache(),
             sampler,
@@ -136,6 +161,7 @@ impl Engine {
             decoder: StreamDecoder::new(),
             pending: None,
             generated: 0,
+            tokens: Vec::new(),
             started: Instant::now(),
             first_token_at: None,
             last_token_at: None,
@@ -168,7 +194,12 @@ pub struct Generation<'a> {
     stops: StopMatcher,
     /// The next token, scheduled on the device but not read back yet.
     pending: Option<Array>,
+    /// Speculative decoding with the MTP head, and the tokens its last cycle committed.
+    spec: Option<Speculator<'a>>,
+    queue: VecDeque<u32>,
     generated: usize,
+    /// Every token generated so far (including one that ended the generation).
+    tokens: Vec<u32>,
     started: Instant,
     first_token_at: Option<Instant>,
     last_token_at: Option<Instant>,
@@ -187,7 +218,8 @@ impl Generation<'_> {
 
     fn prefill(&mut self) -> Result<Array> {
         mlx_rs::memory::reset_peak_memory()?;
-        let prompt = &self.request.prompt;
+        let model = self.engine.model.as_ref();
+        let prompt = self.request.prompt.clone();
         let (head, last) = prompt.split_at(prompt.len() - 1);
         for chunk in head.chunks(self.engine.prefill_chunk.max(1)) {
             if self.cancel.is_cancelled() {
@@ -195,10 +227,36 @@ impl Generation<'_> {
             }
             let ids = Array::from_slice(chunk, &[1, chunk.len() as i32]);
             // Only the cache is evaluated: the logits of these positions are never computed.
-            let _ = self.engine.model.forward(&ids, &mut self.cache)?;
+            let hidden = model.hidden(&ids, &mut self.cache)?;
+            if let Some(spec) = &mut self.spec {
+                spec.observe(chunk, &hidden)?;
+            }
             eval(self.cache.arrays())?;
         }
-        self.step(&Array::from_slice(last, &[1, 1]))
+        let Some(spec) = &mut self.spec else {
+            return self.step(&Array::from_slice(last, &[1, 1]));
+        };
+        let hidden = model.hidden(&Array::from_slice(last, &[1, 1]), &mut self.cache)?;
+        spec.observe(last, &hidden)?;
+        let logits = model.logits(&hidden)?;
+        self.sampler.sample(&logits.index((.., -1, ..)))
+    }
+
+    /// The next token of a speculative generation: from the last cycle's commits, or a new cycle.
+    fn next_speculative(&mut self) -> Result<u32> {
+        if let Some(token) = self.queue.pop_front() {
+            return Ok(token);
+        }
+        if self.generated == 0 {
+            let token = self.prefill()?.item_cast::<u32>();
+            if let Some(spec) = &mut self.spec {
+                spec.start(token, &mut self.cache);
+            }
+            return Ok(token);
+        }
+        let spec = self.spec.as_mut().expect("speculative generation has a speculator");
+        self.queue.extend(spec.cycle(&mut self.cache, &mut self.sampler)?);
+        Ok(self.queue.pop_front().expect("a cycle commits at least one token"))
     }
 
     fn summary(&self, finish_reason: FinishReason) -> Summary {
@@ -210,6 +268,7 @@ impl Generation<'_> {
         Summary {
             finish_reason,
             usage: Usage { prompt_tokens: self.request.prompt.len(), completion_tokens: self.generated },
+            speculative: self.spec.as_ref().map(|s| s.stats.clone()),
             timings: Timings {
                 ttft: prefill,
                 prompt_tps: rate(self.request.prompt.len(), prefill),
@@ -228,21 +287,26 @@ impl Generation<'_> {
             if self.cancel.is_cancelled() {
                 return Ok(Event::Finished(self.summary(FinishReason::Cancelled)));
             }
-            let y = match self.pending.take() {
-                Some(y) => y,
-                None if self.generated == 0 => self.prefill()?,
-                None => return Ok(Event::Finished(self.summary(FinishReason::Length))),
+            let token = if self.spec.is_some() {
+                self.next_speculative()?
+            } else {
+                let y = match self.pending.take() {
+                    Some(y) => y,
+                    None if self.generated == 0 => self.prefill()?,
+                    None => return Ok(Event::Finished(self.summary(FinishReason::Length))),
+                };
+                if self.generated + 1 < self.request.max_tokens {
+                    let next = self.step(&y.index(NewAxis))?;
+                    async_eval([&next])?;
+                    self.pending = Some(next);
+                }
+                y.item_cast::<u32>()
             };
-            if self.generated + 1 < self.request.max_tokens {
-                let next = self.step(&y.index(NewAxis))?;
-                async_eval([&next])?;
-                self.pending = Some(next);
-            }
-            let token = y.item_cast::<u32>();
             let now = Instant::now();
             self.first_token_at.get_or_insert(now);
             self.last_token_at = Some(now);
             self.generated += 1;
+            self.tokens.push(token);
 
             let mut reason = None;
             let mut text = if !self.request.ignore_eos && self.engine.tokenizer.eos_ids.contains(&token) {
@@ -269,6 +333,16 @@ impl Generation<'_> {
                 return Ok(Event::Text(out));
             }
         }
+    }
+}
+
+impl Generation<'_> {
+    /// Runs the generation to its end and returns the generated token ids.
+    pub fn token_ids(mut self) -> Result<Vec<u32>> {
+        for event in self.by_ref() {
+            event?;
+        }
+        Ok(self.tokens)
     }
 }
 

@@ -11,6 +11,7 @@ pub mod generate;
 pub mod layers;
 pub mod models;
 pub mod sampling;
+pub mod speculative;
 pub mod tokenizer;
 pub mod weights;
 

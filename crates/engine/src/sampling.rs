@@ -64,15 +64,38 @@ impl Sampler {
         Ok(Sampler { params, key })
     }
 
+    pub fn is_greedy(&self) -> bool {
+        self.key.is_none()
+    }
+
     /// Token ids [B] (uint32), lazily: nothing is evaluated here.
     pub fn sample(&mut self, logits: &Array) -> Result<Array> {
-        let p = &self.params;
-        let Some(key) = self.key.take() else {
+        if self.is_greedy() {
             return Ok(ops::indexing::argmax_axis(logits, -1, None)?);
+        }
+        let scaled = self.scaled_logits(logits)?;
+        self.draw(&scaled)
+    }
+
+    /// Draws from `softmax(scaled)` with the next key of this sampler's stream.
+    pub fn draw(&mut self, scaled: &Array) -> Result<Array> {
+        let key = match self.key.take() {
+            Some(key) => key,
+            None => random::key(fresh_seed())?,
         };
         let (key, sub) = random::split(&key, 2)?;
         self.key = Some(key);
+        Ok(random::categorical(scaled, -1, None, &sub)?)
+    }
+
+    /// The logits whose softmax is the distribution `sample` draws from: log-probabilities
+    /// after top-k, min-p and top-p filtering, divided by the temperature (f32).
+    pub fn scaled_logits(&self, logits: &Array) -> Result<Array> {
+        let p = &self.params;
         let logits = logits.as_dtype(mlx_rs::Dtype::Float32)?;
+        if p.temperature == 0.0 {
+            return Ok(logits);
+        }
         let mut logprobs = logits.subtract(logits.logsumexp_axis(-1, true)?)?;
         let neg_inf = Array::from_f32(f32::NEG_INFINITY);
         let vocab = logprobs.dim(-1);
@@ -95,8 +118,7 @@ impl Sampler {
             let filtered = ops::select(&keep_sorted, &sorted, &neg_inf)?;
             logprobs = ops::indexing::put_along_axis(&logprobs, &order, &filtered, -1)?;
         }
-        let scaled = logprobs.multiply(Array::from_f32(1.0 / p.temperature))?;
-        Ok(random::categorical(&scaled, -1, None, &sub)?)
+        Ok(logprobs.multiply(Array::from_f32(1.0 / p.temperature))?)
     }
 }
 

@@ -175,3 +175,20 @@ fn qwen3_5_moe_transformers_layout() {
 fn qwen3_5_moe_4bit() {
     check("qwen3_5_moe 4-bit g32", hybrid(Arch::Qwen35Moe, Some(4), Dtype::Bfloat16, Layout::Mlx), BF16_TOL);
 }
+
+// Checkpoints that carry an MTP head: mlx-lm drops mtp.* (strict=False); the trunk must not
+// change because a head is present (its norms are offsets in the Transformers layout too).
+
+#[test]
+fn qwen3_next_with_mtp_head_transformers_layout() {
+    let mut o = hybrid(Arch::Qwen3Next, None, Dtype::Float32, Layout::Transformers);
+    o.mtp = true;
+    check("qwen3_next + MTP f32 transformers layout", o, F32_TOL);
+}
+
+#[test]
+fn qwen3_5_with_mtp_head_4bit() {
+    let mut o = hybrid(Arch::Qwen35, Some(4), Dtype::Bfloat16, Layout::Mlx);
+    o.mtp = true;
+    check("qwen3_5 + MTP 4-bit g32", o, BF16_TOL);
+}

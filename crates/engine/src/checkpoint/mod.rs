@@ -34,6 +34,8 @@ pub struct MakeOptions {
     /// A new shard starts once one holds this many bytes.
     pub shard_bytes: usize,
     pub layout: Layout,
+    /// Hybrid models: also write a multi-token-prediction head (`mtp.*`).
+    pub mtp: bool,
 }
 
 impl MakeOptions {
@@ -48,6 +50,7 @@ impl MakeOptions {
             seed: 0,
             shard_bytes: 4 << 30,
             layout: Layout::Mlx,
+            mtp: false,
         }
     }
 }
@@ -85,6 +88,9 @@ pub fn make(opts: &MakeOptions, out: &Path) -> Result<Made> {
     let mut config = presets::config(opts.arch, &opts.preset)?;
     if let Some(tie) = opts.tie_embeddings {
         config["tie_word_embeddings"] = json!(tie);
+    }
+    if opts.mtp {
+        presets::add_mtp_head(&mut config, opts.arch)?;
     }
     std::fs::create_dir_all(out).map_err(|e| Error::io(out, e))?;
     let parsed = crate::config::ModelConfig::parse(&config.to_string(), &out.join("config.json"))?;

@@ -143,3 +143,13 @@ pub fn config(arch: Arch, preset: &str) -> Result<Value> {
     };
     Ok(config)
 }
+
+/// Declares a one-layer MTP head in a hybrid config, under the key its architecture uses.
+pub fn add_mtp_head(config: &mut Value, arch: Arch) -> Result<()> {
+    match arch {
+        Arch::Qwen3Next => config["num_nextn_predict_layers"] = json!(1),
+        Arch::Qwen35 | Arch::Qwen35Moe => config["text_config"]["mtp_num_hidden_layers"] = json!(1),
+        _ => return Err(Error::Request(format!("{arch:?} has no MTP head (hybrid models only)"))),
+    }
+    Ok(())
+}

@@ -81,6 +81,9 @@ impl GatedDeltaNet {
         let conv_input = ops::concatenate(&[tail, qkv], 1)?;
         let total = conv_input.dim(1);
         state.conv = Some(conv_input.index((.., (total - keep).., ..)).contiguous()?);
+        if state.record {
+            state.conv_window = Some(conv_input.clone());
+        }
         let conv = ops::conv1d(&conv_input, &self.conv_weight, 1, 0, 1, channels)?;
         let conv = conv.multiply(ops::sigmoid(&conv)?)?;
         let p = conv.split_at_indices(&[key_dim, 2 * key_dim], -1)?;
@@ -102,8 +105,12 @@ impl GatedDeltaNet {
             Some(r) => r,
             None => ops::zeros_dtype(&[b, nv, dv, dk], Dtype::Float32)?,
         };
-        let (y, recurrent) = delta_rule(&q, &k, &v, &g, &beta, recurrent)?;
-        state.recurrent = Some(recurrent);
+        let (y, mut steps) = delta_rule(&q, &k, &v, &g, &beta, recurrent, state.record)?;
+        state.recurrent = steps.pop();
+        if state.record {
+            steps.extend(state.recurrent.clone());
+            state.steps = steps;
+        }
         state.offset += s;
 
         let normed = self.norm.forward(&y)?;
@@ -112,8 +119,9 @@ impl GatedDeltaNet {
     }
 }
 
-/// Runs the recurrence over the sequence: y [B, T, Hv, Dv] and the final state.
-fn delta_rule(q: &Array, k: &Array, v: &Array, g: &Array, beta: &Array, mut state: Array) -> Result<(Array, Array)> {
+/// Runs the recurrence over the sequence: y [B, T, Hv, Dv] and the states after each
+/// position (`all`) or only the final one.
+fn delta_rule(q: &Array, k: &Array, v: &Array, g: &Array, beta: &Array, mut state: Array, all: bool) -> Result<(Array, Vec<Array>)> {
     let repeat = v.dim(2) / q.dim(2);
     let (q, k) = if repeat > 1 {
         (Array::repeat_axis::<f32>(q.clone(), repeat, -2)?, Array::repeat_axis::<f32>(k.clone(), repeat, -2)?)
@@ -121,14 +129,19 @@ fn delta_rule(q: &Array, k: &Array, v: &Array, g: &Array, beta: &Array, mut stat
         (q.clone(), k.clone())
     };
     let mut ys = Vec::with_capacity(q.dim(1) as usize);
+    let mut states = Vec::new();
     for t in 0..q.dim(1) {
         let at = |x: &Array| x.index((.., t));
         let args = [at(&q), at(&k), at(v), at(g), at(beta), state];
         let mut out = DELTA_STEP.with_borrow_mut(|f| f(&args))?;
         state = out.pop().expect("step returns y and state");
         ys.push(out.pop().expect("step returns y and state"));
+        if all && t + 1 < q.dim(1) {
+            states.push(state.clone());
+        }
     }
-    Ok((ops::stack(&ys, 1)?, state))
+    states.push(state);
+    Ok((ops::stack(&ys, 1)?, states))
 }
 
 type Unary3 = Box<dyn for<'a> FnMut((&'a Array, &'a Array, &'a Array)) -> std::result::Result<Array, Exception>>;

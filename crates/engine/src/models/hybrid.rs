@@ -10,7 +10,8 @@ use crate::config::{ModelConfig, Quantization};
 use crate::error::Result;
 use crate::layers::gated_delta::DeltaInputs;
 use crate::layers::moe::{SharedExpert, SwitchGlu};
-use crate::layers::{FeedForward, GatedDeltaNet, Loader, Mixer, SparseMoe};
+use crate::layers::{DecoderLayer, FeedForward, GatedDeltaNet, Loader, Mixer, SparseMoe};
+use super::MtpHead;
 use crate::weights::Weights;
 
 /// How a hybrid checkpoint packs its Gated DeltaNet input projections.
@@ -21,7 +22,7 @@ pub enum InputLayout {
 }
 
 pub fn build(c: &ModelConfig, ld: &mut Loader, layout: InputLayout) -> Result<Transformer> {
-    Transformer::build(
+    let mut model = Transformer::build(
         c,
         ld,
         |ld, i, p| {
@@ -32,7 +33,22 @@ pub fn build(c: &ModelConfig, ld: &mut Loader, layout: InputLayout) -> Result<Tr
             })
         },
         |ld, i, p| feed_forward(c, ld, i, &format!("{p}.mlp")),
-    )
+    )?;
+    // The MTP head's layers are gated full-attention layers with the trunk's feed-forward kind.
+    let moe_layer = (0..c.num_hidden_layers).find(|&i| c.is_moe_layer(i)).unwrap_or(-1);
+    model.mtp = MtpHead::load(c, ld, |ld, p| {
+        Ok(DecoderLayer {
+            input_layernorm: ld.rms_norm(&format!("{p}.input_layernorm"), c.hidden_size, c.rms_norm_eps)?,
+            mixer: Mixer::Attention(attention(c, ld, p, true)?),
+            post_attention_layernorm: ld.rms_norm(&format!("{p}.post_attention_layernorm"), c.hidden_size, c.rms_norm_eps)?,
+            mlp: feed_forward(c, ld, moe_layer.max(0), &format!("{p}.mlp"))?,
+        })
+    })?;
+    match &model.mtp {
+        Some(_) => tracing::info!("MTP head loaded ({} layer(s)): speculative decoding available", MtpHead::depth(c)),
+        None => tracing::info!("no MTP head (no mtp.* tensors): plain decoding only"),
+    }
+    Ok(model)
 }
 
 fn gated_delta(c: &ModelConfig, ld: &mut Loader, p: &str, layout: InputLayout) -> Result<GatedDeltaNet> {
@@ -138,7 +154,8 @@ pub fn normalize_layout(weights: &mut Weights, quant: Option<&mut Quantization>)
     }
     if transformers_layout {
         const NORMS: [&str; 5] = [".input_layernorm.weight", ".post_attention_layernorm.weight", "model.norm.weight", ".q_norm.weight", ".k_norm.weight"];
-        for name in names.iter().filter(|n| NORMS.iter().any(|s| n.ends_with(s)) && !n.starts_with("mtp.")) {
+        const MTP_NORMS: [&str; 3] = ["mtp.pre_fc_norm_embedding.weight", "mtp.pre_fc_norm_hidden.weight", "mtp.norm.weight"];
+        for name in names.iter().filter(|n| NORMS.iter().any(|s| n.ends_with(s)) || MTP_NORMS.contains(&n.as_str())) {
             weights.update(name, |w| Ok(if w.ndim() == 1 { w.add(Array::from_f32(1.0).as_dtype(w.dtype())?)? } else { w.clone() }))?;
         }
     }

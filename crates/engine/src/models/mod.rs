@@ -1,6 +1,7 @@
 //! Model architectures, one file each, and the decoder trunk they share.
 
 pub mod hybrid;
+pub mod mtp;
 pub mod qwen3;
 pub mod qwen3_5;
 pub mod qwen3_moe;
@@ -21,12 +22,28 @@ pub use transformer::Transformer;
 
 /// What the generator needs from a model.
 pub trait LanguageModel: Send {
+    /// Final hidden states [B, L, H] (after the last norm) for token ids [B, L], advancing
+    /// `cache` by L positions.
+    fn hidden(&self, tokens: &Array, cache: &mut Cache) -> Result<Array>;
+    /// Output logits for final hidden states.
+    fn logits(&self, hidden: &Array) -> Result<Array>;
+    /// Token embeddings.
+    fn embed(&self, tokens: &Array) -> Result<Array>;
     /// Logits [B, L, vocab] for token ids [B, L], advancing `cache` by L positions.
-    fn forward(&self, tokens: &Array, cache: &mut Cache) -> Result<Array>;
+    fn forward(&self, tokens: &Array, cache: &mut Cache) -> Result<Array> {
+        let h = self.hidden(tokens, cache)?;
+        self.logits(&h)
+    }
     /// An empty cache for one sequence.
     fn new_cache(&self) -> Cache;
     fn config(&self) -> &ModelConfig;
+    /// The multi-token-prediction head, when the checkpoint has one.
+    fn mtp(&self) -> Option<&MtpHead> {
+        None
+    }
 }
+
+pub use mtp::MtpHead;
 
 /// Loads the model in `dir` (config.json + safetensors), dispatching on `model_type`.
 pub fn load(dir: &Path) -> Result<Box<dyn LanguageModel>> {
@@ -35,9 +52,11 @@ pub fn load(dir: &Path) -> Result<Box<dyn LanguageModel>> {
     if config.is_hybrid() {
         hybrid::normalize_layout(&mut weights, config.quant.as_mut())?;
     }
-    let dropped = weights.drop_prefix("mtp.");
-    if dropped > 0 {
-        tracing::info!("{}: ignoring {dropped} mtp.* tensors (no MTP head for {})", dir.display(), config.model_type);
+    if !config.is_hybrid() {
+        let dropped = weights.drop_prefix("mtp.");
+        if dropped > 0 {
+            tracing::info!("{}: ignoring {dropped} mtp.* tensors (no MTP head for {})", dir.display(), config.model_type);
+        }
     }
     let model = {
         let mut loader = Loader { weights: &mut weights, quant: config.quant.as_ref(), config_path: config.path.clone() };

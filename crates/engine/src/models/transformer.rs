@@ -3,7 +3,7 @@
 
 use mlx_rs::Array;
 
-use super::LanguageModel;
+use super::{LanguageModel, MtpHead};
 use crate::cache::Cache;
 use crate::config::ModelConfig;
 use crate::error::Result;
@@ -17,6 +17,7 @@ pub struct Transformer {
     pub norm: RmsNorm,
     /// `None` when the embeddings are tied.
     pub lm_head: Option<Linear>,
+    pub mtp: Option<MtpHead>,
 }
 
 impl Transformer {
@@ -49,7 +50,7 @@ impl Transformer {
         } else {
             Some(ld.linear("lm_head", dim, c.vocab_size, false)?)
         };
-        Ok(Transformer { config: config.clone(), embed_tokens, layers, norm, lm_head })
+        Ok(Transformer { config: config.clone(), embed_tokens, layers, norm, lm_head, mtp: None })
     }
 }
 
@@ -74,16 +75,27 @@ pub fn attention(c: &ModelConfig, ld: &mut Loader, path: &str, output_gate: bool
 }
 
 impl LanguageModel for Transformer {
-    fn forward(&self, tokens: &Array, cache: &mut Cache) -> Result<Array> {
+    fn hidden(&self, tokens: &Array, cache: &mut Cache) -> Result<Array> {
         let mut h = self.embed_tokens.forward(tokens)?;
         for (layer, state) in self.layers.iter().zip(cache.layers.iter_mut()) {
             h = layer.forward(&h, state)?;
         }
-        let h = self.norm.forward(&h)?;
+        self.norm.forward(&h)
+    }
+
+    fn logits(&self, h: &Array) -> Result<Array> {
         match &self.lm_head {
-            Some(head) => head.forward(&h),
-            None => self.embed_tokens.as_linear(&h),
+            Some(head) => head.forward(h),
+            None => self.embed_tokens.as_linear(h),
         }
+    }
+
+    fn embed(&self, tokens: &Array) -> Result<Array> {
+        self.embed_tokens.forward(tokens)
+    }
+
+    fn mtp(&self) -> Option<&MtpHead> {
+        self.mtp.as_ref()
     }
 
     fn new_cache(&self) -> Cache {

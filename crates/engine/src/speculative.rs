@@ -1,0 +1,233 @@
+//! Exact speculative decoding with the model's own MTP head.
+//!
+//! A cycle drafts `depth` tokens with the head, verifies all `depth + 1` positions in one
+//! trunk pass, and commits the accepted drafts plus one token from the trunk. Greedy: a draft
+//! is accepted when it equals the trunk's argmax, so the output is the trunk's greedy output.
+//! Sampling: standard rejection sampling (accept with min(1, p/q), else draw from the
+//! normalised residual max(0, p - q)), so the output distribution is the trunk's.
+//!
+//! Rollback is exact for every kind of state: attention KV caches (trunk and head) are
+//! trimmed; Gated DeltaNet conv and recurrent states are restored from the per-position
+//! states the verify pass recorded.
+
+use std::time::{Duration, Instant};
+
+use mlx_rs::ops::indexing::IndexOp;
+use mlx_rs::transforms::eval;
+use mlx_rs::{ops, Array, Dtype};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use serde::Serialize;
+
+use crate::cache::Cache;
+use crate::error::{Error, Result};
+use crate::models::{LanguageModel, MtpHead};
+use crate::sampling::Sampler;
+
+pub const MAX_DRAFT_DEPTH: usize = 4;
+
+/// Per-request statistics of speculative decoding.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct SpecStats {
+    pub depth: usize,
+    pub cycles: usize,
+    /// Per draft position: how often a draft was made there and how often it was accepted.
+    pub drafted: Vec<usize>,
+    pub accepted: Vec<usize>,
+    pub committed: usize,
+    pub draft_time: Duration,
+    pub verify_time: Duration,
+}
+
+impl SpecStats {
+    /// Acceptance rate at each draft position (1-based position = index + 1).
+    pub fn acceptance(&self) -> Vec<f64> {
+        self.drafted.iter().zip(&self.accepted).map(|(&d, &a)| if d > 0 { a as f64 / d as f64 } else { 0.0 }).collect()
+    }
+
+    /// Mean tokens committed per cycle (1 = nothing accepted).
+    pub fn tokens_per_cycle(&self) -> f64 {
+        if self.cycles == 0 { 0.0 } else { self.committed as f64 / self.cycles as f64 }
+    }
+}
+
+pub struct Speculator<'m> {
+    model: &'m dyn LanguageModel,
+    head: &'m MtpHead,
+    depth: usize,
+    mtp_cache: Cache,
+    /// Trunk hidden states [1, L, H] whose next tokens (`pending_tokens`) are known but which
+    /// the head has not seen yet.
+    pending_hidden: Option<Array>,
+    pending_tokens: Vec<u32>,
+    /// The trunk's hidden state at the last position it processed.
+    last_hidden: Option<Array>,
+    rng: StdRng,
+    pub stats: SpecStats,
+    /// Greedy only: replaces the head's drafts with these tokens (indexed by output
+    /// position), so tests can drive the accept / partial-accept / rollback paths.
+    pub draft_script: Option<Vec<u32>>,
+}
+
+impl<'m> Speculator<'m> {
+    /// `None` when the model has no MTP head.
+    pub fn new(model: &'m dyn LanguageModel, depth: usize, seed: u64) -> Result<Option<Self>> {
+        if depth > MAX_DRAFT_DEPTH {
+            return Err(Error::Request(format!("draft depth must be in 0..={MAX_DRAFT_DEPTH}, got {depth}")));
+        }
+        let Some(head) = model.mtp() else {
+            return Ok(None);
+        };
+        Ok(Some(Speculator {
+            model,
+            head,
+            depth,
+            mtp_cache: head.new_cache(),
+            pending_hidden: None,
+            pending_tokens: Vec::new(),
+            last_hidden: None,
+            rng: StdRng::seed_from_u64(seed ^ 0x9e37_79b9_7f4a_7c15),
+            stats: SpecStats { depth, drafted: vec![0; depth], accepted: vec![0; depth], ..Default::default() },
+            draft_script: None,
+        }))
+    }
+
+    /// Feeds the head what a prefill chunk taught: `tokens` were just processed by the trunk,
+    /// giving `hidden` [1, L, H]. Each trunk position is paired with the token after it.
+    pub fn observe(&mut self, tokens: &[u32], hidden: &Array) -> Result<()> {
+        let n = tokens.len() as i32;
+        let mut parts = Vec::new();
+        parts.extend(self.last_hidden.take());
+        let next_tokens = if parts.is_empty() { &tokens[1..] } else { tokens };
+        if n > 1 {
+            parts.push(hidden.index((.., ..n - 1, ..)));
+        }
+        if !next_tokens.is_empty() {
+            let h = ops::concatenate(&parts, 1)?;
+            let ids = Array::from_slice(next_tokens, &[1, next_tokens.len() as i32]);
+            let _ = self.head.forward(self.model, &h, &ids, &mut self.mtp_cache)?;
+            eval(self.mtp_cache.arrays())?;
+        }
+        self.last_hidden = Some(hidden.index((.., n - 1.., ..)));
+        Ok(())
+    }
+
+    /// Starts decoding: `first` is the token sampled after the prompt.
+    pub fn start(&mut self, first: u32, trunk_cache: &mut Cache) {
+        self.pending_hidden = self.last_hidden.take();
+        self.pending_tokens = vec![first];
+        trunk_cache.set_record(true);
+    }
+
+    /// One draft-verify cycle; returns the committed tokens (1 to depth + 1).
+    pub fn cycle(&mut self, cache: &mut Cache, sampler: &mut Sampler) -> Result<Vec<u32>> {
+        let d = self.depth;
+        let hidden = self.pending_hidden.take().ok_or_else(|| Error::Request("speculator used before start".into()))?;
+        let last_token = *self.pending_tokens.last().expect("pending tokens after start");
+
+        // Draft: the head first catches up on the pending positions, then runs on its own output.
+        let started = Instant::now();
+        let ids = Array::from_slice(&self.pending_tokens, &[1, self.pending_tokens.len() as i32]);
+        let x = self.head.forward(self.model, &hidden, &ids, &mut self.mtp_cache)?;
+        let mut g = x.index((.., -1.., ..));
+        let (mut drafts, mut draft_scaled) = (Vec::with_capacity(d), Vec::with_capacity(d));
+        for i in 0..d {
+            let logits = self.head.logits(self.model, &g)?.index((.., -1, ..));
+            let token = if sampler.is_greedy() {
+                ops::indexing::argmax_axis(&logits, -1, None)?
+            } else {
+                let scaled = sampler.scaled_logits(&logits)?;
+                let t = sampler.draw(&scaled)?;
+                draft_scaled.push(scaled);
+                t
+            };
+            if i + 1 < d {
+                g = self.head.forward(self.model, &g, &token.reshape(&[1, 1])?, &mut self.mtp_cache)?;
+            }
+            drafts.push(token.as_dtype(Dtype::Uint32)?);
+        }
+        eval(drafts.iter().chain(draft_scaled.iter()))?;
+        let mut draft_ids: Vec<u32> = drafts.iter().map(|t| t.item_exact::<u32>()).collect();
+        if let (Some(script), true) = (&self.draft_script, sampler.is_greedy()) {
+            let at = 1 + self.stats.committed;
+            for (i, id) in draft_ids.iter_mut().enumerate() {
+                *id = script.get(at + i).copied().unwrap_or(*id);
+            }
+        }
+        let verified_at = Instant::now();
+
+        // Verify all drafted positions in one trunk pass.
+        let mut input = vec![last_token];
+        input.extend(&draft_ids);
+        let h = self.model.hidden(&Array::from_slice(&input, &[1, d as i32 + 1]), cache)?;
+        let logits = self.model.logits(&h)?.index(0);
+        let (accepted, next) = if sampler.is_greedy() {
+            let target = ops::indexing::argmax_axis(&logits, -1, None)?.as_dtype(Dtype::Uint32)?;
+            eval([&target, &h])?;
+            let target = target.as_slice::<u32>().to_vec();
+            let k = draft_ids.iter().zip(&target).take_while(|(a, b)| a == b).count();
+            (k, target[k])
+        } else {
+            let p = ops::softmax_axis(sampler.scaled_logits(&logits)?, -1, None)?;
+            let q: Vec<Array> = draft_scaled.iter().map(|s| ops::softmax_axis(s, -1, None)).collect::<std::result::Result<_, _>>()?;
+            eval(q.iter().chain([&p, &h]))?;
+            self.rejection_sample(&draft_ids, &p, &q)?
+        };
+        let now = Instant::now();
+
+        // Keep the accepted prefix: the trunk drops the rejected drafts, the head the
+        // positions it drafted on its own hidden states.
+        cache.rollback((d - accepted) as i32)?;
+        self.mtp_cache.rollback(d.saturating_sub(1) as i32)?;
+        let mut committed = draft_ids[..accepted].to_vec();
+        committed.push(next);
+        self.pending_hidden = Some(h.index((.., ..accepted as i32 + 1, ..)));
+        self.pending_tokens = committed.clone();
+
+        let s = &mut self.stats;
+        s.cycles += 1;
+        s.committed += committed.len();
+        for i in 0..d {
+            s.drafted[i] += 1;
+            s.accepted[i] += usize::from(i < accepted);
+        }
+        s.draft_time += verified_at - started;
+        s.verify_time += now - verified_at;
+        Ok(committed)
+    }
+
+    /// Accepts draft i with probability min(1, p_i(d) / q_i(d)); the first rejection draws
+    /// from max(0, p_i - q_i) renormalised; if all pass, the bonus token comes from p_depth.
+    fn rejection_sample(&mut self, drafts: &[u32], p: &Array, q: &[Array]) -> Result<(usize, u32)> {
+        let vocab = p.dim(-1) as usize;
+        let p_all = p.as_slice::<f32>();
+        for (i, &d) in drafts.iter().enumerate() {
+            let p_i = &p_all[i * vocab..(i + 1) * vocab];
+            let q_i = q[i].as_slice::<f32>();
+            let (pd, qd) = (p_i[d as usize], q_i[d as usize]);
+            if qd > 0.0 && self.rng.random::<f32>() * qd < pd {
+                continue;
+            }
+            let residual: Vec<f32> = p_i.iter().zip(q_i).map(|(a, b)| (a - b).max(0.0)).collect();
+            return Ok((i, self.draw_host(&residual).unwrap_or_else(|| self.draw_host(p_i).unwrap_or(0))));
+        }
+        let last = &p_all[drafts.len() * vocab..(drafts.len() + 1) * vocab];
+        Ok((drafts.len(), self.draw_host(last).unwrap_or(0)))
+    }
+
+    /// Samples an index from unnormalised non-negative weights; `None` if they sum to 0.
+    fn draw_host(&mut self, weights: &[f32]) -> Option<u32> {
+        let total: f64 = weights.iter().map(|&w| w as f64).sum();
+        if total <= 0.0 {
+            return None;
+        }
+        let mut r = self.rng.random::<f64>() * total;
+        for (i, &w) in weights.iter().enumerate() {
+            r -= w as f64;
+            if r < 0.0 {
+                return Some(i as u32);
+            }
+        }
+        weights.iter().rposition(|&w| w > 0.0).map(|i| i as u32)
+    }
+}

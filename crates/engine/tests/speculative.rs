@@ -1,0 +1,194 @@
+//! Speculative decoding with the MTP head is exact: greedy output is token for token the
+//! plain output at every depth, rollback restores every kind of state, and sampled output
+//! has the plain output's distribution.
+
+mod common;
+
+use engine::cache::Cache;
+use engine::checkpoint::{Arch, Dtype, MakeOptions};
+use engine::{Engine, GenerateRequest, SamplingParams};
+use mlx_rs::ops::indexing::IndexOp;
+use mlx_rs::{ops, Array};
+
+fn with_mtp(arch: Arch, dtype: Dtype) -> (tempfile::TempDir, Engine) {
+    let mut o: MakeOptions = common::options(arch, "tiny", None, 32, dtype);
+    o.mtp = true;
+    let d = common::make(&o);
+    let e = Engine::load(d.path()).unwrap();
+    assert!(e.model.mtp().is_some());
+    (d, e)
+}
+
+fn prompts() -> Vec<Vec<u32>> {
+    vec![
+        vec![7, 300, 41],
+        (0..40u32).map(|i| (i * 37 + 11) % 490).collect(),
+        (0..75u32).map(|i| (i * 13 + 5) % 490).collect(),
+    ]
+}
+
+/// Greedy token ids straight from the model, one position at a time.
+fn greedy_tokens(e: &Engine, prompt: &[u32], n: usize) -> Vec<u32> {
+    let mut cache = e.model.new_cache();
+    let mut logits = e.model.forward(&Array::from_slice(prompt, &[1, prompt.len() as i32]), &mut cache).unwrap();
+    let mut out = vec![];
+    for _ in 0..n {
+        let t = ops::indexing::argmax_axis(logits.index((.., -1, ..)), -1, None).unwrap().item_cast::<u32>();
+        out.push(t);
+        logits = e.model.forward(&Array::from_slice(&[t], &[1, 1]), &mut cache).unwrap();
+    }
+    out
+}
+
+#[test]
+fn greedy_speculation_equals_plain_decoding_at_every_depth() {
+    for (arch, dtype) in [(Arch::Qwen3Next, Dtype::Float32), (Arch::Qwen35, Dtype::Bfloat16), (Arch::Qwen35Moe, Dtype::Float32)] {
+        let (_d, mut e) = with_mtp(arch, dtype);
+        e.prefill_chunk = 16; // the longer prompts span several chunks
+        for prompt in prompts() {
+            let plain = GenerateRequest { ignore_eos: true, ..GenerateRequest::greedy(prompt.clone(), 33) };
+            let (expected, s0) = e.generate_text(plain.clone()).unwrap();
+            assert!(s0.speculative.is_none());
+            for depth in 1..=4 {
+                let (text, s) = e.generate_text(GenerateRequest { draft_depth: depth, ..plain.clone() }).unwrap();
+                assert_eq!(text, expected, "{arch:?} depth {depth} prompt of {}", prompt.len());
+                assert_eq!(s.usage.completion_tokens, 33);
+                let spec = s.speculative.unwrap();
+                assert_eq!(spec.depth, depth);
+                assert!(spec.cycles > 0 && spec.drafted.iter().all(|&n| n == spec.cycles));
+            }
+        }
+    }
+}
+
+#[test]
+fn accepted_and_rejected_drafts_keep_the_output_exact() {
+    // Drafts from a script: the true continuation with every third token wrong, so cycles
+    // accept all, some or none of their drafts, and each rolls back a different amount.
+    for arch in [Arch::Qwen3Next, Arch::Qwen35] {
+        let (_d, e) = with_mtp(arch, Dtype::Float32);
+        let prompt = prompts()[1].clone();
+        let truth = greedy_tokens(&e, &prompt, 40);
+        let script: Vec<u32> = truth.iter().enumerate().map(|(i, &t)| if i % 3 == 2 { (t + 1) % 490 } else { t }).collect();
+        let plain = GenerateRequest { ignore_eos: true, ..GenerateRequest::greedy(prompt, 40) };
+        let (expected, _) = e.generate_text(plain.clone()).unwrap();
+        for depth in 1..=4 {
+            let req = GenerateRequest { draft_depth: depth, draft_script: Some(script.clone()), ..plain.clone() };
+            let (text, s) = e.generate_text(req).unwrap();
+            assert_eq!(text, expected, "{arch:?} depth {depth}");
+            let spec = s.speculative.unwrap();
+            assert!(spec.tokens_per_cycle() > 1.3, "{arch:?} depth {depth}: {:.2} tokens/cycle", spec.tokens_per_cycle());
+            let (accepted, drafted): (usize, usize) = (spec.accepted.iter().sum(), spec.drafted.iter().sum());
+            assert!(accepted > 0 && accepted < drafted, "{arch:?} depth {depth}: {accepted} of {drafted}");
+            // Every third scripted token is wrong, so no cycle accepts three in a row.
+            if depth >= 3 {
+                assert_eq!(spec.accepted[2], 0, "{arch:?} depth {depth}: {:?}", spec.accepted);
+            }
+        }
+        // Perfect drafts: every draft is accepted.
+        let req = GenerateRequest { draft_depth: 4, draft_script: Some(truth.clone()), ..plain.clone() };
+        let (text, s) = e.generate_text(req).unwrap();
+        assert_eq!(text, expected);
+        let spec = s.speculative.unwrap();
+        assert!(spec.acceptance().iter().all(|&a| a > 0.99), "{:?}", spec.acceptance());
+        assert!(spec.tokens_per_cycle() > 4.0);
+    }
+}
+
+#[test]
+fn rollback_restores_linear_attention_and_kv_state_exactly() {
+    let (_d, e) = with_mtp(Arch::Qwen3Next, Dtype::Float32);
+    let m = e.model.as_ref();
+    let run = |cache: &mut Cache, ids: &[u32]| m.forward(&Array::from_slice(ids, &[1, ids.len() as i32]), cache).unwrap();
+    let prefix = [5u32, 17, 230, 99, 4, 61];
+    // Verify-style: 5 more positions recorded, then all but 2 rolled back.
+    let mut a = m.new_cache();
+    run(&mut a, &prefix);
+    a.set_record(true);
+    run(&mut a, &[8, 9, 10, 11, 12]);
+    a.rollback(3).unwrap();
+    let la = run(&mut a, &[300, 301]);
+    // Reference: only the 2 kept positions were ever seen.
+    let mut b = m.new_cache();
+    run(&mut b, &prefix);
+    run(&mut b, &[8, 9]);
+    let lb = run(&mut b, &[300, 301]);
+    assert_eq!(a.offset(), b.offset());
+    let diff = la.subtract(&lb).unwrap().abs().unwrap().max(None).unwrap().item_cast::<f32>();
+    assert!(diff == 0.0, "logits after rollback differ by {diff}");
+}
+
+#[test]
+fn depth_limits_and_checkpoints_without_a_head() {
+    let (_d, e) = with_mtp(Arch::Qwen3Next, Dtype::Float32);
+    let req = GenerateRequest { draft_depth: 5, ..GenerateRequest::greedy(vec![1, 2], 4) };
+    let err = e.generate(req, Default::default()).err().unwrap().to_string();
+    assert!(err.contains("draft depth must be in 0..=4"), "{err}");
+    // No mtp.* tensors: plain decoding, and the summary says so by having no MTP stats.
+    let d = common::make(&common::options(Arch::Qwen3Next, "tiny", None, 32, Dtype::Float32));
+    let plain = Engine::load(d.path()).unwrap();
+    assert!(plain.model.mtp().is_none());
+    let (_, s) = plain.generate_text(GenerateRequest { draft_depth: 2, ..GenerateRequest::greedy(vec![1, 2], 4) }).unwrap();
+    assert!(s.speculative.is_none());
+}
+
+#[test]
+fn mtp_head_that_does_not_fit_is_refused() {
+    let mut o = common::options(Arch::Qwen3Next, "tiny", None, 32, Dtype::Float32);
+    o.mtp = true;
+    let d = common::make(&o);
+    // Rewrite the head's fc with the wrong input width.
+    let file = d.path().join("model.safetensors");
+    let mut tensors = Array::load_safetensors(&file).unwrap();
+    tensors.insert("mtp.fc.weight".into(), ops::zeros::<f32>(&[64, 100]).unwrap());
+    mlx_rs::transforms::eval(tensors.values()).unwrap(); // read everything before rewriting the file
+    Array::save_safetensors(tensors.iter(), None, &file).unwrap();
+    let err = Engine::load(d.path()).err().unwrap().to_string();
+    assert!(err.contains("MTP head does not fit") && err.contains("mtp.fc.weight"), "{err}");
+}
+
+/// Two-sample chi-square statistic over the categories both samples use.
+fn chi_square(a: &[usize], b: &[usize]) -> (f64, usize) {
+    let (na, nb) = (a.iter().sum::<usize>() as f64, b.iter().sum::<usize>() as f64);
+    let mut stat = 0.0;
+    let mut dof = 0usize;
+    for (&x, &y) in a.iter().zip(b) {
+        let total = (x + y) as f64;
+        if total == 0.0 {
+            continue;
+        }
+        let (ea, eb) = (total * na / (na + nb), total * nb / (na + nb));
+        stat += (x as f64 - ea).powi(2) / ea + (y as f64 - eb).powi(2) / eb;
+        dof += 1;
+    }
+    (stat, dof.saturating_sub(1))
+}
+
+#[test]
+fn sampled_speculation_has_the_plain_distribution() {
+    let (_d, e) = with_mtp(Arch::Qwen3Next, Dtype::Float32);
+    let prompt = prompts()[0].clone();
+    let vocab = e.model.config().vocab_size as usize;
+    // Histograms of the 2nd and 3rd generated tokens (the ones speculation produces).
+    let histogram = |depth: usize| {
+        let mut h = vec![vec![0usize; vocab]; 2];
+        for seed in 0..400u64 {
+            let sampling = SamplingParams { temperature: 1.0, top_k: 6, seed: Some(seed), ..Default::default() };
+            let req = GenerateRequest { sampling, ignore_eos: true, draft_depth: depth, ..GenerateRequest::greedy(prompt.clone(), 3) };
+            let ids = e.generate(req, Default::default()).unwrap().token_ids().unwrap();
+            for (pos, &t) in ids[1..3].iter().enumerate() {
+                h[pos][t as usize] += 1;
+            }
+        }
+        h
+    };
+    let (plain, spec) = (histogram(0), histogram(2));
+    for pos in 0..2 {
+        let (stat, dof) = chi_square(&plain[pos], &spec[pos]);
+        // 99.9% quantile of chi-square: below ~ dof + 3.1 * sqrt(2 dof) + 10 for these sizes.
+        let limit = dof as f64 + 3.1 * (2.0 * dof as f64).sqrt() + 10.0;
+        println!("token {}: chi2 {stat:.1} with {dof} dof (limit {limit:.1})", pos + 2);
+        assert!(dof > 3, "too few categories to test");
+        assert!(stat < limit, "token {}: chi2 {stat:.1} >= {limit:.1}", pos + 2);
+    }
+}

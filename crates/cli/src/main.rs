@@ -19,9 +19,27 @@ enum Command {
     Generate(generate::Args),
     /// Measure decode speed on a model (machine-readable output for bench/ scripts).
     Bench(bench::Args),
+    /// Describe a model folder: architecture, parameters, quantization, MTP head, size.
+    Inspect {
+        /// Model folder.
+        dir: std::path::PathBuf,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
     /// Developer tools: make test checkpoints.
     #[command(subcommand)]
     Dev(dev::Command),
+}
+
+fn inspect(dir: &std::path::Path, json: bool) -> anyhow::Result<()> {
+    let report = engine::inspect::inspect(dir)?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        println!("{report}");
+    }
+    Ok(())
 }
 
 fn main() {
@@ -37,6 +55,7 @@ fn main() {
         Command::Generate(args) => generate::run(args),
         Command::Bench(args) => bench::run(args),
         Command::Dev(cmd) => dev::run(cmd),
+        Command::Inspect { dir, json } => inspect(&dir, json),
     };
     if let Err(err) = result {
         eprintln!("error: {err:#}");

@@ -135,9 +135,19 @@ pub fn weight_files(dir: &Path) -> Result<Vec<PathBuf>> {
     Ok(files)
 }
 
+/// Name, dtype and shape of each tensor in a safetensors file (header only).
+pub fn tensor_infos(file: &Path) -> Result<Vec<(String, String, Vec<usize>)>> {
+    let metadata = read_header(file)?;
+    Ok(metadata.tensors().into_iter().map(|(n, t)| (n, format!("{:?}", t.dtype), t.shape.clone())).collect())
+}
+
 /// Parses a safetensors header and checks that the file holds all the bytes it announces.
 /// Returns the tensor names.
 pub fn check_header(file: &Path) -> Result<BTreeSet<String>> {
+    Ok(read_header(file)?.tensors().keys().cloned().collect())
+}
+
+fn read_header(file: &Path) -> Result<safetensors::tensor::Metadata> {
     let bad = |m: String| Error::malformed(file, m);
     let mut handle = std::fs::File::open(file).map_err(|e| Error::io(file, e))?;
     let file_len = handle.metadata().map_err(|e| Error::io(file, e))?.len();
@@ -163,7 +173,7 @@ pub fn check_header(file: &Path) -> Result<BTreeSet<String>> {
             "truncated: the header announces {data_end} bytes of tensor data, the file holds {have}"
         )));
     }
-    Ok(tensors.keys().cloned().collect())
+    Ok(metadata)
 }
 
 impl Weights {

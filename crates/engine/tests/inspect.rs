@@ -1,0 +1,44 @@
+//! `ferrite inspect` reports what the checkpoint maker wrote.
+
+mod common;
+
+use engine::checkpoint::{self, Arch, Dtype};
+use engine::inspect::inspect;
+
+#[test]
+fn reports_parameters_quantization_and_mtp() {
+    for (arch, bits, mtp) in [(Arch::Qwen3, Some(4), false), (Arch::Qwen3Moe, None, false), (Arch::Qwen3Next, Some(8), true)] {
+        let mut o = common::options(arch, "tiny", bits, 32, Dtype::Bfloat16);
+        o.mtp = mtp;
+        let d = tempfile::tempdir().unwrap();
+        let made = checkpoint::make(&o, d.path()).unwrap();
+        let r = inspect(d.path()).unwrap();
+        assert_eq!(r.parameters + r.mtp_parameters, made.parameters, "{arch:?}");
+        assert_eq!(r.mtp.is_some(), mtp);
+        assert_eq!(r.mtp.as_ref().map(|m| m.is_ok()), mtp.then_some(true));
+        if let Some(b) = bits {
+            assert!(r.quantization.contains(&format!("{b}-bit")), "{}", r.quantization);
+        }
+        if arch == Arch::Qwen3 {
+            assert_eq!(r.active_parameters, r.parameters);
+        } else {
+            assert!(r.active_parameters < r.parameters);
+            assert!(r.to_string().contains("8, 2 per token"));
+        }
+    }
+}
+
+#[test]
+fn reports_an_incomplete_mtp_head() {
+    let mut o = common::options(Arch::Qwen35, "tiny", None, 32, Dtype::Float32);
+    o.mtp = true;
+    let d = common::make(&o);
+    let file = d.path().join("model.safetensors");
+    let mut t = mlx_rs::Array::load_safetensors(&file).unwrap();
+    t.remove("mtp.norm.weight");
+    mlx_rs::transforms::eval(t.values()).unwrap();
+    mlx_rs::Array::save_safetensors(t.iter(), None, &file).unwrap();
+    let r = inspect(d.path()).unwrap();
+    let text = r.to_string();
+    assert!(text.contains("present but unusable") && text.contains("mtp.norm.weight"), "{text}");
+}

@@ -19,6 +19,10 @@ pub struct Args {
     /// Timed runs after one warm-up; the median is reported.
     #[arg(long, default_value_t = 3)]
     runs: usize,
+    /// Measure speculative decoding instead: the cost of a verify pass of D+1 tokens and of a
+    /// draft step relative to a plain step, acceptance and decode speed for D = 1..4.
+    #[arg(long)]
+    spec: bool,
 }
 
 pub fn run(args: Args) -> Result<()> {
@@ -27,6 +31,9 @@ pub fn run(args: Args) -> Result<()> {
         .with_context(|| format!("{}: expected a JSON array of token ids", args.prompt_ids.display()))?;
     let engine = Engine::load(&args.model)?;
     let request = GenerateRequest { ignore_eos: true, ..GenerateRequest::greedy(prompt, args.gen_tokens) };
+    if args.spec {
+        return speculative(&engine, &request, args.runs);
+    }
     let mut decode = Vec::new();
     let mut prefill = Vec::new();
     let mut ttft = Vec::new();
@@ -57,3 +64,36 @@ pub fn run(args: Args) -> Result<()> {
     Ok(())
 }
 
+
+fn speculative(engine: &Engine, request: &GenerateRequest, runs: usize) -> Result<()> {
+    let costs = engine::speculative::measure_costs(engine.model.as_ref(), &request.prompt, 10 * runs.max(1))?;
+    let decode = |depth: usize| -> Result<(f64, Option<engine::speculative::SpecStats>)> {
+        let req = GenerateRequest { draft_depth: depth, ..request.clone() };
+        engine.generate_text(req.clone())?; // warm-up
+        let (_, s) = engine.generate_text(req)?;
+        Ok((s.timings.decode_tps, s.speculative))
+    };
+    let (plain_tps, _) = decode(0)?;
+    eprintln!("plain decode {plain_tps:.1} tok/s; plain step {:.3} ms, draft step {:.3} ms ({:.2}x a plain step)", costs.plain_step_s * 1e3, costs.draft_step_s * 1e3, costs.draft_ratio());
+    eprintln!("{:>5} {:>12} {:>22} {:>10} {:>10} {:>16} {:>14}", "depth", "verify cost", "acceptance by position", "tok/cycle", "tok/s", "bound (measured)", "bound (all ok)");
+    let mut rows = Vec::new();
+    for depth in 1..=engine::speculative::MAX_DRAFT_DEPTH {
+        let (tps, stats) = decode(depth)?;
+        let stats = stats.unwrap_or_default();
+        let acceptance = stats.acceptance();
+        let acc_text: Vec<String> = acceptance.iter().map(|a| format!("{:.0}%", a * 100.0)).collect();
+        let (bound, best) = (costs.speedup_bound(depth, &acceptance), costs.speedup_bound(depth, &vec![1.0; depth]));
+        eprintln!("{depth:>5} {:>11.2}x {:>22} {:>10.2} {tps:>10.1} {bound:>16.2} {best:>14.2}", costs.verify_ratio(depth), acc_text.join(" "), stats.tokens_per_cycle());
+        rows.push(serde_json::json!({
+            "depth": depth, "verify_cost": costs.verify_ratio(depth), "acceptance": acceptance,
+            "tokens_per_cycle": stats.tokens_per_cycle(), "decode_tps": tps,
+            "speedup_bound": bound, "speedup_bound_full_acceptance": best,
+        }));
+    }
+    println!("{}", serde_json::json!({
+        "engine": "ferrite", "backend": engine.backend.to_string(), "plain_decode_tps": plain_tps,
+        "plain_step_s": costs.plain_step_s, "draft_step_s": costs.draft_step_s, "draft_cost": costs.draft_ratio(),
+        "depths": rows,
+    }));
+    Ok(())
+}

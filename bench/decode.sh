@@ -2,7 +2,8 @@
 # Decode speed, ferrite vs mlx-lm, on the same project-made checkpoints and prompt ids, in
 # one run. Prints one line per case and the ratio ferrite / mlx-lm (> 1 = ferrite faster).
 #
-#   bench/decode.sh [CASE ...]       cases: tiny-4bit 0.6b-4bit 8b-4bit 30b-a3b-4bit (default: the first two)
+#   bench/decode.sh [CASE ...]       cases: tiny-4bit 0.6b-4bit 8b-4bit 30b-a3b-4bit, and the hybrids
+#                                    next-tiny-4bit next-small-4bit next-35b-a3b-4bit (default: the first two)
 # Environment: FERRITE (binary), PYTHON (with mlx-lm), BENCH_DIR (checkpoints), GEN_TOKENS,
 # PROMPT_TOKENS, RUNS, ROUNDS (ferrite and mlx-lm alternate this many times; medians are
 # compared, so drift on a shared machine hits both alike), DTYPE (of scales and unquantized weights: bf16, as mlx-community ships;
@@ -32,6 +33,9 @@ for c in "${cases[@]}"; do
     0.6b-4bit) args=(--arch qwen3 --preset 0.6b --bits 4 --group-size 64) ;;
     8b-4bit) args=(--arch qwen3 --preset 8b --bits 4 --group-size 64) ;;
     30b-a3b-4bit) args=(--arch qwen3_moe --preset 30b-a3b --bits 4 --group-size 64) ;;
+    next-tiny-4bit) args=(--arch qwen3_next --preset tiny --bits 4 --group-size 32 --mtp) ;;
+    next-small-4bit) args=(--arch qwen3_next --preset small --bits 4 --group-size 32 --mtp) ;;
+    next-35b-a3b-4bit) args=(--arch qwen3_next --preset 35b-a3b --bits 4 --group-size 64 --mtp) ;;
     *) echo "unknown case $c" >&2; exit 2 ;;
   esac
   dir=$BENCH_DIR/$c-$DTYPE

@@ -34,7 +34,8 @@ pub fn names(arch: Arch) -> &'static [&'static str] {
     match arch {
         Arch::Qwen3 => &["tiny", "small", "0.6b", "8b", "32b"],
         Arch::Qwen3Moe => &["tiny", "small", "30b-a3b"],
-        Arch::Qwen3Next | Arch::Qwen35 | Arch::Qwen35Moe => &["tiny", "small"],
+        Arch::Qwen3Next => &["tiny", "small", "35b-a3b", "80b-a3b"],
+        Arch::Qwen35 | Arch::Qwen35Moe => &["tiny", "small"],
     }
 }
 
@@ -93,6 +94,16 @@ fn hybrid(arch: Arch, base: Value, nk: i32, nv: i32, dk: i32, dv: i32) -> Value 
     }
 }
 
+/// Real Qwen3-Next expert counts on a hybrid config (the `hybrid` defaults are tiny ones).
+fn next_shape(mut c: Value, experts: i32, top_k: i32) -> Value {
+    c["num_experts"] = json!(experts);
+    c["num_experts_per_tok"] = json!(top_k);
+    c["moe_intermediate_size"] = json!(512);
+    c["shared_expert_intermediate_size"] = json!(512);
+    c["rope_theta"] = json!(10_000_000.0);
+    c
+}
+
 /// The `config.json` fields of a preset (without quantization and eos ids).
 pub fn config(arch: Arch, preset: &str) -> Result<Value> {
     // (hidden, layers, heads, kv heads, head_dim, intermediate, vocab, tied)
@@ -134,6 +145,10 @@ pub fn config(arch: Arch, preset: &str) -> Result<Value> {
         (Arch::Qwen3Moe, "30b-a3b") => moe(dense(2048, 48, 32, 4, 128, 6144, 151936, false), 128, 8, 768),
         (Arch::Qwen3Next | Arch::Qwen35 | Arch::Qwen35Moe, "tiny") => hybrid(arch, dense(64, 4, 4, 2, 16, 128, 512, false), 2, 4, 16, 16),
         (Arch::Qwen3Next | Arch::Qwen35 | Arch::Qwen35Moe, "small") => hybrid(arch, dense(256, 8, 8, 2, 32, 768, 2048, false), 4, 8, 32, 32),
+        // Qwen3-Next-80B-A3B's shapes (512 experts, top 10) and a 40-layer, 256-expert variant
+        // (the hybrid 35B-A3B shape of shared/gpu-runtime's reference figures).
+        (Arch::Qwen3Next, "80b-a3b") => next_shape(hybrid(arch, dense(2048, 48, 16, 2, 256, 5120, 151936, false), 16, 32, 128, 128), 512, 10),
+        (Arch::Qwen3Next, "35b-a3b") => next_shape(hybrid(arch, dense(2048, 40, 16, 2, 256, 5120, 151936, false), 16, 32, 128, 128), 256, 8),
         _ => {
             return Err(Error::Request(format!(
                 "unknown preset `{preset}` for {arch:?} (known: {})",

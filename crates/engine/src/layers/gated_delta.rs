@@ -12,6 +12,7 @@ use mlx_rs::ops::indexing::{IndexOp, NewAxis};
 use mlx_rs::transforms::compile::compile;
 use mlx_rs::{fast, ops, Array, Dtype};
 
+use super::delta_chunked::delta_rule_chunked;
 use super::{Linear, RmsNorm};
 use crate::cache::LinearState;
 use crate::error::Result;
@@ -41,6 +42,9 @@ pub struct GatedDeltaNet {
     pub head_v_dim: i32,
     pub kernel: i32,
 }
+
+/// Sequences at least this long use the chunked delta rule.
+pub const CHUNKED_FROM: i32 = 64;
 
 /// A Python-style scalar: takes the dtype of the array it meets.
 fn scalar(v: f64, like: &Array) -> Result<Array> {
@@ -105,7 +109,16 @@ impl GatedDeltaNet {
             Some(r) => r,
             None => ops::zeros_dtype(&[b, nv, dv, dk], Dtype::Float32)?,
         };
-        let (y, mut steps) = delta_rule(&q, &k, &v, &g, &beta, recurrent, state.record)?;
+        // Long prefills go through the chunked form; decode and verify passes step by step
+        // (they are short, and verify needs the state after every position).
+        let (y, mut steps) = if s >= CHUNKED_FROM && !state.record {
+            let r = v.dim(2) / q.dim(2);
+            let (qr, kr) = (Array::repeat_axis::<f32>(q.clone(), r, -2)?, Array::repeat_axis::<f32>(k.clone(), r, -2)?);
+            let (y, last) = delta_rule_chunked(&qr, &kr, &v, &g, &beta, recurrent)?;
+            (y.as_dtype(q.dtype())?, vec![last])
+        } else {
+            delta_rule(&q, &k, &v, &g, &beta, recurrent, state.record)?
+        };
         state.recurrent = steps.pop();
         if state.record {
             steps.extend(state.recurrent.clone());
@@ -121,7 +134,7 @@ impl GatedDeltaNet {
 
 /// Runs the recurrence over the sequence: y [B, T, Hv, Dv] and the states after each
 /// position (`all`) or only the final one.
-fn delta_rule(q: &Array, k: &Array, v: &Array, g: &Array, beta: &Array, mut state: Array, all: bool) -> Result<(Array, Vec<Array>)> {
+pub(crate) fn delta_rule(q: &Array, k: &Array, v: &Array, g: &Array, beta: &Array, mut state: Array, all: bool) -> Result<(Array, Vec<Array>)> {
     let repeat = v.dim(2) / q.dim(2);
     let (q, k) = if repeat > 1 {
         (Array::repeat_axis::<f32>(q.clone(), repeat, -2)?, Array::repeat_axis::<f32>(k.clone(), repeat, -2)?)

@@ -4,6 +4,7 @@
 
 pub mod attention;
 pub mod block;
+pub mod delta_chunked;
 pub mod gated_delta;
 pub mod linear;
 pub mod loader;

@@ -112,6 +112,8 @@ pub struct Engine {
     pub dir: PathBuf,
     pub backend: Backend,
     pub prefill_chunk: usize,
+    /// Speculative-decoding figures summed over every request this engine served.
+    pub spec_totals: std::sync::Mutex<SpecStats>,
 }
 
 impl Engine {
@@ -120,7 +122,14 @@ impl Engine {
         let model = models::load(dir)?;
         let tokenizer = Tokenizer::load(dir)?;
         tracing::info!("loaded {} from {} on {backend}", model.config().model_type, dir.display());
-        Ok(Engine { model, tokenizer, dir: dir.to_path_buf(), backend, prefill_chunk: DEFAULT_PREFILL_CHUNK })
+        Ok(Engine {
+            model,
+            tokenizer,
+            dir: dir.to_path_buf(),
+            backend,
+            prefill_chunk: DEFAULT_PREFILL_CHUNK,
+            spec_totals: Default::default(),
+        })
     }
 
     pub fn generate(&self, request: GenerateRequest, cancel: CancelToken) -> Result<Generation<'_>> {
@@ -279,13 +288,22 @@ impl Generation<'_> {
         }
     }
 
+    /// The final event; speculative figures also go into the engine's totals.
+    fn finished(&self, reason: FinishReason) -> Event {
+        let summary = self.summary(reason);
+        if let (Some(stats), Ok(mut totals)) = (&summary.speculative, self.engine.spec_totals.lock()) {
+            totals.merge(stats);
+        }
+        Event::Finished(summary)
+    }
+
     fn advance(&mut self) -> Result<Event> {
         loop {
             if let Some(reason) = self.finish {
-                return Ok(Event::Finished(self.summary(reason)));
+                return Ok(self.finished(reason));
             }
             if self.cancel.is_cancelled() {
-                return Ok(Event::Finished(self.summary(FinishReason::Cancelled)));
+                return Ok(self.finished(FinishReason::Cancelled));
             }
             let token = if self.spec.is_some() {
                 self.next_speculative()?
@@ -293,7 +311,7 @@ impl Generation<'_> {
                 let y = match self.pending.take() {
                     Some(y) => y,
                     None if self.generated == 0 => self.prefill()?,
-                    None => return Ok(Event::Finished(self.summary(FinishReason::Length))),
+                    None => return Ok(self.finished(FinishReason::Length)),
                 };
                 if self.generated + 1 < self.request.max_tokens {
                     let next = self.step(&y.index(NewAxis))?;

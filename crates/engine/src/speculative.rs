@@ -45,6 +45,23 @@ impl SpecStats {
         self.drafted.iter().zip(&self.accepted).map(|(&d, &a)| if d > 0 { a as f64 / d as f64 } else { 0.0 }).collect()
     }
 
+    /// Adds another request's figures (for totals across requests).
+    pub fn merge(&mut self, other: &SpecStats) {
+        if self.drafted.len() < other.drafted.len() {
+            self.drafted.resize(other.drafted.len(), 0);
+            self.accepted.resize(other.accepted.len(), 0);
+        }
+        for (i, (&d, &a)) in other.drafted.iter().zip(&other.accepted).enumerate() {
+            self.drafted[i] += d;
+            self.accepted[i] += a;
+        }
+        self.depth = self.depth.max(other.depth);
+        self.cycles += other.cycles;
+        self.committed += other.committed;
+        self.draft_time += other.draft_time;
+        self.verify_time += other.verify_time;
+    }
+
     /// Mean tokens committed per cycle (1 = nothing accepted).
     pub fn tokens_per_cycle(&self) -> f64 {
         if self.cycles == 0 { 0.0 } else { self.committed as f64 / self.cycles as f64 }

@@ -58,6 +58,10 @@ fn greedy_speculation_equals_plain_decoding_at_every_depth() {
                 assert!(spec.cycles > 0 && spec.drafted.iter().all(|&n| n == spec.cycles));
             }
         }
+        // The engine keeps totals across requests: 3 prompts x depths 1..4 here.
+        let totals = e.spec_totals.lock().unwrap().clone();
+        assert_eq!(totals.committed, 3 * 4 * 32, "{arch:?}: every token after the first comes from a cycle");
+        assert_eq!(totals.depth, 4);
     }
 }
 

@@ -81,6 +81,12 @@ impl Error {
     }
 }
 
+impl From<mlx_rs::error::ConversionError> for Error {
+    fn from(e: mlx_rs::error::ConversionError) -> Self {
+        Error::Mlx(mlx_rs::error::Exception::custom(e.to_string()))
+    }
+}
+
 impl From<mlx_rs::error::IoError> for Error {
     fn from(e: mlx_rs::error::IoError) -> Self {
         Error::Request(format!("MLX io: {e}"))

@@ -257,7 +257,7 @@ impl Generation<'_> {
             return Ok(token);
         }
         if self.generated == 0 {
-            let token = self.prefill()?.item_cast::<u32>();
+            let token = self.prefill()?.try_item_cast::<u32>()?;
             if let Some(spec) = &mut self.spec {
                 spec.start(token, &mut self.cache);
             }
@@ -318,7 +318,7 @@ impl Generation<'_> {
                     async_eval([&next])?;
                     self.pending = Some(next);
                 }
-                y.item_cast::<u32>()
+                y.try_item_cast::<u32>()?
             };
             let now = Instant::now();
             self.first_token_at.get_or_insert(now);
@@ -416,6 +416,11 @@ impl StopMatcher {
     }
 }
 
+/// MLX's peak memory since the last reset (each request resets it).
+pub fn peak_memory_bytes() -> usize {
+    mlx_rs::memory::peak_memory().unwrap_or(0)
+}
+
 #[cfg(test)]
 mod tests {
     use super::StopMatcher;
@@ -433,7 +438,3 @@ mod tests {
     }
 }
 
-/// MLX's peak memory since the last reset (each request resets it).
-pub fn peak_memory_bytes() -> usize {
-    mlx_rs::memory::peak_memory().unwrap_or(0)
-}

@@ -164,7 +164,7 @@ impl<'m> Speculator<'m> {
             drafts.push(token.as_dtype(Dtype::Uint32)?);
         }
         eval(drafts.iter().chain(draft_scaled.iter()))?;
-        let mut draft_ids: Vec<u32> = drafts.iter().map(|t| t.item_exact::<u32>()).collect();
+        let mut draft_ids: Vec<u32> = drafts.iter().map(|t| t.try_item_exact::<u32>()).collect::<std::result::Result<_, _>>()?;
         if let (Some(script), true) = (&self.draft_script, sampler.is_greedy()) {
             let at = 1 + self.stats.committed;
             for (i, id) in draft_ids.iter_mut().enumerate() {

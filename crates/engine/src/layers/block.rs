@@ -32,7 +32,7 @@ impl Mixer {
 #[derive(Debug, Clone)]
 pub enum FeedForward {
     Dense(Mlp),
-    Moe(SparseMoe),
+    Moe(Box<SparseMoe>),
 }
 
 impl FeedForward {

@@ -103,13 +103,13 @@ fn feed_forward(c: &ModelConfig, ld: &mut Loader, i: i32, p: &str) -> Result<Fee
     } else {
         None
     };
-    Ok(FeedForward::Moe(SparseMoe {
+    Ok(FeedForward::Moe(Box::new(SparseMoe {
         gate: ld.linear(&format!("{p}.gate"), h, e, false)?,
         experts,
         top_k: c.num_experts_per_tok,
         norm_topk_prob: c.norm_topk_prob(),
         shared,
-    }))
+    })))
 }
 
 /// Where Qwen (`model.language_model`) and mlx-lm (`language_model.model`) put Qwen3.5's

@@ -28,13 +28,13 @@ pub fn build(config: &ModelConfig, ld: &mut Loader) -> Result<Transformer> {
             up_proj: ld.switch_linear(&format!("{path}.switch_mlp.up_proj"), e, dim, hidden)?,
             down_proj: ld.switch_linear(&format!("{path}.switch_mlp.down_proj"), e, hidden, dim)?,
         };
-        Ok(FeedForward::Moe(SparseMoe {
+        Ok(FeedForward::Moe(Box::new(SparseMoe {
             gate: ld.linear(&format!("{path}.gate"), dim, e, false)?,
             experts,
             top_k: c.num_experts_per_tok,
             norm_topk_prob: c.norm_topk_prob(),
             shared: None,
-        }))
+        })))
     })
 }
 

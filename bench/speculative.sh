@@ -7,24 +7,10 @@
 #
 #   bench/speculative.sh [CASE]      cases as in decode.sh: next-tiny-4bit (default), next-small-4bit, next-35b-a3b-4bit
 set -euo pipefail
-root=$(cd "$(dirname "$0")/.." && pwd)
-FERRITE=${FERRITE:-$root/target/release/ferrite}
-PYTHON=${PYTHON:-$root/third_party/venv/bin/python}
-BENCH_DIR=${BENCH_DIR:-$root/bench/out}
 GEN_TOKENS=${GEN_TOKENS:-64}
-PROMPT_TOKENS=${PROMPT_TOKENS:-128}
-DTYPE=${DTYPE:-bf16}
+. "$(dirname "$0")/lib.sh"
 c=${1:-next-tiny-4bit}
-case $c in
-  next-tiny-4bit) args=(--arch qwen3_next --preset tiny --bits 4 --group-size 32) ;;
-  next-small-4bit) args=(--arch qwen3_next --preset small --bits 4 --group-size 32) ;;
-  next-35b-a3b-4bit) args=(--arch qwen3_next --preset 35b-a3b --bits 4 --group-size 64) ;;
-  *) echo "unknown case $c" >&2; exit 2 ;;
-esac
-mkdir -p "$BENCH_DIR"
-ids=$BENCH_DIR/prompt-$PROMPT_TOKENS.json
-"$PYTHON" -c "import json,sys; n=int(sys.argv[1]); print(json.dumps([(i*37+11)%400 for i in range(n)]))" "$PROMPT_TOKENS" > "$ids"
-dir=$BENCH_DIR/$c-$DTYPE
-[ -f "$dir/config.json" ] || "$FERRITE" dev make-checkpoint "${args[@]}" --mtp --dtype "$DTYPE" --out "$dir" >&2
+ids=$(prompt_ids)
+dir=$(checkpoint "$c")
 echo "case $c ($DTYPE)"
 RUST_LOG=warn "$FERRITE" bench --spec --model "$dir" --prompt-ids "$ids" --gen-tokens "$GEN_TOKENS" --runs 1 | tee -a "$BENCH_DIR/speculative.jsonl" >/dev/null

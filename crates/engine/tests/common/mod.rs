@@ -30,3 +30,11 @@ pub fn make(opts: &MakeOptions) -> tempfile::TempDir {
     checkpoint::make(opts, dir.path()).unwrap();
     dir
 }
+
+/// Rewrites a checkpoint's safetensors file after `edit` changes its tensors.
+pub fn rewrite_tensors(file: &Path, edit: impl FnOnce(&mut std::collections::HashMap<String, mlx_rs::Array>)) {
+    let mut tensors = mlx_rs::Array::load_safetensors(file).unwrap();
+    edit(&mut tensors);
+    mlx_rs::transforms::eval(tensors.values()).unwrap(); // read everything before overwriting
+    mlx_rs::Array::save_safetensors(tensors.iter(), None, file).unwrap();
+}

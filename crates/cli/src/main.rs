@@ -3,6 +3,7 @@
 mod bench;
 mod dev;
 mod generate;
+mod serve;
 
 use clap::{Parser, Subcommand};
 
@@ -17,6 +18,8 @@ struct Cli {
 enum Command {
     /// Generate text from a prompt and print speed figures.
     Generate(generate::Args),
+    /// Serve a model over an OpenAI-compatible HTTP API.
+    Serve(serve::Args),
     /// Measure decode speed on a model (machine-readable output for bench/ scripts).
     Bench(bench::Args),
     /// Describe a model folder: architecture, parameters, quantization, MTP head, size.
@@ -53,6 +56,7 @@ fn main() {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Generate(args) => generate::run(args),
+        Command::Serve(args) => serve::run(args),
         Command::Bench(args) => bench::run(args),
         Command::Dev(cmd) => dev::run(cmd),
         Command::Inspect { dir, json } => inspect(&dir, json),

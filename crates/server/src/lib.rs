@@ -1,0 +1,168 @@
+//! Ferrite's HTTP server: the OpenAI-compatible API over one loaded model. The engine runs
+//! on its own thread ([`worker`]); handlers only translate between HTTP and engine events.
+//! It knows nothing of the app that may embed it.
+
+pub mod error;
+pub mod openai;
+pub mod think;
+pub mod worker;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::http::{HeaderMap, HeaderValue};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde_json::json;
+
+use crate::error::ApiError;
+use crate::worker::Worker;
+
+/// Request bodies above this are refused (413).
+pub const MAX_BODY_BYTES: usize = 16 << 20;
+
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    pub model_dir: PathBuf,
+    /// The name clients use; defaults to the folder name.
+    pub model_id: Option<String>,
+    /// Other names accepted for the model.
+    pub aliases: Vec<String>,
+    pub addr: SocketAddr,
+    /// Required when binding anything but loopback.
+    pub api_key: Option<String>,
+    /// MTP draft depth for every request (0 = plain decoding).
+    pub draft_depth: usize,
+}
+
+#[derive(Clone)]
+pub struct AppState {
+    pub worker: Arc<Worker>,
+    pub aliases: Vec<String>,
+    pub draft_depth: usize,
+    pub api_key: Option<String>,
+    pub started: Instant,
+    pub started_unix: u64,
+    next_id: Arc<AtomicU64>,
+}
+
+impl AppState {
+    pub fn new(worker: Worker, aliases: Vec<String>, draft_depth: usize, api_key: Option<String>) -> Self {
+        AppState {
+            worker: Arc::new(worker),
+            aliases,
+            draft_depth,
+            api_key,
+            started: Instant::now(),
+            started_unix: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
+            next_id: Arc::new(AtomicU64::new(1)),
+        }
+    }
+
+    pub fn next_id(&self) -> u64 {
+        self.next_id.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Accepts the loaded model's id or one of its aliases.
+    pub fn resolve_model(&self, name: &str) -> Result<(), ApiError> {
+        if name == self.worker.info.id || self.aliases.iter().any(|a| a == name) {
+            Ok(())
+        } else {
+            Err(ApiError::not_found(format!("model `{name}` is not loaded (loaded: `{}`)", self.worker.info.id)).with_param("model"))
+        }
+    }
+
+    /// The defaults that change speed, on every generation response.
+    pub fn speed_headers(&self) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        let mut put = |k: &'static str, v: String| {
+            if let Ok(v) = HeaderValue::from_str(&v) {
+                h.insert(k, v);
+            }
+        };
+        put("x-ferrite-model", self.worker.info.id.clone());
+        put("x-ferrite-device", self.worker.info.backend.clone());
+        put("x-ferrite-draft-depth", self.draft_depth.to_string());
+        h
+    }
+}
+
+pub fn router(state: AppState) -> Router {
+    Router::new()
+        .route("/health", get(|| async { Json(json!({"status": "ok"})) }))
+        .route("/v1/status", get(status))
+        .route("/v1/models", get(openai::models))
+        .route("/v1/chat/completions", post(openai::chat_completions))
+        .route("/v1/completions", post(openai::completions))
+        .fallback(|| async { ApiError::not_found("no such endpoint") })
+        .layer(middleware::from_fn_with_state(state.clone(), auth))
+        .layer(middleware::from_fn(json_errors))
+        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .with_state(state)
+}
+
+async fn status(State(s): State<AppState>) -> Json<serde_json::Value> {
+    let i = &s.worker.info;
+    Json(json!({
+        "model": i.id, "model_type": i.model_type, "dir": i.dir, "device": i.backend,
+        "context": i.context, "mtp_head": i.has_mtp, "draft_depth": s.draft_depth,
+        "queue_depth": s.worker.queue_depth.load(Ordering::SeqCst),
+        "uptime_s": s.started.elapsed().as_secs(),
+    }))
+}
+
+/// With an API key configured, every request must carry it (Bearer or x-api-key).
+async fn auth(State(s): State<AppState>, req: Request, next: Next) -> Response {
+    if let Some(key) = &s.api_key {
+        let h = req.headers();
+        let bearer = h.get("authorization").and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
+        let x_key = h.get("x-api-key").and_then(|v| v.to_str().ok());
+        if bearer != Some(key.as_str()) && x_key != Some(key.as_str()) {
+            return ApiError { status: axum::http::StatusCode::UNAUTHORIZED, message: "missing or wrong API key".into(), param: None }.into_response();
+        }
+    }
+    next.run(req).await
+}
+
+/// Turns axum's plain-text rejections (body too large, wrong method…) into JSON errors.
+async fn json_errors(req: Request, next: Next) -> Response {
+    let res = next.run(req).await;
+    let is_json = res.headers().get("content-type").is_some_and(|v| v.as_bytes().starts_with(b"application/json") || v.as_bytes().starts_with(b"text/event-stream"));
+    if res.status().is_success() || is_json {
+        return res;
+    }
+    let status = res.status();
+    let bytes = axum::body::to_bytes(res.into_body(), 64 * 1024).await.unwrap_or_default();
+    let message = String::from_utf8_lossy(&bytes).trim().to_string();
+    ApiError { status, message: if message.is_empty() { status.to_string() } else { message }, param: None }.into_response()
+}
+
+/// Loads the model and serves until Ctrl-C.
+pub async fn serve(config: ServerConfig) -> anyhow::Result<()> {
+    if !config.addr.ip().is_loopback() && config.api_key.is_none() {
+        anyhow::bail!("binding {} exposes the model beyond this machine: pass an API key (--api-key)", config.addr);
+    }
+    let id = config.model_id.clone().unwrap_or_else(|| {
+        config.model_dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "model".into())
+    });
+    let dir = config.model_dir.clone();
+    let worker = tokio::task::spawn_blocking(move || Worker::start(dir, id)).await??;
+    let state = AppState::new(worker, config.aliases.clone(), config.draft_depth, config.api_key.clone());
+    let listener = tokio::net::TcpListener::bind(config.addr).await?;
+    tracing::info!(
+        "serving `{}` on http://{} (OpenAI API at /v1){}",
+        state.worker.info.id,
+        listener.local_addr()?,
+        if config.api_key.is_some() { ", API key required" } else { "" }
+    );
+    axum::serve(listener, router(state)).with_graceful_shutdown(async {
+        let _ = tokio::signal::ctrl_c().await;
+    }).await?;
+    Ok(())
+}

@@ -1,0 +1,323 @@
+//! The OpenAI-compatible API: `/v1/chat/completions`, `/v1/completions`, `/v1/models`.
+
+use std::convert::Infallible;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use engine::tokenizer::ChatMessage;
+use engine::{CancelToken, FinishReason, GenerateRequest, SamplingParams};
+use futures_util::stream::StreamExt;
+use serde::Deserialize;
+use serde_json::{json, Value};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+
+use crate::error::ApiError;
+use crate::worker::{Job, JobEvent, Prompt};
+use crate::AppState;
+
+pub const DEFAULT_MAX_TOKENS: usize = 4096;
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum Content {
+    Text(String),
+    Parts(Vec<Part>),
+}
+
+#[derive(Debug, Deserialize)]
+struct Part {
+    #[serde(rename = "type")]
+    kind: String,
+    #[serde(default)]
+    text: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+struct Message {
+    role: String,
+    #[serde(default)]
+    content: Option<Content>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum Stop {
+    One(String),
+    Many(Vec<String>),
+}
+
+#[derive(Debug, Deserialize)]
+struct StreamOptions {
+    #[serde(default)]
+    include_usage: bool,
+}
+
+/// Fields shared by chat and text completions.
+#[derive(Debug, Deserialize)]
+struct Common {
+    model: String,
+    #[serde(default)]
+    max_tokens: Option<usize>,
+    #[serde(default)]
+    max_completion_tokens: Option<usize>,
+    #[serde(default)]
+    temperature: Option<f32>,
+    #[serde(default)]
+    top_p: Option<f32>,
+    #[serde(default)]
+    top_k: Option<i32>,
+    #[serde(default)]
+    min_p: Option<f32>,
+    #[serde(default)]
+    seed: Option<u64>,
+    #[serde(default)]
+    stop: Option<Stop>,
+    #[serde(default)]
+    stream: bool,
+    #[serde(default)]
+    stream_options: Option<StreamOptions>,
+}
+
+/// Chat-only fields (read from the same body as [`Common`]: serde's `flatten` would lose the
+/// path of a wrong field).
+#[derive(Debug, Deserialize)]
+struct ChatRequest {
+    messages: Vec<Message>,
+    #[serde(default)]
+    reasoning_effort: Option<String>,
+    #[serde(default)]
+    chat_template_kwargs: Option<serde_json::Map<String, Value>>,
+}
+
+#[derive(Debug, Deserialize)]
+struct CompletionRequest {
+    prompt: String,
+}
+
+/// Parses a JSON body, naming the field that is wrong.
+fn parse<T: serde::de::DeserializeOwned>(body: &Bytes) -> Result<T, ApiError> {
+    let de = &mut serde_json::Deserializer::from_slice(body);
+    serde_path_to_error::deserialize(de).map_err(|e| {
+        let path = e.path().to_string();
+        let inner = e.into_inner();
+        if inner.is_syntax() || inner.is_eof() {
+            ApiError::bad_request(format!("the body is not valid JSON: {inner}"))
+        } else {
+            ApiError::bad_request(format!("`{path}`: {inner}")).with_param(&path)
+        }
+    })
+}
+
+fn now() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+}
+
+fn finish_reason(r: FinishReason) -> &'static str {
+    match r {
+        FinishReason::Length => "length",
+        _ => "stop",
+    }
+}
+
+impl Common {
+    fn generate_request(&self, state: &AppState) -> Result<GenerateRequest, ApiError> {
+        state.resolve_model(&self.model)?;
+        let max_tokens = self.max_completion_tokens.or(self.max_tokens).unwrap_or(DEFAULT_MAX_TOKENS);
+        if max_tokens == 0 {
+            return Err(ApiError::bad_request("max_tokens must be at least 1").with_param("max_tokens"));
+        }
+        let context = state.worker.info.context;
+        if max_tokens >= context {
+            return Err(ApiError::bad_request(format!("max_tokens ({max_tokens}) must be below the model's context of {context} tokens")).with_param("max_tokens"));
+        }
+        let sampling = SamplingParams {
+            temperature: self.temperature.unwrap_or(0.0),
+            top_p: self.top_p.unwrap_or(1.0),
+            top_k: self.top_k.unwrap_or(0),
+            min_p: self.min_p.unwrap_or(0.0),
+            seed: self.seed,
+        };
+        sampling.validate().map_err(|e| ApiError::bad_request(e.to_string()))?;
+        let stop = match &self.stop {
+            None => vec![],
+            Some(Stop::One(s)) => vec![s.clone()],
+            Some(Stop::Many(v)) => v.clone(),
+        };
+        if stop.iter().any(String::is_empty) {
+            return Err(ApiError::bad_request("stop strings must not be empty").with_param("stop"));
+        }
+        Ok(GenerateRequest { max_tokens, sampling, stop, draft_depth: state.draft_depth, ..GenerateRequest::greedy(vec![], max_tokens) })
+    }
+}
+
+fn chat_prompt(req: &ChatRequest) -> Result<Prompt, ApiError> {
+    if req.messages.is_empty() {
+        return Err(ApiError::bad_request("messages must not be empty").with_param("messages"));
+    }
+    let mut messages = Vec::with_capacity(req.messages.len());
+    for (i, m) in req.messages.iter().enumerate() {
+        if !matches!(m.role.as_str(), "system" | "developer" | "user" | "assistant" | "tool") {
+            return Err(ApiError::bad_request(format!("messages[{i}].role: unknown role `{}`", m.role)).with_param("messages"));
+        }
+        let content = match &m.content {
+            None => String::new(),
+            Some(Content::Text(t)) => t.clone(),
+            Some(Content::Parts(parts)) => parts.iter().filter(|p| p.kind == "text").filter_map(|p| p.text.clone()).collect::<Vec<_>>().join(""),
+        };
+        let role = if m.role == "developer" { "system" } else { m.role.as_str() };
+        messages.push(ChatMessage::new(role, &content));
+    }
+    let mut vars = req.chat_template_kwargs.clone().unwrap_or_default();
+    if req.reasoning_effort.as_deref() == Some("none") {
+        vars.insert("enable_thinking".into(), false.into());
+    }
+    Ok(Prompt::Chat { messages, template_vars: vars })
+}
+
+pub async fn chat_completions(State(state): State<AppState>, body: Bytes) -> Result<Response, ApiError> {
+    let common: Common = parse(&body)?;
+    let req: ChatRequest = parse(&body)?;
+    let request = common.generate_request(&state)?;
+    let prompt = chat_prompt(&req)?;
+    respond(state, prompt, request, &common, Kind::Chat).await
+}
+
+pub async fn completions(State(state): State<AppState>, body: Bytes) -> Result<Response, ApiError> {
+    let common: Common = parse(&body)?;
+    let req: CompletionRequest = parse(&body)?;
+    let request = common.generate_request(&state)?;
+    respond(state, Prompt::Text(req.prompt), request, &common, Kind::Text).await
+}
+
+pub async fn models(State(state): State<AppState>) -> Json<Value> {
+    let info = &state.worker.info;
+    let mut data = vec![json!({"id": info.id, "object": "model", "created": state.started_unix, "owned_by": "ferrite"})];
+    for alias in &state.aliases {
+        data.push(json!({"id": alias, "object": "model", "created": state.started_unix, "owned_by": "ferrite"}));
+    }
+    Json(json!({"object": "list", "data": data}))
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum Kind {
+    Chat,
+    Text,
+}
+
+/// Cancels the job when the response (or its stream) is dropped, e.g. on disconnect.
+struct CancelOnDrop(CancelToken);
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        self.0.cancel();
+    }
+}
+
+async fn respond(state: AppState, prompt: Prompt, request: GenerateRequest, common: &Common, kind: Kind) -> Result<Response, ApiError> {
+    let (tx, mut rx) = mpsc::channel(256);
+    let cancel = CancelToken::default();
+    state.worker.submit(Job { prompt, request, events: tx, cancel: cancel.clone() })?;
+    let guard = CancelOnDrop(cancel);
+    let id = format!("{}-{}", if kind == Kind::Chat { "chatcmpl" } else { "cmpl" }, state.next_id());
+    let model = common.model.clone();
+    let created = now();
+
+    // Errors found before generation starts (template, context) become a 4xx.
+    let prompt_tokens = match rx.recv().await {
+        Some(JobEvent::Started { prompt_tokens }) => prompt_tokens,
+        Some(JobEvent::Failed(e)) => return Err(e.into()),
+        _ => return Err(ApiError::internal("the engine ended the request without an answer")),
+    };
+
+    if !common.stream {
+        let (mut content, mut reasoning) = (String::new(), String::new());
+        while let Some(event) = rx.recv().await {
+            match event {
+                JobEvent::Delta { content: c, reasoning: r } => {
+                    content.push_str(&c);
+                    reasoning.push_str(&r);
+                }
+                JobEvent::Finished { summary, reasoning_tokens } => {
+                    let usage = usage(prompt_tokens, summary.usage.completion_tokens, reasoning_tokens);
+                    let reason = finish_reason(summary.finish_reason);
+                    let body = match kind {
+                        Kind::Chat => {
+                            let mut message = json!({"role": "assistant", "content": content});
+                            if !reasoning.is_empty() {
+                                message["reasoning_content"] = json!(reasoning);
+                            }
+                            json!({"id": id, "object": "chat.completion", "created": created, "model": model,
+                                   "choices": [{"index": 0, "message": message, "finish_reason": reason}], "usage": usage})
+                        }
+                        Kind::Text => json!({"id": id, "object": "text_completion", "created": created, "model": model,
+                                   "choices": [{"index": 0, "text": reasoning + &content, "finish_reason": reason}], "usage": usage}),
+                    };
+                    drop(guard);
+                    return Ok((state.speed_headers(), Json(body)).into_response());
+                }
+                JobEvent::Failed(e) => return Err(e.into()),
+                JobEvent::Started { .. } => {}
+            }
+        }
+        return Err(ApiError::internal("the engine ended the request without a summary"));
+    }
+
+    let include_usage = common.stream_options.as_ref().is_some_and(|o| o.include_usage);
+    let chunk = move |delta: Value, finish: Option<&str>| -> Value {
+        match kind {
+            Kind::Chat => json!({"id": id, "object": "chat.completion.chunk", "created": created, "model": model,
+                                 "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}),
+            Kind::Text => json!({"id": id, "object": "text_completion", "created": created, "model": model,
+                                 "choices": [{"index": 0, "text": delta.get("content").cloned().unwrap_or(json!("")), "finish_reason": finish}]}),
+        }
+    };
+    let first = chunk(json!({"role": "assistant", "content": ""}), None);
+    let events = ReceiverStream::new(rx);
+    let stream = futures_util::stream::once(async move { first })
+        .chain(events.flat_map(move |event| {
+            let _keep = &guard; // cancels the job when the client goes
+            let out: Vec<Value> = match event {
+                JobEvent::Delta { content, reasoning } => {
+                    let mut delta = json!({});
+                    if !content.is_empty() {
+                        delta["content"] = json!(content);
+                    }
+                    if !reasoning.is_empty() {
+                        delta["reasoning_content"] = json!(reasoning);
+                    }
+                    vec![chunk(delta, None)]
+                }
+                JobEvent::Finished { summary, reasoning_tokens } => {
+                    let mut last = chunk(json!({}), Some(finish_reason(summary.finish_reason)));
+                    let mut out = vec![];
+                    if include_usage {
+                        let mut u = chunk(json!({}), None);
+                        u["choices"] = json!([]);
+                        u["usage"] = usage(prompt_tokens, summary.usage.completion_tokens, reasoning_tokens);
+                        last["usage"] = Value::Null;
+                        out.push(last);
+                        out.push(u);
+                    } else {
+                        out.push(last);
+                    }
+                    out
+                }
+                JobEvent::Failed(e) => vec![json!({"error": {"message": format!("{e:?}"), "type": "server_error"}})],
+                JobEvent::Started { .. } => vec![],
+            };
+            futures_util::stream::iter(out)
+        }))
+        .map(|v| Ok::<_, Infallible>(SseEvent::default().data(v.to_string())))
+        .chain(futures_util::stream::once(async { Ok(SseEvent::default().data("[DONE]")) }));
+    Ok((state.speed_headers(), Sse::new(stream).keep_alive(KeepAlive::default())).into_response())
+}
+
+fn usage(prompt: usize, completion: usize, reasoning: usize) -> Value {
+    json!({"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+           "completion_tokens_details": {"reasoning_tokens": reasoning}})
+}

@@ -1,0 +1,186 @@
+//! The engine runs on one thread of its own (MLX state stays on it); requests reach it as
+//! jobs through a FIFO queue and answer through a channel of events. A job whose client has
+//! gone is cancelled at its next token, and its cache is dropped with it.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{mpsc, Arc};
+
+use engine::tokenizer::ChatMessage;
+use engine::{CancelToken, Engine, Event, GenerateRequest, Summary};
+use tokio::sync::mpsc as tmpsc;
+
+use crate::think::ThinkSplitter;
+
+/// What the model is asked.
+#[derive(Debug, Clone)]
+pub enum Prompt {
+    Chat { messages: Vec<ChatMessage>, template_vars: serde_json::Map<String, serde_json::Value> },
+    Text(String),
+}
+
+#[derive(Debug)]
+pub struct Job {
+    pub prompt: Prompt,
+    /// The request's sampling, stops and limits; its `prompt` is filled in by the worker.
+    pub request: GenerateRequest,
+    pub events: tmpsc::Sender<JobEvent>,
+    pub cancel: CancelToken,
+}
+
+#[derive(Debug)]
+pub enum JobEvent {
+    Started { prompt_tokens: usize },
+    Delta { content: String, reasoning: String },
+    Finished { summary: Summary, reasoning_tokens: usize },
+    Failed(JobError),
+}
+
+/// Why a job could not run: the client's fault (4xx) or the server's (5xx).
+#[derive(Debug, Clone)]
+pub enum JobError {
+    BadRequest(String),
+    Internal(String),
+}
+
+/// Facts about the loaded model that handlers need without asking the worker thread.
+#[derive(Debug, Clone)]
+pub struct ModelInfo {
+    pub id: String,
+    pub dir: PathBuf,
+    pub model_type: String,
+    pub context: usize,
+    pub backend: String,
+    pub has_mtp: bool,
+}
+
+pub struct Worker {
+    jobs: mpsc::Sender<Job>,
+    pub queue_depth: Arc<AtomicUsize>,
+    pub info: ModelInfo,
+}
+
+impl Worker {
+    /// Loads the model on a new thread; returns once it is ready (or failed to load).
+    pub fn start(dir: PathBuf, id: String) -> anyhow::Result<Worker> {
+        let (jobs, rx) = mpsc::channel::<Job>();
+        let (ready_tx, ready_rx) = mpsc::channel();
+        let queue_depth = Arc::new(AtomicUsize::new(0));
+        let depth = queue_depth.clone();
+        std::thread::Builder::new().name("ferrite-engine".into()).spawn(move || {
+            let engine = match Engine::load(&dir) {
+                Ok(e) => e,
+                Err(e) => {
+                    let _ = ready_tx.send(Err(anyhow::anyhow!("loading {}: {e}", dir.display())));
+                    return;
+                }
+            };
+            let c = engine.model.config();
+            let info = ModelInfo {
+                id,
+                dir: dir.clone(),
+                model_type: c.model_type.clone(),
+                context: c.max_position_embeddings.unwrap_or(32768).max(1) as usize,
+                backend: engine.backend.to_string(),
+                has_mtp: engine.model.mtp().is_some(),
+            };
+            let _ = ready_tx.send(Ok(info.clone()));
+            for job in rx {
+                depth.fetch_sub(1, Ordering::SeqCst);
+                run_job(&engine, &info, job);
+            }
+        })?;
+        let info = ready_rx.recv().map_err(|_| anyhow::anyhow!("the engine thread stopped while loading"))??;
+        Ok(Worker { jobs, queue_depth, info })
+    }
+
+    /// Queues a job (FIFO).
+    pub fn submit(&self, job: Job) -> Result<(), JobError> {
+        self.queue_depth.fetch_add(1, Ordering::SeqCst);
+        self.jobs.send(job).map_err(|_| {
+            self.queue_depth.fetch_sub(1, Ordering::SeqCst);
+            JobError::Internal("the engine thread has stopped".into())
+        })
+    }
+}
+
+fn render(engine: &Engine, prompt: &Prompt) -> Result<(Vec<u32>, bool), JobError> {
+    let text = match prompt {
+        Prompt::Text(t) => t.clone(),
+        Prompt::Chat { messages, template_vars } => engine
+            .tokenizer
+            .apply_chat_template(messages, true, template_vars)
+            .map_err(|e| JobError::BadRequest(e.to_string()))?,
+    };
+    // Templates that open the think block themselves leave the answer in reasoning mode.
+    let thinking = text.trim_end().ends_with("<think>");
+    let ids = engine.tokenizer.encode(&text).map_err(|e| JobError::Internal(e.to_string()))?;
+    Ok((ids, thinking))
+}
+
+fn run_job(engine: &Engine, info: &ModelInfo, mut job: Job) {
+    let send = |e: JobEvent| job.events.blocking_send(e).is_ok();
+    if job.cancel.is_cancelled() || job.events.is_closed() {
+        return;
+    }
+    let (ids, thinking) = match render(engine, &job.prompt) {
+        Ok(r) => r,
+        Err(e) => {
+            send(JobEvent::Failed(e));
+            return;
+        }
+    };
+    if ids.is_empty() {
+        send(JobEvent::Failed(JobError::BadRequest("the prompt is empty".into())));
+        return;
+    }
+    if ids.len() + job.request.max_tokens > info.context {
+        send(JobEvent::Failed(JobError::BadRequest(format!(
+            "the prompt ({} tokens) plus max_tokens ({}) exceeds the model's context of {} tokens",
+            ids.len(),
+            job.request.max_tokens,
+            info.context
+        ))));
+        return;
+    }
+    let prompt_tokens = ids.len();
+    job.request.prompt = ids;
+    let generation = match engine.generate(job.request.clone(), job.cancel.clone()) {
+        Ok(g) => g,
+        Err(e) => {
+            send(JobEvent::Failed(JobError::BadRequest(e.to_string())));
+            return;
+        }
+    };
+    if !send(JobEvent::Started { prompt_tokens }) {
+        return;
+    }
+    let mut splitter = ThinkSplitter::new(thinking);
+    let mut reasoning_text = String::new();
+    for event in generation {
+        match event {
+            Ok(Event::Text(t)) => {
+                let s = splitter.push(&t);
+                reasoning_text.push_str(&s.reasoning);
+                if (!s.content.is_empty() || !s.reasoning.is_empty()) && !send(JobEvent::Delta { content: s.content, reasoning: s.reasoning }) {
+                    // The client went away: stop at the next token; the cache goes with the generation.
+                    job.cancel.cancel();
+                }
+            }
+            Ok(Event::Finished(summary)) => {
+                let s = splitter.finish();
+                reasoning_text.push_str(&s.reasoning);
+                if !s.content.is_empty() || !s.reasoning.is_empty() {
+                    send(JobEvent::Delta { content: s.content, reasoning: s.reasoning });
+                }
+                let reasoning_tokens = if reasoning_text.is_empty() { 0 } else { engine.tokenizer.encode(&reasoning_text).map(|v| v.len()).unwrap_or(0) };
+                send(JobEvent::Finished { summary, reasoning_tokens });
+                return;
+            }
+            Err(e) => {
+                send(JobEvent::Failed(JobError::Internal(e.to_string())));
+                return;
+            }
+        }
+    }
+}

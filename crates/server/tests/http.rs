@@ -1,0 +1,197 @@
+//! The OpenAI-compatible API over a real engine on loopback, driven by an HTTP client:
+//! protocol details, every bad-input case, concurrency with disconnecting clients.
+
+use std::time::Duration;
+
+use engine::checkpoint::{self, Arch, MakeOptions};
+use futures_util::StreamExt;
+use serde_json::{json, Value};
+use server::worker::Worker;
+use server::AppState;
+
+struct Server {
+    base: String,
+    state: AppState,
+    _dir: tempfile::TempDir,
+}
+
+async fn start(api_key: Option<&str>) -> Server {
+    let dir = tempfile::tempdir().unwrap();
+    let mut o = MakeOptions::new(Arch::Qwen3, "tiny");
+    o.bits = Some(4);
+    o.group_size = 32;
+    checkpoint::make(&o, dir.path()).unwrap();
+    let path = dir.path().to_path_buf();
+    let worker = tokio::task::spawn_blocking(move || Worker::start(path, "tiny".into())).await.unwrap().unwrap();
+    let state = AppState::new(worker, vec!["ferrite-tiny".into()], 0, api_key.map(str::to_string));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let app = server::router(state.clone());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    Server { base, state, _dir: dir }
+}
+
+fn chat(extra: Value) -> Value {
+    let mut body = json!({"model": "tiny", "messages": [{"role": "user", "content": "Write a function."}], "max_tokens": 12});
+    for (k, v) in extra.as_object().unwrap() {
+        body[k] = v.clone();
+    }
+    body
+}
+
+async fn post(s: &Server, path: &str, body: &Value) -> (u16, Value) {
+    let r = reqwest::Client::new().post(format!("{}{path}", s.base)).json(body).send().await.unwrap();
+    let status = r.status().as_u16();
+    (status, r.json().await.unwrap())
+}
+
+/// The `data:` payloads of an SSE response.
+async fn sse(s: &Server, body: &Value) -> Vec<String> {
+    let r = reqwest::Client::new().post(format!("{}/v1/chat/completions", s.base)).json(body).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.headers()["content-type"], "text/event-stream");
+    let text = r.text().await.unwrap();
+    text.lines().filter_map(|l| l.strip_prefix("data: ")).map(str::to_string).collect()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn chat_completion_and_its_usage() {
+    let s = start(None).await;
+    let (status, v) = post(&s, "/v1/chat/completions", &chat(json!({}))).await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["object"], "chat.completion");
+    assert_eq!(v["choices"][0]["message"]["role"], "assistant");
+    assert!(!v["choices"][0]["message"]["content"].as_str().unwrap().is_empty());
+    assert_eq!(v["choices"][0]["finish_reason"], "length");
+    assert_eq!(v["usage"]["completion_tokens"], 12);
+    let prompt = v["usage"]["prompt_tokens"].as_u64().unwrap();
+    assert_eq!(v["usage"]["total_tokens"].as_u64().unwrap(), prompt + 12);
+    // The alias names the same model; thinking off adds the empty think block to the prompt.
+    let (status, v2) = post(&s, "/v1/chat/completions", &chat(json!({"model": "ferrite-tiny", "reasoning_effort": "none"}))).await;
+    assert_eq!(status, 200);
+    assert!(v2["usage"]["prompt_tokens"].as_u64().unwrap() > prompt);
+    // Text completions too.
+    let (status, v) = post(&s, "/v1/completions", &json!({"model": "tiny", "prompt": "fn main() {", "max_tokens": 5})).await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["usage"]["completion_tokens"], 5);
+    assert!(v["choices"][0]["text"].is_string());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn streaming_matches_the_whole_answer() {
+    let s = start(None).await;
+    let (_, whole) = post(&s, "/v1/chat/completions", &chat(json!({}))).await;
+    let data = sse(&s, &chat(json!({"stream": true, "stream_options": {"include_usage": true}}))).await;
+    assert_eq!(data.last().unwrap(), "[DONE]");
+    let chunks: Vec<Value> = data[..data.len() - 1].iter().map(|d| serde_json::from_str(d).unwrap()).collect();
+    assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
+    let text: String = chunks.iter().filter_map(|c| c["choices"][0]["delta"]["content"].as_str()).collect();
+    assert_eq!(text, whole["choices"][0]["message"]["content"].as_str().unwrap());
+    let finish = chunks.iter().find(|c| c["choices"][0]["finish_reason"].is_string()).unwrap();
+    assert_eq!(finish["choices"][0]["finish_reason"], "length");
+    let usage = chunks.last().unwrap();
+    assert_eq!(usage["choices"], json!([]));
+    assert_eq!(usage["usage"]["completion_tokens"], 12);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn stop_strings_and_speed_headers() {
+    let s = start(None).await;
+    let (_, whole) = post(&s, "/v1/chat/completions", &chat(json!({"max_tokens": 30}))).await;
+    let text = whole["choices"][0]["message"]["content"].as_str().unwrap().to_string();
+    let stop: String = text.chars().skip(6).take(3).collect();
+    let (_, v) = post(&s, "/v1/chat/completions", &chat(json!({"max_tokens": 30, "stop": [stop.clone()]}))).await;
+    assert_eq!(v["choices"][0]["message"]["content"].as_str().unwrap(), &text[..text.find(&stop).unwrap()]);
+    assert_eq!(v["choices"][0]["finish_reason"], "stop");
+    let r = reqwest::Client::new().post(format!("{}/v1/chat/completions", s.base)).json(&chat(json!({}))).send().await.unwrap();
+    assert_eq!(r.headers()["x-ferrite-draft-depth"], "0");
+    assert_eq!(r.headers()["x-ferrite-model"], "tiny");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn bad_input_gets_openai_errors() {
+    let s = start(None).await;
+    let client = reqwest::Client::new();
+    let raw = |body: &'static str| client.post(format!("{}/v1/chat/completions", s.base)).header("content-type", "application/json").body(body).send();
+    let r = raw("{not json").await.unwrap();
+    assert_eq!(r.status(), 400);
+    let v: Value = r.json().await.unwrap();
+    assert!(v["error"]["message"].as_str().unwrap().contains("not valid JSON"), "{v}");
+
+    let cases = [
+        (chat(json!({"max_tokens": "many"})), 400, "max_tokens"),
+        (chat(json!({"messages": []})), 400, "messages"),
+        (chat(json!({"messages": [{"role": "wizard", "content": "x"}]})), 400, "messages"),
+        (chat(json!({"model": "gpt-9"})), 404, "model"),
+        (chat(json!({"max_tokens": 10_000_000})), 400, "max_tokens"),
+        (chat(json!({"temperature": -1})), 400, "temperature"),
+        (chat(json!({"stop": [""]})), 400, "stop"),
+    ];
+    for (body, status, word) in cases {
+        let (got, v) = post(&s, "/v1/chat/completions", &body).await;
+        assert_eq!(got, status, "{body} -> {v}");
+        assert!(v["error"]["message"].as_str().unwrap().contains(word), "{v}");
+        assert!(v["error"]["type"].is_string());
+    }
+    let big = "x".repeat(server::MAX_BODY_BYTES + 10);
+    let r = client.post(format!("{}/v1/chat/completions", s.base)).header("content-type", "application/json").body(big).send().await.unwrap();
+    assert_eq!(r.status(), 413);
+    let v: Value = r.json().await.unwrap();
+    assert!(v["error"]["message"].is_string());
+    let r = client.get(format!("{}/v2/nothing", s.base)).send().await.unwrap();
+    assert_eq!(r.status(), 404);
+    assert!(r.json::<Value>().await.unwrap()["error"]["message"].is_string());
+    // The server still answers.
+    assert_eq!(post(&s, "/v1/chat/completions", &chat(json!({}))).await.0, 200);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn concurrent_clients_some_disconnecting() {
+    let s = start(None).await;
+    let mut tasks = Vec::new();
+    for i in 0..6 {
+        let base = s.base.clone();
+        tasks.push(tokio::spawn(async move {
+            let body = chat(json!({"stream": true, "max_tokens": 200}));
+            let r = reqwest::Client::new().post(format!("{base}/v1/chat/completions")).json(&body).send().await.unwrap();
+            let mut stream = r.bytes_stream();
+            if i % 2 == 0 {
+                // Read one chunk and hang up.
+                let _ = stream.next().await;
+                return None;
+            }
+            let mut text = String::new();
+            while let Some(chunk) = stream.next().await {
+                text.push_str(&String::from_utf8_lossy(&chunk.unwrap()));
+            }
+            Some(text)
+        }));
+    }
+    let results = tokio::time::timeout(Duration::from_secs(120), futures_util::future::join_all(tasks)).await.expect("no client hangs");
+    let finished: Vec<String> = results.into_iter().filter_map(|r| r.unwrap()).collect();
+    assert_eq!(finished.len(), 3);
+    for text in &finished {
+        assert!(text.trim_end().ends_with("data: [DONE]"), "{text}");
+        assert!(text.contains("\"finish_reason\":\"length\"") || text.contains("\"finish_reason\":\"stop\""), "{text}");
+    }
+    // Nothing left queued, and the server keeps serving.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(s.state.worker.queue_depth.load(std::sync::atomic::Ordering::SeqCst), 0);
+    assert_eq!(post(&s, "/v1/chat/completions", &chat(json!({}))).await.0, 200);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn api_key_is_enforced_when_set() {
+    let s = start(Some("sekrit")).await;
+    let client = reqwest::Client::new();
+    let r = client.get(format!("{}/v1/models", s.base)).send().await.unwrap();
+    assert_eq!(r.status(), 401);
+    let r = client.get(format!("{}/v1/models", s.base)).bearer_auth("sekrit").send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["data"][0]["id"], "tiny");
+    assert_eq!(v["data"][1]["id"], "ferrite-tiny");
+    let r = client.get(format!("{}/v1/status", s.base)).header("x-api-key", "sekrit").send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.json::<Value>().await.unwrap()["context"], 40960);
+}

@@ -19,6 +19,8 @@ run: build
 
 test: setup
 	$(CARGO) test --workspace --all-targets
+	$(CARGO) build -p ferrite-cli
+	third_party/venv/bin/python -m pytest tests/sdk -q
 
 # Ferrite vs mlx-lm decode speed on the same checkpoints (see bench/README.md).
 bench: build

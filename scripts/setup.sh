@@ -63,7 +63,8 @@ case "$(uname -s)" in
   *) echo "setup: unsupported OS $(uname -s)"; exit 1 ;;
 esac
 
-# 3. The reference implementation, in its own venv (tests and benchmarks compare against it).
+# 3. The reference implementation and the official API clients, in their own venv (tests and
+#    benchmarks compare against mlx-lm and drive the server with the real SDKs).
 venv=$tp/venv
 if ! "$venv/bin/python" -c "import mlx_lm, mlx.core" 2>/dev/null; then
   say "creating third_party/venv with mlx-lm==$MLX_LM_VERSION"
@@ -72,5 +73,9 @@ if ! "$venv/bin/python" -c "import mlx_lm, mlx.core" 2>/dev/null; then
   "$venv/bin/pip" install -q --disable-pip-version-check --upgrade pip
   if [ "$(uname -s)" = Linux ]; then mlx_pkg="mlx[cpu]==$MLX_VERSION"; else mlx_pkg="mlx==$MLX_VERSION"; fi
   "$venv/bin/pip" install -q --disable-pip-version-check "$mlx_pkg" "mlx-lm==$MLX_LM_VERSION" numpy safetensors
+fi
+if ! "$venv/bin/python" -c "import openai, pytest" 2>/dev/null; then
+  say "adding the openai SDK and pytest to third_party/venv"
+  "$venv/bin/pip" install -q --disable-pip-version-check "openai>=1.50,<3" "pytest>=8,<10"
 fi
 say "ready"

@@ -252,10 +252,12 @@ async fn respond(state: AppState, prompt: Prompt, request: GenerateRequest, comm
                                 message["reasoning_content"] = json!(reasoning);
                             }
                             json!({"id": id, "object": "chat.completion", "created": created, "model": model,
-                                   "choices": [{"index": 0, "message": message, "finish_reason": reason}], "usage": usage})
+                                   "choices": [{"index": 0, "message": message, "finish_reason": reason}], "usage": usage,
+                                   "timings": timings(&summary)})
                         }
                         Kind::Text => json!({"id": id, "object": "text_completion", "created": created, "model": model,
-                                   "choices": [{"index": 0, "text": reasoning + &content, "finish_reason": reason}], "usage": usage}),
+                                   "choices": [{"index": 0, "text": reasoning + &content, "finish_reason": reason}], "usage": usage,
+                                   "timings": timings(&summary)}),
                     };
                     drop(guard);
                     return Ok((state.speed_headers(), Json(body)).into_response());
@@ -294,6 +296,7 @@ async fn respond(state: AppState, prompt: Prompt, request: GenerateRequest, comm
                 }
                 JobEvent::Finished { summary, reasoning_tokens } => {
                     let mut last = chunk(json!({}), Some(finish_reason(summary.finish_reason)));
+                    last["timings"] = timings(&summary);
                     let mut out = vec![];
                     if include_usage {
                         let mut u = chunk(json!({}), None);
@@ -315,6 +318,20 @@ async fn respond(state: AppState, prompt: Prompt, request: GenerateRequest, comm
         .map(|v| Ok::<_, Infallible>(SseEvent::default().data(v.to_string())))
         .chain(futures_util::stream::once(async { Ok(SseEvent::default().data("[DONE]")) }));
     Ok((state.speed_headers(), Sse::new(stream).keep_alive(KeepAlive::default())).into_response())
+}
+
+/// The engine's own figures for the request, so a client can compare what it saw at the
+/// HTTP boundary with what the engine did (an extension field; SDKs ignore it).
+fn timings(summary: &engine::Summary) -> Value {
+    let t = &summary.timings;
+    let mut v = json!({"ttft_ms": t.ttft.as_secs_f64() * 1e3, "prompt_tps": t.prompt_tps, "decode_tps": t.decode_tps,
+                       "peak_memory_bytes": t.peak_memory_bytes});
+    if let Some(spec) = &summary.speculative {
+        v["draft_depth"] = json!(spec.depth);
+        v["acceptance"] = json!(spec.acceptance());
+        v["tokens_per_cycle"] = json!(spec.tokens_per_cycle());
+    }
+    v
 }
 
 fn usage(prompt: usize, completion: usize, reasoning: usize) -> Value {

@@ -1,0 +1,74 @@
+"""The official `openai` Python SDK against `ferrite serve`: chat, streaming, text
+completions, thinking off, and errors as the SDK's own exception types."""
+
+import openai
+import pytest
+
+
+@pytest.fixture()
+def client(server):
+    return openai.OpenAI(base_url=server + "/v1", api_key="unused", max_retries=0)
+
+
+def ask(client, **kw):
+    args = dict(model="tiny", messages=[{"role": "user", "content": "Write a function."}], max_tokens=12)
+    args.update(kw)
+    return client.chat.completions.create(**args)
+
+
+def test_models_lists_id_and_alias(client):
+    ids = [m.id for m in client.models.list()]
+    assert ids == ["tiny", "ferrite-tiny"]
+
+
+def test_chat_completion(client):
+    r = ask(client)
+    assert r.object == "chat.completion"
+    assert r.choices[0].message.role == "assistant"
+    assert r.choices[0].message.content
+    assert r.choices[0].finish_reason == "length"
+    assert r.usage.completion_tokens == 12
+    assert r.usage.total_tokens == r.usage.prompt_tokens + 12
+    assert r.usage.completion_tokens_details.reasoning_tokens == 0
+
+
+def test_streaming_equals_whole(client):
+    whole = ask(client).choices[0].message.content
+    stream = ask(client, stream=True, stream_options={"include_usage": True})
+    text, finish, usage = "", None, None
+    for chunk in stream:
+        if chunk.usage:
+            usage = chunk.usage
+        for choice in chunk.choices:
+            text += choice.delta.content or ""
+            finish = choice.finish_reason or finish
+    assert text == whole
+    assert finish == "length"
+    assert usage.completion_tokens == 12
+
+
+def test_alias_seed_and_thinking_off(client):
+    a = ask(client, model="ferrite-tiny", temperature=0.8, seed=7)
+    b = ask(client, model="ferrite-tiny", temperature=0.8, seed=7)
+    assert a.choices[0].message.content == b.choices[0].message.content
+    off = ask(client, reasoning_effort="none")
+    assert off.usage.prompt_tokens > a.usage.prompt_tokens  # the template closed the think block
+
+
+def test_text_completion(client):
+    r = client.completions.create(model="tiny", prompt="fn main() {", max_tokens=5)
+    assert r.usage.completion_tokens == 5
+    assert isinstance(r.choices[0].text, str)
+
+
+def test_errors_are_sdk_exceptions(client):
+    with pytest.raises(openai.NotFoundError) as e:
+        ask(client, model="gpt-9")
+    assert "gpt-9" in str(e.value)
+    with pytest.raises(openai.BadRequestError) as e:
+        ask(client, messages=[])
+    assert "messages" in str(e.value)
+    with pytest.raises(openai.BadRequestError):
+        ask(client, max_tokens=10_000_000)
+    with pytest.raises(openai.BadRequestError):
+        ask(client, temperature=-1)

@@ -74,8 +74,8 @@ if ! "$venv/bin/python" -c "import mlx_lm, mlx.core" 2>/dev/null; then
   if [ "$(uname -s)" = Linux ]; then mlx_pkg="mlx[cpu]==$MLX_VERSION"; else mlx_pkg="mlx==$MLX_VERSION"; fi
   "$venv/bin/pip" install -q --disable-pip-version-check "$mlx_pkg" "mlx-lm==$MLX_LM_VERSION" numpy safetensors
 fi
-if ! "$venv/bin/python" -c "import openai, pytest" 2>/dev/null; then
-  say "adding the openai SDK and pytest to third_party/venv"
-  "$venv/bin/pip" install -q --disable-pip-version-check "openai>=1.50,<3" "pytest>=8,<10"
+if ! "$venv/bin/python" -c "import openai, anthropic, pytest" 2>/dev/null; then
+  say "adding the openai and anthropic SDKs and pytest to third_party/venv"
+  "$venv/bin/pip" install -q --disable-pip-version-check "openai>=1.50,<3" "anthropic>=0.40,<1" "pytest>=8,<10"
 fi
 say "ready"

@@ -84,6 +84,8 @@ pub struct Summary {
     pub timings: Timings,
     /// Present when the request decoded speculatively.
     pub speculative: Option<SpecStats>,
+    /// The stop string that ended the text, if one did.
+    pub stop_string: Option<String>,
 }
 
 #[derive(Debug, Clone)]
@@ -278,6 +280,7 @@ impl Generation<'_> {
             finish_reason,
             usage: Usage { prompt_tokens: self.request.prompt.len(), completion_tokens: self.generated },
             speculative: self.spec.as_ref().map(|s| s.stats.clone()),
+            stop_string: self.stops.matched.clone(),
             timings: Timings {
                 ttft: prefill,
                 prompt_tps: rate(self.request.prompt.len(), prefill),
@@ -383,18 +386,20 @@ impl Iterator for Generation<'_> {
 struct StopMatcher {
     stops: Vec<String>,
     held: String,
+    matched: Option<String>,
 }
 
 impl StopMatcher {
     fn new(stops: Vec<String>) -> Self {
-        StopMatcher { stops, held: String::new() }
+        StopMatcher { stops, held: String::new(), matched: None }
     }
 
     /// Returns the text that is safe to emit, and whether a stop string was found.
     fn push(&mut self, delta: &str) -> (String, bool) {
         self.held.push_str(delta);
-        if let Some(at) = self.stops.iter().filter_map(|s| self.held.find(s.as_str())).min() {
+        if let Some((at, stop)) = self.stops.iter().filter_map(|s| self.held.find(s.as_str()).map(|at| (at, s))).min_by_key(|(at, _)| *at) {
             let out = self.held[..at].to_string();
+            self.matched = Some(stop.clone());
             self.held.clear();
             return (out, true);
         }

@@ -1,5 +1,6 @@
 //! Errors as the OpenAI API shapes them: `{"error": {"message", "type", "param", "code"}}`.
 
+use axum::body::Bytes;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -56,5 +57,49 @@ impl IntoResponse for ApiError {
             "error": {"message": self.message, "type": self.kind(), "param": self.param, "code": null}
         });
         (self.status, Json(body)).into_response()
+    }
+}
+
+/// Parses a JSON body, naming the field that is wrong.
+pub fn parse<T: serde::de::DeserializeOwned>(body: &Bytes) -> Result<T, ApiError> {
+    let de = &mut serde_json::Deserializer::from_slice(body);
+    serde_path_to_error::deserialize(de).map_err(|e| {
+        let path = e.path().to_string();
+        let inner = e.into_inner();
+        if inner.is_syntax() || inner.is_eof() {
+            ApiError::bad_request(format!("the body is not valid JSON: {inner}"))
+        } else {
+            ApiError::bad_request(format!("`{path}`: {inner}")).with_param(&path)
+        }
+    })
+}
+
+
+/// The same error in Anthropic's shape: `{"type": "error", "error": {"type", "message"}}`.
+pub struct AnthropicError(pub ApiError);
+
+impl From<ApiError> for AnthropicError {
+    fn from(e: ApiError) -> Self {
+        AnthropicError(e)
+    }
+}
+
+impl From<JobError> for AnthropicError {
+    fn from(e: JobError) -> Self {
+        AnthropicError(e.into())
+    }
+}
+
+impl IntoResponse for AnthropicError {
+    fn into_response(self) -> Response {
+        let e = self.0;
+        let kind = match e.status.as_u16() {
+            401 => "authentication_error",
+            404 => "not_found_error",
+            413 => "request_too_large",
+            400..=499 => "invalid_request_error",
+            _ => "api_error",
+        };
+        (e.status, Json(serde_json::json!({"type": "error", "error": {"type": kind, "message": e.message}}))).into_response()
     }
 }

@@ -2,6 +2,7 @@
 //! on its own thread ([`worker`]); handlers only translate between HTTP and engine events.
 //! It knows nothing of the app that may embed it.
 
+pub mod anthropic;
 pub mod error;
 pub mod openai;
 pub mod think;
@@ -100,6 +101,8 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/models", get(openai::models))
         .route("/v1/chat/completions", post(openai::chat_completions))
         .route("/v1/completions", post(openai::completions))
+        .route("/v1/messages", post(anthropic::messages))
+        .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
         .fallback(|| async { ApiError::not_found("no such endpoint") })
         .layer(middleware::from_fn_with_state(state.clone(), auth))
         .layer(middleware::from_fn(json_errors))
@@ -130,8 +133,10 @@ async fn auth(State(s): State<AppState>, req: Request, next: Next) -> Response {
     next.run(req).await
 }
 
-/// Turns axum's plain-text rejections (body too large, wrong method…) into JSON errors.
+/// Turns axum's plain-text rejections (body too large, wrong method…) into JSON errors, in
+/// the shape of the API the path belongs to.
 async fn json_errors(req: Request, next: Next) -> Response {
+    let anthropic = req.uri().path().starts_with("/v1/messages");
     let res = next.run(req).await;
     let is_json = res.headers().get("content-type").is_some_and(|v| v.as_bytes().starts_with(b"application/json") || v.as_bytes().starts_with(b"text/event-stream"));
     if res.status().is_success() || is_json {
@@ -140,7 +145,12 @@ async fn json_errors(req: Request, next: Next) -> Response {
     let status = res.status();
     let bytes = axum::body::to_bytes(res.into_body(), 64 * 1024).await.unwrap_or_default();
     let message = String::from_utf8_lossy(&bytes).trim().to_string();
-    ApiError { status, message: if message.is_empty() { status.to_string() } else { message }, param: None }.into_response()
+    let e = ApiError { status, message: if message.is_empty() { status.to_string() } else { message }, param: None };
+    if anthropic {
+        error::AnthropicError(e).into_response()
+    } else {
+        e.into_response()
+    }
 }
 
 /// Loads the model and serves until Ctrl-C.

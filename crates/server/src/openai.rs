@@ -9,15 +9,14 @@ use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use engine::tokenizer::ChatMessage;
-use engine::{CancelToken, FinishReason, GenerateRequest, SamplingParams};
+use engine::{FinishReason, GenerateRequest, SamplingParams};
 use futures_util::stream::StreamExt;
 use serde::Deserialize;
 use serde_json::{json, Value};
-use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 
-use crate::error::ApiError;
-use crate::worker::{Job, JobEvent, Prompt};
+use crate::error::{parse, ApiError};
+use crate::worker::{JobEvent, Prompt, Running};
 use crate::AppState;
 
 pub const DEFAULT_MAX_TOKENS: usize = 4096;
@@ -97,20 +96,6 @@ struct ChatRequest {
 #[derive(Debug, Deserialize)]
 struct CompletionRequest {
     prompt: String,
-}
-
-/// Parses a JSON body, naming the field that is wrong.
-fn parse<T: serde::de::DeserializeOwned>(body: &Bytes) -> Result<T, ApiError> {
-    let de = &mut serde_json::Deserializer::from_slice(body);
-    serde_path_to_error::deserialize(de).map_err(|e| {
-        let path = e.path().to_string();
-        let inner = e.into_inner();
-        if inner.is_syntax() || inner.is_eof() {
-            ApiError::bad_request(format!("the body is not valid JSON: {inner}"))
-        } else {
-            ApiError::bad_request(format!("`{path}`: {inner}")).with_param(&path)
-        }
-    })
 }
 
 fn now() -> u64 {
@@ -209,30 +194,11 @@ enum Kind {
     Text,
 }
 
-/// Cancels the job when the response (or its stream) is dropped, e.g. on disconnect.
-struct CancelOnDrop(CancelToken);
-
-impl Drop for CancelOnDrop {
-    fn drop(&mut self) {
-        self.0.cancel();
-    }
-}
-
 async fn respond(state: AppState, prompt: Prompt, request: GenerateRequest, common: &Common, kind: Kind) -> Result<Response, ApiError> {
-    let (tx, mut rx) = mpsc::channel(256);
-    let cancel = CancelToken::default();
-    state.worker.submit(Job { prompt, request, events: tx, cancel: cancel.clone() })?;
-    let guard = CancelOnDrop(cancel);
+    let Running { events: mut rx, prompt_tokens, guard } = state.worker.run(prompt, request, false).await?;
     let id = format!("{}-{}", if kind == Kind::Chat { "chatcmpl" } else { "cmpl" }, state.next_id());
     let model = common.model.clone();
     let created = now();
-
-    // Errors found before generation starts (template, context) become a 4xx.
-    let prompt_tokens = match rx.recv().await {
-        Some(JobEvent::Started { prompt_tokens }) => prompt_tokens,
-        Some(JobEvent::Failed(e)) => return Err(e.into()),
-        _ => return Err(ApiError::internal("the engine ended the request without an answer")),
-    };
 
     if !common.stream {
         let (mut content, mut reasoning) = (String::new(), String::new());

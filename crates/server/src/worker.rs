@@ -21,6 +21,8 @@ pub enum Prompt {
 
 #[derive(Debug)]
 pub struct Job {
+    /// Only render and count the prompt (answers `Started`, then stops).
+    pub count_only: bool,
     pub prompt: Prompt,
     /// The request's sampling, stops and limits; its `prompt` is filled in by the worker.
     pub request: GenerateRequest,
@@ -134,7 +136,7 @@ fn run_job(engine: &Engine, info: &ModelInfo, mut job: Job) {
         send(JobEvent::Failed(JobError::BadRequest("the prompt is empty".into())));
         return;
     }
-    if ids.len() + job.request.max_tokens > info.context {
+    if !job.count_only && ids.len() + job.request.max_tokens > info.context {
         send(JobEvent::Failed(JobError::BadRequest(format!(
             "the prompt ({} tokens) plus max_tokens ({}) exceeds the model's context of {} tokens",
             ids.len(),
@@ -144,6 +146,10 @@ fn run_job(engine: &Engine, info: &ModelInfo, mut job: Job) {
         return;
     }
     let prompt_tokens = ids.len();
+    if job.count_only {
+        send(JobEvent::Started { prompt_tokens });
+        return;
+    }
     job.request.prompt = ids;
     let generation = match engine.generate(job.request.clone(), job.cancel.clone()) {
         Ok(g) => g,
@@ -181,6 +187,38 @@ fn run_job(engine: &Engine, info: &ModelInfo, mut job: Job) {
                 send(JobEvent::Failed(JobError::Internal(e.to_string())));
                 return;
             }
+        }
+    }
+}
+
+/// A submitted job whose prompt was accepted: its events, and a guard that cancels it when
+/// dropped (the response, or the stream a disconnected client leaves behind).
+pub struct Running {
+    pub events: tmpsc::Receiver<JobEvent>,
+    pub prompt_tokens: usize,
+    pub guard: CancelOnDrop,
+}
+
+pub struct CancelOnDrop(pub CancelToken);
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        self.0.cancel();
+    }
+}
+
+impl Worker {
+    /// Queues a job and waits until its prompt is rendered and checked (errors found there
+    /// are the client's: 4xx).
+    pub async fn run(&self, prompt: Prompt, request: GenerateRequest, count_only: bool) -> Result<Running, JobError> {
+        let (tx, mut events) = tmpsc::channel(256);
+        let cancel = CancelToken::default();
+        self.submit(Job { count_only, prompt, request, events: tx, cancel: cancel.clone() })?;
+        let guard = CancelOnDrop(cancel);
+        match events.recv().await {
+            Some(JobEvent::Started { prompt_tokens }) => Ok(Running { events, prompt_tokens, guard }),
+            Some(JobEvent::Failed(e)) => Err(e),
+            _ => Err(JobError::Internal("the engine ended the request without an answer".into())),
         }
     }
 }

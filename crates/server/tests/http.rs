@@ -195,3 +195,34 @@ async fn api_key_is_enforced_when_set() {
     assert_eq!(r.status(), 200);
     assert_eq!(r.json::<Value>().await.unwrap()["context"], 40960);
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn anthropic_errors_have_anthropic_shape() {
+    let s = start(None).await;
+    let client = reqwest::Client::new();
+    let url = format!("{}/v1/messages", s.base);
+    let check = |v: &Value, kind: &str| {
+        assert_eq!(v["type"], "error", "{v}");
+        assert_eq!(v["error"]["type"], kind, "{v}");
+        assert!(v["error"]["message"].is_string());
+    };
+    let r = client.post(&url).header("content-type", "application/json").body("{oops").send().await.unwrap();
+    assert_eq!(r.status(), 400);
+    check(&r.json().await.unwrap(), "invalid_request_error");
+    let r = client.post(&url).json(&json!({"model": "tiny", "messages": [{"role": "user", "content": "x"}]})).send().await.unwrap();
+    assert_eq!(r.status(), 400, "max_tokens is required");
+    check(&r.json().await.unwrap(), "invalid_request_error");
+    let r = client.post(&url).json(&json!({"model": "tiny", "max_tokens": 5, "messages": [{"role": "system", "content": "x"}]})).send().await.unwrap();
+    assert_eq!(r.status(), 400);
+    check(&r.json().await.unwrap(), "invalid_request_error");
+    let r = client.post(&url).json(&json!({"model": "other", "max_tokens": 5, "messages": [{"role": "user", "content": "x"}]})).send().await.unwrap();
+    assert_eq!(r.status(), 404);
+    check(&r.json().await.unwrap(), "not_found_error");
+    let r = client.post(&url).header("content-type", "application/json").body("x".repeat(server::MAX_BODY_BYTES + 1)).send().await.unwrap();
+    assert_eq!(r.status(), 413);
+    check(&r.json().await.unwrap(), "request_too_large");
+    let r = client.post(&url).json(&json!({"model": "tiny", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]})).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["usage"]["output_tokens"].as_u64().unwrap() <= 5, true);
+}

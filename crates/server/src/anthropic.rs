@@ -1,0 +1,254 @@
+//! The Anthropic-compatible API: `POST /v1/messages` (streaming and not) and
+//! `POST /v1/messages/count_tokens`. Reasoning comes back as `thinking` blocks.
+
+use std::convert::Infallible;
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use engine::tokenizer::ChatMessage;
+use engine::{FinishReason, GenerateRequest, SamplingParams, Summary};
+use futures_util::stream::StreamExt;
+use serde::Deserialize;
+use serde_json::{json, Value};
+use tokio_stream::wrappers::ReceiverStream;
+
+use crate::error::{parse, AnthropicError, ApiError};
+use crate::worker::{JobEvent, Prompt, Running};
+use crate::AppState;
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum Content {
+    Text(String),
+    Blocks(Vec<Block>),
+}
+
+#[derive(Debug, Deserialize)]
+struct Block {
+    #[serde(rename = "type")]
+    kind: String,
+    #[serde(default)]
+    text: Option<String>,
+    /// tool_result blocks carry their output here (a string or text blocks).
+    #[serde(default)]
+    content: Option<Box<Content>>,
+}
+
+#[derive(Debug, Deserialize)]
+struct Message {
+    role: String,
+    content: Content,
+}
+
+#[derive(Debug, Deserialize)]
+struct Thinking {
+    #[serde(rename = "type")]
+    kind: String,
+}
+
+/// Fields both endpoints read.
+#[derive(Debug, Deserialize)]
+struct PromptPart {
+    model: String,
+    messages: Vec<Message>,
+    #[serde(default)]
+    system: Option<Content>,
+    #[serde(default)]
+    thinking: Option<Thinking>,
+}
+
+#[derive(Debug, Deserialize)]
+struct Generation {
+    max_tokens: usize,
+    #[serde(default)]
+    stop_sequences: Vec<String>,
+    #[serde(default)]
+    temperature: Option<f32>,
+    #[serde(default)]
+    top_p: Option<f32>,
+    #[serde(default)]
+    top_k: Option<i32>,
+    #[serde(default)]
+    stream: bool,
+}
+
+fn text_of(content: &Content) -> String {
+    match content {
+        Content::Text(t) => t.clone(),
+        Content::Blocks(blocks) => blocks
+            .iter()
+            .map(|b| match (b.kind.as_str(), &b.text, &b.content) {
+                ("text", Some(t), _) => t.clone(),
+                ("tool_result", _, Some(c)) => text_of(c),
+                _ => String::new(),
+            })
+            .collect::<Vec<_>>()
+            .join(""),
+    }
+}
+
+fn prompt(state: &AppState, p: &PromptPart) -> Result<Prompt, ApiError> {
+    state.resolve_model(&p.model)?;
+    if p.messages.is_empty() {
+        return Err(ApiError::bad_request("messages: must not be empty").with_param("messages"));
+    }
+    let mut messages = Vec::new();
+    if let Some(system) = &p.system {
+        messages.push(ChatMessage::new("system", &text_of(system)));
+    }
+    for (i, m) in p.messages.iter().enumerate() {
+        if m.role != "user" && m.role != "assistant" {
+            return Err(ApiError::bad_request(format!("messages.{i}.role: must be `user` or `assistant`, got `{}`", m.role)));
+        }
+        messages.push(ChatMessage::new(&m.role, &text_of(&m.content)));
+    }
+    let mut vars = serde_json::Map::new();
+    if let Some(t) = &p.thinking {
+        vars.insert("enable_thinking".into(), (t.kind == "enabled").into());
+    }
+    Ok(Prompt::Chat { messages, template_vars: vars })
+}
+
+fn stop_reason(s: &Summary) -> &'static str {
+    match (s.finish_reason, &s.stop_string) {
+        (FinishReason::Length, _) => "max_tokens",
+        (_, Some(_)) => "stop_sequence",
+        _ => "end_turn",
+    }
+}
+
+pub async fn count_tokens(State(state): State<AppState>, body: Bytes) -> Result<Response, AnthropicError> {
+    let p: PromptPart = parse(&body)?;
+    let prompt = prompt(&state, &p)?;
+    let running = state.worker.run(prompt, GenerateRequest::greedy(vec![], 1), true).await?;
+    Ok(Json(json!({"input_tokens": running.prompt_tokens})).into_response())
+}
+
+pub async fn messages(State(state): State<AppState>, body: Bytes) -> Result<Response, AnthropicError> {
+    let p: PromptPart = parse(&body)?;
+    let g: Generation = parse(&body)?;
+    let prompt = prompt(&state, &p)?;
+    let context = state.worker.info.context;
+    if g.max_tokens == 0 || g.max_tokens >= context {
+        return Err(ApiError::bad_request(format!("max_tokens: must be in 1..{context}, got {}", g.max_tokens)).into());
+    }
+    if g.stop_sequences.iter().any(String::is_empty) {
+        return Err(ApiError::bad_request("stop_sequences: must not contain empty strings").into());
+    }
+    let sampling = SamplingParams {
+        temperature: g.temperature.unwrap_or(0.0),
+        top_p: g.top_p.unwrap_or(1.0),
+        top_k: g.top_k.unwrap_or(0),
+        ..Default::default()
+    };
+    sampling.validate().map_err(|e| ApiError::bad_request(e.to_string()))?;
+    let request = GenerateRequest {
+        sampling,
+        stop: g.stop_sequences.clone(),
+        draft_depth: state.draft_depth,
+        ..GenerateRequest::greedy(vec![], g.max_tokens)
+    };
+    let Running { events: mut rx, prompt_tokens, guard } = state.worker.run(prompt, request, false).await?;
+    let id = format!("msg_{:024}", state.next_id());
+    let model = p.model.clone();
+
+    if !g.stream {
+        let (mut text, mut thinking) = (String::new(), String::new());
+        while let Some(event) = rx.recv().await {
+            match event {
+                JobEvent::Delta { content, reasoning } => {
+                    text.push_str(&content);
+                    thinking.push_str(&reasoning);
+                }
+                JobEvent::Finished { summary, .. } => {
+                    let mut content = vec![];
+                    if !thinking.is_empty() {
+                        content.push(json!({"type": "thinking", "thinking": thinking, "signature": ""}));
+                    }
+                    content.push(json!({"type": "text", "text": text}));
+                    drop(guard);
+                    let body = json!({
+                        "id": id, "type": "message", "role": "assistant", "model": model, "content": content,
+                        "stop_reason": stop_reason(&summary), "stop_sequence": summary.stop_string,
+                        "usage": {"input_tokens": prompt_tokens, "output_tokens": summary.usage.completion_tokens},
+                    });
+                    return Ok((state.speed_headers(), Json(body)).into_response());
+                }
+                JobEvent::Failed(e) => return Err(e.into()),
+                JobEvent::Started { .. } => {}
+            }
+        }
+        return Err(ApiError::internal("the engine ended the request without a summary").into());
+    }
+
+    // Streaming: a thinking block (if any) then a text block, each opened on its first delta.
+    let start = json!({"type": "message_start", "message": {
+        "id": id, "type": "message", "role": "assistant", "model": model, "content": [],
+        "stop_reason": null, "stop_sequence": null, "usage": {"input_tokens": prompt_tokens, "output_tokens": 0}}});
+    let mut blocks = BlockState::default();
+    let events = ReceiverStream::new(rx).flat_map(move |event| {
+        let _keep = &guard; // cancels the job when the client goes
+        let out = match event {
+            JobEvent::Delta { content, reasoning } => {
+                let mut out = vec![];
+                if !reasoning.is_empty() {
+                    out.extend(blocks.delta("thinking", json!({"type": "thinking_delta", "thinking": reasoning})));
+                }
+                if !content.is_empty() {
+                    out.extend(blocks.delta("text", json!({"type": "text_delta", "text": content})));
+                }
+                out
+            }
+            JobEvent::Finished { summary, .. } => {
+                let mut out = blocks.close();
+                out.push(("message_delta", json!({"type": "message_delta",
+                    "delta": {"stop_reason": stop_reason(&summary), "stop_sequence": summary.stop_string},
+                    "usage": {"output_tokens": summary.usage.completion_tokens}})));
+                out.push(("message_stop", json!({"type": "message_stop"})));
+                out
+            }
+            JobEvent::Failed(e) => vec![("error", json!({"type": "error", "error": {"type": "api_error", "message": format!("{e:?}")}}))],
+            JobEvent::Started { .. } => vec![],
+        };
+        futures_util::stream::iter(out)
+    });
+    let stream = futures_util::stream::iter([("message_start", start), ("ping", json!({"type": "ping"}))])
+        .chain(events)
+        .map(|(name, data)| Ok::<_, Infallible>(SseEvent::default().event(name).data(data.to_string())));
+    Ok((state.speed_headers(), Sse::new(stream).keep_alive(KeepAlive::default())).into_response())
+}
+
+/// Which content block is open in a streamed message.
+#[derive(Default)]
+struct BlockState {
+    open: Option<&'static str>,
+    index: usize,
+}
+
+impl BlockState {
+    fn delta(&mut self, kind: &'static str, delta: Value) -> Vec<(&'static str, Value)> {
+        let mut out = vec![];
+        if self.open != Some(kind) {
+            out.extend(self.close());
+            let block = if kind == "thinking" { json!({"type": "thinking", "thinking": "", "signature": ""}) } else { json!({"type": "text", "text": ""}) };
+            out.push(("content_block_start", json!({"type": "content_block_start", "index": self.index, "content_block": block})));
+            self.open = Some(kind);
+        }
+        out.push(("content_block_delta", json!({"type": "content_block_delta", "index": self.index, "delta": delta})));
+        out
+    }
+
+    fn close(&mut self) -> Vec<(&'static str, Value)> {
+        match self.open.take() {
+            Some(_) => {
+                let e = ("content_block_stop", json!({"type": "content_block_stop", "index": self.index}));
+                self.index += 1;
+                vec![e]
+            }
+            None => vec![],
+        }
+    }
+}

@@ -1,0 +1,77 @@
+"""The official `anthropic` Python SDK against `ferrite serve`: messages, streaming events,
+system prompts, thinking on and off, token counting, and errors as the SDK's exceptions."""
+
+import anthropic
+import pytest
+
+
+@pytest.fixture()
+def client(server):
+    return anthropic.Anthropic(base_url=server, api_key="unused", max_retries=0)
+
+
+def ask(client, **kw):
+    args = dict(model="tiny", max_tokens=12, messages=[{"role": "user", "content": "Write a function."}])
+    args.update(kw)
+    return client.messages.create(**args)
+
+
+def test_message(client):
+    m = ask(client, system="Be brief.")
+    assert m.type == "message" and m.role == "assistant"
+    assert m.content[-1].type == "text" and m.content[-1].text
+    assert m.stop_reason == "max_tokens"
+    assert m.usage.output_tokens == 12
+    assert m.usage.input_tokens > 0
+
+
+def test_streaming_events_build_the_same_message(client):
+    whole = ask(client).content[-1].text
+    kinds, text = [], ""
+    with client.messages.stream(model="tiny", max_tokens=12, messages=[{"role": "user", "content": "Write a function."}]) as stream:
+        for event in stream:
+            kinds.append(event.type)
+            if event.type == "content_block_delta" and event.delta.type == "text_delta":
+                text += event.delta.text
+        final = stream.get_final_message()
+    assert text == whole
+    assert final.content[-1].text == whole
+    assert final.stop_reason == "max_tokens"
+    assert kinds[0] == "message_start"
+    assert "content_block_start" in kinds and "content_block_stop" in kinds and "message_delta" in kinds
+    assert kinds[-1] == "message_stop"
+
+
+def test_thinking_switch_and_token_count(client):
+    plain = client.messages.count_tokens(model="tiny", messages=[{"role": "user", "content": "Write a function."}])
+    off = client.messages.count_tokens(model="tiny", messages=[{"role": "user", "content": "Write a function."}],
+                                       thinking={"type": "disabled"})
+    assert off.input_tokens > plain.input_tokens > 0  # the template closed the think block
+    m = ask(client, thinking={"type": "disabled"})
+    assert m.usage.input_tokens == off.input_tokens
+
+
+def test_tool_results_and_stop_sequences(client):
+    msgs = [
+        {"role": "user", "content": "Read the file."},
+        {"role": "assistant", "content": [{"type": "text", "text": "Reading."}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "fn main() {}"}]},
+    ]
+    m = ask(client, messages=msgs, max_tokens=30)
+    text = m.content[-1].text
+    assert len(text) > 3
+    stop = text[2:4]
+    s = ask(client, messages=msgs, max_tokens=30, stop_sequences=[stop])
+    assert s.stop_reason == "stop_sequence" and s.stop_sequence == stop
+    assert s.content[-1].text == text[: text.find(stop)]
+
+
+def test_errors_are_sdk_exceptions(client):
+    with pytest.raises(anthropic.NotFoundError):
+        ask(client, model="claude-9")
+    with pytest.raises(anthropic.BadRequestError) as e:
+        ask(client, messages=[])
+    assert "messages" in str(e.value)
+    with pytest.raises(anthropic.BadRequestError):
+        # Beyond the model's context (streamed: the SDK refuses long non-streamed requests itself).
+        ask(client, max_tokens=100_000, stream=True)

@@ -75,3 +75,18 @@ def test_errors_are_sdk_exceptions(client):
     with pytest.raises(anthropic.BadRequestError):
         # Beyond the model's context (streamed: the SDK refuses long non-streamed requests itself).
         ask(client, max_tokens=100_000, stream=True)
+
+
+def test_tools_and_tool_use_history(client):
+    tools = [{"name": "read_file", "description": "Read a file",
+              "input_schema": {"type": "object", "properties": {"path": {"type": "string"}}}}]
+    history = [
+        {"role": "user", "content": "Show a.rs"},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "name": "read_file", "input": {"path": "a.rs"}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "fn main() {}"}]},
+    ]
+    bare = client.messages.count_tokens(model="tiny", messages=history)
+    with_tools = client.messages.count_tokens(model="tiny", messages=history, tools=tools)
+    assert with_tools.input_tokens > bare.input_tokens
+    m = ask(client, messages=history, tools=tools)
+    assert m.stop_reason in ("max_tokens", "end_turn", "tool_use")

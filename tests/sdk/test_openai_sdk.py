@@ -72,3 +72,25 @@ def test_errors_are_sdk_exceptions(client):
         ask(client, max_tokens=10_000_000)
     with pytest.raises(openai.BadRequestError):
         ask(client, temperature=-1)
+
+
+TOOLS = [{"type": "function", "function": {"name": "read_file", "description": "Read a file",
+          "parameters": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}}}]
+
+
+def test_tool_round_trip_is_rendered(client):
+    history = [
+        {"role": "user", "content": "Show a.rs"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "read_file", "arguments": '{"path": "a.rs"}'}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "fn main() {}"},
+    ]
+    plain = ask(client, messages=history)
+    with_tools = ask(client, messages=history, tools=TOOLS)
+    hidden = ask(client, messages=history, tools=TOOLS, tool_choice="none")
+    # The tool definitions reach the prompt, unless tool_choice is none.
+    assert with_tools.usage.prompt_tokens > plain.usage.prompt_tokens
+    assert hidden.usage.prompt_tokens == plain.usage.prompt_tokens
+    assert with_tools.choices[0].finish_reason in ("length", "stop", "tool_calls")
+    with pytest.raises(openai.BadRequestError):
+        ask(client, tools=[{"type": "retrieval"}])

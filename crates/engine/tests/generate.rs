@@ -148,3 +148,23 @@ fn chat_template_renders() {
     assert_eq!(ids[0], e.tokenizer.token_to_id("<|im_start|>").unwrap());
     assert!(e.tokenizer.eos_ids.contains(&e.tokenizer.token_to_id("<|im_end|>").unwrap()));
 }
+
+#[test]
+fn chat_template_renders_tools_calls_and_results() {
+    use engine::tokenizer::ToolCall;
+    let (_d, e) = engine(Arch::Qwen3, Dtype::Float32);
+    let tool = serde_json::json!({"type": "function", "function": {"name": "read_file", "description": "Read a file",
+        "parameters": {"type": "object", "properties": {"path": {"type": "string"}}}}});
+    let mut extra = serde_json::Map::new();
+    extra.insert("tools".into(), serde_json::json!([tool]));
+    let mut call = ChatMessage::new("assistant", "");
+    call.tool_calls = vec![ToolCall::new("read_file", serde_json::json!({"path": "a.rs"}))];
+    let mut result = ChatMessage::new("tool", "fn main() {}");
+    result.tool_call_id = Some("call_1".into());
+    let msgs = [ChatMessage::new("system", "Be brief."), ChatMessage::new("user", "Show a.rs"), call, result];
+    let text = e.tokenizer.apply_chat_template(&msgs, true, &extra).unwrap();
+    assert!(text.starts_with("<|im_start|>system\nBe brief.\n\n# Tools"), "{text}");
+    assert!(text.contains("\"name\":\"read_file\""), "{text}");
+    assert!(text.contains("<|im_start|>assistant\n<tool_call>\n{\"name\": \"read_file\", \"arguments\": {\"path\":\"a.rs\"}}\n</tool_call><|im_end|>"), "{text}");
+    assert!(text.contains("<|im_start|>user\n<tool_response>\nfn main() {}\n</tool_response><|im_end|>\n<|im_start|>assistant\n"), "{text}");
+}

@@ -8,7 +8,7 @@ use axum::extract::State;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use engine::tokenizer::ChatMessage;
+use engine::tokenizer::{ChatMessage, ToolCall};
 use engine::{FinishReason, GenerateRequest, SamplingParams, Summary};
 use futures_util::stream::StreamExt;
 use serde::Deserialize;
@@ -35,6 +35,23 @@ struct Block {
     /// tool_result blocks carry their output here (a string or text blocks).
     #[serde(default)]
     content: Option<Box<Content>>,
+    /// tool_use blocks (earlier assistant turns).
+    #[serde(default)]
+    name: Option<String>,
+    #[serde(default)]
+    input: Option<Value>,
+    /// tool_result blocks: the tool_use they answer.
+    #[serde(default)]
+    tool_use_id: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+struct Tool {
+    name: String,
+    #[serde(default)]
+    description: Option<String>,
+    #[serde(default)]
+    input_schema: Option<Value>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -58,6 +75,8 @@ struct PromptPart {
     system: Option<Content>,
     #[serde(default)]
     thinking: Option<Thinking>,
+    #[serde(default)]
+    tools: Vec<Tool>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -103,16 +122,44 @@ fn prompt(state: &AppState, p: &PromptPart) -> Result<Prompt, ApiError> {
         if m.role != "user" && m.role != "assistant" {
             return Err(ApiError::bad_request(format!("messages.{i}.role: must be `user` or `assistant`, got `{}`", m.role)));
         }
-        messages.push(ChatMessage::new(&m.role, &text_of(&m.content)));
+        let Content::Blocks(blocks) = &m.content else {
+            messages.push(ChatMessage::new(&m.role, &text_of(&m.content)));
+            continue;
+        };
+        // Tool results become `tool` turns, tool uses the assistant's tool calls.
+        let text: String = blocks.iter().filter(|b| b.kind == "text").filter_map(|b| b.text.clone()).collect();
+        let mut turn = ChatMessage::new(&m.role, &text);
+        for b in blocks {
+            match b.kind.as_str() {
+                "tool_use" => turn.tool_calls.push(ToolCall::new(b.name.as_deref().unwrap_or_default(), b.input.clone().unwrap_or(json!({})))),
+                "tool_result" => {
+                    let mut result = ChatMessage::new("tool", &b.content.as_deref().map(text_of).unwrap_or_default());
+                    result.tool_call_id = b.tool_use_id.clone();
+                    messages.push(result);
+                }
+                _ => {}
+            }
+        }
+        if !turn.content.is_empty() || !turn.tool_calls.is_empty() {
+            messages.push(turn);
+        }
     }
     let mut vars = serde_json::Map::new();
+    if !p.tools.is_empty() {
+        let tools: Vec<Value> = p.tools.iter().map(|t| json!({"type": "function", "function": {"name": t.name, "description": t.description,
+            "parameters": t.input_schema.clone().unwrap_or(json!({"type": "object", "properties": {}}))}})).collect();
+        vars.insert("tools".into(), Value::Array(tools));
+    }
     if let Some(t) = &p.thinking {
         vars.insert("enable_thinking".into(), (t.kind == "enabled").into());
     }
     Ok(Prompt::Chat { messages, template_vars: vars })
 }
 
-fn stop_reason(s: &Summary) -> &'static str {
+fn stop_reason(s: &Summary, tool_use: bool) -> &'static str {
+    if tool_use {
+        return "tool_use";
+    }
     match (s.finish_reason, &s.stop_string) {
         (FinishReason::Length, _) => "max_tokens",
         (_, Some(_)) => "stop_sequence",
@@ -156,23 +203,29 @@ pub async fn messages(State(state): State<AppState>, body: Bytes) -> Result<Resp
     let model = p.model.clone();
 
     if !g.stream {
-        let (mut text, mut thinking) = (String::new(), String::new());
+        let (mut text, mut thinking, mut calls) = (String::new(), String::new(), Vec::new());
         while let Some(event) = rx.recv().await {
             match event {
-                JobEvent::Delta { content, reasoning } => {
+                JobEvent::Delta { content, reasoning, tool_calls } => {
                     text.push_str(&content);
                     thinking.push_str(&reasoning);
+                    calls.extend(tool_calls);
                 }
                 JobEvent::Finished { summary, .. } => {
                     let mut content = vec![];
                     if !thinking.is_empty() {
                         content.push(json!({"type": "thinking", "thinking": thinking, "signature": ""}));
                     }
-                    content.push(json!({"type": "text", "text": text}));
+                    if !text.is_empty() || calls.is_empty() {
+                        content.push(json!({"type": "text", "text": text}));
+                    }
+                    for (i, c) in calls.iter().enumerate() {
+                        content.push(json!({"type": "tool_use", "id": format!("toolu_{id}_{i}"), "name": c.name, "input": c.arguments}));
+                    }
                     drop(guard);
                     let body = json!({
                         "id": id, "type": "message", "role": "assistant", "model": model, "content": content,
-                        "stop_reason": stop_reason(&summary), "stop_sequence": summary.stop_string,
+                        "stop_reason": stop_reason(&summary, !calls.is_empty()), "stop_sequence": summary.stop_string,
                         "usage": {"input_tokens": prompt_tokens, "output_tokens": summary.usage.completion_tokens},
                     });
                     return Ok((state.speed_headers(), Json(body)).into_response());
@@ -189,10 +242,11 @@ pub async fn messages(State(state): State<AppState>, body: Bytes) -> Result<Resp
         "id": id, "type": "message", "role": "assistant", "model": model, "content": [],
         "stop_reason": null, "stop_sequence": null, "usage": {"input_tokens": prompt_tokens, "output_tokens": 0}}});
     let mut blocks = BlockState::default();
+    let mut tool_uses = 0usize;
     let events = ReceiverStream::new(rx).flat_map(move |event| {
         let _keep = &guard; // cancels the job when the client goes
         let out = match event {
-            JobEvent::Delta { content, reasoning } => {
+            JobEvent::Delta { content, reasoning, tool_calls } => {
                 let mut out = vec![];
                 if !reasoning.is_empty() {
                     out.extend(blocks.delta("thinking", json!({"type": "thinking_delta", "thinking": reasoning})));
@@ -200,12 +254,23 @@ pub async fn messages(State(state): State<AppState>, body: Bytes) -> Result<Resp
                 if !content.is_empty() {
                     out.extend(blocks.delta("text", json!({"type": "text_delta", "text": content})));
                 }
+                for c in tool_calls {
+                    // A whole tool_use block: start with empty input, the input as one JSON delta, stop.
+                    out.extend(blocks.close());
+                    let block = json!({"type": "tool_use", "id": format!("toolu_{id}_{tool_uses}"), "name": c.name, "input": {}});
+                    out.push(("content_block_start", json!({"type": "content_block_start", "index": blocks.index, "content_block": block})));
+                    out.push(("content_block_delta", json!({"type": "content_block_delta", "index": blocks.index,
+                        "delta": {"type": "input_json_delta", "partial_json": c.arguments.to_string()}})));
+                    out.push(("content_block_stop", json!({"type": "content_block_stop", "index": blocks.index})));
+                    blocks.index += 1;
+                    tool_uses += 1;
+                }
                 out
             }
             JobEvent::Finished { summary, .. } => {
                 let mut out = blocks.close();
                 out.push(("message_delta", json!({"type": "message_delta",
-                    "delta": {"stop_reason": stop_reason(&summary), "stop_sequence": summary.stop_string},
+                    "delta": {"stop_reason": stop_reason(&summary, tool_uses > 0), "stop_sequence": summary.stop_string},
                     "usage": {"output_tokens": summary.usage.completion_tokens}})));
                 out.push(("message_stop", json!({"type": "message_stop"})));
                 out

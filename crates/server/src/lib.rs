@@ -6,6 +6,7 @@ pub mod anthropic;
 pub mod error;
 pub mod openai;
 pub mod think;
+pub mod tools;
 pub mod worker;
 
 use std::net::SocketAddr;

@@ -8,7 +8,7 @@ use axum::extract::State;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use engine::tokenizer::ChatMessage;
+use engine::tokenizer::{ChatMessage, ToolCall};
 use engine::{FinishReason, GenerateRequest, SamplingParams};
 use futures_util::stream::StreamExt;
 use serde::Deserialize;
@@ -41,6 +41,40 @@ struct Message {
     role: String,
     #[serde(default)]
     content: Option<Content>,
+    #[serde(default)]
+    tool_calls: Vec<InCall>,
+    #[serde(default)]
+    tool_call_id: Option<String>,
+}
+
+/// A tool call of an earlier assistant turn, as the client sends it back.
+#[derive(Debug, Deserialize)]
+struct InCall {
+    function: InFunction,
+}
+
+#[derive(Debug, Deserialize)]
+struct InFunction {
+    name: String,
+    /// A JSON document in a string, as OpenAI sends it.
+    #[serde(default)]
+    arguments: String,
+}
+
+#[derive(Debug, Deserialize)]
+struct Tool {
+    #[serde(rename = "type")]
+    kind: String,
+    function: ToolFunction,
+}
+
+#[derive(Debug, Deserialize)]
+struct ToolFunction {
+    name: String,
+    #[serde(default)]
+    description: Option<String>,
+    #[serde(default)]
+    parameters: Option<Value>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -87,6 +121,11 @@ struct Common {
 #[derive(Debug, Deserialize)]
 struct ChatRequest {
     messages: Vec<Message>,
+    #[serde(default)]
+    tools: Vec<Tool>,
+    /// `none` hides the tools; `auto`, `required` or a named function offer them.
+    #[serde(default)]
+    tool_choice: Option<Value>,
     #[serde(default)]
     reasoning_effort: Option<String>,
     #[serde(default)]
@@ -155,9 +194,27 @@ fn chat_prompt(req: &ChatRequest) -> Result<Prompt, ApiError> {
             Some(Content::Parts(parts)) => parts.iter().filter(|p| p.kind == "text").filter_map(|p| p.text.clone()).collect::<Vec<_>>().join(""),
         };
         let role = if m.role == "developer" { "system" } else { m.role.as_str() };
-        messages.push(ChatMessage::new(role, &content));
+        let mut message = ChatMessage::new(role, &content);
+        message.tool_call_id = m.tool_call_id.clone();
+        for call in &m.tool_calls {
+            let args = serde_json::from_str(&call.function.arguments).unwrap_or_else(|_| Value::String(call.function.arguments.clone()));
+            message.tool_calls.push(ToolCall::new(&call.function.name, args));
+        }
+        messages.push(message);
     }
     let mut vars = req.chat_template_kwargs.clone().unwrap_or_default();
+    let offer_tools = !req.tools.is_empty() && req.tool_choice.as_ref().and_then(Value::as_str) != Some("none");
+    if offer_tools {
+        let mut tools = Vec::new();
+        for (i, t) in req.tools.iter().enumerate() {
+            if t.kind != "function" || t.function.name.is_empty() {
+                return Err(ApiError::bad_request(format!("tools[{i}]: only named functions are supported")).with_param("tools"));
+            }
+            tools.push(json!({"type": "function", "function": {"name": t.function.name, "description": t.function.description,
+                              "parameters": t.function.parameters.clone().unwrap_or(json!({"type": "object", "properties": {}}))}}));
+        }
+        vars.insert("tools".into(), Value::Array(tools));
+    }
     if req.reasoning_effort.as_deref() == Some("none") {
         vars.insert("enable_thinking".into(), false.into());
     }
@@ -201,21 +258,29 @@ async fn respond(state: AppState, prompt: Prompt, request: GenerateRequest, comm
     let created = now();
 
     if !common.stream {
-        let (mut content, mut reasoning) = (String::new(), String::new());
+        let (mut content, mut reasoning, mut calls) = (String::new(), String::new(), Vec::new());
         while let Some(event) = rx.recv().await {
             match event {
-                JobEvent::Delta { content: c, reasoning: r } => {
+                JobEvent::Delta { content: c, reasoning: r, tool_calls } => {
                     content.push_str(&c);
                     reasoning.push_str(&r);
+                    calls.extend(tool_calls);
                 }
                 JobEvent::Finished { summary, reasoning_tokens } => {
                     let usage = usage(prompt_tokens, summary.usage.completion_tokens, reasoning_tokens);
-                    let reason = finish_reason(summary.finish_reason);
+                    let reason = if calls.is_empty() { finish_reason(summary.finish_reason) } else { "tool_calls" };
                     let body = match kind {
                         Kind::Chat => {
                             let mut message = json!({"role": "assistant", "content": content});
                             if !reasoning.is_empty() {
                                 message["reasoning_content"] = json!(reasoning);
+                            }
+                            if !calls.is_empty() {
+                                let base = id.clone();
+                                message["tool_calls"] = Value::Array(calls.iter().enumerate().map(|(i, c)| out_call(&base, i, c)).collect());
+                                if content.is_empty() {
+                                    message["content"] = Value::Null;
+                                }
                             }
                             json!({"id": id, "object": "chat.completion", "created": created, "model": model,
                                    "choices": [{"index": 0, "message": message, "finish_reason": reason}], "usage": usage,
@@ -246,11 +311,13 @@ async fn respond(state: AppState, prompt: Prompt, request: GenerateRequest, comm
     };
     let first = chunk(json!({"role": "assistant", "content": ""}), None);
     let events = ReceiverStream::new(rx);
+    let call_base = format!("call-{created}");
+    let mut calls_sent = 0usize;
     let stream = futures_util::stream::once(async move { first })
         .chain(events.flat_map(move |event| {
             let _keep = &guard; // cancels the job when the client goes
             let out: Vec<Value> = match event {
-                JobEvent::Delta { content, reasoning } => {
+                JobEvent::Delta { content, reasoning, tool_calls } => {
                     let mut delta = json!({});
                     if !content.is_empty() {
                         delta["content"] = json!(content);
@@ -258,10 +325,20 @@ async fn respond(state: AppState, prompt: Prompt, request: GenerateRequest, comm
                     if !reasoning.is_empty() {
                         delta["reasoning_content"] = json!(reasoning);
                     }
+                    if !tool_calls.is_empty() {
+                        let calls: Vec<Value> = tool_calls.iter().map(|c| {
+                            let mut v = out_call(&call_base, calls_sent, c);
+                            v["index"] = json!(calls_sent);
+                            calls_sent += 1;
+                            v
+                        }).collect();
+                        delta["tool_calls"] = Value::Array(calls);
+                    }
                     vec![chunk(delta, None)]
                 }
                 JobEvent::Finished { summary, reasoning_tokens } => {
-                    let mut last = chunk(json!({}), Some(finish_reason(summary.finish_reason)));
+                    let reason = if calls_sent > 0 { "tool_calls" } else { finish_reason(summary.finish_reason) };
+                    let mut last = chunk(json!({}), Some(reason));
                     last["timings"] = timings(&summary);
                     let mut out = vec![];
                     if include_usage {
@@ -284,6 +361,11 @@ async fn respond(state: AppState, prompt: Prompt, request: GenerateRequest, comm
         .map(|v| Ok::<_, Infallible>(SseEvent::default().data(v.to_string())))
         .chain(futures_util::stream::once(async { Ok(SseEvent::default().data("[DONE]")) }));
     Ok((state.speed_headers(), Sse::new(stream).keep_alive(KeepAlive::default())).into_response())
+}
+
+/// A tool call in OpenAI's response shape (arguments as a JSON string).
+fn out_call(base: &str, i: usize, c: &crate::tools::ParsedCall) -> Value {
+    json!({"id": format!("{base}-{i}"), "type": "function", "function": {"name": c.name, "arguments": c.arguments.to_string()}})
 }
 
 /// The engine's own figures for the request, so a client can compare what it saw at the

@@ -11,6 +11,7 @@ use engine::{CancelToken, Engine, Event, GenerateRequest, Summary};
 use tokio::sync::mpsc as tmpsc;
 
 use crate::think::ThinkSplitter;
+use crate::tools::{ParsedCall, ToolCallParser};
 
 /// What the model is asked.
 #[derive(Debug, Clone)]
@@ -33,7 +34,7 @@ pub struct Job {
 #[derive(Debug)]
 pub enum JobEvent {
     Started { prompt_tokens: usize },
-    Delta { content: String, reasoning: String },
+    Delta { content: String, reasoning: String, tool_calls: Vec<ParsedCall> },
     Finished { summary: Summary, reasoning_tokens: usize },
     Failed(JobError),
 }
@@ -162,13 +163,29 @@ fn run_job(engine: &Engine, info: &ModelInfo, mut job: Job) {
         return;
     }
     let mut splitter = ThinkSplitter::new(thinking);
+    // With tools offered, the answer is searched for tool calls.
+    let mut tools = matches!(&job.prompt, Prompt::Chat { template_vars, .. } if template_vars.contains_key("tools")).then(ToolCallParser::default);
     let mut reasoning_text = String::new();
+    let delta = |content: String, reasoning: String, tools: &mut Option<ToolCallParser>, last: bool| -> JobEvent {
+        let (mut content, tool_calls) = match tools {
+            Some(p) => p.push(&content),
+            None => (content, vec![]),
+        };
+        if last {
+            if let Some(p) = tools {
+                content.push_str(&p.finish());
+            }
+        }
+        JobEvent::Delta { content, reasoning, tool_calls }
+    };
+    let is_empty = |e: &JobEvent| matches!(e, JobEvent::Delta { content, reasoning, tool_calls } if content.is_empty() && reasoning.is_empty() && tool_calls.is_empty());
     for event in generation {
         match event {
             Ok(Event::Text(t)) => {
                 let s = splitter.push(&t);
                 reasoning_text.push_str(&s.reasoning);
-                if (!s.content.is_empty() || !s.reasoning.is_empty()) && !send(JobEvent::Delta { content: s.content, reasoning: s.reasoning }) {
+                let e = delta(s.content, s.reasoning, &mut tools, false);
+                if !is_empty(&e) && !send(e) {
                     // The client went away: stop at the next token; the cache goes with the generation.
                     job.cancel.cancel();
                 }
@@ -176,8 +193,9 @@ fn run_job(engine: &Engine, info: &ModelInfo, mut job: Job) {
             Ok(Event::Finished(summary)) => {
                 let s = splitter.finish();
                 reasoning_text.push_str(&s.reasoning);
-                if !s.content.is_empty() || !s.reasoning.is_empty() {
-                    send(JobEvent::Delta { content: s.content, reasoning: s.reasoning });
+                let e = delta(s.content, s.reasoning, &mut tools, true);
+                if !is_empty(&e) {
+                    send(e);
                 }
                 let reasoning_tokens = if reasoning_text.is_empty() { 0 } else { engine.tokenizer.encode(&reasoning_text).map(|v| v.len()).unwrap_or(0) };
                 send(JobEvent::Finished { summary, reasoning_tokens });

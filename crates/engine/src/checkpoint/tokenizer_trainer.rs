@@ -24,13 +24,35 @@ pub const SPECIAL_TOKENS: &[(&str, bool)] = &[
     ("</tool_call>", false),
 ];
 
-/// A Qwen3-style chat template: ChatML turns, optional thinking switch.
-pub const CHAT_TEMPLATE: &str = "{%- for message in messages %}\
-{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}\
-{%- endfor %}\
-{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}\
-{%- if enable_thinking is defined and enable_thinking is false %}{{- '<think>\\n\\n</think>\\n\\n' }}{%- endif %}\
-{%- endif %}";
+/// A Qwen3-style chat template: ChatML turns, tools in the system turn, tool calls as
+/// `<tool_call>` JSON, tool output as `<tool_response>` in a user turn, a thinking switch.
+pub const CHAT_TEMPLATE: &str = r##"{%- if tools %}
+{{- '<|im_start|>system\n' }}
+{%- if messages[0].role == 'system' %}{{- messages[0].content + '\n\n' }}{%- endif %}
+{{- "# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided with function signatures within <tools></tools> XML tags:\n<tools>" }}
+{%- for tool in tools %}{{- "\n" }}{{- tool | tojson }}{%- endfor %}
+{{- "\n</tools>\n\nFor each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n" }}
+{%- elif messages[0].role == 'system' %}
+{{- '<|im_start|>system\n' + messages[0].content + '<|im_end|>\n' }}
+{%- endif %}
+{%- for message in messages %}
+{%- if message.role == 'system' %}
+{%- elif message.role == 'tool' %}
+{%- if loop.first or messages[loop.index0 - 1].role != 'tool' %}{{- '<|im_start|>user' }}{%- endif %}
+{{- '\n<tool_response>\n' + message.content + '\n</tool_response>' }}
+{%- if loop.last or messages[loop.index0 + 1].role != 'tool' %}{{- '<|im_end|>\n' }}{%- endif %}
+{%- else %}
+{{- '<|im_start|>' + message.role + '\n' + message.content }}
+{%- for tool_call in message.tool_calls | default([]) %}
+{%- if (loop.first and message.content) or not loop.first %}{{- '\n' }}{%- endif %}
+{{- '<tool_call>\n{"name": "' + tool_call.function.name + '", "arguments": ' + (tool_call.function.arguments | tojson) + '}\n</tool_call>' }}
+{%- endfor %}
+{{- '<|im_end|>\n' }}
+{%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}{{- '<|im_start|>assistant\n' }}
+{%- if enable_thinking is defined and enable_thinking is false %}{{- '<think>\n\n</think>\n\n' }}{%- endif %}
+{%- endif %}"##;
 
 /// Trains a tokenizer of at most `max_vocab` entries (special tokens included) and writes
 /// `tokenizer.json`. Returns the number of entries.

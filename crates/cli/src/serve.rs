@@ -25,6 +25,10 @@ pub struct Args {
     /// MTP draft depth for every request (0 = plain decoding, at most 4).
     #[arg(long, default_value_t = 0)]
     draft_depth: usize,
+    /// Unload the model after this many minutes without a request (0 = never); the next
+    /// request loads it again.
+    #[arg(long, default_value_t = 10)]
+    idle_minutes: u64,
 }
 
 pub fn run(args: Args) -> Result<()> {
@@ -35,6 +39,7 @@ pub fn run(args: Args) -> Result<()> {
         addr: SocketAddr::new(args.host, args.port),
         api_key: args.api_key,
         draft_depth: args.draft_depth,
+        idle_unload: (args.idle_minutes > 0).then(|| std::time::Duration::from_secs(60 * args.idle_minutes)),
     };
     tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(server::serve(config))
 }

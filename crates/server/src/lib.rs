@@ -41,6 +41,8 @@ pub struct ServerConfig {
     pub api_key: Option<String>,
     /// MTP draft depth for every request (0 = plain decoding).
     pub draft_depth: usize,
+    /// Unload the model after this long without a request (`None` = never).
+    pub idle_unload: Option<std::time::Duration>,
 }
 
 #[derive(Clone)]
@@ -118,6 +120,11 @@ async fn status(State(s): State<AppState>) -> Json<serde_json::Value> {
         "context": i.context, "mtp_head": i.has_mtp, "draft_depth": s.draft_depth,
         "queue_depth": s.worker.queue_depth.load(Ordering::SeqCst),
         "uptime_s": s.started.elapsed().as_secs(),
+        "loaded": s.worker.lifecycle.loaded.load(Ordering::SeqCst),
+        "idle_unloads": s.worker.lifecycle.unloads.load(Ordering::SeqCst),
+        "reloads": s.worker.lifecycle.reloads.load(Ordering::SeqCst),
+        "mlx_active_memory_bytes": mlx_rs::memory::active_memory().unwrap_or(0),
+        "mlx_cache_memory_bytes": mlx_rs::memory::cache_memory().unwrap_or(0),
     }))
 }
 
@@ -163,7 +170,8 @@ pub async fn serve(config: ServerConfig) -> anyhow::Result<()> {
         config.model_dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "model".into())
     });
     let dir = config.model_dir.clone();
-    let worker = tokio::task::spawn_blocking(move || Worker::start(dir, id)).await??;
+    let idle = config.idle_unload;
+    let worker = tokio::task::spawn_blocking(move || Worker::start(dir, id, idle)).await??;
     let state = AppState::new(worker, config.aliases.clone(), config.draft_depth, config.api_key.clone());
     let listener = tokio::net::TcpListener::bind(config.addr).await?;
     tracing::info!(

@@ -3,7 +3,8 @@
 //! gone is cancelled at its next token, and its cache is dropped with it.
 
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::Duration;
 use std::sync::{mpsc, Arc};
 
 use engine::tokenizer::ChatMessage;
@@ -61,15 +62,28 @@ pub struct Worker {
     jobs: mpsc::Sender<Job>,
     pub queue_depth: Arc<AtomicUsize>,
     pub info: ModelInfo,
+    pub lifecycle: Arc<Lifecycle>,
+}
+
+/// Whether the model is in memory, and how often the idle watchdog unloaded it.
+#[derive(Debug, Default)]
+pub struct Lifecycle {
+    pub loaded: AtomicBool,
+    pub unloads: AtomicUsize,
+    pub reloads: AtomicUsize,
 }
 
 impl Worker {
-    /// Loads the model on a new thread; returns once it is ready (or failed to load).
-    pub fn start(dir: PathBuf, id: String) -> anyhow::Result<Worker> {
+    /// Loads the model on a new thread; returns once it is ready (or failed to load). With
+    /// `idle`, a model that has had no job for that long is unloaded and MLX's buffer cache
+    /// released, so the memory really returns; the next job loads it again.
+    pub fn start(dir: PathBuf, id: String, idle: Option<Duration>) -> anyhow::Result<Worker> {
         let (jobs, rx) = mpsc::channel::<Job>();
         let (ready_tx, ready_rx) = mpsc::channel();
         let queue_depth = Arc::new(AtomicUsize::new(0));
         let depth = queue_depth.clone();
+        let lifecycle = Arc::new(Lifecycle::default());
+        let life = lifecycle.clone();
         std::thread::Builder::new().name("ferrite-engine".into()).spawn(move || {
             let engine = match Engine::load(&dir) {
                 Ok(e) => e,
@@ -87,14 +101,50 @@ impl Worker {
                 backend: engine.backend.to_string(),
                 has_mtp: engine.model.mtp().is_some(),
             };
+            life.loaded.store(true, Ordering::SeqCst);
             let _ = ready_tx.send(Ok(info.clone()));
-            for job in rx {
+            let mut engine = Some(engine);
+            loop {
+                let job = match (idle, &engine) {
+                    (Some(limit), Some(_)) => match rx.recv_timeout(limit) {
+                        Ok(job) => job,
+                        Err(mpsc::RecvTimeoutError::Timeout) => {
+                            drop(engine.take());
+                            let _ = mlx_rs::memory::clear_cache();
+                            life.loaded.store(false, Ordering::SeqCst);
+                            life.unloads.fetch_add(1, Ordering::SeqCst);
+                            tracing::info!("idle for {limit:?}: unloaded {} and released MLX's cache", info.id);
+                            continue;
+                        }
+                        Err(mpsc::RecvTimeoutError::Disconnected) => break,
+                    },
+                    _ => match rx.recv() {
+                        Ok(job) => job,
+                        Err(_) => break,
+                    },
+                };
                 depth.fetch_sub(1, Ordering::SeqCst);
-                run_job(&engine, &info, job);
+                if engine.is_none() {
+                    match Engine::load(&dir) {
+                        Ok(e) => {
+                            tracing::info!("reloaded {} for a new request", info.id);
+                            life.loaded.store(true, Ordering::SeqCst);
+                            life.reloads.fetch_add(1, Ordering::SeqCst);
+                            engine = Some(e);
+                        }
+                        Err(e) => {
+                            let _ = job.events.blocking_send(JobEvent::Failed(JobError::Internal(format!("reloading the model: {e}"))));
+                            continue;
+                        }
+                    }
+                }
+                if let Some(engine) = &engine {
+                    run_job(engine, &info, job);
+                }
             }
         })?;
         let info = ready_rx.recv().map_err(|_| anyhow::anyhow!("the engine thread stopped while loading"))??;
-        Ok(Worker { jobs, queue_depth, info })
+        Ok(Worker { jobs, queue_depth, info, lifecycle })
     }
 
     /// Queues a job (FIFO).

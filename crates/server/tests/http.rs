@@ -1,58 +1,13 @@
 //! The OpenAI-compatible API over a real engine on loopback, driven by an HTTP client:
 //! protocol details, every bad-input case, concurrency with disconnecting clients.
 
+mod common;
+
 use std::time::Duration;
 
-use engine::checkpoint::{self, Arch, MakeOptions};
+use common::{chat, post, sse, start};
 use futures_util::StreamExt;
 use serde_json::{json, Value};
-use server::worker::Worker;
-use server::AppState;
-
-struct Server {
-    base: String,
-    state: AppState,
-    _dir: tempfile::TempDir,
-}
-
-async fn start(api_key: Option<&str>) -> Server {
-    let dir = tempfile::tempdir().unwrap();
-    let mut o = MakeOptions::new(Arch::Qwen3, "tiny");
-    o.bits = Some(4);
-    o.group_size = 32;
-    checkpoint::make(&o, dir.path()).unwrap();
-    let path = dir.path().to_path_buf();
-    let worker = tokio::task::spawn_blocking(move || Worker::start(path, "tiny".into())).await.unwrap().unwrap();
-    let state = AppState::new(worker, vec!["ferrite-tiny".into()], 0, api_key.map(str::to_string));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let base = format!("http://{}", listener.local_addr().unwrap());
-    let app = server::router(state.clone());
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-    Server { base, state, _dir: dir }
-}
-
-fn chat(extra: Value) -> Value {
-    let mut body = json!({"model": "tiny", "messages": [{"role": "user", "content": "Write a function."}], "max_tokens": 12});
-    for (k, v) in extra.as_object().unwrap() {
-        body[k] = v.clone();
-    }
-    body
-}
-
-async fn post(s: &Server, path: &str, body: &Value) -> (u16, Value) {
-    let r = reqwest::Client::new().post(format!("{}{path}", s.base)).json(body).send().await.unwrap();
-    let status = r.status().as_u16();
-    (status, r.json().await.unwrap())
-}
-
-/// The `data:` payloads of an SSE response.
-async fn sse(s: &Server, body: &Value) -> Vec<String> {
-    let r = reqwest::Client::new().post(format!("{}/v1/chat/completions", s.base)).json(body).send().await.unwrap();
-    assert_eq!(r.status(), 200);
-    assert_eq!(r.headers()["content-type"], "text/event-stream");
-    let text = r.text().await.unwrap();
-    text.lines().filter_map(|l| l.strip_prefix("data: ")).map(str::to_string).collect()
-}
 
 #[tokio::test(flavor = "multi_thread")]
 async fn chat_completion_and_its_usage() {
@@ -226,3 +181,4 @@ async fn anthropic_errors_have_anthropic_shape() {
     let v: Value = r.json().await.unwrap();
     assert!(v["usage"]["output_tokens"].as_u64().unwrap() <= 5);
 }
+

@@ -1,0 +1,59 @@
+//! A real server on loopback with a project-made checkpoint, for the HTTP tests.
+#![allow(dead_code)]
+
+use std::time::Duration;
+
+use engine::checkpoint::{self, Arch, MakeOptions};
+use serde_json::{json, Value};
+use server::worker::Worker;
+use server::AppState;
+
+pub struct Server {
+    pub base: String,
+    pub state: AppState,
+    _dir: tempfile::TempDir,
+}
+
+pub async fn start(api_key: Option<&str>) -> Server {
+    start_with(api_key, None).await
+}
+
+pub async fn start_with(api_key: Option<&str>, idle: Option<Duration>) -> Server {
+    let dir = tempfile::tempdir().unwrap();
+    let mut o = MakeOptions::new(Arch::Qwen3, "tiny");
+    o.bits = Some(4);
+    o.group_size = 32;
+    checkpoint::make(&o, dir.path()).unwrap();
+    let path = dir.path().to_path_buf();
+    let worker = tokio::task::spawn_blocking(move || Worker::start(path, "tiny".into(), idle)).await.unwrap().unwrap();
+    let state = AppState::new(worker, vec!["ferrite-tiny".into()], 0, api_key.map(str::to_string));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let app = server::router(state.clone());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    Server { base, state, _dir: dir }
+}
+
+pub fn chat(extra: Value) -> Value {
+    let mut body = json!({"model": "tiny", "messages": [{"role": "user", "content": "Write a function."}], "max_tokens": 12});
+    for (k, v) in extra.as_object().unwrap() {
+        body[k] = v.clone();
+    }
+    body
+}
+
+pub async fn post(s: &Server, path: &str, body: &Value) -> (u16, Value) {
+    let r = reqwest::Client::new().post(format!("{}{path}", s.base)).json(body).send().await.unwrap();
+    let status = r.status().as_u16();
+    (status, r.json().await.unwrap())
+}
+
+/// The `data:` payloads of an SSE response.
+pub async fn sse(s: &Server, body: &Value) -> Vec<String> {
+    let r = reqwest::Client::new().post(format!("{}/v1/chat/completions", s.base)).json(body).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.headers()["content-type"], "text/event-stream");
+    let text = r.text().await.unwrap();
+    text.lines().filter_map(|l| l.strip_prefix("data: ")).map(str::to_string).collect()
+}
+

@@ -4,6 +4,7 @@
 
 pub mod anthropic;
 pub mod error;
+pub mod metrics;
 pub mod openai;
 pub mod think;
 pub mod tools;
@@ -101,6 +102,7 @@ pub fn router(state: AppState) -> Router {
     Router::new()
         .route("/health", get(|| async { Json(json!({"status": "ok"})) }))
         .route("/v1/status", get(status))
+        .route("/metrics", get(metrics))
         .route("/v1/models", get(openai::models))
         .route("/v1/chat/completions", post(openai::chat_completions))
         .route("/v1/completions", post(openai::completions))
@@ -111,6 +113,12 @@ pub fn router(state: AppState) -> Router {
         .layer(middleware::from_fn(json_errors))
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .with_state(state)
+}
+
+async fn metrics(State(s): State<AppState>) -> Response {
+    let w = &s.worker;
+    let text = w.metrics.render(w.queue_depth.load(Ordering::SeqCst), w.lifecycle.loaded.load(Ordering::SeqCst));
+    ([("content-type", "text/plain; version=0.0.4; charset=utf-8")], text).into_response()
 }
 
 async fn status(State(s): State<AppState>) -> Json<serde_json::Value> {

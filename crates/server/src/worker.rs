@@ -11,6 +11,7 @@ use engine::tokenizer::ChatMessage;
 use engine::{CancelToken, Engine, Event, GenerateRequest, Summary};
 use tokio::sync::mpsc as tmpsc;
 
+use crate::metrics::Metrics;
 use crate::think::ThinkSplitter;
 use crate::tools::{ParsedCall, ToolCallParser};
 
@@ -63,6 +64,7 @@ pub struct Worker {
     pub queue_depth: Arc<AtomicUsize>,
     pub info: ModelInfo,
     pub lifecycle: Arc<Lifecycle>,
+    pub metrics: Arc<Metrics>,
 }
 
 /// Whether the model is in memory, and how often the idle watchdog unloaded it.
@@ -84,6 +86,8 @@ impl Worker {
         let depth = queue_depth.clone();
         let lifecycle = Arc::new(Lifecycle::default());
         let life = lifecycle.clone();
+        let metrics = Arc::new(Metrics::new());
+        let recorder = metrics.clone();
         std::thread::Builder::new().name("ferrite-engine".into()).spawn(move || {
             let engine = match Engine::load(&dir) {
                 Ok(e) => e,
@@ -139,12 +143,12 @@ impl Worker {
                     }
                 }
                 if let Some(engine) = &engine {
-                    run_job(engine, &info, job);
+                    run_job(engine, &info, &recorder, job);
                 }
             }
         })?;
         let info = ready_rx.recv().map_err(|_| anyhow::anyhow!("the engine thread stopped while loading"))??;
-        Ok(Worker { jobs, queue_depth, info, lifecycle })
+        Ok(Worker { jobs, queue_depth, info, lifecycle, metrics })
     }
 
     /// Queues a job (FIFO).
@@ -171,7 +175,7 @@ fn render(engine: &Engine, prompt: &Prompt) -> Result<(Vec<u32>, bool), JobError
     Ok((ids, thinking))
 }
 
-fn run_job(engine: &Engine, info: &ModelInfo, mut job: Job) {
+fn run_job(engine: &Engine, info: &ModelInfo, metrics: &Metrics, mut job: Job) {
     let send = |e: JobEvent| job.events.blocking_send(e).is_ok();
     if job.cancel.is_cancelled() || job.events.is_closed() {
         return;
@@ -247,6 +251,7 @@ fn run_job(engine: &Engine, info: &ModelInfo, mut job: Job) {
                 if !is_empty(&e) {
                     send(e);
                 }
+                metrics.record(&summary);
                 let reasoning_tokens = if reasoning_text.is_empty() { 0 } else { engine.tokenizer.encode(&reasoning_text).map(|v| v.len()).unwrap_or(0) };
                 send(JobEvent::Finished { summary, reasoning_tokens });
                 return;

@@ -182,3 +182,26 @@ async fn anthropic_errors_have_anthropic_shape() {
     assert!(v["usage"]["output_tokens"].as_u64().unwrap() <= 5);
 }
 
+
+#[tokio::test(flavor = "multi_thread")]
+async fn metrics_count_what_was_served() {
+    let s = start(None).await;
+    for _ in 0..2 {
+        assert_eq!(post(&s, "/v1/chat/completions", &chat(json!({}))).await.0, 200);
+    }
+    let r = reqwest::get(format!("{}/metrics", s.base)).await.unwrap();
+    assert_eq!(r.status(), 200);
+    assert!(r.headers()["content-type"].to_str().unwrap().starts_with("text/plain"));
+    let text = r.text().await.unwrap();
+    let value = |name: &str| -> f64 {
+        text.lines().find(|l| l.starts_with(name)).and_then(|l| l.rsplit(' ').next()).and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("{name} missing in\n{text}"))
+    };
+    assert_eq!(value("ferrite_requests_total"), 2.0);
+    assert_eq!(value("ferrite_completion_tokens_total"), 24.0);
+    assert_eq!(value("ferrite_ttft_seconds_count"), 2.0);
+    assert!(value("ferrite_decode_tokens_per_second") > 0.0);
+    assert_eq!(value("ferrite_queue_depth"), 0.0);
+    assert_eq!(value("ferrite_model_loaded"), 1.0);
+    assert!(value("ferrite_mlx_memory_bytes{kind=\"active\"}") > 0.0);
+}

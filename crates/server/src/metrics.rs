@@ -1,0 +1,101 @@
+//! `GET /metrics` in Prometheus text format: requests, tokens, time to first token, prompt
+//! and decode speed, MTP acceptance by draft position, queue depth, model state and memory.
+
+use std::sync::atomic::AtomicU64;
+
+use engine::Summary;
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+
+type Position = Vec<(String, String)>;
+
+pub struct Metrics {
+    registry: Registry,
+    requests: Counter,
+    prompt_tokens: Counter,
+    completion_tokens: Counter,
+    ttft: Histogram,
+    decode_tps: Gauge<f64, AtomicU64>,
+    prompt_tps: Gauge<f64, AtomicU64>,
+    drafted: Family<Position, Counter>,
+    accepted: Family<Position, Counter>,
+    queue_depth: Gauge,
+    loaded: Gauge,
+    memory: Family<Vec<(String, String)>, Gauge<f64, AtomicU64>>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let mut r = Registry::with_prefix("ferrite");
+        let m = Metrics {
+            requests: Counter::default(),
+            prompt_tokens: Counter::default(),
+            completion_tokens: Counter::default(),
+            ttft: Histogram::new(exponential_buckets(0.005, 2.0, 14)),
+            decode_tps: Gauge::default(),
+            prompt_tps: Gauge::default(),
+            drafted: Family::default(),
+            accepted: Family::default(),
+            queue_depth: Gauge::default(),
+            loaded: Gauge::default(),
+            memory: Family::default(),
+            registry: Registry::default(),
+        };
+        r.register("requests", "Generations finished", m.requests.clone());
+        r.register("prompt_tokens", "Prompt tokens processed", m.prompt_tokens.clone());
+        r.register("completion_tokens", "Tokens generated", m.completion_tokens.clone());
+        r.register("ttft_seconds", "Time to first token", m.ttft.clone());
+        r.register("decode_tokens_per_second", "Decode speed of the last generation", m.decode_tps.clone());
+        r.register("prompt_tokens_per_second", "Prefill speed of the last generation", m.prompt_tps.clone());
+        r.register("mtp_drafted", "MTP drafts made, by draft position", m.drafted.clone());
+        r.register("mtp_accepted", "MTP drafts accepted, by draft position", m.accepted.clone());
+        r.register("queue_depth", "Requests waiting for the engine", m.queue_depth.clone());
+        r.register("model_loaded", "1 while the model is in memory", m.loaded.clone());
+        r.register("mlx_memory_bytes", "MLX memory: active, peak, cache", m.memory.clone());
+        Metrics { registry: r, ..m }
+    }
+
+    /// Records a finished generation (called on the engine thread).
+    pub fn record(&self, s: &Summary) {
+        self.requests.inc();
+        self.prompt_tokens.inc_by(s.usage.prompt_tokens as u64);
+        self.completion_tokens.inc_by(s.usage.completion_tokens as u64);
+        self.ttft.observe(s.timings.ttft.as_secs_f64());
+        self.decode_tps.set(s.timings.decode_tps);
+        self.prompt_tps.set(s.timings.prompt_tps);
+        if let Some(spec) = &s.speculative {
+            for (i, (&d, &a)) in spec.drafted.iter().zip(&spec.accepted).enumerate() {
+                let label = vec![("position".to_string(), (i + 1).to_string())];
+                self.drafted.get_or_create(&label).inc_by(d as u64);
+                self.accepted.get_or_create(&label).inc_by(a as u64);
+            }
+        }
+    }
+
+    /// The text exposition, with the gauges read now.
+    pub fn render(&self, queue_depth: usize, loaded: bool) -> String {
+        self.queue_depth.set(queue_depth as i64);
+        self.loaded.set(i64::from(loaded));
+        let mlx = [
+            ("active", mlx_rs::memory::active_memory()),
+            ("peak", mlx_rs::memory::peak_memory()),
+            ("cache", mlx_rs::memory::cache_memory()),
+        ];
+        for (kind, bytes) in mlx {
+            self.memory.get_or_create(&vec![("kind".to_string(), kind.to_string())]).set(bytes.unwrap_or(0) as f64);
+        }
+        let mut out = String::new();
+        let _ = encode(&mut out, &self.registry);
+        out
+    }
+}

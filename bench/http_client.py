@@ -22,6 +22,7 @@ def one(client, base, model, max_tokens):
         "max_tokens": max_tokens,
         "stream": True,
         "stream_options": {"include_usage": True},
+        "ignore_eos": True,  # random weights: a fixed length, as in decode.sh
     }
     first = last = None
     tokens = timings = None

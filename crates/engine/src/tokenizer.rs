@@ -10,7 +10,9 @@ use crate::error::{Error, Result};
 
 pub struct Tokenizer {
     inner: tokenizers::Tokenizer,
-    chat_template: Option<String>,
+    /// The chat template, parsed once at load (templates are large; requests only render),
+    /// or why it could not be used (reported when a chat request needs it).
+    templates: std::result::Result<minijinja::Environment<'static>, String>,
     bos_token: Option<String>,
     eos_token: Option<String>,
     /// Ids that end a generation: generation_config.json, config.json and the eos token.
@@ -101,6 +103,14 @@ impl Tokenizer {
         };
         let eos_token = token_string(config.get("eos_token"));
         let bos_token = token_string(config.get("bos_token"));
+        let templates = match chat_template.map(template_env) {
+            Some(Ok(env)) => Ok(env),
+            Some(Err(e)) => {
+                tracing::warn!("{}: the chat template does not parse ({e}); plain-text prompts still work", dir.display());
+                Err(e.to_string())
+            }
+            None => Err(format!("{}: the model has no chat_template", dir.display())),
+        };
 
         let mut eos_ids = ids(read_json(&dir.join("generation_config.json"))?.as_ref().and_then(|g| g.get("eos_token_id")));
         eos_ids.extend(ids(read_json(&dir.join("config.json"))?.as_ref().and_then(|c| c.get("eos_token_id"))));
@@ -109,7 +119,7 @@ impl Tokenizer {
         }
         eos_ids.sort_unstable();
         eos_ids.dedup();
-        Ok(Tokenizer { inner, chat_template, bos_token, eos_token, eos_ids, path })
+        Ok(Tokenizer { inner, templates, bos_token, eos_token, eos_ids, path })
     }
 
     pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
@@ -137,7 +147,7 @@ impl Tokenizer {
     }
 
     pub fn has_chat_template(&self) -> bool {
-        self.chat_template.is_some()
+        self.templates.is_ok()
     }
 
     /// Renders the chat template. `extra` adds template variables such as `enable_thinking`.
@@ -147,17 +157,7 @@ impl Tokenizer {
         add_generation_prompt: bool,
         extra: &serde_json::Map<String, serde_json::Value>,
     ) -> Result<String> {
-        let template = self
-            .chat_template
-            .as_deref()
-            .ok_or_else(|| Error::Template(format!("{}: the model has no chat_template", self.path.display())))?;
-        let mut env = minijinja::Environment::new();
-        minijinja_contrib::add_to_environment(&mut env);
-        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
-        env.add_function("raise_exception", |msg: String| -> std::result::Result<String, minijinja::Error> {
-            Err(minijinja::Error::new(minijinja::ErrorKind::InvalidOperation, msg))
-        });
-        env.add_template("chat", template).map_err(|e| Error::Template(e.to_string()))?;
+        let env = self.templates.as_ref().map_err(|e| Error::Template(e.clone()))?;
         let mut ctx = serde_json::Map::new();
         ctx.insert("messages".into(), serde_json::to_value(messages).unwrap_or_default());
         ctx.insert("add_generation_prompt".into(), add_generation_prompt.into());
@@ -169,6 +169,19 @@ impl Tokenizer {
         let tmpl = env.get_template("chat").map_err(|e| Error::Template(e.to_string()))?;
         tmpl.render(minijinja::Value::from_serialize(&ctx)).map_err(|e| Error::Template(e.to_string()))
     }
+}
+
+/// A minijinja environment holding the chat template as `chat`, with the Python-isms
+/// Hugging Face templates use.
+fn template_env(template: String) -> Result<minijinja::Environment<'static>> {
+    let mut env = minijinja::Environment::new();
+    minijinja_contrib::add_to_environment(&mut env);
+    env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+    env.add_function("raise_exception", |msg: String| -> std::result::Result<String, minijinja::Error> {
+        Err(minijinja::Error::new(minijinja::ErrorKind::InvalidOperation, msg))
+    });
+    env.add_template_owned("chat", template).map_err(|e| Error::Template(e.to_string()))?;
+    Ok(env)
 }
 
 /// Turns a stream of token ids into text deltas. Decodes a short window of recent ids and

@@ -154,3 +154,17 @@ fn hybrid_config_without_linear_attention_fields() {
     let e = load_err(d.path());
     assert!(e.contains("text_config.hidden_size"), "{e}");
 }
+
+#[test]
+fn broken_chat_template_fails_chat_requests_only() {
+    let d = tiny(None);
+    let path = d.path().join("tokenizer_config.json");
+    let mut c: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    c["chat_template"] = "{% for m in messages %}{{ m.content }".into();
+    std::fs::write(&path, c.to_string()).unwrap();
+    let e = Engine::load(d.path()).unwrap();
+    assert!(!e.tokenizer.has_chat_template());
+    let err = e.tokenizer.apply_chat_template(&[engine::tokenizer::ChatMessage::new("user", "hi")], true, &Default::default()).unwrap_err().to_string();
+    assert!(err.contains("chat template"), "{err}");
+    assert!(!e.tokenizer.encode("plain text still works").unwrap().is_empty());
+}

@@ -114,6 +114,9 @@ struct Common {
     stream: bool,
     #[serde(default)]
     stream_options: Option<StreamOptions>,
+    /// Extension (as vLLM has it): keep generating past end-of-sequence, for benchmarks.
+    #[serde(default)]
+    ignore_eos: bool,
 }
 
 /// Chat-only fields (read from the same body as [`Common`]: serde's `flatten` would lose the
@@ -175,7 +178,14 @@ impl Common {
         if stop.iter().any(String::is_empty) {
             return Err(ApiError::bad_request("stop strings must not be empty").with_param("stop"));
         }
-        Ok(GenerateRequest { max_tokens, sampling, stop, draft_depth: state.draft_depth, ..GenerateRequest::greedy(vec![], max_tokens) })
+        Ok(GenerateRequest {
+            max_tokens,
+            sampling,
+            stop,
+            draft_depth: state.draft_depth,
+            ignore_eos: self.ignore_eos,
+            ..GenerateRequest::greedy(vec![], max_tokens)
+        })
     }
 }
 

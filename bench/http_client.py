@@ -41,6 +41,9 @@ def one(client, base, model, max_tokens):
             timings = chunk.get("timings") or timings
             if chunk.get("usage"):
                 tokens = chunk["usage"]["completion_tokens"]
+    if first is None or first == last:
+        raise SystemExit("the model streamed no text to time (random weights whose ids fall outside "
+                         "the project tokenizer, as in the 0.6b preset): use a case with a matching vocabulary")
     client_tps = (tokens - 1) / (last - first)
     # End to end: request sent to last token, against the engine's time to first token plus
     # its decode time for the same tokens.

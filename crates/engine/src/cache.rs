@@ -55,7 +55,9 @@ impl KvCache {
         };
         write(&mut self.keys, keys)?;
         write(&mut self.values, values)?;
-        let (k, v) = (self.keys.as_ref().unwrap(), self.values.as_ref().unwrap());
+        let (Some(k), Some(v)) = (self.keys.as_ref(), self.values.as_ref()) else {
+            return Err(crate::error::Error::Request("the KV cache lost its buffers".into()));
+        };
         if self.offset < k.dim(2) {
             Ok((
                 k.index((Ellipsis, ..self.offset, ..)),

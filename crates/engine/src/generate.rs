@@ -265,9 +265,9 @@ impl Generation<'_> {
             }
             return Ok(token);
         }
-        let spec = self.spec.as_mut().expect("speculative generation has a speculator");
+        let spec = self.spec.as_mut().ok_or_else(|| Error::Request("speculative step without a speculator".into()))?;
         self.queue.extend(spec.cycle(&mut self.cache, &mut self.sampler)?);
-        Ok(self.queue.pop_front().expect("a cycle commits at least one token"))
+        self.queue.pop_front().ok_or_else(|| Error::Request("a speculative cycle committed no token".into()))
     }
 
     fn summary(&self, finish_reason: FinishReason) -> Summary {

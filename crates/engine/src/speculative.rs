@@ -140,7 +140,7 @@ impl<'m> Speculator<'m> {
     pub fn cycle(&mut self, cache: &mut Cache, sampler: &mut Sampler) -> Result<Vec<u32>> {
         let d = self.depth;
         let hidden = self.pending_hidden.take().ok_or_else(|| Error::Request("speculator used before start".into()))?;
-        let last_token = *self.pending_tokens.last().expect("pending tokens after start");
+        let last_token = *self.pending_tokens.last().ok_or_else(|| Error::Request("speculator used before start".into()))?;
 
         // Draft: the head first catches up on the pending positions, then runs on its own output.
         let started = Instant::now();

@@ -73,10 +73,12 @@ fn hybrid(arch: Arch, base: Value, nk: i32, nv: i32, dk: i32, dv: i32) -> Value 
                 .map(|i| if (i + 1) % 4 == 0 { "full_attention" } else { "linear_attention" })
                 .collect::<Vec<_>>());
             let theta = c["rope_theta"].clone();
-            let obj = c.as_object_mut().expect("object");
-            obj.remove("rope_theta");
-            obj.remove("partial_rotary_factor");
-            let tie = obj.remove("tie_word_embeddings").unwrap_or(json!(false));
+            let tie = c["tie_word_embeddings"].clone();
+            if let Some(obj) = c.as_object_mut() {
+                for moved in ["rope_theta", "partial_rotary_factor", "tie_word_embeddings"] {
+                    obj.remove(moved);
+                }
+            }
             let (top, text) = if arch == Arch::Qwen35 {
                 ("qwen3_5", "qwen3_5_text")
             } else {
@@ -87,7 +89,7 @@ fn hybrid(arch: Arch, base: Value, nk: i32, nv: i32, dk: i32, dv: i32) -> Value 
             json!({
                 "model_type": top,
                 "architectures": [if arch == Arch::Qwen35 { "Qwen3_5ForConditionalGeneration" } else { "Qwen3_5MoeForConditionalGeneration" }],
-                "tie_word_embeddings": tie,
+                "tie_word_embeddings": if tie.is_null() { json!(false) } else { tie },
                 "text_config": c,
             })
         }

@@ -147,8 +147,11 @@ pub(crate) fn delta_rule(q: &Array, k: &Array, v: &Array, g: &Array, beta: &Arra
         let at = |x: &Array| x.index((.., t));
         let args = [at(&q), at(&k), at(v), at(g), at(beta), state];
         let mut out = DELTA_STEP.with_borrow_mut(|f| f(&args))?;
-        state = out.pop().expect("step returns y and state");
-        ys.push(out.pop().expect("step returns y and state"));
+        let (Some(next), Some(y)) = (out.pop(), out.pop()) else {
+            return Err(Exception::custom("the delta step returned fewer than two arrays").into());
+        };
+        state = next;
+        ys.push(y);
         if all && t + 1 < q.dim(1) {
             states.push(state.clone());
         }

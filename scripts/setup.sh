@@ -22,7 +22,12 @@ case "$(uname -s)" in
   Linux)
     need=()
     command -v cmake >/dev/null || need+=(cmake)
-    [ -n "$(ls /usr/lib/llvm-*/lib/libclang*.so* 2>/dev/null)" ] || need+=(libclang-dev)
+    # bindgen needs libclang itself (libclang-cpp, which some images ship, is not enough).
+    if command -v dpkg >/dev/null; then
+      dpkg -s libclang-dev >/dev/null 2>&1 || need+=(libclang-dev)
+    else
+      [ -n "$(ls /usr/lib/llvm-*/lib/libclang.so* /usr/lib64/libclang.so* 2>/dev/null)" ] || need+=(libclang-dev)
+    fi
     command -v patch >/dev/null || need+=(patch)
     command -v g++ >/dev/null || need+=(g++)
     $PY -c 'import venv, ensurepip' 2>/dev/null || need+=(python3-venv)

@@ -68,11 +68,38 @@ pub struct Worker {
 }
 
 /// Whether the model is in memory, and how often the idle watchdog unloaded it.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Lifecycle {
     pub loaded: AtomicBool,
     pub unloads: AtomicUsize,
     pub reloads: AtomicUsize,
+    /// The idle watchdog's limit (`None` = never unload).
+    pub idle_limit: Option<Duration>,
+    /// When the engine last finished a job (or started).
+    last_active: std::sync::Mutex<std::time::Instant>,
+}
+
+impl Lifecycle {
+    fn new(idle_limit: Option<Duration>) -> Self {
+        Lifecycle {
+            loaded: AtomicBool::new(false),
+            unloads: AtomicUsize::new(0),
+            reloads: AtomicUsize::new(0),
+            idle_limit,
+            last_active: std::sync::Mutex::new(std::time::Instant::now()),
+        }
+    }
+
+    fn touch(&self) {
+        if let Ok(mut t) = self.last_active.lock() {
+            *t = std::time::Instant::now();
+        }
+    }
+
+    /// Time since the engine last worked.
+    pub fn idle_for(&self) -> Duration {
+        self.last_active.lock().map(|t| t.elapsed()).unwrap_or_default()
+    }
 }
 
 impl Worker {
@@ -84,7 +111,7 @@ impl Worker {
         let (ready_tx, ready_rx) = mpsc::channel();
         let queue_depth = Arc::new(AtomicUsize::new(0));
         let depth = queue_depth.clone();
-        let lifecycle = Arc::new(Lifecycle::default());
+        let lifecycle = Arc::new(Lifecycle::new(idle));
         let life = lifecycle.clone();
         let metrics = Arc::new(Metrics::new());
         let recorder = metrics.clone();
@@ -145,6 +172,7 @@ impl Worker {
                 if let Some(engine) = &engine {
                     run_job(engine, &info, &recorder, job);
                 }
+                life.touch();
             }
         })?;
         let info = ready_rx.recv().map_err(|_| anyhow::anyhow!("the engine thread stopped while loading"))??;

@@ -20,6 +20,8 @@ async fn idle_watchdog_unloads_and_memory_returns() {
     tokio::time::sleep(Duration::from_millis(1200)).await;
     let idle = status().await;
     assert_eq!(idle["loaded"], false, "{idle}");
+    assert_eq!(idle["idle_unload_after_s"], 0);
+    assert!(idle["idle_s"].as_u64().is_some());
     assert_eq!(idle["idle_unloads"], 1);
     assert!(idle["mlx_active_memory_bytes"].as_u64().unwrap() < active, "{idle} vs {active}");
     assert_eq!(idle["mlx_cache_memory_bytes"], 0);

@@ -78,6 +78,36 @@ impl Weights {
         before - self.tensors.len()
     }
 
+    /// Adds a tensor derived from others (e.g. stacked experts); it counts as from the folder.
+    pub fn insert(&mut self, name: String, array: Array) {
+        let origin = self.dir.clone();
+        self.tensors.insert(name, (array, origin));
+    }
+
+    /// Names of the tensors not taken yet.
+    pub fn names(&self) -> Vec<String> {
+        self.tensors.keys().cloned().collect()
+    }
+
+    /// Renames every tensor starting with `from` to start with `to` instead.
+    pub fn rename_prefix(&mut self, from: &str, to: &str) {
+        let names: Vec<String> = self.tensors.keys().filter(|n| n.starts_with(from)).cloned().collect();
+        for name in names {
+            if let Some(entry) = self.tensors.remove(&name) {
+                self.tensors.insert(format!("{to}{}", &name[from.len()..]), entry);
+            }
+        }
+    }
+
+    /// Replaces tensor `name` by `f(tensor)` (e.g. a layout or offset fix-up on load).
+    pub fn update(&mut self, name: &str, f: impl FnOnce(&Array) -> Result<Array>) -> Result<()> {
+        if let Some((array, file)) = self.tensors.remove(name) {
+            let new = f(&array)?;
+            self.tensors.insert(name.to_string(), (new, file));
+        }
+        Ok(())
+    }
+
     /// Fails if any tensor was not used by the model.
     pub fn finish(self) -> Result<()> {
         let unused: BTreeSet<&String> = self.tensors.keys().collect();
@@ -174,38 +204,4 @@ fn read_header(file: &Path) -> Result<safetensors::tensor::Metadata> {
         )));
     }
     Ok(metadata)
-}
-
-impl Weights {
-    /// Adds a tensor derived from others (e.g. stacked experts); it counts as from the folder.
-    pub fn insert(&mut self, name: String, array: Array) {
-        let origin = self.dir.clone();
-        self.tensors.insert(name, (array, origin));
-    }
-}
-
-impl Weights {
-    /// Names of the tensors not taken yet.
-    pub fn names(&self) -> Vec<String> {
-        self.tensors.keys().cloned().collect()
-    }
-
-    /// Renames every tensor starting with `from` to start with `to` instead.
-    pub fn rename_prefix(&mut self, from: &str, to: &str) {
-        let names: Vec<String> = self.tensors.keys().filter(|n| n.starts_with(from)).cloned().collect();
-        for name in names {
-            if let Some(entry) = self.tensors.remove(&name) {
-                self.tensors.insert(format!("{to}{}", &name[from.len()..]), entry);
-            }
-        }
-    }
-
-    /// Replaces tensor `name` by `f(tensor)` (e.g. a layout or offset fix-up on load).
-    pub fn update(&mut self, name: &str, f: impl FnOnce(&Array) -> Result<Array>) -> Result<()> {
-        if let Some((array, file)) = self.tensors.remove(name) {
-            let new = f(&array)?;
-            self.tensors.insert(name.to_string(), (new, file));
-        }
-        Ok(())
-    }
 }

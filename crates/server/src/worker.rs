@@ -187,6 +187,20 @@ impl Worker {
             JobError::Internal("the engine thread has stopped".into())
         })
     }
+
+    /// Queues a job and waits until its prompt is rendered and checked (errors found there
+    /// are the client's: 4xx).
+    pub async fn run(&self, prompt: Prompt, request: GenerateRequest, count_only: bool) -> Result<Running, JobError> {
+        let (tx, mut events) = tmpsc::channel(256);
+        let cancel = CancelToken::default();
+        self.submit(Job { count_only, prompt, request, events: tx, cancel: cancel.clone() })?;
+        let guard = CancelOnDrop(cancel);
+        match events.recv().await {
+            Some(JobEvent::Started { prompt_tokens }) => Ok(Running { events, prompt_tokens, guard }),
+            Some(JobEvent::Failed(e)) => Err(e),
+            _ => Err(JobError::Internal("the engine ended the request without an answer".into())),
+        }
+    }
 }
 
 fn render(engine: &Engine, prompt: &Prompt) -> Result<(Vec<u32>, bool), JobError> {
@@ -244,43 +258,25 @@ fn run_job(engine: &Engine, info: &ModelInfo, metrics: &Metrics, mut job: Job) {
     if !send(JobEvent::Started { prompt_tokens }) {
         return;
     }
-    let mut splitter = ThinkSplitter::new(thinking);
     // With tools offered, the answer is searched for tool calls.
-    let mut tools = matches!(&job.prompt, Prompt::Chat { template_vars, .. } if template_vars.contains_key("tools")).then(ToolCallParser::default);
-    let mut reasoning_text = String::new();
-    let delta = |content: String, reasoning: String, tools: &mut Option<ToolCallParser>, last: bool| -> JobEvent {
-        let (mut content, tool_calls) = match tools {
-            Some(p) => p.push(&content),
-            None => (content, vec![]),
-        };
-        if last {
-            if let Some(p) = tools {
-                content.push_str(&p.finish());
-            }
-        }
-        JobEvent::Delta { content, reasoning, tool_calls }
-    };
-    let is_empty = |e: &JobEvent| matches!(e, JobEvent::Delta { content, reasoning, tool_calls } if content.is_empty() && reasoning.is_empty() && tool_calls.is_empty());
+    let tools = matches!(&job.prompt, Prompt::Chat { template_vars, .. } if template_vars.contains_key("tools"));
+    let mut answer = AnswerStream::new(thinking, tools);
     for event in generation {
         match event {
             Ok(Event::Text(t)) => {
-                let s = splitter.push(&t);
-                reasoning_text.push_str(&s.reasoning);
-                let e = delta(s.content, s.reasoning, &mut tools, false);
-                if !is_empty(&e) && !send(e) {
-                    // The client went away: stop at the next token; the cache goes with the generation.
-                    job.cancel.cancel();
+                if let Some(e) = answer.push(&t) {
+                    if !send(e) {
+                        // The client went away: stop at the next token; the cache goes with the generation.
+                        job.cancel.cancel();
+                    }
                 }
             }
             Ok(Event::Finished(summary)) => {
-                let s = splitter.finish();
-                reasoning_text.push_str(&s.reasoning);
-                let e = delta(s.content, s.reasoning, &mut tools, true);
-                if !is_empty(&e) {
+                if let Some(e) = answer.finish() {
                     send(e);
                 }
                 metrics.record(&summary);
-                let reasoning_tokens = if reasoning_text.is_empty() { 0 } else { engine.tokenizer.encode(&reasoning_text).map(|v| v.len()).unwrap_or(0) };
+                let reasoning_tokens = if answer.reasoning.is_empty() { 0 } else { engine.tokenizer.encode(&answer.reasoning).map(|v| v.len()).unwrap_or(0) };
                 send(JobEvent::Finished { summary, reasoning_tokens });
                 return;
             }
@@ -308,18 +304,41 @@ impl Drop for CancelOnDrop {
     }
 }
 
-impl Worker {
-    /// Queues a job and waits until its prompt is rendered and checked (errors found there
-    /// are the client's: 4xx).
-    pub async fn run(&self, prompt: Prompt, request: GenerateRequest, count_only: bool) -> Result<Running, JobError> {
-        let (tx, mut events) = tmpsc::channel(256);
-        let cancel = CancelToken::default();
-        self.submit(Job { count_only, prompt, request, events: tx, cancel: cancel.clone() })?;
-        let guard = CancelOnDrop(cancel);
-        match events.recv().await {
-            Some(JobEvent::Started { prompt_tokens }) => Ok(Running { events, prompt_tokens, guard }),
-            Some(JobEvent::Failed(e)) => Err(e),
-            _ => Err(JobError::Internal("the engine ended the request without an answer".into())),
+/// Turns the model's text into answer deltas: reasoning split off, tool calls parsed out
+/// (when tools were offered); keeps the reasoning to count its tokens at the end.
+struct AnswerStream {
+    splitter: ThinkSplitter,
+    tools: Option<ToolCallParser>,
+    reasoning: String,
+}
+
+impl AnswerStream {
+    fn new(thinking: bool, tools: bool) -> Self {
+        AnswerStream { splitter: ThinkSplitter::new(thinking), tools: tools.then(ToolCallParser::default), reasoning: String::new() }
+    }
+
+    /// The delta for more text, if it adds anything.
+    fn push(&mut self, text: &str) -> Option<JobEvent> {
+        let s = self.splitter.push(text);
+        self.delta(s.content, s.reasoning, false)
+    }
+
+    /// The rest at the end of the answer.
+    fn finish(&mut self) -> Option<JobEvent> {
+        let s = self.splitter.finish();
+        self.delta(s.content, s.reasoning, true)
+    }
+
+    fn delta(&mut self, content: String, reasoning: String, last: bool) -> Option<JobEvent> {
+        self.reasoning.push_str(&reasoning);
+        let (mut content, tool_calls) = match &mut self.tools {
+            Some(p) => p.push(&content),
+            None => (content, vec![]),
+        };
+        if let (true, Some(p)) = (last, &mut self.tools) {
+            content.push_str(&p.finish());
         }
+        let empty = content.is_empty() && reasoning.is_empty() && tool_calls.is_empty();
+        (!empty).then_some(JobEvent::Delta { content, reasoning, tool_calls })
     }
 }

@@ -22,14 +22,16 @@ pub struct Args {
     /// Measure speculative decoding instead: the cost of a verify pass of D+1 tokens and of a
     /// draft step relative to a plain step, acceptance and decode speed for D = 1..4.
     #[arg(long)]
-    spec: bool,
+    spec: bool,    /// Runtime profile (`ferrite profiles` lists the knobs).
+    #[arg(long, env = "FERRITE_PROFILE", default_value = "sustained")]
+    profile: engine::ProfileName,
 }
 
 pub fn run(args: Args) -> Result<()> {
     let text = std::fs::read_to_string(&args.prompt_ids).with_context(|| format!("reading {}", args.prompt_ids.display()))?;
     let prompt: Vec<u32> = serde_json::from_str(&text)
         .with_context(|| format!("{}: expected a JSON array of token ids", args.prompt_ids.display()))?;
-    let engine = Engine::load(&args.model)?;
+    let engine = Engine::load_with(&args.model, engine::Profile::named(args.profile))?;
     let request = GenerateRequest { ignore_eos: true, ..GenerateRequest::greedy(prompt, args.gen_tokens) };
     if args.spec {
         return speculative(&engine, &request, args.runs);

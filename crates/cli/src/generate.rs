@@ -39,11 +39,13 @@ pub struct Args {
     stop: Vec<String>,
     /// Draft this many tokens per cycle with the model's MTP head (0 = plain decoding, max 4).
     #[arg(long, default_value_t = 0)]
-    draft_depth: usize,
+    draft_depth: usize,    /// Runtime profile (`ferrite profiles` lists the knobs).
+    #[arg(long, env = "FERRITE_PROFILE", default_value = "sustained")]
+    profile: engine::ProfileName,
 }
 
 pub fn run(args: Args) -> Result<()> {
-    let engine = Engine::load(&args.model).with_context(|| format!("loading {}", args.model.display()))?;
+    let engine = Engine::load_with(&args.model, engine::Profile::named(args.profile)).with_context(|| format!("loading {}", args.model.display()))?;
     let text = if args.chat {
         let mut extra = serde_json::Map::new();
         if args.no_think {

@@ -30,6 +30,8 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// List the runtime profiles and every knob each sets.
+    Profiles,
     /// Developer tools: make test checkpoints.
     #[command(subcommand)]
     Dev(dev::Command),
@@ -41,6 +43,17 @@ fn inspect(dir: &std::path::Path, json: bool) -> anyhow::Result<()> {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
         println!("{report}");
+    }
+    Ok(())
+}
+
+fn profiles() -> anyhow::Result<()> {
+    for name in engine::ProfileName::ALL {
+        let knobs = engine::Profile::named(name).knobs();
+        println!("{name}{}", if name == engine::ProfileName::default() { " (default)" } else { "" });
+        for (knob, value) in knobs.as_object().into_iter().flatten().filter(|(k, _)| *k != "name") {
+            println!("  {knob:<24} {value}");
+        }
     }
     Ok(())
 }
@@ -60,6 +73,7 @@ fn main() {
         Command::Bench(args) => bench::run(args),
         Command::Dev(cmd) => dev::run(cmd),
         Command::Inspect { dir, json } => inspect(&dir, json),
+        Command::Profiles => profiles(),
     };
     if let Err(err) = result {
         eprintln!("error: {err:#}");

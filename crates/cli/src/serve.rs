@@ -29,6 +29,16 @@ pub struct Args {
     /// request loads it again.
     #[arg(long, default_value_t = 10)]
     idle_minutes: u64,
+    /// What the idle watchdog does: `unload` the model (reloaded on the next request) or
+    /// `stop` the server.
+    #[arg(long, default_value = "unload")]
+    idle_action: server::worker::IdleAction,
+    /// Runtime profile: `sustained` (default) or `turbo`; `ferrite profiles` lists the knobs.
+    #[arg(long, env = "FERRITE_PROFILE", default_value = "sustained")]
+    profile: engine::ProfileName,
+    /// Another browser origin allowed to call the API (repeatable; the app's own are always allowed).
+    #[arg(long)]
+    cors_origin: Vec<String>,
 }
 
 pub fn run(args: Args) -> Result<()> {
@@ -39,7 +49,12 @@ pub fn run(args: Args) -> Result<()> {
         addr: SocketAddr::new(args.host, args.port),
         api_key: args.api_key,
         draft_depth: args.draft_depth,
-        idle_unload: (args.idle_minutes > 0).then(|| std::time::Duration::from_secs(60 * args.idle_minutes)),
+        worker: server::worker::WorkerOptions {
+            idle: (args.idle_minutes > 0).then(|| std::time::Duration::from_secs(60 * args.idle_minutes)),
+            on_idle: args.idle_action,
+            profile: engine::Profile::named(args.profile),
+        },
+        cors_origins: server::APP_ORIGINS.iter().map(|o| o.to_string()).chain(args.cors_origin).collect(),
     };
     tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(server::serve(config))
 }

@@ -20,12 +20,10 @@ use crate::cache::Cache;
 use crate::device::{self, Backend};
 use crate::error::{Error, Result};
 use crate::models::{self, LanguageModel};
+use crate::profile::Profile;
 use crate::sampling::{Sampler, SamplingParams};
 use crate::speculative::{SpecStats, Speculator};
 use crate::tokenizer::{StreamDecoder, Tokenizer};
-
-/// Prompt positions processed per forward pass during prefill.
-pub const DEFAULT_PREFILL_CHUNK: usize = 2048;
 
 #[derive(Debug, Clone)]
 pub struct GenerateRequest {
@@ -114,24 +112,66 @@ pub struct Engine {
     pub dir: PathBuf,
     pub backend: Backend,
     pub prefill_chunk: usize,
+    /// The runtime profile this engine was loaded with (its prefill chunk is `prefill_chunk`).
+    pub profile: Profile,
     /// Speculative-decoding figures summed over every request this engine served.
     pub spec_totals: std::sync::Mutex<SpecStats>,
 }
 
 impl Engine {
+    /// Loads with the default (Sustained) profile.
     pub fn load(dir: &Path) -> Result<Self> {
+        Self::load_with(dir, Profile::default())
+    }
+
+    /// Loads and applies `profile`: its memory settings, and its warm-up when it has one.
+    pub fn load_with(dir: &Path, profile: Profile) -> Result<Self> {
         let backend = device::backend();
         let model = models::load(dir)?;
         let tokenizer = Tokenizer::load(dir)?;
-        tracing::info!("loaded {} from {} on {backend}", model.config().model_type, dir.display());
-        Ok(Engine {
+        tracing::info!("loaded {} from {} on {backend} ({} profile)", model.config().model_type, dir.display(), profile.name);
+        profile.apply_memory_settings(weight_bytes(dir));
+        let engine = Engine {
             model,
             tokenizer,
             dir: dir.to_path_buf(),
             backend,
-            prefill_chunk: DEFAULT_PREFILL_CHUNK,
+            prefill_chunk: profile.prefill_chunk,
+            profile,
             spec_totals: Default::default(),
-        })
+        };
+        if engine.profile.warmup {
+            engine.warm_up()?;
+        }
+        Ok(engine)
+    }
+
+    /// A short plain and (with an MTP head) speculative generation, so that kernels are
+    /// compiled before the first real request.
+    fn warm_up(&self) -> Result<()> {
+        let started = Instant::now();
+        let vocab = self.model.config().vocab_size.max(2) as u32;
+        let prompt: Vec<u32> = (0..16u32).map(|i| (i * 7919 + 1) % vocab).collect();
+        let mut request = GenerateRequest::greedy(prompt, 4);
+        request.ignore_eos = true;
+        self.generate_text(request.clone())?;
+        if self.model.mtp().is_some() {
+            request.draft_depth = 2;
+            self.generate_text(request)?;
+        }
+        if let Ok(mut totals) = self.spec_totals.lock() {
+            *totals = SpecStats::default();
+        }
+        tracing::info!("warm-up took {:.2} s", started.elapsed().as_secs_f64());
+        Ok(())
+    }
+
+    /// Called once a request is over: at long context the Sustained profile hands MLX's
+    /// buffer cache back to the system.
+    pub fn after_request(&self, context_tokens: usize) {
+        if self.profile.trim_cache_after_tokens.is_some_and(|limit| context_tokens >= limit) {
+            let _ = mlx_rs::memory::clear_cache();
+        }
     }
 
     pub fn generate(&self, request: GenerateRequest, cancel: CancelToken) -> Result<Generation<'_>> {
@@ -192,6 +232,20 @@ impl Engine {
         }
         Err(Error::Request("generation ended without a summary".into()))
     }
+}
+
+/// Bytes of the checkpoint's weight files (what the wired limit must cover).
+fn weight_bytes(dir: &Path) -> usize {
+    std::fs::read_dir(dir)
+        .map(|entries| {
+            entries
+                .flatten()
+                .filter(|e| e.path().extension().is_some_and(|x| x == "safetensors"))
+                .filter_map(|e| e.metadata().ok())
+                .map(|m| m.len() as usize)
+                .sum()
+        })
+        .unwrap_or(0)
 }
 
 /// One running request; iterate it for events.

@@ -11,6 +11,7 @@ pub mod generate;
 pub mod inspect;
 pub mod layers;
 pub mod models;
+pub mod profile;
 pub mod sampling;
 pub mod speculative;
 pub mod tokenizer;
@@ -18,4 +19,5 @@ pub mod weights;
 
 pub use error::{Error, Result};
 pub use generate::{CancelToken, Engine, Event, FinishReason, GenerateRequest, Summary};
+pub use profile::{Profile, ProfileName};
 pub use sampling::SamplingParams;

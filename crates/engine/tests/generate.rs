@@ -168,3 +168,24 @@ fn chat_template_renders_tools_calls_and_results() {
     assert!(text.contains("<|im_start|>assistant\n<tool_call>\n{\"name\": \"read_file\", \"arguments\": {\"path\":\"a.rs\"}}\n</tool_call><|im_end|>"), "{text}");
     assert!(text.contains("<|im_start|>user\n<tool_response>\nfn main() {}\n</tool_response><|im_end|>\n<|im_start|>assistant\n"), "{text}");
 }
+
+#[test]
+fn profiles_change_knobs_not_answers() {
+    // Turbo warms up at load (plain and speculative) and prefills in bigger chunks; the
+    // tokens it produces are the Sustained profile's.
+    let mut o = common::options(Arch::Qwen35, "tiny", None, 64, Dtype::Float32);
+    o.mtp = true;
+    let d = common::make(&o);
+    let sustained = Engine::load(d.path()).unwrap();
+    let turbo = Engine::load_with(d.path(), engine::Profile::named(engine::ProfileName::Turbo)).unwrap();
+    assert_eq!(sustained.prefill_chunk, 2048);
+    assert_eq!(turbo.prefill_chunk, 8192);
+    assert_eq!(turbo.spec_totals.lock().unwrap().cycles, 0, "the warm-up leaves no figures behind");
+    let p = prompt(&sustained);
+    let req = GenerateRequest { ignore_eos: true, ..GenerateRequest::greedy(p, 16) };
+    let (a, _) = sustained.generate_text(req.clone()).unwrap();
+    let (b, _) = turbo.generate_text(req).unwrap();
+    assert_eq!(a, b);
+    sustained.after_request(100_000);
+    assert_eq!(mlx_rs::memory::cache_memory().unwrap(), 0, "a long request's cache goes back");
+}

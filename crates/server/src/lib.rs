@@ -6,6 +6,7 @@ pub mod anthropic;
 pub mod error;
 pub mod metrics;
 pub mod openai;
+pub mod response_format;
 pub mod think;
 pub mod tools;
 pub mod worker;
@@ -25,7 +26,7 @@ use axum::{Json, Router};
 use serde_json::json;
 
 use crate::error::ApiError;
-use crate::worker::Worker;
+use crate::worker::{Worker, WorkerOptions};
 
 /// Request bodies above this are refused (413).
 pub const MAX_BODY_BYTES: usize = 16 << 20;
@@ -42,9 +43,15 @@ pub struct ServerConfig {
     pub api_key: Option<String>,
     /// MTP draft depth for every request (0 = plain decoding).
     pub draft_depth: usize,
-    /// Unload the model after this long without a request (`None` = never).
-    pub idle_unload: Option<std::time::Duration>,
+    /// The idle watchdog: its limit (`None` = never), what it does, and the runtime profile.
+    pub worker: WorkerOptions,
+    /// Browser origins allowed to call the API (the app's own; see [`APP_ORIGINS`]).
+    pub cors_origins: Vec<String>,
 }
+
+/// The origins the Tauri app's web view uses (`tauri://localhost` on macOS and Linux, the
+/// `http(s)://tauri.localhost` form on Windows). The UI served at `/` needs none: same origin.
+pub const APP_ORIGINS: [&str; 3] = ["tauri://localhost", "http://tauri.localhost", "https://tauri.localhost"];
 
 #[derive(Clone)]
 pub struct AppState {
@@ -94,8 +101,25 @@ impl AppState {
         put("x-ferrite-model", self.worker.info.id.clone());
         put("x-ferrite-device", self.worker.info.backend.clone());
         put("x-ferrite-draft-depth", self.draft_depth.to_string());
+        put("x-ferrite-profile", self.worker.info.profile.name.to_string());
         h
     }
+}
+
+/// The API, with CORS for `cors_origins` only.
+pub fn router_with_cors(state: AppState, cors_origins: &[String]) -> Router {
+    let origins: Vec<HeaderValue> = cors_origins.iter().filter_map(|o| HeaderValue::from_str(o).ok()).collect();
+    let cors = tower_http::cors::CorsLayer::new()
+        .allow_origin(origins)
+        .allow_methods([axum::http::Method::GET, axum::http::Method::POST])
+        .allow_headers([
+            axum::http::header::CONTENT_TYPE,
+            axum::http::header::AUTHORIZATION,
+            axum::http::HeaderName::from_static("x-api-key"),
+            axum::http::HeaderName::from_static("anthropic-version"),
+        ])
+        .expose_headers(tower_http::cors::Any);
+    router(state).layer(cors)
 }
 
 pub fn router(state: AppState) -> Router {
@@ -132,7 +156,9 @@ async fn status(State(s): State<AppState>) -> Json<serde_json::Value> {
         "idle_s": s.worker.lifecycle.idle_for().as_secs(),
         "idle_unload_after_s": s.worker.lifecycle.idle_limit.map(|d| d.as_secs()),
         "reasoning_default": "the chat template's (thinking unless a request turns it off)",
-        "prefill_chunk": engine::generate::DEFAULT_PREFILL_CHUNK,
+        "profile": i.profile.name,
+        "profile_knobs": i.profile.knobs(),
+        "idle_action": format!("{:?}", s.worker.lifecycle.on_idle).to_lowercase(),
         "idle_unloads": s.worker.lifecycle.unloads.load(Ordering::SeqCst),
         "reloads": s.worker.lifecycle.reloads.load(Ordering::SeqCst),
         "mlx_active_memory_bytes": mlx_rs::memory::active_memory().unwrap_or(0),
@@ -182,18 +208,28 @@ pub async fn serve(config: ServerConfig) -> anyhow::Result<()> {
         config.model_dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "model".into())
     });
     let dir = config.model_dir.clone();
-    let idle = config.idle_unload;
-    let worker = tokio::task::spawn_blocking(move || Worker::start(dir, id, idle)).await??;
+    let options = config.worker.clone();
+    let worker = tokio::task::spawn_blocking(move || Worker::start(dir, id, options)).await??;
     let state = AppState::new(worker, config.aliases.clone(), config.draft_depth, config.api_key.clone());
-    let listener = tokio::net::TcpListener::bind(config.addr).await?;
+    let listener = tokio::net::TcpListener::bind(config.addr)
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", config.addr))?;
     tracing::info!(
-        "serving `{}` on http://{} (OpenAI API at /v1){}",
+        "serving `{}` on http://{} (OpenAI API at /v1, Anthropic at /v1/messages; {} profile){}",
         state.worker.info.id,
         listener.local_addr()?,
+        state.worker.info.profile.name,
         if config.api_key.is_some() { ", API key required" } else { "" }
     );
-    axum::serve(listener, router(state)).with_graceful_shutdown(async {
-        let _ = tokio::signal::ctrl_c().await;
-    }).await?;
+    let lifecycle = state.worker.lifecycle.clone();
+    let app = router_with_cors(state, &config.cors_origins);
+    axum::serve(listener, app)
+        .with_graceful_shutdown(async move {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => tracing::info!("interrupted: stopping"),
+                _ = lifecycle.stop_requested.notified() => tracing::info!("stopping after the idle limit"),
+            }
+        })
+        .await?;
     Ok(())
 }

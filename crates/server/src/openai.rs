@@ -16,6 +16,7 @@ use serde_json::{json, Value};
 use tokio_stream::wrappers::ReceiverStream;
 
 use crate::error::{parse, ApiError};
+use crate::response_format::{Expect, ResponseFormat};
 use crate::worker::{JobEvent, Prompt, Running};
 use crate::AppState;
 
@@ -133,6 +134,8 @@ struct ChatRequest {
     reasoning_effort: Option<String>,
     #[serde(default)]
     chat_template_kwargs: Option<serde_json::Map<String, Value>>,
+    #[serde(default)]
+    response_format: Option<ResponseFormat>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -236,14 +239,18 @@ pub async fn chat_completions(State(state): State<AppState>, body: Bytes) -> Res
     let req: ChatRequest = parse(&body)?;
     let request = common.generate_request(&state)?;
     let prompt = chat_prompt(&req)?;
-    respond(state, prompt, request, &common, Kind::Chat).await
+    let expect = match &req.response_format {
+        Some(format) => format.expectation()?,
+        None => None,
+    };
+    respond(state, prompt, request, &common, Kind::Chat, expect).await
 }
 
 pub async fn completions(State(state): State<AppState>, body: Bytes) -> Result<Response, ApiError> {
     let common: Common = parse(&body)?;
     let req: CompletionRequest = parse(&body)?;
     let request = common.generate_request(&state)?;
-    respond(state, Prompt::Text(req.prompt), request, &common, Kind::Text).await
+    respond(state, Prompt::Text(req.prompt), request, &common, Kind::Text, None).await
 }
 
 pub async fn models(State(state): State<AppState>) -> Json<Value> {
@@ -261,7 +268,9 @@ enum Kind {
     Text,
 }
 
-async fn respond(state: AppState, prompt: Prompt, request: GenerateRequest, common: &Common, kind: Kind) -> Result<Response, ApiError> {
+/// Runs the request and answers it, whole or as server-sent events. With a `response_format`,
+/// the answer's check goes beside it (`response_format_check`, and a header when not streaming).
+async fn respond(state: AppState, prompt: Prompt, request: GenerateRequest, common: &Common, kind: Kind, expect: Option<Expect>) -> Result<Response, ApiError> {
     let Running { events: mut rx, prompt_tokens, guard } = state.worker.run(prompt, request, false).await?;
     let id = format!("{}-{}", if kind == Kind::Chat { "chatcmpl" } else { "cmpl" }, state.next_id());
     let model = common.model.clone();
@@ -279,7 +288,7 @@ async fn respond(state: AppState, prompt: Prompt, request: GenerateRequest, comm
                 JobEvent::Finished { summary, reasoning_tokens } => {
                     let usage = usage(prompt_tokens, summary.usage.completion_tokens, reasoning_tokens);
                     let reason = if calls.is_empty() { finish_reason(summary.finish_reason) } else { "tool_calls" };
-                    let body = match kind {
+                    let mut body = match kind {
                         Kind::Chat => {
                             let mut message = json!({"role": "assistant", "content": content});
                             if !reasoning.is_empty() {
@@ -301,7 +310,14 @@ async fn respond(state: AppState, prompt: Prompt, request: GenerateRequest, comm
                                    "timings": timings(&summary)}),
                     };
                     drop(guard);
-                    return Ok((state.speed_headers(), Json(body)).into_response());
+                    let mut headers = state.speed_headers();
+                    if let Some(expect) = &expect {
+                        let check = expect.report(&content);
+                        let valid = check["valid"] == json!(true);
+                        headers.insert("x-ferrite-response-format", if valid { "valid" } else { "invalid" }.parse().expect("ascii"));
+                        body["response_format_check"] = check;
+                    }
+                    return Ok((headers, Json(body)).into_response());
                 }
                 JobEvent::Failed(e) => return Err(e.into()),
                 JobEvent::Started { .. } => {}
@@ -323,12 +339,17 @@ async fn respond(state: AppState, prompt: Prompt, request: GenerateRequest, comm
     let events = ReceiverStream::new(rx);
     let call_base = format!("call-{created}");
     let mut calls_sent = 0usize;
+    // Only kept when the finished answer must be checked.
+    let mut answer = String::new();
     let stream = futures_util::stream::once(async move { first })
         .chain(events.flat_map(move |event| {
             let _keep = &guard; // cancels the job when the client goes
             let out: Vec<Value> = match event {
                 JobEvent::Delta { content, reasoning, tool_calls } => {
                     let mut delta = json!({});
+                    if expect.is_some() {
+                        answer.push_str(&content);
+                    }
                     if !content.is_empty() {
                         delta["content"] = json!(content);
                     }
@@ -350,6 +371,9 @@ async fn respond(state: AppState, prompt: Prompt, request: GenerateRequest, comm
                     let reason = if calls_sent > 0 { "tool_calls" } else { finish_reason(summary.finish_reason) };
                     let mut last = chunk(json!({}), Some(reason));
                     last["timings"] = timings(&summary);
+                    if let Some(expect) = &expect {
+                        last["response_format_check"] = expect.report(&answer);
+                    }
                     let mut out = vec![];
                     if include_usage {
                         let mut u = chunk(json!({}), None);

@@ -8,7 +8,7 @@ use std::time::Duration;
 use std::sync::{mpsc, Arc};
 
 use engine::tokenizer::ChatMessage;
-use engine::{CancelToken, Engine, Event, GenerateRequest, Summary};
+use engine::{CancelToken, Engine, Event, GenerateRequest, Profile, Summary};
 use tokio::sync::mpsc as tmpsc;
 
 use crate::metrics::Metrics;
@@ -57,6 +57,7 @@ pub struct ModelInfo {
     pub context: usize,
     pub backend: String,
     pub has_mtp: bool,
+    pub profile: Profile,
 }
 
 pub struct Worker {
@@ -67,6 +68,36 @@ pub struct Worker {
     pub metrics: Arc<Metrics>,
 }
 
+/// What the idle watchdog does when its time is up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum IdleAction {
+    /// Unload the model and release MLX's cache; the next request loads it again.
+    #[default]
+    Unload,
+    /// Unload, then ask the server to shut down.
+    Stop,
+}
+
+impl std::str::FromStr for IdleAction {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "unload" => Ok(IdleAction::Unload),
+            "stop" => Ok(IdleAction::Stop),
+            other => Err(format!("unknown idle action `{other}` (expected unload or stop)")),
+        }
+    }
+}
+
+/// How the worker loads and looks after its model.
+#[derive(Debug, Clone, Default)]
+pub struct WorkerOptions {
+    /// The idle watchdog's limit (`None` = never).
+    pub idle: Option<Duration>,
+    pub on_idle: IdleAction,
+    pub profile: Profile,
+}
+
 /// Whether the model is in memory, and how often the idle watchdog unloaded it.
 #[derive(Debug)]
 pub struct Lifecycle {
@@ -75,17 +106,22 @@ pub struct Lifecycle {
     pub reloads: AtomicUsize,
     /// The idle watchdog's limit (`None` = never unload).
     pub idle_limit: Option<Duration>,
+    pub on_idle: IdleAction,
+    /// Notified when the watchdog, set to [`IdleAction::Stop`], wants the server to stop.
+    pub stop_requested: tokio::sync::Notify,
     /// When the engine last finished a job (or started).
     last_active: std::sync::Mutex<std::time::Instant>,
 }
 
 impl Lifecycle {
-    fn new(idle_limit: Option<Duration>) -> Self {
+    fn new(idle_limit: Option<Duration>, on_idle: IdleAction) -> Self {
         Lifecycle {
             loaded: AtomicBool::new(false),
             unloads: AtomicUsize::new(0),
             reloads: AtomicUsize::new(0),
             idle_limit,
+            on_idle,
+            stop_requested: tokio::sync::Notify::new(),
             last_active: std::sync::Mutex::new(std::time::Instant::now()),
         }
     }
@@ -104,19 +140,21 @@ impl Lifecycle {
 
 impl Worker {
     /// Loads the model on a new thread; returns once it is ready (or failed to load). With
-    /// `idle`, a model that has had no job for that long is unloaded and MLX's buffer cache
-    /// released, so the memory really returns; the next job loads it again.
-    pub fn start(dir: PathBuf, id: String, idle: Option<Duration>) -> anyhow::Result<Worker> {
+    /// an idle limit, a model that has had no job for that long is unloaded and MLX's buffer
+    /// cache released, so the memory really returns; the next job loads it again (or, with
+    /// [`IdleAction::Stop`], the server is asked to stop).
+    pub fn start(dir: PathBuf, id: String, options: WorkerOptions) -> anyhow::Result<Worker> {
+        let WorkerOptions { idle, on_idle, profile } = options;
         let (jobs, rx) = mpsc::channel::<Job>();
         let (ready_tx, ready_rx) = mpsc::channel();
         let queue_depth = Arc::new(AtomicUsize::new(0));
         let depth = queue_depth.clone();
-        let lifecycle = Arc::new(Lifecycle::new(idle));
+        let lifecycle = Arc::new(Lifecycle::new(idle, on_idle));
         let life = lifecycle.clone();
         let metrics = Arc::new(Metrics::new());
         let recorder = metrics.clone();
         std::thread::Builder::new().name("ferrite-engine".into()).spawn(move || {
-            let engine = match Engine::load(&dir) {
+            let engine = match Engine::load_with(&dir, profile.clone()) {
                 Ok(e) => e,
                 Err(e) => {
                     let _ = ready_tx.send(Err(anyhow::anyhow!("loading {}: {e}", dir.display())));
@@ -131,6 +169,7 @@ impl Worker {
                 context: c.max_position_embeddings.unwrap_or(32768).max(1) as usize,
                 backend: engine.backend.to_string(),
                 has_mtp: engine.model.mtp().is_some(),
+                profile: profile.clone(),
             };
             life.loaded.store(true, Ordering::SeqCst);
             let _ = ready_tx.send(Ok(info.clone()));
@@ -145,6 +184,10 @@ impl Worker {
                             life.loaded.store(false, Ordering::SeqCst);
                             life.unloads.fetch_add(1, Ordering::SeqCst);
                             tracing::info!("idle for {limit:?}: unloaded {} and released MLX's cache", info.id);
+                            if on_idle == IdleAction::Stop {
+                                tracing::info!("idle action is `stop`: asking the server to shut down");
+                                life.stop_requested.notify_one();
+                            }
                             continue;
                         }
                         Err(mpsc::RecvTimeoutError::Disconnected) => break,
@@ -156,7 +199,7 @@ impl Worker {
                 };
                 depth.fetch_sub(1, Ordering::SeqCst);
                 if engine.is_none() {
-                    match Engine::load(&dir) {
+                    match Engine::load_with(&dir, profile.clone()) {
                         Ok(e) => {
                             tracing::info!("reloaded {} for a new request", info.id);
                             life.loaded.store(true, Ordering::SeqCst);
@@ -170,7 +213,8 @@ impl Worker {
                     }
                 }
                 if let Some(engine) = &engine {
-                    run_job(engine, &info, &recorder, job);
+                    let used = run_job(engine, &info, &recorder, job);
+                    engine.after_request(used);
                 }
                 life.touch();
             }
@@ -217,21 +261,22 @@ fn render(engine: &Engine, prompt: &Prompt) -> Result<(Vec<u32>, bool), JobError
     Ok((ids, thinking))
 }
 
-fn run_job(engine: &Engine, info: &ModelInfo, metrics: &Metrics, mut job: Job) {
+/// Runs one job; returns how many tokens of context it used (for the profile's cache trim).
+fn run_job(engine: &Engine, info: &ModelInfo, metrics: &Metrics, mut job: Job) -> usize {
     let send = |e: JobEvent| job.events.blocking_send(e).is_ok();
     if job.cancel.is_cancelled() || job.events.is_closed() {
-        return;
+        return 0;
     }
     let (ids, thinking) = match render(engine, &job.prompt) {
         Ok(r) => r,
         Err(e) => {
             send(JobEvent::Failed(e));
-            return;
+            return 0;
         }
     };
     if ids.is_empty() {
         send(JobEvent::Failed(JobError::BadRequest("the prompt is empty".into())));
-        return;
+        return 0;
     }
     if !job.count_only && ids.len() + job.request.max_tokens > info.context {
         send(JobEvent::Failed(JobError::BadRequest(format!(
@@ -240,23 +285,23 @@ fn run_job(engine: &Engine, info: &ModelInfo, metrics: &Metrics, mut job: Job) {
             job.request.max_tokens,
             info.context
         ))));
-        return;
+        return 0;
     }
     let prompt_tokens = ids.len();
     if job.count_only {
         send(JobEvent::Started { prompt_tokens });
-        return;
+        return 0;
     }
     job.request.prompt = ids;
     let generation = match engine.generate(job.request.clone(), job.cancel.clone()) {
         Ok(g) => g,
         Err(e) => {
             send(JobEvent::Failed(JobError::BadRequest(e.to_string())));
-            return;
+            return 0;
         }
     };
     if !send(JobEvent::Started { prompt_tokens }) {
-        return;
+        return prompt_tokens;
     }
     // With tools offered, the answer is searched for tool calls.
     let tools = matches!(&job.prompt, Prompt::Chat { template_vars, .. } if template_vars.contains_key("tools"));
@@ -277,15 +322,17 @@ fn run_job(engine: &Engine, info: &ModelInfo, metrics: &Metrics, mut job: Job) {
                 }
                 metrics.record(&summary);
                 let reasoning_tokens = if answer.reasoning.is_empty() { 0 } else { engine.tokenizer.encode(&answer.reasoning).map(|v| v.len()).unwrap_or(0) };
+                let used = prompt_tokens + summary.usage.completion_tokens;
                 send(JobEvent::Finished { summary, reasoning_tokens });
-                return;
+                return used;
             }
             Err(e) => {
                 send(JobEvent::Failed(JobError::Internal(e.to_string())));
-                return;
+                return prompt_tokens;
             }
         }
     }
+    prompt_tokens
 }
 
 /// A submitted job whose prompt was accepted: its events, and a guard that cancels it when

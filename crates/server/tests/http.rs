@@ -205,3 +205,79 @@ async fn metrics_count_what_was_served() {
     assert_eq!(value("ferrite_model_loaded"), 1.0);
     assert!(value("ferrite_mlx_memory_bytes{kind=\"active\"}") > 0.0);
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn response_format_is_checked_and_reported() {
+    let s = start(None).await;
+    // A random model writes no JSON: the answer is kept and the failure reported beside it.
+    let r = reqwest::Client::new()
+        .post(format!("{}/v1/chat/completions", s.base))
+        .json(&chat(json!({"response_format": {"type": "json_object"}})))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.headers()["x-ferrite-response-format"], "invalid");
+    let v: Value = r.json().await.unwrap();
+    assert!(!v["choices"][0]["message"]["content"].as_str().unwrap().is_empty());
+    assert_eq!(v["response_format_check"]["valid"], false, "{v}");
+    assert!(v["response_format_check"]["error"].as_str().unwrap().contains("not a JSON document"));
+    // Streaming: the check arrives with the finishing chunk.
+    let schema = json!({"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]});
+    let format = json!({"type": "json_schema", "json_schema": {"name": "count", "schema": schema}});
+    let data = sse(&s, &chat(json!({"stream": true, "response_format": format}))).await;
+    let finish: Value = data.iter().filter_map(|d| serde_json::from_str::<Value>(d).ok()).find(|c| c["choices"][0]["finish_reason"].is_string()).unwrap();
+    assert_eq!(finish["response_format_check"]["valid"], false, "{finish}");
+    // A schema that is not one, or an unknown type, is refused before generating.
+    let bad = json!({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": 5}}});
+    let (code, v) = post(&s, "/v1/chat/completions", &chat(json!({"response_format": bad}))).await;
+    assert_eq!(code, 400, "{v}");
+    assert_eq!(v["error"]["param"], "response_format.json_schema");
+    let (code, v) = post(&s, "/v1/chat/completions", &chat(json!({"response_format": {"type": "yaml"}}))).await;
+    assert_eq!(code, 400);
+    assert!(v["error"]["message"].as_str().unwrap().contains("yaml"));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn cors_only_for_the_apps_origin() {
+    let s = start(None).await;
+    let client = reqwest::Client::new();
+    let preflight = |origin: &'static str| {
+        client
+            .request(reqwest::Method::OPTIONS, format!("{}/v1/chat/completions", s.base))
+            .header("origin", origin)
+            .header("access-control-request-method", "POST")
+            .header("access-control-request-headers", "content-type,authorization")
+            .send()
+    };
+    let app = preflight("tauri://localhost").await.unwrap();
+    assert_eq!(app.headers()["access-control-allow-origin"], "tauri://localhost");
+    let other = preflight("https://evil.example").await.unwrap();
+    assert!(other.headers().get("access-control-allow-origin").is_none());
+    let r = client.get(format!("{}/v1/status", s.base)).header("origin", "tauri://localhost").send().await.unwrap();
+    assert_eq!(r.headers()["access-control-allow-origin"], "tauri://localhost");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn profile_is_shown_in_status_and_headers() {
+    let s = start(None).await;
+    let status: Value = reqwest::get(format!("{}/v1/status", s.base)).await.unwrap().json().await.unwrap();
+    assert_eq!(status["profile"], "sustained");
+    assert_eq!(status["profile_knobs"]["prefill_chunk"], 2048);
+    assert_eq!(status["idle_action"], "unload");
+    let r = reqwest::Client::new().post(format!("{}/v1/chat/completions", s.base)).json(&chat(json!({}))).send().await.unwrap();
+    assert_eq!(r.headers()["x-ferrite-profile"], "sustained");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn idle_action_stop_asks_the_server_to_stop() {
+    let s = common::start_opts(server::worker::WorkerOptions {
+        idle: Some(Duration::from_millis(300)),
+        on_idle: server::worker::IdleAction::Stop,
+        ..Default::default()
+    })
+    .await;
+    let stop = s.state.worker.lifecycle.clone();
+    tokio::time::timeout(Duration::from_secs(10), stop.stop_requested.notified()).await.expect("the watchdog asked for a stop");
+    assert_eq!(stop.unloads.load(std::sync::atomic::Ordering::SeqCst), 1);
+}

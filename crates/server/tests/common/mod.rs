@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use engine::checkpoint::{self, Arch, MakeOptions};
 use serde_json::{json, Value};
-use server::worker::Worker;
+use server::worker::{Worker, WorkerOptions};
 use server::AppState;
 
 pub struct Server {
@@ -19,17 +19,25 @@ pub async fn start(api_key: Option<&str>) -> Server {
 }
 
 pub async fn start_with(api_key: Option<&str>, idle: Option<Duration>) -> Server {
+    start_full(api_key, WorkerOptions { idle, ..Default::default() }).await
+}
+
+pub async fn start_opts(options: WorkerOptions) -> Server {
+    start_full(None, options).await
+}
+
+async fn start_full(api_key: Option<&str>, options: WorkerOptions) -> Server {
     let dir = tempfile::tempdir().unwrap();
     let mut o = MakeOptions::new(Arch::Qwen3, "tiny");
     o.bits = Some(4);
     o.group_size = 32;
     checkpoint::make(&o, dir.path()).unwrap();
     let path = dir.path().to_path_buf();
-    let worker = tokio::task::spawn_blocking(move || Worker::start(path, "tiny".into(), idle)).await.unwrap().unwrap();
+    let worker = tokio::task::spawn_blocking(move || Worker::start(path, "tiny".into(), options)).await.unwrap().unwrap();
     let state = AppState::new(worker, vec!["ferrite-tiny".into()], 0, api_key.map(str::to_string));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
-    let app = server::router(state.clone());
+    let app = server::router_with_cors(state.clone(), &server::APP_ORIGINS.map(String::from));
     tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
     Server { base, state, _dir: dir }
 }

@@ -1,0 +1,115 @@
+//! OpenAI's `response_format`: `text`, `json_object` or `json_schema`. Decoding is not yet
+//! constrained, so the answer is checked once it is complete and the outcome is reported
+//! beside it (the text is never dropped): `{"valid": false, "error": "…"}`.
+
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use crate::error::ApiError;
+
+#[derive(Debug, Deserialize)]
+pub struct ResponseFormat {
+    #[serde(rename = "type")]
+    kind: String,
+    #[serde(default)]
+    json_schema: Option<JsonSchema>,
+}
+
+#[derive(Debug, Deserialize)]
+struct JsonSchema {
+    #[serde(default)]
+    name: Option<String>,
+    #[serde(default)]
+    schema: Option<Value>,
+}
+
+/// What the answer must be.
+pub enum Expect {
+    JsonObject,
+    Schema { name: String, validator: Box<jsonschema::Validator> },
+}
+
+impl ResponseFormat {
+    /// Checks the request's format up front, so a bad schema is a 400 before any generation.
+    pub fn expectation(&self) -> Result<Option<Expect>, ApiError> {
+        match self.kind.as_str() {
+            "text" => Ok(None),
+            "json_object" => Ok(Some(Expect::JsonObject)),
+            "json_schema" => {
+                let param = "response_format.json_schema";
+                let spec = self.json_schema.as_ref().ok_or_else(|| ApiError::bad_request("response_format of type json_schema needs a `json_schema` object").with_param(param))?;
+                let schema = spec.schema.as_ref().ok_or_else(|| ApiError::bad_request("response_format.json_schema needs a `schema`").with_param(param))?;
+                let validator = jsonschema::validator_for(schema)
+                    .map_err(|e| ApiError::bad_request(format!("response_format.json_schema.schema is not a valid JSON Schema: {e}")).with_param(param))?;
+                Ok(Some(Expect::Schema { name: spec.name.clone().unwrap_or_else(|| "schema".into()), validator: Box::new(validator) }))
+            }
+            other => Err(ApiError::bad_request(format!("response_format.type `{other}` is not one of text, json_object, json_schema")).with_param("response_format.type")),
+        }
+    }
+}
+
+impl Expect {
+    /// `Ok(())` when the answer is what was asked for, else why not.
+    pub fn check(&self, answer: &str) -> Result<(), String> {
+        let value: Value = serde_json::from_str(answer.trim()).map_err(|e| format!("the answer is not a JSON document: {e}"))?;
+        match self {
+            Expect::JsonObject if value.is_object() => Ok(()),
+            Expect::JsonObject => Err("the answer is JSON but not an object".into()),
+            Expect::Schema { name, validator } => {
+                let errors: Vec<String> = validator.iter_errors(&value).take(5).map(|e| {
+                    let at = e.instance_path().to_string();
+                    format!("{}: {e}", if at.is_empty() { "/".to_string() } else { at })
+                }).collect();
+                if errors.is_empty() {
+                    Ok(())
+                } else {
+                    Err(format!("the answer does not match schema `{name}`: {}", errors.join("; ")))
+                }
+            }
+        }
+    }
+
+    /// The report that goes beside the answer.
+    pub fn report(&self, answer: &str) -> Value {
+        match self.check(answer) {
+            Ok(()) => json!({"valid": true}),
+            Err(error) => json!({"valid": false, "error": error}),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn expect(v: Value) -> Result<Option<Expect>, ApiError> {
+        serde_json::from_value::<ResponseFormat>(v).unwrap().expectation()
+    }
+
+    #[test]
+    fn json_object_wants_an_object() {
+        let e = expect(json!({"type": "json_object"})).unwrap().unwrap();
+        assert!(e.check(" {\"a\": 1}\n").is_ok());
+        assert!(e.check("[1]").unwrap_err().contains("not an object"));
+        assert!(e.check("```json\n{}\n```").unwrap_err().contains("not a JSON document"));
+    }
+
+    #[test]
+    fn schemas_are_checked_and_name_the_failing_place() {
+        let schema = json!({"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]});
+        let e = expect(json!({"type": "json_schema", "json_schema": {"name": "count", "schema": schema}})).unwrap().unwrap();
+        assert!(e.check("{\"n\": 3}").is_ok());
+        let err = e.check("{\"n\": \"three\"}").unwrap_err();
+        assert!(err.contains("count") && err.contains("/n"), "{err}");
+        assert!(e.check("{}").unwrap_err().contains("required") || e.check("{}").unwrap_err().contains("\"n\""));
+    }
+
+    #[test]
+    fn bad_formats_are_refused_up_front() {
+        assert!(expect(json!({"type": "text"})).unwrap().is_none());
+        assert!(expect(json!({"type": "xml"})).is_err());
+        assert!(expect(json!({"type": "json_schema"})).is_err());
+        let bad = expect(json!({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": 12}}}));
+        assert!(bad.err().unwrap().message.contains("not a valid JSON Schema"));
+    }
+}

@@ -1,0 +1,280 @@
+//! The models folder as the CLI and the app see it: which models are installed (complete and
+//! verified), which downloads are unfinished, how a name resolves to a folder, and deletion.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+use serde::Serialize;
+
+use crate::catalog::{Catalog, Entry};
+use crate::config::{Config, LocalModel};
+use crate::layout;
+use crate::verify::{self, ModelFacts};
+use crate::StoreError;
+
+/// Where the model came from.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Source {
+    /// A snapshot in the models folder (downloaded by Ferrite or any other hub tool).
+    Hub { repo: String, commit: String },
+    /// A folder registered in place.
+    Local,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Installed {
+    /// The catalog id, the local registration's id, or the repository.
+    pub id: String,
+    pub catalog_id: Option<String>,
+    pub dir: PathBuf,
+    pub source: Source,
+    pub model_type: String,
+    pub bytes: u64,
+    pub has_mtp: bool,
+}
+
+/// A snapshot that is not usable (yet): an unfinished or corrupt download.
+#[derive(Debug, Clone, Serialize)]
+pub struct Incomplete {
+    pub repo: String,
+    pub dir: PathBuf,
+    pub reason: String,
+    /// Bytes already on disk that a new pull resumes from.
+    pub partial_bytes: u64,
+}
+
+#[derive(Debug, Default, Serialize)]
+pub struct Listing {
+    pub installed: Vec<Installed>,
+    pub incomplete: Vec<Incomplete>,
+}
+
+/// The store: the config's choices, the catalog, and the folder they point at.
+#[derive(Debug, Clone)]
+pub struct Store {
+    pub config_dir: PathBuf,
+    pub config: Config,
+    pub catalog: Catalog,
+    pub models_dir: PathBuf,
+}
+
+/// A name made concrete: the folder to load and the names to serve it under.
+#[derive(Debug, Clone)]
+pub struct Resolved {
+    pub dir: PathBuf,
+    pub id: String,
+    pub aliases: Vec<String>,
+    pub entry: Option<Entry>,
+}
+
+impl Store {
+    /// Opens the store the config in `config_dir` describes (the user catalog included).
+    pub fn open(config_dir: &Path) -> Result<Store, StoreError> {
+        let config = Config::load(config_dir)?;
+        let catalog = Catalog::load(Some(&crate::catalog::user_file(config_dir)))?;
+        let models_dir = config.models_dir.clone().unwrap_or_else(layout::default_models_dir);
+        Ok(Store { config_dir: config_dir.to_path_buf(), config, catalog, models_dir })
+    }
+
+    /// Opens the store of the platform config directory (or `$FERRITE_CONFIG_DIR`).
+    pub fn open_default() -> Result<Store, StoreError> {
+        Self::open(&crate::config::config_dir())
+    }
+
+    /// Chooses the models folder (created if needed, checked writable) and saves the choice.
+    pub fn set_models_dir(&mut self, dir: &Path) -> Result<(), StoreError> {
+        let io = |e: std::io::Error| StoreError::Folder { dir: dir.to_path_buf(), message: e.to_string() };
+        std::fs::create_dir_all(dir).map_err(io)?;
+        let dir = dir.canonicalize().map_err(io)?;
+        let probe = dir.join(".ferrite-write-test");
+        std::fs::write(&probe, b"").map_err(|e| StoreError::Folder { dir: dir.clone(), message: format!("not writable: {e}") })?;
+        let _ = std::fs::remove_file(probe);
+        self.config.models_dir = Some(dir.clone());
+        self.config.save(&self.config_dir)?;
+        self.models_dir = dir;
+        Ok(())
+    }
+
+    /// Registers an MLX model folder where it is (after checking it loads).
+    pub fn register_local(&mut self, id: &str, path: &Path) -> Result<ModelFacts, StoreError> {
+        let path = path.canonicalize().map_err(|e| StoreError::Folder { dir: path.to_path_buf(), message: e.to_string() })?;
+        let facts = verify::check_model_dir(&path, false)?;
+        if self.catalog.find(id).is_some() || self.config.local_models.iter().any(|m| m.id == id) {
+            return Err(StoreError::NameTaken(id.to_string()));
+        }
+        self.config.local_models.push(LocalModel { id: id.to_string(), path });
+        self.config.save(&self.config_dir)?;
+        Ok(facts)
+    }
+
+    /// Every snapshot in the models folder and every registered folder, sorted into usable
+    /// and not.
+    pub fn list(&self) -> Listing {
+        let mut listing = Listing::default();
+        for (repo, repo_dir) in self.repo_dirs() {
+            let entry = self.catalog.entries.iter().find(|e| e.repo == repo);
+            let snapshots = std::fs::read_dir(repo_dir.join("snapshots")).into_iter().flatten().flatten();
+            let mut seen_snapshot = false;
+            for snap in snapshots.filter(|s| s.path().is_dir()) {
+                seen_snapshot = true;
+                let dir = snap.path();
+                let commit = snap.file_name().to_string_lossy().into_owned();
+                match verify::check_model_dir(&dir, entry.is_some_and(|e| e.mtp)) {
+                    Ok(facts) => listing.installed.push(Installed {
+                        id: entry.map(|e| e.id.clone()).unwrap_or_else(|| repo.clone()),
+                        catalog_id: entry.map(|e| e.id.clone()),
+                        dir,
+                        source: Source::Hub { repo: repo.clone(), commit },
+                        model_type: facts.model_type,
+                        bytes: facts.bytes,
+                        has_mtp: facts.has_mtp,
+                    }),
+                    Err(e) => listing.incomplete.push(Incomplete { repo: repo.clone(), dir, reason: e.to_string(), partial_bytes: partial_bytes(&repo_dir) }),
+                }
+            }
+            let partial = partial_bytes(&repo_dir);
+            if !seen_snapshot && partial > 0 {
+                listing.incomplete.push(Incomplete { repo, dir: repo_dir, reason: "download not finished".into(), partial_bytes: partial });
+            }
+        }
+        for local in &self.config.local_models {
+            match verify::check_model_dir(&local.path, false) {
+                Ok(facts) => listing.installed.push(Installed {
+                    id: local.id.clone(),
+                    catalog_id: None,
+                    dir: local.path.clone(),
+                    source: Source::Local,
+                    model_type: facts.model_type,
+                    bytes: facts.bytes,
+                    has_mtp: facts.has_mtp,
+                }),
+                Err(e) => listing.incomplete.push(Incomplete { repo: local.id.clone(), dir: local.path.clone(), reason: e.to_string(), partial_bytes: 0 }),
+            }
+        }
+        listing
+    }
+
+    /// `(repo, folder)` of every hub repository in the models folder.
+    fn repo_dirs(&self) -> Vec<(String, PathBuf)> {
+        let mut out: Vec<(String, PathBuf)> = std::fs::read_dir(&self.models_dir)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|e| layout::repo_from_folder(&e.file_name().to_string_lossy()).map(|r| (r, e.path())))
+            .collect();
+        out.sort();
+        out
+    }
+
+    /// A catalog id or alias, a repository, a registered id, or a model folder → what to load.
+    pub fn resolve(&self, name: &str) -> Result<Resolved, StoreError> {
+        let path = Path::new(name);
+        if path.join("config.json").is_file() {
+            let id = path.canonicalize().ok().and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned())).unwrap_or_else(|| name.to_string());
+            let entry = self.catalog.find(&id).cloned();
+            return Ok(Resolved { dir: path.to_path_buf(), aliases: entry.as_ref().map(|e| e.aliases.clone()).unwrap_or_default(), id, entry });
+        }
+        if let Some(local) = self.config.local_models.iter().find(|m| m.id == name) {
+            return Ok(Resolved { dir: local.path.clone(), id: local.id.clone(), aliases: vec![], entry: None });
+        }
+        let entry = self.catalog.find(name).cloned();
+        let (repo, revision) = match &entry {
+            Some(e) => (e.repo.clone(), e.revision.clone()),
+            None if name.contains('/') && !path.exists() => (name.to_string(), "main".to_string()),
+            None => return Err(StoreError::UnknownModel(name.to_string())),
+        };
+        let repo_dir = self.models_dir.join(layout::repo_folder(&repo));
+        let commit = layout::resolve_ref(&repo_dir, &revision).ok_or_else(|| StoreError::NotInstalled(name.to_string()))?;
+        let dir = repo_dir.join("snapshots").join(commit);
+        verify::check_model_dir(&dir, entry.as_ref().is_some_and(|e| e.mtp)).map_err(|e| StoreError::Unusable { name: name.to_string(), reason: e.to_string() })?;
+        let id = entry.as_ref().map(|e| e.id.clone()).unwrap_or_else(|| repo.clone());
+        let aliases = entry.as_ref().map(|e| e.aliases.clone()).unwrap_or_default();
+        Ok(Resolved { dir, id, aliases, entry })
+    }
+
+    /// Deletes a model: its snapshots, and the blobs no remaining snapshot uses (a registered
+    /// folder is only forgotten, never deleted). Returns the bytes freed.
+    pub fn delete(&mut self, name: &str) -> Result<u64, StoreError> {
+        if let Some(i) = self.config.local_models.iter().position(|m| m.id == name) {
+            self.config.local_models.remove(i);
+            self.config.save(&self.config_dir)?;
+            return Ok(0);
+        }
+        let (repo, revision) = match self.catalog.find(name) {
+            Some(e) => (e.repo.clone(), e.revision.clone()),
+            None if name.contains('/') => (name.to_string(), "main".to_string()),
+            None => return Err(StoreError::UnknownModel(name.to_string())),
+        };
+        let repo_dir = self.models_dir.join(layout::repo_folder(&repo));
+        if !repo_dir.exists() {
+            return Err(StoreError::NotInstalled(name.to_string()));
+        }
+        let folder_error = |dir: &Path, e: std::io::Error| StoreError::Folder { dir: dir.to_path_buf(), message: e.to_string() };
+        let mut freed = 0;
+        if let Some(commit) = layout::resolve_ref(&repo_dir, &revision) {
+            let snapshot = repo_dir.join("snapshots").join(&commit);
+            let before = used_blobs(&repo_dir);
+            std::fs::remove_dir_all(&snapshot).map_err(|e| folder_error(&snapshot, e))?;
+            let after = used_blobs(&repo_dir);
+            for blob in before.keys().filter(|b| !after.contains_key(*b)) {
+                let path = repo_dir.join("blobs").join(blob);
+                freed += path.metadata().map(|m| m.len()).unwrap_or(0);
+                std::fs::remove_file(&path).map_err(|e| folder_error(&path, e))?;
+            }
+            for r in std::fs::read_dir(repo_dir.join("refs")).into_iter().flatten().flatten() {
+                if std::fs::read_to_string(r.path()).is_ok_and(|c| c.trim() == commit) {
+                    let _ = std::fs::remove_file(r.path());
+                }
+            }
+        }
+        // No snapshot left: the folder goes, unfinished downloads with it.
+        let left = std::fs::read_dir(repo_dir.join("snapshots")).map(|d| d.count()).unwrap_or(0);
+        if left == 0 {
+            freed += dir_bytes(&repo_dir);
+            std::fs::remove_dir_all(&repo_dir).map_err(|e| folder_error(&repo_dir, e))?;
+        }
+        Ok(freed)
+    }
+}
+
+/// Bytes of the real files under `dir` (links not followed: blobs are counted once).
+fn dir_bytes(dir: &Path) -> u64 {
+    let mut total = 0;
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let Ok(meta) = entry.path().symlink_metadata() else { continue };
+        if meta.is_dir() {
+            total += dir_bytes(&entry.path());
+        } else if meta.is_file() {
+            total += meta.len();
+        }
+    }
+    total
+}
+
+/// Bytes of unfinished downloads (hf-hub's `*.sync.part` files) in a repository folder.
+fn partial_bytes(repo_dir: &Path) -> u64 {
+    std::fs::read_dir(repo_dir.join("blobs"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().ends_with(".sync.part"))
+        .filter_map(|e| e.metadata().ok())
+        .map(|m| m.len())
+        .sum()
+}
+
+/// Blobs the snapshots of a repository folder use, by file name.
+pub fn used_blobs(repo_dir: &Path) -> BTreeMap<String, BTreeSet<PathBuf>> {
+    let mut used: BTreeMap<String, BTreeSet<PathBuf>> = BTreeMap::new();
+    for snap in std::fs::read_dir(repo_dir.join("snapshots")).into_iter().flatten().flatten() {
+        for file in std::fs::read_dir(snap.path()).into_iter().flatten().flatten() {
+            if let Ok(target) = std::fs::read_link(file.path()) {
+                if let Some(blob) = target.file_name() {
+                    used.entry(blob.to_string_lossy().into_owned()).or_default().insert(file.path());
+                }
+            }
+        }
+    }
+    used
+}

@@ -1,0 +1,170 @@
+//! Is a model folder usable? Cheap checks (run on every listing: config, tokenizer,
+//! safetensors headers against file sizes, the index against the shards present, the MTP
+//! head when one is promised) and the hash check of downloaded files against the hub's ETag.
+
+use std::collections::BTreeSet;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("{}: {message}", file.display())]
+pub struct VerifyError {
+    pub file: PathBuf,
+    pub message: String,
+}
+
+fn fail(file: &Path, message: impl Into<String>) -> VerifyError {
+    VerifyError { file: file.to_path_buf(), message: message.into() }
+}
+
+/// What a usable model folder holds.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelFacts {
+    pub model_type: String,
+    pub weight_files: Vec<PathBuf>,
+    pub tensors: usize,
+    pub has_mtp: bool,
+    /// Bytes of every file in the folder (links followed).
+    pub bytes: u64,
+}
+
+/// The cheap checks. `expect_mtp`: the catalog promises `mtp.*` tensors.
+pub fn check_model_dir(dir: &Path, expect_mtp: bool) -> Result<ModelFacts, VerifyError> {
+    let config_path = dir.join("config.json");
+    let config: serde_json::Value = std::fs::read(&config_path)
+        .map_err(|e| fail(&config_path, format!("missing or unreadable: {e}")))
+        .and_then(|b| serde_json::from_slice(&b).map_err(|e| fail(&config_path, format!("not valid JSON: {e}"))))?;
+    let model_type = config
+        .get("model_type")
+        .or_else(|| config.get("text_config").and_then(|t| t.get("model_type")))
+        .and_then(|t| t.as_str())
+        .ok_or_else(|| fail(&config_path, "no `model_type`"))?
+        .to_string();
+    let tokenizer = dir.join("tokenizer.json");
+    if !tokenizer.is_file() {
+        return Err(fail(&tokenizer, "missing"));
+    }
+    let weight_files = weight_files(dir)?;
+    let mut names = BTreeSet::new();
+    for file in &weight_files {
+        names.extend(safetensors_names(file)?);
+    }
+    let has_mtp = names.iter().any(|n| n.starts_with("mtp.") || n.contains(".mtp."));
+    if expect_mtp && !has_mtp {
+        return Err(fail(dir, "the catalog promises an MTP head but no `mtp.*` tensor is present"));
+    }
+    let bytes = std::fs::read_dir(dir)
+        .map_err(|e| fail(dir, e.to_string()))?
+        .flatten()
+        .filter_map(|e| std::fs::metadata(e.path()).ok())
+        .filter(|m| m.is_file())
+        .map(|m| m.len())
+        .sum();
+    Ok(ModelFacts { model_type, weight_files, tensors: names.len(), has_mtp, bytes })
+}
+
+/// The shards the index names (all present), else every `*.safetensors` (at least one).
+fn weight_files(dir: &Path) -> Result<Vec<PathBuf>, VerifyError> {
+    let index = dir.join("model.safetensors.index.json");
+    if index.exists() {
+        let v: serde_json::Value = std::fs::read(&index)
+            .map_err(|e| fail(&index, e.to_string()))
+            .and_then(|b| serde_json::from_slice(&b).map_err(|e| fail(&index, format!("not valid JSON: {e}"))))?;
+        let map = v.get("weight_map").and_then(|m| m.as_object()).ok_or_else(|| fail(&index, "no `weight_map`"))?;
+        let shards: BTreeSet<&str> = map.values().filter_map(|s| s.as_str()).collect();
+        let mut files = Vec::new();
+        for shard in shards {
+            let path = dir.join(shard);
+            if !path.is_file() {
+                return Err(fail(&index, format!("lists shard `{shard}`, which is missing")));
+            }
+            files.push(path);
+        }
+        return Ok(files);
+    }
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map_err(|e| fail(dir, e.to_string()))?
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
+        .collect();
+    files.sort();
+    if files.is_empty() {
+        return Err(fail(dir, "no *.safetensors weights"));
+    }
+    Ok(files)
+}
+
+/// Tensor names of one safetensors file, after checking that the data the header
+/// announces is all there.
+pub fn safetensors_names(file: &Path) -> Result<Vec<String>, VerifyError> {
+    let mut f = std::fs::File::open(file).map_err(|e| fail(file, e.to_string()))?;
+    let size = f.metadata().map_err(|e| fail(file, e.to_string()))?.len();
+    let mut prefix = [0u8; 8];
+    f.read_exact(&mut prefix).map_err(|_| fail(file, "shorter than a safetensors header"))?;
+    let header_len = u64::from_le_bytes(prefix);
+    if header_len > (100 << 20) || 8 + header_len > size {
+        return Err(fail(file, format!("not safetensors, or truncated: a {header_len}-byte header in a {size}-byte file")));
+    }
+    let mut header = vec![0u8; header_len as usize];
+    f.read_exact(&mut header).map_err(|e| fail(file, e.to_string()))?;
+    let meta: safetensors::tensor::Metadata =
+        serde_json::from_slice(&header).map_err(|e| fail(file, format!("bad safetensors header: {e}")))?;
+    let expected = 8 + header_len + meta.data_len() as u64;
+    if size != expected {
+        return Err(fail(file, format!("{size} bytes, but its header describes {expected}: truncated or padded")));
+    }
+    Ok(meta.tensors().into_keys().collect())
+}
+
+/// Checks a downloaded file against the hub's ETag: the sha256 of LFS files (64 hex
+/// digits), or git's blob sha1 of small files (40). Other ETags cannot be checked.
+pub fn check_hash(file: &Path, etag: &str) -> Result<(), VerifyError> {
+    let etag = etag.trim_matches('"').to_ascii_lowercase();
+    let hex = |bytes: &[u8]| bytes.iter().map(|b| format!("{b:02x}")).collect::<String>();
+    let size = std::fs::metadata(file).map_err(|e| fail(file, e.to_string()))?.len();
+    let got = match etag.len() {
+        64 => hex(&digest_file::<sha2::Sha256>(file, None)?),
+        40 => hex(&digest_file::<sha1::Sha1>(file, Some(format!("blob {size}\0")))?),
+        _ => return Ok(()),
+    };
+    if got != etag {
+        return Err(fail(file, format!("corrupt: its hash is {got}, the hub says {etag}")));
+    }
+    Ok(())
+}
+
+fn digest_file<D: sha1::Digest>(file: &Path, prefix: Option<String>) -> Result<Vec<u8>, VerifyError> {
+    let mut f = std::fs::File::open(file).map_err(|e| fail(file, e.to_string()))?;
+    let mut hasher = D::new();
+    if let Some(p) = prefix {
+        hasher.update(p.as_bytes());
+    }
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = f.read(&mut buf).map_err(|e| fail(file, e.to_string()))?;
+        if n == 0 {
+            break;
+        }
+        hasher.update(&buf[..n]);
+    }
+    Ok(hasher.finalize().to_vec())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hashes_are_checked() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("a");
+        std::fs::write(&f, b"hello\n").unwrap();
+        // `git hash-object` and `sha256sum` of "hello\n".
+        check_hash(&f, "ce013625030ba8dba906f756967f9e9ca394464a").unwrap();
+        check_hash(&f, "\"5891b5b522d5df086d0ff0b110fbd9d21bb4fc7163af34d08286a2e846f6be03\"").unwrap();
+        let e = check_hash(&f, &"0".repeat(64)).unwrap_err();
+        assert!(e.message.contains("corrupt"), "{e}");
+        check_hash(&f, "W/\"weak-etag\"").unwrap();
+    }
+}

@@ -1,5 +1,4 @@
 use std::io::Write;
-use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use engine::tokenizer::ChatMessage;
@@ -7,9 +6,10 @@ use engine::{CancelToken, Engine, Event, GenerateRequest, SamplingParams};
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// Model folder (config.json, *.safetensors, tokenizer.json).
+    /// Model: a folder (config.json, *.safetensors, tokenizer.json), a catalog id or alias,
+    /// a registered id, or a repository.
     #[arg(long, short)]
-    model: PathBuf,
+    model: String,
     /// The prompt text.
     #[arg(long, short)]
     prompt: String,
@@ -45,7 +45,8 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> Result<()> {
-    let engine = Engine::load_with(&args.model, engine::Profile::named(args.profile)).with_context(|| format!("loading {}", args.model.display()))?;
+    let dir = crate::models::resolve(&args.model)?.dir;
+    let engine = Engine::load_with(&dir, engine::Profile::named(args.profile)).with_context(|| format!("loading {}", dir.display()))?;
     let text = if args.chat {
         let mut extra = serde_json::Map::new();
         if args.no_think {

@@ -3,6 +3,7 @@
 mod bench;
 mod dev;
 mod generate;
+mod models;
 mod serve;
 
 use clap::{Parser, Subcommand};
@@ -30,6 +31,15 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Download a model (catalog id, alias or repository) into the models folder.
+    Pull { model: String },
+    /// List installed models (size, location, MTP head) and the catalog.
+    Ls,
+    /// Delete a downloaded model (or forget a registered folder) and report the space freed.
+    Rm { model: String },
+    /// The models folder: show it, choose another, register a folder in place.
+    #[command(subcommand)]
+    Store(models::StoreCommand),
     /// List the runtime profiles and every knob each sets.
     Profiles,
     /// Developer tools: make test checkpoints.
@@ -74,6 +84,10 @@ fn main() {
         Command::Dev(cmd) => dev::run(cmd),
         Command::Inspect { dir, json } => inspect(&dir, json),
         Command::Profiles => profiles(),
+        Command::Pull { model } => models::pull(&model),
+        Command::Ls => models::ls(),
+        Command::Rm { model } => models::rm(&model),
+        Command::Store(cmd) => models::store_command(cmd),
     };
     if let Err(err) = result {
         eprintln!("error: {err:#}");

@@ -1,17 +1,16 @@
 use std::net::{IpAddr, SocketAddr};
-use std::path::PathBuf;
 
 use anyhow::Result;
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// Model folder to load.
+    /// Model to load: a folder, a catalog id or alias, a registered id, or a repository.
     #[arg(long, short)]
-    model: PathBuf,
-    /// Name clients use for the model (default: the folder name).
+    model: String,
+    /// Name clients use for the model (default: its catalog id, else the folder name).
     #[arg(long)]
     id: Option<String>,
-    /// Another name accepted for the model (repeatable).
+    /// Another name accepted for the model (repeatable; the catalog's aliases always are).
     #[arg(long)]
     alias: Vec<String>,
     /// Address to bind; anything but loopback needs --api-key.
@@ -42,10 +41,11 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> Result<()> {
+    let model = crate::models::resolve(&args.model)?;
     let config = server::ServerConfig {
-        model_dir: args.model,
-        model_id: args.id,
-        aliases: args.alias,
+        model_dir: model.dir,
+        model_id: Some(args.id.unwrap_or(model.id)),
+        aliases: model.aliases.into_iter().chain(args.alias).collect(),
         addr: SocketAddr::new(args.host, args.port),
         api_key: args.api_key,
         draft_depth: args.draft_depth,

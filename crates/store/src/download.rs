@@ -105,13 +105,18 @@ impl Default for Options {
         Options {
             endpoint: std::env::var("HF_ENDPOINT").ok().filter(|e| !e.is_empty()).unwrap_or_else(|| "https://huggingface.co".into()),
             token: std::env::var("HF_TOKEN").ok().filter(|t| !t.is_empty()),
-            space: Arc::new(|p: &Path| fs4::available_space(p)),
+            space: Arc::new(|p: &Path| free_space(p)),
             margin_bytes: 512 << 20,
             retries: 2,
             chunk_bytes: 8 << 20,
             offline: offline(),
         }
     }
+}
+
+/// Free bytes on the volume that holds `dir`.
+pub fn free_space(dir: &Path) -> std::io::Result<u64> {
+    fs4::available_space(dir)
 }
 
 /// True when the user asked hub tools to stay offline.

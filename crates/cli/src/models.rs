@@ -1,0 +1,145 @@
+//! `ferrite pull | ls | rm | store …`: the model store from the command line, through the
+//! same config file and models folder the app uses.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use store::download::{Downloader, Options, Request, State};
+use store::Store;
+
+#[derive(clap::Subcommand)]
+pub enum StoreCommand {
+    /// Where models are stored, and where that choice is kept.
+    Show,
+    /// Store models in DIR from now on (hub-cache layout; the app uses the same setting).
+    Set { dir: PathBuf },
+    /// Use an MLX model folder where it is, under the name ID.
+    Add { id: String, dir: PathBuf },
+}
+
+/// Bytes for people: MiB below a GiB, GiB above.
+fn gib(bytes: u64) -> String {
+    if bytes < 1 << 30 {
+        format!("{:.1} MiB", bytes as f64 / (1u64 << 20) as f64)
+    } else {
+        format!("{:.2} GiB", bytes as f64 / (1u64 << 30) as f64)
+    }
+}
+
+pub fn pull(name: &str) -> Result<()> {
+    let store = Store::open_default()?;
+    let (repo, revision, expect_mtp) = match store.catalog.find(name) {
+        Some(e) => (e.repo.clone(), e.revision.clone(), e.mtp),
+        None if name.split('/').count() == 2 => (name.to_string(), "main".to_string(), false),
+        None => bail!("`{name}` is neither a catalog model (see `ferrite ls`) nor a repository (org/name)"),
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    runtime.block_on(async {
+        let downloader = Downloader::new(store.models_dir.clone(), Options::default());
+        let download = downloader.pull(Request { repo: repo.clone(), revision, expect_mtp });
+        let bar = indicatif::ProgressBar::new(0);
+        bar.set_style(
+            indicatif::ProgressStyle::with_template("{msg:30!} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec} ETA {eta}")
+                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
+                .progress_chars("=> "),
+        );
+        let mut progress = download.progress();
+        let stop = tokio::signal::ctrl_c();
+        tokio::pin!(stop);
+        loop {
+            {
+                let p = progress.borrow_and_update();
+                bar.set_length(p.total_bytes);
+                bar.set_position(p.done_bytes);
+                bar.set_message(match &p.state {
+                    State::Verifying => "verifying".to_string(),
+                    _ => p.file.clone(),
+                });
+                if p.state.is_final() {
+                    break;
+                }
+            }
+            tokio::select! {
+                changed = progress.changed() => if changed.is_err() { break },
+                _ = &mut stop => {
+                    download.cancel();
+                    bar.abandon_with_message("cancelled: a new pull resumes");
+                }
+                _ = tokio::time::sleep(Duration::from_millis(500)) => {}
+            }
+        }
+        bar.finish_and_clear();
+        let dir = download.wait().await?;
+        println!("{repo}: installed in {}", dir.display());
+        anyhow::Ok(())
+    })
+}
+
+pub fn ls() -> Result<()> {
+    let store = Store::open_default()?;
+    let listing = store.list();
+    println!("models folder: {}", store.models_dir.display());
+    println!("\ninstalled:");
+    if listing.installed.is_empty() {
+        println!("  (none)");
+    }
+    for m in &listing.installed {
+        println!("  {:<28} {:>10}  {:<12} mtp:{:<3}  {}", m.id, gib(m.bytes), m.model_type, if m.has_mtp { "yes" } else { "no" }, m.dir.display());
+    }
+    if !listing.incomplete.is_empty() {
+        println!("\nnot usable (unfinished or damaged; `ferrite pull` resumes):");
+        for m in &listing.incomplete {
+            println!("  {:<28} {}", m.repo, m.reason);
+        }
+    }
+    println!("\navailable (models.toml):");
+    for e in &store.catalog.entries {
+        let size = e.size_bytes.value().map(|b| gib(*b)).unwrap_or_else(|| "size unknown".into());
+        let aliases = if e.aliases.is_empty() { String::new() } else { format!(" (aliases: {})", e.aliases.join(", ")) };
+        println!("  {:<28} {:>12}  {:<12} mtp:{:<3}  {}{aliases}", e.id, size, e.architecture, if e.mtp { "yes" } else { "no" }, e.repo);
+    }
+    Ok(())
+}
+
+/// `--model`: a folder, a catalog id or alias, a registered id, or a repository.
+pub fn resolve(name: &str) -> Result<store::Resolved> {
+    let path = std::path::Path::new(name);
+    if path.join("config.json").is_file() {
+        // A folder works without a store (and without a config directory).
+        let id = path.canonicalize()?.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| name.to_string());
+        return Ok(store::Resolved { dir: path.to_path_buf(), id, aliases: vec![], entry: None });
+    }
+    Ok(Store::open_default()?.resolve(name)?)
+}
+
+pub fn rm(name: &str) -> Result<()> {
+    let mut store = Store::open_default()?;
+    let freed = store.delete(name)?;
+    println!("removed {name}: {} freed", gib(freed));
+    Ok(())
+}
+
+pub fn store_command(cmd: StoreCommand) -> Result<()> {
+    let mut store = Store::open_default()?;
+    match cmd {
+        StoreCommand::Show => {
+            println!("models folder: {}", store.models_dir.display());
+            println!("config file:   {}", store::Config::path(&store.config_dir).display());
+            println!("user catalog:  {}", store::catalog::user_file(&store.config_dir).display());
+            match store::download::free_space(&store.models_dir) {
+                Ok(free) => println!("free space:    {}", gib(free)),
+                Err(e) => println!("free space:    unknown ({e})"),
+            }
+        }
+        StoreCommand::Set { dir } => {
+            store.set_models_dir(&dir).with_context(|| format!("choosing {}", dir.display()))?;
+            println!("models folder: {}", store.models_dir.display());
+        }
+        StoreCommand::Add { id, dir } => {
+            let facts = store.register_local(&id, &dir)?;
+            println!("{id}: {} ({}, {} tensors, MTP head: {}) used in place", dir.display(), facts.model_type, facts.tensors, facts.has_mtp);
+        }
+    }
+    Ok(())
+}

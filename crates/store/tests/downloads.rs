@@ -195,3 +195,34 @@ async fn offline_and_unknown_repositories_say_so() {
     let err = d.pull(request("test/plain", true)).wait().await.unwrap_err();
     assert!(err.to_string().contains("MTP"), "{err}");
 }
+
+/// Unmounts the test's small tmpfs, whatever happens.
+struct Mount(std::path::PathBuf);
+
+impl Drop for Mount {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount").arg(&self.0).status();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_disk_filling_up_mid_download_stops_cleanly_and_keeps_the_data() {
+    let s = setup(&[("test/hybrid", true)]).await;
+    let volume = s._tmp.path().join("small-volume");
+    std::fs::create_dir_all(&volume).unwrap();
+    let mounted = std::process::Command::new("mount").args(["-t", "tmpfs", "-o", "size=200k", "tmpfs"]).arg(&volume).status();
+    if !mounted.is_ok_and(|st| st.success()) {
+        eprintln!("SKIPPED: mounting a small tmpfs needs root (CI runs as root)");
+        return;
+    }
+    let _guard = Mount(volume.clone());
+    // The free-space check passes (another program fills the disk after it).
+    let space = Arc::new(|_: &std::path::Path| Ok(u64::MAX / 4));
+    let d = Downloader::new(volume.clone(), Options { space, ..options(&s) });
+    let err = d.pull(request("test/hybrid", true)).wait().await.unwrap_err();
+    let DownloadError::DiskFull { kept, .. } = err else { panic!("{err}") };
+    assert!(kept > 0, "the bytes downloaded so far stay for a resume");
+    let mut store = s.store.clone();
+    store.models_dir = volume;
+    assert!(store.list().installed.is_empty());
+}

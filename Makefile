@@ -1,6 +1,10 @@
 # The two commands of the quick start: `make run` and `make test`. Both set up on first use.
 CARGO ?= cargo
-DEMO_MODEL ?= target/ferrite-demo/qwen3-tiny-4bit
+# The model `make run` serves: the embedded default (assets/models), or any MODEL=id|dir.
+MODEL ?= default
+PORT ?= 8080
+# MTP draft depth: 1 pays on a GPU (bench/acceptance.sh); on a CPU plain decoding is faster for now.
+DRAFT ?= 0
 
 .PHONY: setup build run test bench clean
 
@@ -10,12 +14,13 @@ setup:
 build: setup
 	$(CARGO) build --release -p ferrite-cli
 
-# Until the server and the app land, `run` generates text with a project-made checkpoint.
+# Until the app lands (it needs a display too), `run` serves the embedded default model on
+# 127.0.0.1:$(PORT) until Ctrl-C.
 run: build
-	@test -f $(DEMO_MODEL)/config.json || target/release/ferrite dev make-checkpoint \
-		--arch qwen3 --preset tiny --bits 4 --group-size 32 --out $(DEMO_MODEL)
-	target/release/ferrite generate --model $(DEMO_MODEL) --chat \
-		--prompt "Write a function that adds two numbers." --max-tokens 64 --temp 0.7 --seed 1
+	@echo "Serving Ferrite's default model: OpenAI API at http://127.0.0.1:$(PORT)/v1, Anthropic at /v1/messages"
+	@echo "  try: curl -s http://127.0.0.1:$(PORT)/v1/chat/completions -H 'content-type: application/json' \\"
+	@echo "         -d '{\"model\": \"default\", \"messages\": [{\"role\": \"user\", \"content\": \"Write a Python function that reverses a list.\"}], \"max_tokens\": 128}'"
+	target/release/ferrite serve --model $(MODEL) --port $(PORT) --draft-depth $(DRAFT)
 
 test: setup
 	$(CARGO) test --workspace --all-targets

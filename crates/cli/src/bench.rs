@@ -22,19 +22,30 @@ pub struct Args {
     /// Measure speculative decoding instead: the cost of a verify pass of D+1 tokens and of a
     /// draft step relative to a plain step, acceptance and decode speed for D = 1..4.
     #[arg(long)]
-    spec: bool,    /// Runtime profile (`ferrite profiles` lists the knobs).
+    spec: bool,
+    /// With --spec: sampling temperature (0 = greedy); several prompts (a JSON array of
+    /// arrays) are all run and their figures pooled.
+    #[arg(long, default_value_t = 0.0)]
+    temp: f32,
+    /// Runtime profile (`ferrite profiles` lists the knobs).
     #[arg(long, env = "FERRITE_PROFILE", default_value = "sustained")]
     profile: engine::ProfileName,
 }
 
 pub fn run(args: Args) -> Result<()> {
     let text = std::fs::read_to_string(&args.prompt_ids).with_context(|| format!("reading {}", args.prompt_ids.display()))?;
-    let prompt: Vec<u32> = serde_json::from_str(&text)
-        .with_context(|| format!("{}: expected a JSON array of token ids", args.prompt_ids.display()))?;
+    // One prompt, or several (`--spec` pools them; plain timing uses the first).
+    let prompts: Vec<Vec<u32>> = serde_json::from_str::<Vec<Vec<u32>>>(&text)
+        .or_else(|_| serde_json::from_str::<Vec<u32>>(&text).map(|p| vec![p]))
+        .with_context(|| format!("{}: expected a JSON array of token ids, or an array of such arrays", args.prompt_ids.display()))?;
+    anyhow::ensure!(!prompts.is_empty(), "{}: no prompt", args.prompt_ids.display());
     let engine = Engine::load_with(&args.model, engine::Profile::named(args.profile))?;
-    let request = GenerateRequest { ignore_eos: true, ..GenerateRequest::greedy(prompt, args.gen_tokens) };
+    let request = GenerateRequest { ignore_eos: true, ..GenerateRequest::greedy(prompts[0].clone(), args.gen_tokens) };
     if args.spec {
-        return speculative(&engine, &request, args.runs);
+        let mut request = request;
+        request.sampling.temperature = args.temp;
+        request.sampling.seed = Some(0);
+        return speculative(&engine, &request, &prompts, args.runs);
     }
     let mut decode = Vec::new();
     let mut prefill = Vec::new();
@@ -67,13 +78,27 @@ pub fn run(args: Args) -> Result<()> {
 }
 
 
-fn speculative(engine: &Engine, request: &GenerateRequest, runs: usize) -> Result<()> {
+fn speculative(engine: &Engine, request: &GenerateRequest, prompts: &[Vec<u32>], runs: usize) -> Result<()> {
     let costs = engine::speculative::measure_costs(engine.model.as_ref(), &request.prompt, 10 * runs.max(1))?;
+    // Every prompt at this depth: pooled acceptance, and tokens over decode time.
     let decode = |depth: usize| -> Result<(f64, Option<engine::speculative::SpecStats>)> {
-        let req = GenerateRequest { draft_depth: depth, ..request.clone() };
-        engine.generate_text(req.clone())?; // warm-up
-        let (_, s) = engine.generate_text(req)?;
-        Ok((s.timings.decode_tps, s.speculative))
+        let warm = GenerateRequest { draft_depth: depth, ..request.clone() };
+        engine.generate_text(warm)?;
+        let (mut tokens, mut seconds, mut pooled) = (0usize, 0f64, None::<engine::speculative::SpecStats>);
+        for prompt in prompts {
+            let req = GenerateRequest { draft_depth: depth, prompt: prompt.clone(), ..request.clone() };
+            let (_, s) = engine.generate_text(req)?;
+            let decoded = s.usage.completion_tokens.saturating_sub(1);
+            tokens += decoded;
+            seconds += if s.timings.decode_tps > 0.0 { decoded as f64 / s.timings.decode_tps } else { 0.0 };
+            if let Some(stats) = s.speculative {
+                match &mut pooled {
+                    Some(p) => p.merge(&stats),
+                    None => pooled = Some(stats),
+                }
+            }
+        }
+        Ok((if seconds > 0.0 { tokens as f64 / seconds } else { 0.0 }, pooled))
     };
     let (plain_tps, _) = decode(0)?;
     eprintln!("plain decode {plain_tps:.1} tok/s; plain step {:.3} ms, draft step {:.3} ms ({:.2}x a plain step)", costs.plain_step_s * 1e3, costs.draft_step_s * 1e3, costs.draft_ratio());
@@ -93,7 +118,8 @@ fn speculative(engine: &Engine, request: &GenerateRequest, runs: usize) -> Resul
         }));
     }
     println!("{}", serde_json::json!({
-        "engine": "ferrite", "backend": engine.backend.to_string(), "plain_decode_tps": plain_tps,
+        "engine": "ferrite", "backend": engine.backend.to_string(), "temperature": request.sampling.temperature,
+        "prompts": prompts.len(), "gen_tokens": request.max_tokens, "plain_decode_tps": plain_tps,
         "plain_step_s": costs.plain_step_s, "draft_step_s": costs.draft_step_s, "draft_cost": costs.draft_ratio(),
         "depths": rows,
     }));

@@ -7,6 +7,68 @@ use engine::checkpoint::{self, Arch, Dtype, Layout, MakeOptions};
 pub enum Command {
     /// Write a random-initialised checkpoint in the MLX layout, with a trained tokenizer.
     MakeCheckpoint(MakeArgs),
+    /// Train a byte-level BPE tokenizer (Ferrite's special tokens and chat template) on the
+    /// documents of a JSONL file (`{"text": ...}` per line); writes tokenizer.json and
+    /// tokenizer_config.json into OUT.
+    TrainTokenizer {
+        #[arg(long)]
+        docs: PathBuf,
+        #[arg(long, default_value_t = 8192)]
+        vocab: usize,
+        #[arg(long)]
+        out: PathBuf,
+    },
+    /// Tokenize the documents of a JSONL file into little-endian u16 ids, each document
+    /// followed by <|endoftext|>; prints the token count.
+    Tokenize {
+        /// Folder holding tokenizer.json.
+        #[arg(long)]
+        tokenizer: PathBuf,
+        #[arg(long)]
+        docs: PathBuf,
+        #[arg(long)]
+        out: PathBuf,
+    },
+}
+
+/// The `text` of every line of a JSONL file.
+fn read_docs(path: &std::path::Path) -> Result<Vec<String>> {
+    use anyhow::Context;
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    text.lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+        .map(|(i, l)| {
+            let v: serde_json::Value = serde_json::from_str(l).with_context(|| format!("{}:{}: not JSON", path.display(), i + 1))?;
+            v.get("text").and_then(|t| t.as_str()).map(str::to_string).with_context(|| format!("{}:{}: no string `text`", path.display(), i + 1))
+        })
+        .collect()
+}
+
+fn train_tokenizer(docs: &std::path::Path, vocab: usize, out: &std::path::Path) -> Result<()> {
+    let docs = read_docs(docs)?;
+    std::fs::create_dir_all(out)?;
+    let n = checkpoint::tokenizer_trainer::train_tokenizer(&out.join("tokenizer.json"), vocab, docs.into_iter())?;
+    checkpoint::write_tokenizer_config(out)?;
+    println!("{}: {n} tokens in the vocabulary", out.display());
+    Ok(())
+}
+
+fn tokenize(tokenizer: &std::path::Path, docs: &std::path::Path, out: &std::path::Path) -> Result<()> {
+    let tok = engine::tokenizer::Tokenizer::load(tokenizer)?;
+    let end = tok.token_id("<|endoftext|>").ok_or_else(|| anyhow::anyhow!("the tokenizer has no <|endoftext|>"))?;
+    let mut bytes = Vec::new();
+    let mut count = 0usize;
+    for doc in read_docs(docs)? {
+        for id in tok.encode(&doc)?.into_iter().chain([end]) {
+            let id = u16::try_from(id).map_err(|_| anyhow::anyhow!("token id {id} does not fit in u16"))?;
+            bytes.extend_from_slice(&id.to_le_bytes());
+            count += 1;
+        }
+    }
+    std::fs::write(out, bytes)?;
+    println!("{}: {count} tokens", out.display());
+    Ok(())
 }
 
 #[derive(clap::Args)]
@@ -44,7 +106,11 @@ pub struct MakeArgs {
 }
 
 pub fn run(cmd: Command) -> Result<()> {
-    let Command::MakeCheckpoint(a) = cmd;
+    let a = match cmd {
+        Command::MakeCheckpoint(a) => a,
+        Command::TrainTokenizer { docs, vocab, out } => return train_tokenizer(&docs, vocab, &out),
+        Command::Tokenize { tokenizer, docs, out } => return tokenize(&tokenizer, &docs, &out),
+    };
     let dtype = match a.dtype.as_str() {
         "f32" | "float32" => Dtype::Float32,
         "bf16" | "bfloat16" => Dtype::Bfloat16,

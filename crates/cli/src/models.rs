@@ -30,6 +30,10 @@ fn gib(bytes: u64) -> String {
 pub fn pull(name: &str) -> Result<()> {
     let store = Store::open_default()?;
     let (repo, revision, expect_mtp) = match store.catalog.find(name) {
+        Some(e) if e.embedded.is_some() => {
+            println!("{}: ships with Ferrite ({}), nothing to download", e.id, store.resolve(&e.id)?.dir.display());
+            return Ok(());
+        }
         Some(e) => (e.repo.clone(), e.revision.clone(), e.mtp),
         None if name.split('/').count() == 2 => (name.to_string(), "main".to_string(), false),
         None => bail!("`{name}` is neither a catalog model (see `ferrite ls`) nor a repository (org/name)"),
@@ -97,7 +101,7 @@ pub fn ls() -> Result<()> {
     for e in &store.catalog.entries {
         let size = e.size_bytes.value().map(|b| gib(*b)).unwrap_or_else(|| "size unknown".into());
         let aliases = if e.aliases.is_empty() { String::new() } else { format!(" (aliases: {})", e.aliases.join(", ")) };
-        println!("  {:<28} {:>12}  {:<12} mtp:{:<3}  {}{aliases}", e.id, size, e.architecture, if e.mtp { "yes" } else { "no" }, e.repo);
+        println!("  {:<28} {:>12}  {:<12} mtp:{:<3}  {}{aliases}", e.id, size, e.architecture, if e.mtp { "yes" } else { "no" }, if e.repo.is_empty() { "(ships with Ferrite)" } else { e.repo.as_str() });
     }
     Ok(())
 }

@@ -132,6 +132,11 @@ impl Tokenizer {
         Ok(enc.get_ids().to_vec())
     }
 
+    /// The id of a token given as text (special tokens included).
+    pub fn token_id(&self, token: &str) -> Option<u32> {
+        self.inner.token_to_id(token)
+    }
+
     pub fn decode(&self, ids: &[u32]) -> Result<String> {
         self.inner
             .decode(ids, true)

@@ -43,8 +43,13 @@ pub struct Entry {
     /// Other names API clients may use; stable across builds.
     #[serde(default)]
     pub aliases: Vec<String>,
-    /// Hugging Face repository (`org/name`).
+    /// Hugging Face repository (`org/name`); empty for a model that ships with Ferrite.
+    #[serde(default)]
     pub repo: String,
+    /// A model that ships with Ferrite: its folder under the assets directory
+    /// ([`crate::assets_dir`]); nothing to download.
+    #[serde(default)]
+    pub embedded: Option<PathBuf>,
     #[serde(default = "main")]
     pub revision: String,
     /// `model_type` of its config.json.
@@ -116,8 +121,12 @@ impl Catalog {
             if entry.id.trim().is_empty() {
                 return Err(bad("id", "must not be empty"));
             }
-            if entry.repo.split('/').count() != 2 || entry.repo.split('/').any(str::is_empty) {
-                return Err(bad("repo", "must be `org/name`"));
+            match (&entry.embedded, entry.repo.is_empty()) {
+                (Some(_), false) => return Err(bad("repo", "an embedded model has no repository")),
+                (None, _) if entry.repo.split('/').count() != 2 || entry.repo.split('/').any(str::is_empty) => {
+                    return Err(bad("repo", "must be `org/name`"))
+                }
+                _ => {}
             }
             let figures = [
                 ("size_bytes", entry.size_bytes.unknown_text()),
@@ -140,7 +149,7 @@ impl Catalog {
 
     /// The entry named by id, alias or repository.
     pub fn find(&self, name: &str) -> Option<&Entry> {
-        self.entries.iter().find(|e| e.id == name || e.aliases.iter().any(|a| a == name) || e.repo == name)
+        self.entries.iter().find(|e| e.id == name || e.aliases.iter().any(|a| a == name) || (!e.repo.is_empty() && e.repo == name))
     }
 }
 

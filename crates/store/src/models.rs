@@ -20,6 +20,8 @@ pub enum Source {
     Hub { repo: String, commit: String },
     /// A folder registered in place.
     Local,
+    /// A model that ships with Ferrite (in its assets).
+    Embedded,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -57,6 +59,8 @@ pub struct Store {
     pub config: Config,
     pub catalog: Catalog,
     pub models_dir: PathBuf,
+    /// Where embedded models are looked for ([`crate::assets_dir`]).
+    pub assets_dir: PathBuf,
 }
 
 /// A name made concrete: the folder to load and the names to serve it under.
@@ -74,7 +78,7 @@ impl Store {
         let config = Config::load(config_dir)?;
         let catalog = Catalog::load(Some(&crate::catalog::user_file(config_dir)))?;
         let models_dir = config.models_dir.clone().unwrap_or_else(layout::default_models_dir);
-        Ok(Store { config_dir: config_dir.to_path_buf(), config, catalog, models_dir })
+        Ok(Store { config_dir: config_dir.to_path_buf(), config, catalog, models_dir, assets_dir: crate::assets_dir() })
     }
 
     /// Opens the store of the platform config directory (or `$FERRITE_CONFIG_DIR`).
@@ -138,6 +142,21 @@ impl Store {
                 listing.incomplete.push(Incomplete { repo, dir: repo_dir, reason: "download not finished".into(), partial_bytes: partial });
             }
         }
+        for entry in &self.catalog.entries {
+            let Some(rel) = &entry.embedded else { continue };
+            let dir = self.assets_dir.join(rel);
+            if let Ok(facts) = verify::check_model_dir(&dir, entry.mtp) {
+                listing.installed.push(Installed {
+                    id: entry.id.clone(),
+                    catalog_id: Some(entry.id.clone()),
+                    dir,
+                    source: Source::Embedded,
+                    model_type: facts.model_type,
+                    bytes: facts.bytes,
+                    has_mtp: facts.has_mtp,
+                });
+            }
+        }
         for local in &self.config.local_models {
             match verify::check_model_dir(&local.path, false) {
                 Ok(facts) => listing.installed.push(Installed {
@@ -179,6 +198,11 @@ impl Store {
             return Ok(Resolved { dir: local.path.clone(), id: local.id.clone(), aliases: vec![], entry: None });
         }
         let entry = self.catalog.find(name).cloned();
+        if let Some(e) = entry.as_ref().filter(|e| e.embedded.is_some()) {
+            let dir = self.assets_dir.join(e.embedded.as_ref().expect("checked"));
+            verify::check_model_dir(&dir, e.mtp).map_err(|err| StoreError::Unusable { name: name.to_string(), reason: err.to_string() })?;
+            return Ok(Resolved { dir, id: e.id.clone(), aliases: e.aliases.clone(), entry: entry.clone() });
+        }
         let (repo, revision) = match &entry {
             Some(e) => (e.repo.clone(), e.revision.clone()),
             None if name.contains('/') && !path.exists() => (name.to_string(), "main".to_string()),
@@ -202,6 +226,7 @@ impl Store {
             return Ok(0);
         }
         let (repo, revision) = match self.catalog.find(name) {
+            Some(e) if e.embedded.is_some() => return Err(StoreError::Embedded(e.id.clone())),
             Some(e) => (e.repo.clone(), e.revision.clone()),
             None if name.contains('/') => (name.to_string(), "main".to_string()),
             None => return Err(StoreError::UnknownModel(name.to_string())),

@@ -25,6 +25,8 @@ async fn setup(repos: &[(&str, bool)]) -> Setup {
     }
     let mut store = Store::open(&tmp.path().join("config")).unwrap();
     store.set_models_dir(&tmp.path().join("models")).unwrap();
+    // Only what the test puts in the models folder (not the embedded model).
+    store.assets_dir = tmp.path().join("no-assets");
     Setup { _tmp: tmp, store, hub }
 }
 

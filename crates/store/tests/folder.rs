@@ -30,6 +30,7 @@ fn place_like_another_tool(models: &Path, repo: &str, commit: &str, src: &Path) 
 fn open(tmp: &Path) -> Store {
     let mut store = Store::open(&tmp.join("config")).unwrap();
     store.set_models_dir(&tmp.join("models")).unwrap();
+    store.assets_dir = tmp.join("no-assets");
     store
 }
 
@@ -110,4 +111,19 @@ fn folders_register_in_place_and_the_choice_is_shared() {
     // A folder that is not a model is refused with the reason.
     let e = store.register_local("empty", tmp.path()).unwrap_err().to_string();
     assert!(e.contains("config.json"), "{e}");
+}
+
+#[test]
+fn the_embedded_model_is_installed_and_cannot_be_deleted() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut store = Store::open(&tmp.path().join("config")).unwrap();
+    let resolved = store.resolve("default").unwrap();
+    assert_eq!(resolved.id, "ferrite-code-20m");
+    assert!(resolved.aliases.contains(&"ferrite-default".to_string()));
+    assert!(resolved.dir.ends_with("assets/models/ferrite-code-20m"), "{}", resolved.dir.display());
+    let listing = store.list();
+    let embedded = listing.installed.iter().find(|m| m.id == "ferrite-code-20m").expect("listed");
+    assert_eq!(embedded.source, store::models::Source::Embedded);
+    assert!(embedded.has_mtp);
+    assert!(matches!(store.delete("default"), Err(store::StoreError::Embedded(_))));
 }

@@ -149,6 +149,17 @@ pub fn make(opts: &MakeOptions, out: &Path) -> Result<Made> {
         config["quantization_config"] = serde_json::Value::Object(quant);
     }
     write_json(&out.join("config.json"), &config)?;
+    write_tokenizer_config(out)?;
+    write_json(
+        &out.join("generation_config.json"),
+        &json!({"eos_token_id": [im_end, endoftext], "do_sample": false}),
+    )?;
+    Ok(Made { dir: out.to_path_buf(), parameters, bytes, files })
+}
+
+/// `tokenizer_config.json` for a tokenizer from [`tokenizer_trainer`]: the chat template and
+/// the special tokens' roles.
+pub fn write_tokenizer_config(out: &Path) -> Result<()> {
     write_json(
         &out.join("tokenizer_config.json"),
         &json!({
@@ -160,12 +171,7 @@ pub fn make(opts: &MakeOptions, out: &Path) -> Result<Made> {
             "model_max_length": 40960,
             "chat_template": tokenizer_trainer::CHAT_TEMPLATE,
         }),
-    )?;
-    write_json(
-        &out.join("generation_config.json"),
-        &json!({"eos_token_id": [im_end, endoftext], "do_sample": false}),
-    )?;
-    Ok(Made { dir: out.to_path_buf(), parameters, bytes, files })
+    )
 }
 
 fn dtype_name(d: Dtype) -> &'static str {

@@ -54,9 +54,18 @@ pub const CHAT_TEMPLATE: &str = r##"{%- if tools %}
 {%- if enable_thinking is defined and enable_thinking is false %}{{- '<think>\n\n</think>\n\n' }}{%- endif %}
 {%- endif %}"##;
 
-/// Trains a tokenizer of at most `max_vocab` entries (special tokens included) and writes
-/// `tokenizer.json`. Returns the number of entries.
+/// Trains a tokenizer of at most `max_vocab` entries (special tokens included) on the small
+/// built-in corpus and writes `tokenizer.json`. Returns the number of entries.
 pub fn write_tokenizer(path: &Path, max_vocab: usize) -> Result<usize> {
+    train_tokenizer(path, max_vocab, CORPUS.lines().map(|l| format!("{l}\n")))
+}
+
+/// Trains a byte-level BPE tokenizer of at most `max_vocab` entries (the special tokens last,
+/// as Qwen orders them) on `texts` and writes it to `path`. Returns the number of entries.
+pub fn train_tokenizer<I>(path: &Path, max_vocab: usize, texts: I) -> Result<usize>
+where
+    I: Iterator<Item = String> + Send,
+{
     let err = |e: tokenizers::Error| Error::Tokenizer { path: path.to_path_buf(), message: e.to_string() };
     let mut trainer = BpeTrainerBuilder::new()
         .vocab_size(max_vocab - SPECIAL_TOKENS.len())
@@ -72,7 +81,7 @@ pub fn write_tokenizer(path: &Path, max_vocab: usize) -> Result<usize> {
         .with_decoder(Some(ByteLevelDecoder::default()))
         .build()
         .map_err(err)?;
-    tokenizer.train(&mut trainer, CORPUS.lines().map(|l| format!("{l}\n"))).map_err(err)?;
+    tokenizer.train(&mut trainer, texts).map_err(err)?;
     // In id order: each kind is added in its own call, so keep them grouped as Qwen does.
     for (token, special) in SPECIAL_TOKENS {
         let added = [AddedToken::from(*token, *special)];

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# MTP acceptance of the embedded model on held-out code (bench/prompts/heldout-code.json:
+# 96-token windows of 8 held-out files of the training split, see train/README.md), at
+# temperature 0 and 0.7: acceptance by draft position, tokens per cycle and decode tok/s for
+# D = 1..4 against plain decoding, in one run.
+#
+#   bench/acceptance.sh            (FERRITE=path/to/ferrite, GEN_TOKENS=128)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+FERRITE=${FERRITE:-target/release/ferrite}
+MODEL=${MODEL:-assets/models/ferrite-code-20m}
+GEN_TOKENS=${GEN_TOKENS:-128}
+OUT=${BENCH_DIR:-bench/out}
+mkdir -p "$OUT"
+for temp in 0 0.7; do
+    echo "== temperature $temp"
+    RUST_LOG=warn "$FERRITE" bench --spec --model "$MODEL" --prompt-ids bench/prompts/heldout-code.json \
+        --gen-tokens "$GEN_TOKENS" --runs 1 --temp "$temp" | tee -a "$OUT/acceptance.jsonl" >/dev/null
+done

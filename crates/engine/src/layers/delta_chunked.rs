@@ -49,7 +49,9 @@ pub fn delta_rule_chunked(q: &Array, k: &Array, v: &Array, g: &Array, beta: &Arr
     let v = chunks(padded(f32(v)?, 0.0)?, dv)?;
     let per_pos = |x: Array| -> Result<Array> { Ok(x.transpose_axes(&[0, 2, 1])?.reshape(&[b, h, n, CHUNK])?) };
     let beta = per_pos(padded(f32(beta)?, 0.0)?)?;
-    let log_g = per_pos(padded(ops::log(f32(g)?)?, 0.0)?)?;
+    // A decay that underflowed to 0 would give log 0 - log 0 = NaN below; 1e-30 forgets the
+    // state just as completely.
+    let log_g = per_pos(padded(ops::log(ops::maximum(f32(g)?, Array::from_f32(1e-30))?)?, 0.0)?)?;
 
     // Decay ratios inside each chunk, in log space so long chunks cannot overflow.
     let lc = log_g.cumsum(-1, None, None)?; // log γ_t
@@ -136,5 +138,20 @@ mod tests {
         let (y_chunk, s_chunk) = delta_rule_chunked(&q, &k, &v, &g, &beta, s0).unwrap();
         let (dy, ds) = (max_rel_diff(&y_chunk, &y_step), max_rel_diff(&s_chunk, states.last().unwrap()));
         assert!(dy < 8e-3 && ds < 1e-5, "bf16: relative differences y {dy:e}, state {ds:e}");
+    }
+
+    #[test]
+    fn a_decay_of_zero_resets_the_state_without_nan() {
+        let (b, t, h, d) = (1, 70, 2, 8);
+        let key = |i| random::key(i).unwrap();
+        let q = random::normal::<f32>(&[b, t, h, d][..], None, None, &key(1)).unwrap();
+        let k = random::normal::<f32>(&[b, t, h, d][..], None, None, &key(2)).unwrap();
+        let v = random::normal::<f32>(&[b, t, h, d][..], None, None, &key(3)).unwrap();
+        let beta = random::uniform::<f32, f32>(0.0, 1.0, &[b, t, h][..], &key(5)).unwrap();
+        let g = ops::zeros::<f32>(&[b, t, h]).unwrap();
+        let s0 = ops::zeros::<f32>(&[b, h, d, d]).unwrap();
+        let (y_step, _) = delta_rule(&q, &k, &v, &g, &beta, s0.clone(), false).unwrap();
+        let (y_chunk, _) = delta_rule_chunked(&q, &k, &v, &g, &beta, s0).unwrap();
+        assert!(max_rel_diff(&y_chunk, &y_step) < 1e-5);
     }
 }

@@ -3,8 +3,8 @@ CARGO ?= cargo
 # The model `make run` serves: the embedded default (assets/models), or any MODEL=id|dir.
 MODEL ?= default
 PORT ?= 8080
-# MTP draft depth: 1 pays on a GPU (bench/acceptance.sh); on a CPU plain decoding is faster for now.
-DRAFT ?= 0
+# MTP draft depth: `auto` is what `ferrite tune` stored for this machine (plain decoding until then).
+DRAFT ?= auto
 
 .PHONY: setup build run test bench clean
 

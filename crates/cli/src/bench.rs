@@ -50,7 +50,11 @@ pub fn run(args: Args) -> Result<()> {
     let mut decode = Vec::new();
     let mut prefill = Vec::new();
     let mut ttft = Vec::new();
+    let mut cpu_start = 0.0;
     for run in 0..=args.runs.max(1) {
+        if run == 1 {
+            cpu_start = cpu_seconds();
+        }
         let (_, summary) = engine.generate_text(request.clone())?;
         anyhow::ensure!(summary.usage.completion_tokens == args.gen_tokens, "generated {} tokens, wanted {}", summary.usage.completion_tokens, args.gen_tokens);
         if run > 0 {
@@ -63,9 +67,12 @@ pub fn run(args: Args) -> Result<()> {
         v.sort_by(|a, b| a.total_cmp(b));
         v[v.len() / 2]
     };
+    let cpu_per_token = (cpu_seconds() - cpu_start) / (args.runs.max(1) * (request.prompt.len() + args.gen_tokens)) as f64;
     let report = serde_json::json!({
         "engine": "ferrite",
         "backend": engine.backend.to_string(),
+        "profile": args.profile.to_string(),
+        "cpu_seconds_per_token": cpu_per_token,
         "prompt_tokens": request.prompt.len(),
         "gen_tokens": args.gen_tokens,
         "decode_tps": median(&mut decode),
@@ -77,6 +84,17 @@ pub fn run(args: Args) -> Result<()> {
     Ok(())
 }
 
+
+/// User plus system CPU time of this process so far.
+fn cpu_seconds() -> f64 {
+    // SAFETY: getrusage writes into the struct we pass.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) } != 0 {
+        return 0.0;
+    }
+    let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 * 1e-6;
+    secs(usage.ru_utime) + secs(usage.ru_stime)
+}
 
 fn speculative(engine: &Engine, request: &GenerateRequest, prompts: &[Vec<u32>], runs: usize) -> Result<()> {
     let costs = engine::speculative::measure_costs(engine.model.as_ref(), &request.prompt, 10 * runs.max(1))?;

@@ -37,15 +37,18 @@ pub struct Args {
     /// Stop before this string (repeatable).
     #[arg(long)]
     stop: Vec<String>,
-    /// Draft this many tokens per cycle with the model's MTP head (0 = plain decoding, max 4).
-    #[arg(long, default_value_t = 0)]
-    draft_depth: usize,    /// Runtime profile (`ferrite profiles` lists the knobs).
+    /// Draft this many tokens per cycle with the model's MTP head (0 = plain decoding, max 4),
+    /// or `auto`: what `ferrite tune` stored for this machine, model and profile.
+    #[arg(long, default_value = "auto")]
+    draft_depth: String,
+    /// Runtime profile (`ferrite profiles` lists the knobs).
     #[arg(long, env = "FERRITE_PROFILE", default_value = "sustained")]
     profile: engine::ProfileName,
 }
 
 pub fn run(args: Args) -> Result<()> {
     let dir = crate::models::resolve(&args.model)?.dir;
+    let (draft_depth, _) = crate::tune::draft_depth(&args.draft_depth, &dir, args.profile)?;
     let engine = Engine::load_with(&dir, engine::Profile::named(args.profile)).with_context(|| format!("loading {}", dir.display()))?;
     let text = if args.chat {
         let mut extra = serde_json::Map::new();
@@ -68,7 +71,7 @@ pub fn run(args: Args) -> Result<()> {
         },
         stop: args.stop,
         ignore_eos: false,
-        draft_depth: args.draft_depth,
+        draft_depth,
         draft_script: None,
     };
     let mut out = std::io::stdout().lock();

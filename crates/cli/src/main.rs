@@ -5,6 +5,7 @@ mod dev;
 mod generate;
 mod models;
 mod serve;
+mod tune;
 
 use clap::{Parser, Subcommand};
 
@@ -40,6 +41,9 @@ enum Command {
     /// The models folder: show it, choose another, register a folder in place.
     #[command(subcommand)]
     Store(models::StoreCommand),
+    /// Find the fastest MTP draft depth for a model on this machine, and store it when the
+    /// measurement can be trusted (`--draft-depth auto` uses it).
+    Tune(tune::Args),
     /// List the runtime profiles and every knob each sets.
     Profiles,
     /// Developer tools: make test checkpoints.
@@ -84,6 +88,7 @@ fn main() {
         Command::Dev(cmd) => dev::run(cmd),
         Command::Inspect { dir, json } => inspect(&dir, json),
         Command::Profiles => profiles(),
+        Command::Tune(args) => tune::run(args),
         Command::Pull { model } => models::pull(&model),
         Command::Ls => models::ls(),
         Command::Rm { model } => models::rm(&model),

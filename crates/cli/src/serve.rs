@@ -21,9 +21,10 @@ pub struct Args {
     /// Key clients must send (Authorization: Bearer KEY or x-api-key: KEY).
     #[arg(long, env = "FERRITE_API_KEY")]
     api_key: Option<String>,
-    /// MTP draft depth for every request (0 = plain decoding, at most 4).
-    #[arg(long, default_value_t = 0)]
-    draft_depth: usize,
+    /// MTP draft depth for every request: 0 (plain decoding) to 4, or `auto` for what
+    /// `ferrite tune` stored for this machine, model and profile (plain decoding if nothing).
+    #[arg(long, default_value = "auto")]
+    draft_depth: String,
     /// Unload the model after this many minutes without a request (0 = never); the next
     /// request loads it again.
     #[arg(long, default_value_t = 10)]
@@ -42,13 +43,15 @@ pub struct Args {
 
 pub fn run(args: Args) -> Result<()> {
     let model = crate::models::resolve(&args.model)?;
+    let (draft_depth, draft_depth_source) = crate::tune::draft_depth(&args.draft_depth, &model.dir, args.profile)?;
     let config = server::ServerConfig {
         model_dir: model.dir,
         model_id: Some(args.id.unwrap_or(model.id)),
         aliases: model.aliases.into_iter().chain(args.alias).collect(),
         addr: SocketAddr::new(args.host, args.port),
         api_key: args.api_key,
-        draft_depth: args.draft_depth,
+        draft_depth,
+        draft_depth_source,
         worker: server::worker::WorkerOptions {
             idle: (args.idle_minutes > 0).then(|| std::time::Duration::from_secs(60 * args.idle_minutes)),
             on_idle: args.idle_action,

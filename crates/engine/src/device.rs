@@ -33,6 +33,22 @@ pub fn backend() -> Backend {
     }
 }
 
+/// The version of the MLX library this process runs on (e.g. "0.32.2").
+pub fn mlx_version() -> String {
+    // SAFETY: mlx_version fills a string we own; its data is read before the string is freed.
+    unsafe {
+        let mut s = mlx_sys::mlx_string_new();
+        let version = if mlx_sys::mlx_version(&mut s) == 0 {
+            let data = mlx_sys::mlx_string_data(s);
+            if data.is_null() { String::new() } else { std::ffi::CStr::from_ptr(data).to_string_lossy().into_owned() }
+        } else {
+            String::new()
+        };
+        mlx_sys::mlx_string_free(s);
+        if version.is_empty() { "unknown".into() } else { version }
+    }
+}
+
 #[cfg(target_os = "macos")]
 fn gpu_available() -> bool {
     let mut available = false;

@@ -15,6 +15,7 @@ pub mod profile;
 pub mod sampling;
 pub mod speculative;
 pub mod tokenizer;
+pub mod tune;
 pub mod weights;
 
 pub use error::{Error, Result};

@@ -43,6 +43,8 @@ pub struct ServerConfig {
     pub api_key: Option<String>,
     /// MTP draft depth for every request (0 = plain decoding).
     pub draft_depth: usize,
+    /// Where that depth came from (tuned, untuned, the command line), for /v1/status.
+    pub draft_depth_source: String,
     /// The idle watchdog: its limit (`None` = never), what it does, and the runtime profile.
     pub worker: WorkerOptions,
     /// Browser origins allowed to call the API (the app's own; see [`APP_ORIGINS`]).
@@ -58,6 +60,7 @@ pub struct AppState {
     pub worker: Arc<Worker>,
     pub aliases: Vec<String>,
     pub draft_depth: usize,
+    pub draft_depth_source: String,
     pub api_key: Option<String>,
     pub started: Instant,
     pub started_unix: u64,
@@ -70,6 +73,7 @@ impl AppState {
             worker: Arc::new(worker),
             aliases,
             draft_depth,
+            draft_depth_source: "set by the embedding program".into(),
             api_key,
             started: Instant::now(),
             started_unix: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
@@ -149,7 +153,7 @@ async fn status(State(s): State<AppState>) -> Json<serde_json::Value> {
     let i = &s.worker.info;
     Json(json!({
         "model": i.id, "model_type": i.model_type, "dir": i.dir, "device": i.backend,
-        "context": i.context, "mtp_head": i.has_mtp, "draft_depth": s.draft_depth,
+        "context": i.context, "mtp_head": i.has_mtp, "draft_depth": s.draft_depth, "draft_depth_source": s.draft_depth_source,
         "queue_depth": s.worker.queue_depth.load(Ordering::SeqCst),
         "uptime_s": s.started.elapsed().as_secs(),
         "loaded": s.worker.lifecycle.loaded.load(Ordering::SeqCst),
@@ -210,7 +214,8 @@ pub async fn serve(config: ServerConfig) -> anyhow::Result<()> {
     let dir = config.model_dir.clone();
     let options = config.worker.clone();
     let worker = tokio::task::spawn_blocking(move || Worker::start(dir, id, options)).await??;
-    let state = AppState::new(worker, config.aliases.clone(), config.draft_depth, config.api_key.clone());
+    let mut state = AppState::new(worker, config.aliases.clone(), config.draft_depth, config.api_key.clone());
+    state.draft_depth_source = config.draft_depth_source.clone();
     let listener = tokio::net::TcpListener::bind(config.addr)
         .await
         .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", config.addr))?;

@@ -7,6 +7,7 @@ pub mod config;
 pub mod download;
 pub mod layout;
 pub mod models;
+pub mod tuning;
 pub mod verify;
 pub mod watch;
 

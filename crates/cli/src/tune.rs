@@ -32,6 +32,9 @@ pub struct Args {
     /// Largest spread between repetitions (percent of the median) that is still trusted.
     #[arg(long, default_value_t = 15.0)]
     max_spread: f64,
+    /// Another process using more than this share of a core (percent) makes the machine busy.
+    #[arg(long, default_value_t = 50.0)]
+    busy_percent: f32,
 }
 
 /// This machine as the tuning file keys it.
@@ -85,20 +88,21 @@ struct BusyCheck {
     /// `None` where sysinfo cannot read processes (then nothing is reported busy).
     sys: Option<sysinfo::System>,
     me: sysinfo::Pid,
+    threshold: f32,
 }
 
 impl BusyCheck {
-    fn new() -> Self {
+    fn new(threshold: f32) -> Self {
         let mut sys = sysinfo::System::new().ok();
         if let Some(s) = &mut sys {
             s.refresh_processes(sysinfo::ProcessesToUpdate::All, true);
         } else {
             eprintln!("warning: cannot read the process list: other programs' load goes unchecked");
         }
-        BusyCheck { sys, me: sysinfo::Pid::from_u32(std::process::id()) }
+        BusyCheck { sys, me: sysinfo::Pid::from_u32(std::process::id()), threshold }
     }
 
-    /// The busiest other process, if it used more than half a core since the last look.
+    /// The busiest other process, if it used more than the threshold since the last look.
     fn check(&mut self) -> Option<String> {
         let sys = self.sys.as_mut()?;
         sys.refresh_processes(sysinfo::ProcessesToUpdate::All, true);
@@ -108,7 +112,7 @@ impl BusyCheck {
             // Threads are listed as tasks too: ours would count as "another program".
             .filter(|(pid, p)| **pid != self.me && p.thread_kind().is_none())
             .map(|(pid, p)| (pid, p.name().to_string_lossy().into_owned(), p.cpu_usage()))
-            .filter(|(_, _, cpu)| *cpu > 50.0)
+            .filter(|(_, _, cpu)| *cpu > self.threshold)
             .max_by(|a, b| a.2.total_cmp(&b.2))
             .map(|(pid, name, cpu)| format!("process `{name}` (pid {pid}) used {cpu:.0}% of a core"))
     }
@@ -134,7 +138,7 @@ pub fn run(args: Args) -> Result<()> {
     let options = TuneOptions { gen_tokens: args.tokens, reps: args.reps, prompts: args.prompts, max_spread: args.max_spread / 100.0, ..TuneOptions::default() };
     let key = key(&model.dir, args.profile);
     eprintln!("tuning {} ({}) with the {} profile on {}", model.id, key.model, args.profile, key.machine);
-    let mut busy = BusyCheck::new();
+    let mut busy = BusyCheck::new(args.busy_percent);
     let measurement = tune::measure(&engine, &options, || busy.check(), |what| eprintln!("  {what}"))?;
     println!("{:>5} {:>5} {:>10} {:>8} {:>24} {:>10} {:>8}", "depth", "temp", "tok/s", "spread", "acceptance by position", "tok/cycle", "vs plain");
     for c in &measurement.candidates {

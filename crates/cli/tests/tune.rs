@@ -1,6 +1,7 @@
 //! `ferrite tune` end to end on a project-made hybrid with an MTP head: it measures, stores a
 //! result that `--show` lists and `serve --draft-depth auto` uses, and a corrupt tuning file
-//! is set aside and rebuilt. (Alone in its test binary, so no other test loads the machine.)
+//! is set aside and rebuilt. The spread and load checks are opened wide here: their rules
+//! are unit-tested in engine::tune, and a test machine's load is not this test's subject.
 
 use std::io::{Read, Write};
 use std::process::{Command, Stdio};
@@ -31,7 +32,7 @@ fn tune_stores_shows_serves_and_survives_a_corrupt_file() {
     checkpoint::make(&o, &model).unwrap();
 
     let out = ferrite(&config)
-        .args(["tune", "--model", model.to_str().unwrap(), "--prompts", "1", "--tokens", "8", "--reps", "2", "--max-spread", "1000"])
+        .args(["tune", "--model", model.to_str().unwrap(), "--prompts", "1", "--tokens", "8", "--reps", "2", "--max-spread", "1000", "--busy-percent", "100000"])
         .output()
         .unwrap();
     let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));

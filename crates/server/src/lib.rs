@@ -4,11 +4,13 @@
 
 pub mod anthropic;
 pub mod error;
+pub mod live;
 pub mod metrics;
 pub mod openai;
 pub mod response_format;
 pub mod think;
 pub mod tools;
+pub mod ui;
 pub mod worker;
 
 use std::net::SocketAddr;
@@ -62,6 +64,8 @@ pub struct AppState {
     pub draft_depth: usize,
     pub draft_depth_source: String,
     pub api_key: Option<String>,
+    /// Memory, fans and thermal state, sampled once a second.
+    pub telemetry: Arc<telemetry::Sampler>,
     pub started: Instant,
     pub started_unix: u64,
     next_id: Arc<AtomicU64>,
@@ -75,6 +79,7 @@ impl AppState {
             draft_depth,
             draft_depth_source: "set by the embedding program".into(),
             api_key,
+            telemetry: Arc::new(telemetry::Sampler::start(std::time::Duration::from_secs(1))),
             started: Instant::now(),
             started_unix: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
             next_id: Arc::new(AtomicU64::new(1)),
@@ -128,7 +133,12 @@ pub fn router_with_cors(state: AppState, cors_origins: &[String]) -> Router {
 
 pub fn router(state: AppState) -> Router {
     Router::new()
+        .route("/", get(ui::index))
+        .route("/app.js", get(ui::script))
+        .route("/style.css", get(ui::style))
         .route("/health", get(|| async { Json(json!({"status": "ok"})) }))
+        .route("/v1/telemetry", get(live::telemetry))
+        .route("/v1/events", get(live::events))
         .route("/v1/status", get(status))
         .route("/metrics", get(metrics))
         .route("/v1/models", get(openai::models))
@@ -172,7 +182,9 @@ async fn status(State(s): State<AppState>) -> Json<serde_json::Value> {
 
 /// With an API key configured, every request must carry it (Bearer or x-api-key).
 async fn auth(State(s): State<AppState>, req: Request, next: Next) -> Response {
-    if let Some(key) = &s.api_key {
+    // The page itself holds no data; what it loads from /v1 needs the key like any client.
+    let page = matches!(req.uri().path(), "/" | "/app.js" | "/style.css");
+    if let Some(key) = s.api_key.as_ref().filter(|_| !page) {
         let h = req.headers();
         let bearer = h.get("authorization").and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
         let x_key = h.get("x-api-key").and_then(|v| v.to_str().ok());

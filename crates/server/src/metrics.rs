@@ -13,7 +13,25 @@ use prometheus_client::registry::Registry;
 
 type Position = Vec<(String, String)>;
 
+/// What the app's live view shows between requests.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct Live {
+    pub last_decode_tps: f64,
+    pub last_prompt_tps: f64,
+    pub last_ttft_ms: f64,
+    /// Per draft position, over every request served.
+    pub acceptance: Vec<f64>,
+    pub tokens_per_cycle: f64,
+    #[serde(skip)]
+    spec: engine::speculative::SpecStats,
+}
+
 pub struct Metrics {
+    /// Tokens generated so far (the live view's rate is its change per second).
+    pub tokens: std::sync::atomic::AtomicU64,
+    /// True while the engine runs a generation.
+    pub generating: std::sync::atomic::AtomicBool,
+    live: std::sync::Mutex<Live>,
     registry: Registry,
     requests: Counter,
     prompt_tokens: Counter,
@@ -38,6 +56,9 @@ impl Metrics {
     pub fn new() -> Self {
         let mut r = Registry::with_prefix("ferrite");
         let m = Metrics {
+            tokens: Default::default(),
+            generating: Default::default(),
+            live: Default::default(),
             requests: Counter::default(),
             prompt_tokens: Counter::default(),
             completion_tokens: Counter::default(),
@@ -65,8 +86,23 @@ impl Metrics {
         Metrics { registry: r, ..m }
     }
 
+    /// Figures for the live view: the last request's rates and the acceptance so far.
+    pub fn live(&self) -> Live {
+        self.live.lock().map(|l| l.clone()).unwrap_or_default()
+    }
+
     /// Records a finished generation (called on the engine thread).
     pub fn record(&self, s: &Summary) {
+        if let Ok(mut live) = self.live.lock() {
+            live.last_decode_tps = s.timings.decode_tps;
+            live.last_prompt_tps = s.timings.prompt_tps;
+            live.last_ttft_ms = s.timings.ttft.as_secs_f64() * 1e3;
+            if let Some(spec) = &s.speculative {
+                live.spec.merge(spec);
+                live.acceptance = live.spec.acceptance();
+                live.tokens_per_cycle = live.spec.tokens_per_cycle();
+            }
+        }
         self.requests.inc();
         self.prompt_tokens.inc_by(s.usage.prompt_tokens as u64);
         self.completion_tokens.inc_by(s.usage.completion_tokens as u64);

@@ -306,9 +306,12 @@ fn run_job(engine: &Engine, info: &ModelInfo, metrics: &Metrics, mut job: Job) -
     // With tools offered, the answer is searched for tool calls.
     let tools = matches!(&job.prompt, Prompt::Chat { template_vars, .. } if template_vars.contains_key("tools"));
     let mut answer = AnswerStream::new(thinking, tools);
+    metrics.generating.store(true, Ordering::SeqCst);
+    let _done = ClearOnDrop(&metrics.generating);
     for event in generation {
         match event {
             Ok(Event::Text(t)) => {
+                metrics.tokens.fetch_add(1, Ordering::Relaxed);
                 if let Some(e) = answer.push(&t) {
                     if !send(e) {
                         // The client went away: stop at the next token; the cache goes with the generation.
@@ -333,6 +336,15 @@ fn run_job(engine: &Engine, info: &ModelInfo, metrics: &Metrics, mut job: Job) -
         }
     }
     prompt_tokens
+}
+
+/// Clears a flag when dropped (however the job ends).
+struct ClearOnDrop<'a>(&'a AtomicBool);
+
+impl Drop for ClearOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::SeqCst);
+    }
 }
 
 /// A submitted job whose prompt was accepted: its events, and a guard that cancels it when

@@ -281,3 +281,49 @@ async fn idle_action_stop_asks_the_server_to_stop() {
     tokio::time::timeout(Duration::from_secs(10), stop.stop_requested.notified()).await.expect("the watchdog asked for a stop");
     assert_eq!(stop.unloads.load(std::sync::atomic::Ordering::SeqCst), 1);
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_ui_telemetry_and_live_events() {
+    let s = start(None).await;
+    let page = reqwest::get(format!("{}/", s.base)).await.unwrap();
+    assert_eq!(page.headers()["content-type"], "text/html; charset=utf-8");
+    assert!(page.text().await.unwrap().contains("<title>Ferrite</title>"));
+    assert_eq!(reqwest::get(format!("{}/app.js", s.base)).await.unwrap().status(), 200);
+    let t: Value = reqwest::get(format!("{}/v1/telemetry", s.base)).await.unwrap().json().await.unwrap();
+    assert!(t["memory"]["system_total_bytes"].as_u64().unwrap() > 0, "{t}");
+    assert!(t["thermal"]["fans"].is_array());
+
+    // A long generation (cancelled at the end) streams while the event stream is read: its
+    // tok/s must show up there.
+    let body = chat(json!({"max_tokens": 20000, "ignore_eos": true, "stream": true}));
+    let url = format!("{}/v1/chat/completions", s.base);
+    let generation = tokio::spawn(async move { reqwest::Client::new().post(url).json(&body).send().await.unwrap().text().await.unwrap() });
+    let started = async {
+        while !s.state.worker.metrics.generating.load(std::sync::atomic::Ordering::SeqCst) {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(30), started).await.expect("the generation started");
+    let events = reqwest::get(format!("{}/v1/events", s.base)).await.unwrap();
+    assert_eq!(events.headers()["content-type"], "text/event-stream");
+    let mut stream = events.bytes_stream();
+    let mut buffer = String::new();
+    let mut seen = None;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while seen.is_none() && tokio::time::Instant::now() < deadline {
+        let Ok(Some(Ok(chunk))) = tokio::time::timeout(Duration::from_secs(5), stream.next()).await else { break };
+        buffer.push_str(&String::from_utf8_lossy(&chunk));
+        for line in buffer.lines().filter_map(|l| l.strip_prefix("data: ")) {
+            let u: Value = serde_json::from_str(line).unwrap();
+            assert_eq!(u["model"], "tiny");
+            assert!(u["telemetry"]["memory"]["system_total_bytes"].as_u64().unwrap() > 0);
+            if u["generating"] == true && u["tokens_per_s_now"].as_f64().unwrap() > 0.0 {
+                seen = Some(u);
+            }
+        }
+        buffer = buffer.rsplit_once("\n\n").map(|(_, rest)| rest.to_string()).unwrap_or(buffer);
+    }
+    let seen = seen.expect("an event showed the running generation's tok/s");
+    assert_eq!(seen["profile"], "sustained");
+    generation.abort();
+}

@@ -1,0 +1,55 @@
+//! What the app and the web UI watch: `/v1/telemetry` (one snapshot of memory, fans and
+//! thermal state) and `/v1/events`, a server-sent-events stream that pushes the engine's
+//! state, the tokens per second of the generation running now, the last request's figures,
+//! acceptance by draft position and the telemetry — every second while generating, every
+//! three seconds otherwise (one connection, no polling).
+
+use std::convert::Infallible;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use axum::extract::State;
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::Json;
+use futures_util::Stream;
+use serde_json::json;
+
+use crate::AppState;
+
+pub async fn telemetry(State(s): State<AppState>) -> Json<telemetry::Snapshot> {
+    Json(s.telemetry.latest())
+}
+
+/// One update of the live view.
+fn update(s: &AppState, tokens_per_s: f64) -> serde_json::Value {
+    let w = &s.worker;
+    json!({
+        "model": w.info.id,
+        "loaded": w.lifecycle.loaded.load(Ordering::SeqCst),
+        "generating": w.metrics.generating.load(Ordering::SeqCst),
+        "queue_depth": w.queue_depth.load(Ordering::SeqCst),
+        "idle_s": w.lifecycle.idle_for().as_secs(),
+        "idle_unload_after_s": w.lifecycle.idle_limit.map(|d| d.as_secs()),
+        "profile": w.info.profile.name,
+        "draft_depth": s.draft_depth,
+        "draft_depth_source": s.draft_depth_source,
+        "tokens_per_s_now": tokens_per_s,
+        "last": w.metrics.live(),
+        "telemetry": s.telemetry.latest(),
+    })
+}
+
+pub async fn events(State(s): State<AppState>) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
+    let start = (s.clone(), s.worker.metrics.tokens.load(Ordering::Relaxed), Instant::now(), true);
+    let stream = futures_util::stream::unfold(start, |(s, tokens, at, first)| async move {
+        if !first {
+            let busy = s.worker.metrics.generating.load(Ordering::SeqCst);
+            tokio::time::sleep(if busy { Duration::from_secs(1) } else { Duration::from_secs(3) }).await;
+        }
+        let now_tokens = s.worker.metrics.tokens.load(Ordering::Relaxed);
+        let rate = if first { 0.0 } else { (now_tokens - tokens) as f64 / at.elapsed().as_secs_f64().max(1e-3) };
+        let event = Event::default().event("status").data(update(&s, rate).to_string());
+        Some((Ok(event), (s, now_tokens, Instant::now(), false)))
+    });
+    Sse::new(stream).keep_alive(KeepAlive::default())
+}

@@ -1,0 +1,23 @@
+//! Live figures about the machine for the app and `/v1/status`: memory (system, this
+//! process, MLX's allocator), fans and temperatures, thermal state. A figure the machine does
+//! not expose is `None` ("not available"), never made up. [`Sampler`] reads them on a thread
+//! of its own once a second, so readers never wait on the system.
+
+pub mod memory;
+pub mod sampler;
+pub mod thermal;
+
+pub use memory::Memory;
+pub use sampler::Sampler;
+pub use thermal::Thermal;
+
+use serde::Serialize;
+
+/// Everything at one moment.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Snapshot {
+    /// Milliseconds since the Unix epoch.
+    pub taken_at_ms: u64,
+    pub memory: Memory,
+    pub thermal: Thermal,
+}

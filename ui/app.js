@@ -1,0 +1,115 @@
+// Ferrite's web UI: one request for the fixed facts (/v1/status), then one server-sent-events
+// stream (/v1/events) for everything live. No framework, no polling.
+"use strict";
+
+const $ = (id) => document.getElementById(id);
+const history = []; // [seconds, tokens/s] over the last five minutes
+const WINDOW_S = 300;
+
+function bytes(n) {
+  if (n === null || n === undefined) return "not available";
+  if (n >= 1 << 30) return (n / (1 << 30)).toFixed(2) + " GiB";
+  return (n / (1 << 20)).toFixed(1) + " MiB";
+}
+
+function facts(el, rows) {
+  el.replaceChildren(...rows.flatMap(([k, v]) => {
+    const dt = document.createElement("dt"); dt.textContent = k;
+    const dd = document.createElement("dd"); dd.textContent = v;
+    return [dt, dd];
+  }));
+}
+
+function drawChart() {
+  const c = $("chart"), g = c.getContext("2d");
+  const w = c.width, h = c.height;
+  g.clearRect(0, 0, w, h);
+  if (history.length < 2) return;
+  const now = history[history.length - 1][0];
+  const max = Math.max(1, ...history.map((p) => p[1]));
+  g.strokeStyle = getComputedStyle(document.documentElement).getPropertyValue("--accent");
+  g.lineWidth = 2;
+  g.beginPath();
+  history.forEach(([t, v], i) => {
+    const x = w - ((now - t) / WINDOW_S) * w, y = h - (v / max) * (h - 10) - 5;
+    i ? g.lineTo(x, y) : g.moveTo(x, y);
+  });
+  g.stroke();
+  g.fillStyle = getComputedStyle(document.documentElement).getPropertyValue("--muted");
+  g.fillText(max.toFixed(0) + " tok/s", 4, 12);
+}
+
+function pressure(m) {
+  if (m.pressure === null) return "not available";
+  if (m.pressure_kind === "macos_level") return { 1: "normal", 2: "warning", 4: "critical" }[m.pressure] || String(m.pressure);
+  return `${m.pressure.toFixed(1)}% of the last 10 s stalled on memory`;
+}
+
+function stateText(u) {
+  if (!u.loaded) return ["unloaded (the next request loads it)", ""];
+  if (u.generating) return ["generating", "generating"];
+  if (u.idle_unload_after_s) {
+    const left = Math.max(0, u.idle_unload_after_s - u.idle_s);
+    return [`ready · unloads in ${Math.floor(left / 60)}:${String(left % 60).padStart(2, "0")}`, ""];
+  }
+  return ["ready", ""];
+}
+
+function onUpdate(u) {
+  $("model").textContent = u.model;
+  const [text, cls] = stateText(u);
+  $("state").textContent = u.queue_depth ? `${text} · ${u.queue_depth} queued` : text;
+  $("state").className = "badge " + cls;
+  $("profile").textContent = u.profile;
+  $("draft").textContent = `${u.draft_depth} (${u.draft_depth_source})`;
+  $("tps-now").textContent = u.tokens_per_s_now.toFixed(1);
+  const t = Date.now() / 1000;
+  history.push([t, u.tokens_per_s_now]);
+  while (history.length && t - history[0][0] > WINDOW_S) history.shift();
+  drawChart();
+  const last = u.last;
+  if (last.last_decode_tps > 0) {
+    $("last").textContent = `decode ${last.last_decode_tps.toFixed(1)} tok/s · prefill ${last.last_prompt_tps.toFixed(1)} tok/s · first token ${last.last_ttft_ms.toFixed(0)} ms`;
+  }
+  if (last.acceptance.length) {
+    $("acceptance").textContent = last.acceptance.map((a, i) => `${i + 1}: ${(a * 100).toFixed(0)}%`).join("  ");
+    $("tpc").textContent = last.tokens_per_cycle.toFixed(2);
+  }
+  const m = u.telemetry.memory;
+  facts($("memory"), [
+    ["This process", bytes(m.process_resident_bytes)],
+    ["MLX active / peak / cache", `${bytes(m.mlx_active_bytes)} / ${bytes(m.mlx_peak_bytes)} / ${bytes(m.mlx_cache_bytes)}`],
+    ["System used / total", `${bytes(m.system_used_bytes)} / ${bytes(m.system_total_bytes)}`],
+    ["Pressure", pressure(m)],
+  ]);
+  const th = u.telemetry.thermal;
+  const rows = [
+    ...th.fans.map((f) => [f.label, `${f.rpm} rpm`]),
+    ...th.temperatures.map((s) => [s.label, `${s.celsius.toFixed(1)} °C`]),
+  ];
+  if (th.state) rows.push(["Thermal state", th.state]);
+  facts($("thermal"), rows.length ? rows : [["Fans and sensors", "not available on this machine"]]);
+}
+
+async function start() {
+  const base = location.origin;
+  $("openai-url").textContent = base + "/v1";
+  $("anthropic-url").textContent = base;
+  try {
+    const s = await (await fetch("/v1/status")).json();
+    $("reasoning").textContent = s.reasoning_default;
+    $("device").textContent = `${s.device}, context ${s.context} tokens${s.mtp_head ? ", MTP head" : ""}`;
+  } catch (e) {
+    $("state").textContent = "error: " + e.message;
+  }
+  const events = new EventSource("/v1/events");
+  events.addEventListener("status", (e) => onUpdate(JSON.parse(e.data)));
+  events.onerror = () => { $("state").textContent = "disconnected: retrying"; $("state").className = "badge"; };
+}
+
+document.addEventListener("click", (e) => {
+  const id = e.target.dataset && e.target.dataset.copy;
+  if (id) navigator.clipboard.writeText($(id).textContent).then(() => { e.target.textContent = "Copied"; setTimeout(() => (e.target.textContent = "Copy"), 1200); });
+});
+
+start();

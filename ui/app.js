@@ -45,7 +45,59 @@ function pressure(m) {
   return `${m.pressure.toFixed(1)}% of the last 10 s stalled on memory`;
 }
 
+let currentModel = null;
+
+function li(label, detail, button) {
+  const item = document.createElement("li");
+  const text = document.createElement("span");
+  text.textContent = label + " ";
+  const small = document.createElement("small");
+  small.textContent = detail;
+  text.append(small);
+  item.append(text);
+  if (button) item.append(button);
+  return item;
+}
+
+async function loadModel(id, button) {
+  button.disabled = true;
+  $("models-error").textContent = "";
+  $("state").textContent = `loading ${id}`;
+  try {
+    const r = await fetch("/v1/models/load", { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify({ model: id }) });
+    const v = await r.json();
+    if (!r.ok) throw new Error(v.error ? v.error.message : r.statusText);
+  } catch (e) {
+    $("models-error").textContent = e.message;
+  }
+  refreshModels();
+}
+
+async function refreshModels() {
+  try {
+    const r = await fetch("/v1/store");
+    const v = await r.json();
+    if (!r.ok) throw new Error(v.error ? v.error.message : r.statusText);
+    $("models-dir").textContent = `Stored in ${v.models_dir}` + (v.free_bytes != null ? ` (${bytes(v.free_bytes)} free)` : "");
+    const installed = new Set(v.installed.map((m) => m.catalog_id || m.id));
+    $("installed").replaceChildren(...v.installed.map((m) => {
+      const b = document.createElement("button");
+      b.type = "button";
+      const running = m.id === currentModel;
+      b.textContent = running ? "Running" : "Start";
+      b.disabled = running;
+      b.addEventListener("click", () => loadModel(m.id, b));
+      return li(m.id, `${bytes(m.bytes)} · ${m.model_type}${m.has_mtp ? " · MTP" : ""}`, b);
+    }));
+    $("catalog").replaceChildren(...v.catalog.filter((e) => !installed.has(e.id)).map((e) =>
+      li(e.id, `${e.architecture}${e.mtp ? " · MTP" : ""} · download: ferrite pull ${e.id}`)));
+  } catch (e) {
+    $("models-error").textContent = "model store: " + e.message;
+  }
+}
+
 function stateText(u) {
+  if (u.loading) return [`loading ${u.loading}`, "generating"];
   if (!u.loaded) return ["unloaded (the next request loads it)", ""];
   if (u.generating) return ["generating", "generating"];
   if (u.idle_unload_after_s) {
@@ -56,6 +108,10 @@ function stateText(u) {
 }
 
 function onUpdate(u) {
+  if (u.model !== currentModel) {
+    currentModel = u.model;
+    refreshModels();
+  }
   $("model").textContent = u.model;
   const [text, cls] = stateText(u);
   $("state").textContent = u.queue_depth ? `${text} · ${u.queue_depth} queued` : text;
@@ -106,6 +162,8 @@ async function start() {
   events.addEventListener("status", (e) => onUpdate(JSON.parse(e.data)));
   events.onerror = () => { $("state").textContent = "disconnected: retrying"; $("state").className = "badge"; };
 }
+
+$("refresh-models").addEventListener("click", refreshModels);
 
 document.addEventListener("click", (e) => {
   const id = e.target.dataset && e.target.dataset.copy;

@@ -41,6 +41,16 @@ pub struct Args {
     cors_origin: Vec<String>,
 }
 
+/// How `/v1/models/load` (the UI's Start buttons) finds a model: as `--model` does, with the
+/// depth `ferrite tune` stored for it.
+fn resolver(profile: engine::ProfileName) -> server::Resolver {
+    std::sync::Arc::new(move |name: &str| {
+        let model = crate::models::resolve(name)?;
+        let (draft_depth, draft_depth_source) = crate::tune::draft_depth("auto", &model.dir, profile)?;
+        Ok(server::ModelSpec { dir: model.dir, id: model.id, aliases: model.aliases, draft_depth, draft_depth_source })
+    })
+}
+
 pub fn run(args: Args) -> Result<()> {
     let model = crate::models::resolve(&args.model)?;
     let (draft_depth, draft_depth_source) = crate::tune::draft_depth(&args.draft_depth, &model.dir, args.profile)?;
@@ -56,8 +66,10 @@ pub fn run(args: Args) -> Result<()> {
             idle: (args.idle_minutes > 0).then(|| std::time::Duration::from_secs(60 * args.idle_minutes)),
             on_idle: args.idle_action,
             profile: engine::Profile::named(args.profile),
+            ..Default::default()
         },
         cors_origins: server::APP_ORIGINS.iter().map(|o| o.to_string()).chain(args.cors_origin).collect(),
+        resolver: Some(resolver(args.profile)),
     };
     tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(server::serve(config))
 }

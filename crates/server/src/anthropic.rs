@@ -170,7 +170,8 @@ fn stop_reason(s: &Summary, tool_use: bool) -> &'static str {
 pub async fn count_tokens(State(state): State<AppState>, body: Bytes) -> Result<Response, AnthropicError> {
     let p: PromptPart = parse(&body)?;
     let prompt = prompt(&state, &p)?;
-    let running = state.worker.run(prompt, GenerateRequest::greedy(vec![], 1), true).await?;
+    let loaded = state.resolve_model(&p.model)?;
+    let running = loaded.worker.run(prompt, GenerateRequest::greedy(vec![], 1), true).await?;
     Ok(Json(json!({"input_tokens": running.prompt_tokens})).into_response())
 }
 
@@ -178,7 +179,8 @@ pub async fn messages(State(state): State<AppState>, body: Bytes) -> Result<Resp
     let p: PromptPart = parse(&body)?;
     let g: Generation = parse(&body)?;
     let prompt = prompt(&state, &p)?;
-    let context = state.worker.info.context;
+    let loaded = state.resolve_model(&p.model)?;
+    let context = loaded.worker.info.context;
     if g.max_tokens == 0 || g.max_tokens >= context {
         return Err(ApiError::bad_request(format!("max_tokens: must be in 1..{context}, got {}", g.max_tokens)).into());
     }
@@ -195,10 +197,10 @@ pub async fn messages(State(state): State<AppState>, body: Bytes) -> Result<Resp
     let request = GenerateRequest {
         sampling,
         stop: g.stop_sequences.clone(),
-        draft_depth: state.draft_depth,
+        draft_depth: loaded.draft_depth,
         ..GenerateRequest::greedy(vec![], g.max_tokens)
     };
-    let Running { events: mut rx, prompt_tokens, guard } = state.worker.run(prompt, request, false).await?;
+    let Running { events: mut rx, prompt_tokens, guard } = loaded.worker.run(prompt, request, false).await?;
     let id = format!("msg_{:024}", state.next_id());
     let model = p.model.clone();
 
@@ -228,7 +230,7 @@ pub async fn messages(State(state): State<AppState>, body: Bytes) -> Result<Resp
                         "stop_reason": stop_reason(&summary, !calls.is_empty()), "stop_sequence": summary.stop_string,
                         "usage": {"input_tokens": prompt_tokens, "output_tokens": summary.usage.completion_tokens},
                     });
-                    return Ok((state.speed_headers(), Json(body)).into_response());
+                    return Ok((state.speed_headers(&loaded), Json(body)).into_response());
                 }
                 JobEvent::Failed(e) => return Err(e.into()),
                 JobEvent::Started { .. } => {}
@@ -283,7 +285,7 @@ pub async fn messages(State(state): State<AppState>, body: Bytes) -> Result<Resp
     let stream = futures_util::stream::iter([("message_start", start), ("ping", json!({"type": "ping"}))])
         .chain(events)
         .map(|(name, data)| Ok::<_, Infallible>(SseEvent::default().event(name).data(data.to_string())));
-    Ok((state.speed_headers(), Sse::new(stream).keep_alive(KeepAlive::default())).into_response())
+    Ok((state.speed_headers(&loaded), Sse::new(stream).keep_alive(KeepAlive::default())).into_response())
 }
 
 /// Which content block is open in a streamed message.

@@ -6,6 +6,7 @@ pub mod anthropic;
 pub mod error;
 pub mod live;
 pub mod metrics;
+pub mod models;
 pub mod openai;
 pub mod response_format;
 pub mod think;
@@ -33,7 +34,7 @@ use crate::worker::{Worker, WorkerOptions};
 /// Request bodies above this are refused (413).
 pub const MAX_BODY_BYTES: usize = 16 << 20;
 
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct ServerConfig {
     pub model_dir: PathBuf,
     /// The name clients use; defaults to the folder name.
@@ -51,18 +52,44 @@ pub struct ServerConfig {
     pub worker: WorkerOptions,
     /// Browser origins allowed to call the API (the app's own; see [`APP_ORIGINS`]).
     pub cors_origins: Vec<String>,
+    /// Lets `/v1/models/load` start other models (`None`: only this one is served).
+    pub resolver: Option<Resolver>,
 }
 
 /// The origins the Tauri app's web view uses (`tauri://localhost` on macOS and Linux, the
 /// `http(s)://tauri.localhost` form on Windows). The UI served at `/` needs none: same origin.
 pub const APP_ORIGINS: [&str; 3] = ["tauri://localhost", "http://tauri.localhost", "https://tauri.localhost"];
 
-#[derive(Clone)]
-pub struct AppState {
-    pub worker: Arc<Worker>,
+/// The model being served: its worker and the names and draft depth it is served with.
+pub struct Loaded {
+    pub worker: Worker,
     pub aliases: Vec<String>,
     pub draft_depth: usize,
     pub draft_depth_source: String,
+}
+
+/// What `/v1/models/load` needs to start another model: a folder, its names, its draft depth.
+#[derive(Debug, Clone)]
+pub struct ModelSpec {
+    pub dir: PathBuf,
+    pub id: String,
+    pub aliases: Vec<String>,
+    pub draft_depth: usize,
+    pub draft_depth_source: String,
+}
+
+/// Turns a model name (catalog id, alias, folder…) into a [`ModelSpec`]; given by the program
+/// that embeds the server (the CLI and the app resolve names through the store).
+pub type Resolver = Arc<dyn Fn(&str) -> anyhow::Result<ModelSpec> + Send + Sync>;
+
+#[derive(Clone)]
+pub struct AppState {
+    model: Arc<std::sync::RwLock<Arc<Loaded>>>,
+    /// How new models are found and started (`None`: this server serves one model only).
+    pub resolver: Option<Resolver>,
+    pub worker_options: WorkerOptions,
+    /// The model being loaded by `/v1/models/load`, if one is.
+    pub loading: Arc<std::sync::Mutex<Option<String>>>,
     pub api_key: Option<String>,
     /// Memory, fans and thermal state, sampled once a second.
     pub telemetry: Arc<telemetry::Sampler>,
@@ -73,11 +100,15 @@ pub struct AppState {
 
 impl AppState {
     pub fn new(worker: Worker, aliases: Vec<String>, draft_depth: usize, api_key: Option<String>) -> Self {
+        Self::serving(Loaded { worker, aliases, draft_depth, draft_depth_source: "set by the embedding program".into() }, api_key)
+    }
+
+    pub fn serving(loaded: Loaded, api_key: Option<String>) -> Self {
         AppState {
-            worker: Arc::new(worker),
-            aliases,
-            draft_depth,
-            draft_depth_source: "set by the embedding program".into(),
+            model: Arc::new(std::sync::RwLock::new(Arc::new(loaded))),
+            resolver: None,
+            worker_options: WorkerOptions::default(),
+            loading: Default::default(),
             api_key,
             telemetry: Arc::new(telemetry::Sampler::start(std::time::Duration::from_secs(1))),
             started: Instant::now(),
@@ -86,31 +117,42 @@ impl AppState {
         }
     }
 
+    /// The model served now (requests keep the one they started with).
+    pub fn loaded(&self) -> Arc<Loaded> {
+        self.model.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Serves `loaded` from now on; the previous model goes once its last request ends.
+    pub fn replace(&self, loaded: Loaded) {
+        *self.model.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(loaded);
+    }
+
     pub fn next_id(&self) -> u64 {
         self.next_id.fetch_add(1, Ordering::Relaxed)
     }
 
-    /// Accepts the loaded model's id or one of its aliases.
-    pub fn resolve_model(&self, name: &str) -> Result<(), ApiError> {
-        if name == self.worker.info.id || self.aliases.iter().any(|a| a == name) {
-            Ok(())
+    /// The loaded model, if `name` is its id or one of its aliases.
+    pub fn resolve_model(&self, name: &str) -> Result<Arc<Loaded>, ApiError> {
+        let loaded = self.loaded();
+        if name == loaded.worker.info.id || loaded.aliases.iter().any(|a| a == name) {
+            Ok(loaded)
         } else {
-            Err(ApiError::not_found(format!("model `{name}` is not loaded (loaded: `{}`)", self.worker.info.id)).with_param("model"))
+            Err(ApiError::not_found(format!("model `{name}` is not loaded (loaded: `{}`)", loaded.worker.info.id)).with_param("model"))
         }
     }
 
     /// The defaults that change speed, on every generation response.
-    pub fn speed_headers(&self) -> HeaderMap {
+    pub fn speed_headers(&self, loaded: &Loaded) -> HeaderMap {
         let mut h = HeaderMap::new();
         let mut put = |k: &'static str, v: String| {
             if let Ok(v) = HeaderValue::from_str(&v) {
                 h.insert(k, v);
             }
         };
-        put("x-ferrite-model", self.worker.info.id.clone());
-        put("x-ferrite-device", self.worker.info.backend.clone());
-        put("x-ferrite-draft-depth", self.draft_depth.to_string());
-        put("x-ferrite-profile", self.worker.info.profile.name.to_string());
+        put("x-ferrite-model", loaded.worker.info.id.clone());
+        put("x-ferrite-device", loaded.worker.info.backend.clone());
+        put("x-ferrite-draft-depth", loaded.draft_depth.to_string());
+        put("x-ferrite-profile", loaded.worker.info.profile.name.to_string());
         h
     }
 }
@@ -142,6 +184,8 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/status", get(status))
         .route("/metrics", get(metrics))
         .route("/v1/models", get(openai::models))
+        .route("/v1/models/load", post(models::load))
+        .route("/v1/store", get(models::store_listing))
         .route("/v1/chat/completions", post(openai::chat_completions))
         .route("/v1/completions", post(openai::completions))
         .route("/v1/messages", post(anthropic::messages))
@@ -154,27 +198,31 @@ pub fn router(state: AppState) -> Router {
 }
 
 async fn metrics(State(s): State<AppState>) -> Response {
-    let w = &s.worker;
+    let loaded = s.loaded();
+    let w = &loaded.worker;
     let text = w.metrics.render(w.queue_depth.load(Ordering::SeqCst), w.lifecycle.loaded.load(Ordering::SeqCst));
     ([("content-type", "text/plain; version=0.0.4; charset=utf-8")], text).into_response()
 }
 
 async fn status(State(s): State<AppState>) -> Json<serde_json::Value> {
-    let i = &s.worker.info;
+    let loaded = s.loaded();
+    let w = &loaded.worker;
+    let i = &w.info;
     Json(json!({
         "model": i.id, "model_type": i.model_type, "dir": i.dir, "device": i.backend,
-        "context": i.context, "mtp_head": i.has_mtp, "draft_depth": s.draft_depth, "draft_depth_source": s.draft_depth_source,
-        "queue_depth": s.worker.queue_depth.load(Ordering::SeqCst),
+        "context": i.context, "mtp_head": i.has_mtp, "draft_depth": loaded.draft_depth, "draft_depth_source": loaded.draft_depth_source,
+        "loading": s.loading.lock().ok().and_then(|l| l.clone()),
+        "queue_depth": w.queue_depth.load(Ordering::SeqCst),
         "uptime_s": s.started.elapsed().as_secs(),
-        "loaded": s.worker.lifecycle.loaded.load(Ordering::SeqCst),
-        "idle_s": s.worker.lifecycle.idle_for().as_secs(),
-        "idle_unload_after_s": s.worker.lifecycle.idle_limit.map(|d| d.as_secs()),
+        "loaded": w.lifecycle.loaded.load(Ordering::SeqCst),
+        "idle_s": w.lifecycle.idle_for().as_secs(),
+        "idle_unload_after_s": w.lifecycle.idle_limit.map(|d| d.as_secs()),
         "reasoning_default": "the chat template's (thinking unless a request turns it off)",
         "profile": i.profile.name,
         "profile_knobs": i.profile.knobs(),
-        "idle_action": format!("{:?}", s.worker.lifecycle.on_idle).to_lowercase(),
-        "idle_unloads": s.worker.lifecycle.unloads.load(Ordering::SeqCst),
-        "reloads": s.worker.lifecycle.reloads.load(Ordering::SeqCst),
+        "idle_action": format!("{:?}", w.lifecycle.on_idle).to_lowercase(),
+        "idle_unloads": w.lifecycle.unloads.load(Ordering::SeqCst),
+        "reloads": w.lifecycle.reloads.load(Ordering::SeqCst),
         "mlx_active_memory_bytes": mlx_rs::memory::active_memory().unwrap_or(0),
         "mlx_cache_memory_bytes": mlx_rs::memory::cache_memory().unwrap_or(0),
     }))
@@ -226,25 +274,28 @@ pub async fn serve(config: ServerConfig) -> anyhow::Result<()> {
     let dir = config.model_dir.clone();
     let options = config.worker.clone();
     let worker = tokio::task::spawn_blocking(move || Worker::start(dir, id, options)).await??;
-    let mut state = AppState::new(worker, config.aliases.clone(), config.draft_depth, config.api_key.clone());
-    state.draft_depth_source = config.draft_depth_source.clone();
+    let loaded = Loaded { worker, aliases: config.aliases.clone(), draft_depth: config.draft_depth, draft_depth_source: config.draft_depth_source.clone() };
+    let mut state = AppState::serving(loaded, config.api_key.clone());
+    state.worker_options = config.worker.clone();
+    state.resolver = config.resolver.clone();
     let listener = tokio::net::TcpListener::bind(config.addr)
         .await
         .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", config.addr))?;
+    let info = state.loaded().worker.info.clone();
     tracing::info!(
-        "serving `{}` on http://{} (OpenAI API at /v1, Anthropic at /v1/messages; {} profile){}",
-        state.worker.info.id,
+        "serving `{}` on http://{} (OpenAI API at /v1, Anthropic at /v1/messages, web UI at /; {} profile){}",
+        info.id,
         listener.local_addr()?,
-        state.worker.info.profile.name,
+        info.profile.name,
         if config.api_key.is_some() { ", API key required" } else { "" }
     );
-    let lifecycle = state.worker.lifecycle.clone();
+    let stop = state.worker_options.stop.clone();
     let app = router_with_cors(state, &config.cors_origins);
     axum::serve(listener, app)
         .with_graceful_shutdown(async move {
             tokio::select! {
                 _ = tokio::signal::ctrl_c() => tracing::info!("interrupted: stopping"),
-                _ = lifecycle.stop_requested.notified() => tracing::info!("stopping after the idle limit"),
+                _ = stop.notified() => tracing::info!("stopping after the idle limit"),
             }
         })
         .await?;

@@ -22,7 +22,8 @@ pub async fn telemetry(State(s): State<AppState>) -> Json<telemetry::Snapshot> {
 
 /// One update of the live view.
 fn update(s: &AppState, tokens_per_s: f64) -> serde_json::Value {
-    let w = &s.worker;
+    let loaded = s.loaded();
+    let w = &loaded.worker;
     json!({
         "model": w.info.id,
         "loaded": w.lifecycle.loaded.load(Ordering::SeqCst),
@@ -31,8 +32,9 @@ fn update(s: &AppState, tokens_per_s: f64) -> serde_json::Value {
         "idle_s": w.lifecycle.idle_for().as_secs(),
         "idle_unload_after_s": w.lifecycle.idle_limit.map(|d| d.as_secs()),
         "profile": w.info.profile.name,
-        "draft_depth": s.draft_depth,
-        "draft_depth_source": s.draft_depth_source,
+        "draft_depth": loaded.draft_depth,
+        "draft_depth_source": loaded.draft_depth_source,
+        "loading": s.loading.lock().ok().and_then(|l| l.clone()),
         "tokens_per_s_now": tokens_per_s,
         "last": w.metrics.live(),
         "telemetry": s.telemetry.latest(),
@@ -40,14 +42,15 @@ fn update(s: &AppState, tokens_per_s: f64) -> serde_json::Value {
 }
 
 pub async fn events(State(s): State<AppState>) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
-    let start = (s.clone(), s.worker.metrics.tokens.load(Ordering::Relaxed), Instant::now(), true);
+    let start = (s.clone(), s.loaded().worker.metrics.tokens.load(Ordering::Relaxed), Instant::now(), true);
     let stream = futures_util::stream::unfold(start, |(s, tokens, at, first)| async move {
         if !first {
-            let busy = s.worker.metrics.generating.load(Ordering::SeqCst);
+            let busy = s.loaded().worker.metrics.generating.load(Ordering::SeqCst);
             tokio::time::sleep(if busy { Duration::from_secs(1) } else { Duration::from_secs(3) }).await;
         }
-        let now_tokens = s.worker.metrics.tokens.load(Ordering::Relaxed);
-        let rate = if first { 0.0 } else { (now_tokens - tokens) as f64 / at.elapsed().as_secs_f64().max(1e-3) };
+        // A model switched since the last look has a counter of its own: start over from it.
+        let now_tokens = s.loaded().worker.metrics.tokens.load(Ordering::Relaxed);
+        let rate = if first || now_tokens < tokens { 0.0 } else { (now_tokens - tokens) as f64 / at.elapsed().as_secs_f64().max(1e-3) };
         let event = Event::default().event("status").data(update(&s, rate).to_string());
         Some((Ok(event), (s, now_tokens, Instant::now(), false)))
     });

@@ -18,7 +18,9 @@ use tokio_stream::wrappers::ReceiverStream;
 use crate::error::{parse, ApiError};
 use crate::response_format::{Expect, ResponseFormat};
 use crate::worker::{JobEvent, Prompt, Running};
-use crate::AppState;
+use std::sync::Arc;
+
+use crate::{AppState, Loaded};
 
 pub const DEFAULT_MAX_TOKENS: usize = 4096;
 
@@ -155,13 +157,14 @@ fn finish_reason(r: FinishReason) -> &'static str {
 }
 
 impl Common {
-    fn generate_request(&self, state: &AppState) -> Result<GenerateRequest, ApiError> {
-        state.resolve_model(&self.model)?;
+    /// The request for the engine, and the model that will run it.
+    fn generate_request(&self, state: &AppState) -> Result<(GenerateRequest, Arc<Loaded>), ApiError> {
+        let loaded = state.resolve_model(&self.model)?;
         let max_tokens = self.max_completion_tokens.or(self.max_tokens).unwrap_or(DEFAULT_MAX_TOKENS);
         if max_tokens == 0 {
             return Err(ApiError::bad_request("max_tokens must be at least 1").with_param("max_tokens"));
         }
-        let context = state.worker.info.context;
+        let context = loaded.worker.info.context;
         if max_tokens >= context {
             return Err(ApiError::bad_request(format!("max_tokens ({max_tokens}) must be below the model's context of {context} tokens")).with_param("max_tokens"));
         }
@@ -181,14 +184,15 @@ impl Common {
         if stop.iter().any(String::is_empty) {
             return Err(ApiError::bad_request("stop strings must not be empty").with_param("stop"));
         }
-        Ok(GenerateRequest {
+        let request = GenerateRequest {
             max_tokens,
             sampling,
             stop,
-            draft_depth: state.draft_depth,
+            draft_depth: loaded.draft_depth,
             ignore_eos: self.ignore_eos,
             ..GenerateRequest::greedy(vec![], max_tokens)
-        })
+        };
+        Ok((request, loaded))
     }
 }
 
@@ -237,26 +241,27 @@ fn chat_prompt(req: &ChatRequest) -> Result<Prompt, ApiError> {
 pub async fn chat_completions(State(state): State<AppState>, body: Bytes) -> Result<Response, ApiError> {
     let common: Common = parse(&body)?;
     let req: ChatRequest = parse(&body)?;
-    let request = common.generate_request(&state)?;
+    let (request, loaded) = common.generate_request(&state)?;
     let prompt = chat_prompt(&req)?;
     let expect = match &req.response_format {
         Some(format) => format.expectation()?,
         None => None,
     };
-    respond(state, prompt, request, &common, Kind::Chat, expect).await
+    respond(state, loaded, prompt, request, &common, Kind::Chat, expect).await
 }
 
 pub async fn completions(State(state): State<AppState>, body: Bytes) -> Result<Response, ApiError> {
     let common: Common = parse(&body)?;
     let req: CompletionRequest = parse(&body)?;
-    let request = common.generate_request(&state)?;
-    respond(state, Prompt::Text(req.prompt), request, &common, Kind::Text, None).await
+    let (request, loaded) = common.generate_request(&state)?;
+    respond(state, loaded, Prompt::Text(req.prompt), request, &common, Kind::Text, None).await
 }
 
 pub async fn models(State(state): State<AppState>) -> Json<Value> {
-    let info = &state.worker.info;
+    let loaded = state.loaded();
+    let info = &loaded.worker.info;
     let mut data = vec![json!({"id": info.id, "object": "model", "created": state.started_unix, "owned_by": "ferrite"})];
-    for alias in &state.aliases {
+    for alias in &loaded.aliases {
         data.push(json!({"id": alias, "object": "model", "created": state.started_unix, "owned_by": "ferrite"}));
     }
     Json(json!({"object": "list", "data": data}))
@@ -270,8 +275,9 @@ enum Kind {
 
 /// Runs the request and answers it, whole or as server-sent events. With a `response_format`,
 /// the answer's check goes beside it (`response_format_check`, and a header when not streaming).
-async fn respond(state: AppState, prompt: Prompt, request: GenerateRequest, common: &Common, kind: Kind, expect: Option<Expect>) -> Result<Response, ApiError> {
-    let Running { events: mut rx, prompt_tokens, guard } = state.worker.run(prompt, request, false).await?;
+#[allow(clippy::too_many_arguments)]
+async fn respond(state: AppState, loaded: Arc<Loaded>, prompt: Prompt, request: GenerateRequest, common: &Common, kind: Kind, expect: Option<Expect>) -> Result<Response, ApiError> {
+    let Running { events: mut rx, prompt_tokens, guard } = loaded.worker.run(prompt, request, false).await?;
     let id = format!("{}-{}", if kind == Kind::Chat { "chatcmpl" } else { "cmpl" }, state.next_id());
     let model = common.model.clone();
     let created = now();
@@ -310,7 +316,7 @@ async fn respond(state: AppState, prompt: Prompt, request: GenerateRequest, comm
                                    "timings": timings(&summary)}),
                     };
                     drop(guard);
-                    let mut headers = state.speed_headers();
+                    let mut headers = state.speed_headers(&loaded);
                     if let Some(expect) = &expect {
                         let check = expect.report(&content);
                         let valid = check["valid"] == json!(true);
@@ -394,7 +400,7 @@ async fn respond(state: AppState, prompt: Prompt, request: GenerateRequest, comm
         }))
         .map(|v| Ok::<_, Infallible>(SseEvent::default().data(v.to_string())))
         .chain(futures_util::stream::once(async { Ok(SseEvent::default().data("[DONE]")) }));
-    Ok((state.speed_headers(), Sse::new(stream).keep_alive(KeepAlive::default())).into_response())
+    Ok((state.speed_headers(&loaded), Sse::new(stream).keep_alive(KeepAlive::default())).into_response())
 }
 
 /// A tool call in OpenAI's response shape (arguments as a JSON string).

@@ -96,6 +96,9 @@ pub struct WorkerOptions {
     pub idle: Option<Duration>,
     pub on_idle: IdleAction,
     pub profile: Profile,
+    /// Notified when the watchdog, set to [`IdleAction::Stop`], wants the server to stop
+    /// (shared by every worker the server starts).
+    pub stop: Arc<tokio::sync::Notify>,
 }
 
 /// Whether the model is in memory, and how often the idle watchdog unloaded it.
@@ -108,20 +111,20 @@ pub struct Lifecycle {
     pub idle_limit: Option<Duration>,
     pub on_idle: IdleAction,
     /// Notified when the watchdog, set to [`IdleAction::Stop`], wants the server to stop.
-    pub stop_requested: tokio::sync::Notify,
+    pub stop_requested: Arc<tokio::sync::Notify>,
     /// When the engine last finished a job (or started).
     last_active: std::sync::Mutex<std::time::Instant>,
 }
 
 impl Lifecycle {
-    fn new(idle_limit: Option<Duration>, on_idle: IdleAction) -> Self {
+    fn new(idle_limit: Option<Duration>, on_idle: IdleAction, stop: Arc<tokio::sync::Notify>) -> Self {
         Lifecycle {
             loaded: AtomicBool::new(false),
             unloads: AtomicUsize::new(0),
             reloads: AtomicUsize::new(0),
             idle_limit,
             on_idle,
-            stop_requested: tokio::sync::Notify::new(),
+            stop_requested: stop,
             last_active: std::sync::Mutex::new(std::time::Instant::now()),
         }
     }
@@ -144,12 +147,12 @@ impl Worker {
     /// cache released, so the memory really returns; the next job loads it again (or, with
     /// [`IdleAction::Stop`], the server is asked to stop).
     pub fn start(dir: PathBuf, id: String, options: WorkerOptions) -> anyhow::Result<Worker> {
-        let WorkerOptions { idle, on_idle, profile } = options;
+        let WorkerOptions { idle, on_idle, profile, stop } = options;
         let (jobs, rx) = mpsc::channel::<Job>();
         let (ready_tx, ready_rx) = mpsc::channel();
         let queue_depth = Arc::new(AtomicUsize::new(0));
         let depth = queue_depth.clone();
-        let lifecycle = Arc::new(Lifecycle::new(idle, on_idle));
+        let lifecycle = Arc::new(Lifecycle::new(idle, on_idle, stop));
         let life = lifecycle.clone();
         let metrics = Arc::new(Metrics::new());
         let recorder = metrics.clone();

@@ -131,7 +131,7 @@ async fn concurrent_clients_some_disconnecting() {
     }
     // Nothing left queued, and the server keeps serving.
     tokio::time::sleep(Duration::from_millis(200)).await;
-    assert_eq!(s.state.worker.queue_depth.load(std::sync::atomic::Ordering::SeqCst), 0);
+    assert_eq!(s.state.loaded().worker.queue_depth.load(std::sync::atomic::Ordering::SeqCst), 0);
     assert_eq!(post(&s, "/v1/chat/completions", &chat(json!({}))).await.0, 200);
 }
 
@@ -277,7 +277,7 @@ async fn idle_action_stop_asks_the_server_to_stop() {
         ..Default::default()
     })
     .await;
-    let stop = s.state.worker.lifecycle.clone();
+    let stop = s.state.loaded().worker.lifecycle.clone();
     tokio::time::timeout(Duration::from_secs(10), stop.stop_requested.notified()).await.expect("the watchdog asked for a stop");
     assert_eq!(stop.unloads.load(std::sync::atomic::Ordering::SeqCst), 1);
 }
@@ -299,7 +299,7 @@ async fn the_ui_telemetry_and_live_events() {
     let url = format!("{}/v1/chat/completions", s.base);
     let generation = tokio::spawn(async move { reqwest::Client::new().post(url).json(&body).send().await.unwrap().text().await.unwrap() });
     let started = async {
-        while !s.state.worker.metrics.generating.load(std::sync::atomic::Ordering::SeqCst) {
+        while !s.state.loaded().worker.metrics.generating.load(std::sync::atomic::Ordering::SeqCst) {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     };
@@ -326,4 +326,40 @@ async fn the_ui_telemetry_and_live_events() {
     let seen = seen.expect("an event showed the running generation's tok/s");
     assert_eq!(seen["profile"], "sustained");
     generation.abort();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_click_starts_another_model() {
+    // Without a resolver the server serves its one model and says so.
+    let single = start(None).await;
+    let (code, v) = post(&single, "/v1/models/load", &json!({"model": "other"})).await;
+    assert_eq!(code, 409, "{v}");
+
+    let second = tempfile::tempdir().unwrap();
+    let mut o = engine::checkpoint::MakeOptions::new(engine::checkpoint::Arch::Qwen35, "tiny");
+    o.mtp = true;
+    engine::checkpoint::make(&o, second.path()).unwrap();
+    let dir = second.path().to_path_buf();
+    let resolver: server::Resolver = std::sync::Arc::new(move |name: &str| {
+        anyhow::ensure!(name == "hybrid", "`{name}` is not a model here");
+        Ok(server::ModelSpec { dir: dir.clone(), id: "hybrid".into(), aliases: vec!["h".into()], draft_depth: 2, draft_depth_source: "test".into() })
+    });
+    let s = common::start_resolving(None, Default::default(), Some(resolver)).await;
+    let (code, v) = post(&s, "/v1/models/load", &json!({"model": "nope"})).await;
+    assert_eq!(code, 400, "{v}");
+    assert!(v["error"]["message"].as_str().unwrap().contains("`nope` is not a model here"), "{v}");
+    assert_eq!(v["error"]["param"], "model");
+    let (code, v) = post(&s, "/v1/models/load", &json!({"model": "hybrid"})).await;
+    assert_eq!(code, 200, "{v}");
+    assert_eq!(v["model"], "hybrid");
+    let status: Value = reqwest::get(format!("{}/v1/status", s.base)).await.unwrap().json().await.unwrap();
+    assert_eq!(status["model"], "hybrid");
+    assert_eq!(status["draft_depth"], 2);
+    assert_eq!(status["mtp_head"], true);
+    // The old names are gone, the new ones answer (with speculation, as configured).
+    let (code, _) = post(&s, "/v1/chat/completions", &chat(json!({}))).await;
+    assert_eq!(code, 404);
+    let (code, v) = post(&s, "/v1/chat/completions", &chat(json!({"model": "h"}))).await;
+    assert_eq!(code, 200, "{v}");
+    assert_eq!(v["timings"]["draft_depth"], 2);
 }

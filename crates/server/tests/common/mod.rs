@@ -27,6 +27,11 @@ pub async fn start_opts(options: WorkerOptions) -> Server {
 }
 
 async fn start_full(api_key: Option<&str>, options: WorkerOptions) -> Server {
+    start_resolving(api_key, options, None).await
+}
+
+/// A server that can switch models through `resolver` (`/v1/models/load`).
+pub async fn start_resolving(api_key: Option<&str>, options: WorkerOptions, resolver: Option<server::Resolver>) -> Server {
     let dir = tempfile::tempdir().unwrap();
     let mut o = MakeOptions::new(Arch::Qwen3, "tiny");
     o.bits = Some(4);
@@ -34,7 +39,8 @@ async fn start_full(api_key: Option<&str>, options: WorkerOptions) -> Server {
     checkpoint::make(&o, dir.path()).unwrap();
     let path = dir.path().to_path_buf();
     let worker = tokio::task::spawn_blocking(move || Worker::start(path, "tiny".into(), options)).await.unwrap().unwrap();
-    let state = AppState::new(worker, vec!["ferrite-tiny".into()], 0, api_key.map(str::to_string));
+    let mut state = AppState::new(worker, vec!["ferrite-tiny".into()], 0, api_key.map(str::to_string));
+    state.resolver = resolver;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
     let app = server::router_with_cors(state.clone(), &server::APP_ORIGINS.map(String::from));

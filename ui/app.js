@@ -59,6 +59,53 @@ function li(label, detail, button) {
   return item;
 }
 
+async function post(path, body) {
+  const r = await fetch(path, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify(body) });
+  const v = await r.json();
+  if (!r.ok) throw new Error(v.error ? v.error.message : r.statusText);
+  return v;
+}
+
+function button(label, action) {
+  const b = document.createElement("button");
+  b.type = "button";
+  b.textContent = label;
+  b.addEventListener("click", async () => {
+    b.disabled = true;
+    $("models-error").textContent = "";
+    try { await action(); } catch (e) { $("models-error").textContent = e.message; }
+    b.disabled = false;
+    refreshModels();
+  });
+  return b;
+}
+
+let lastDownloads = "";
+
+function showDownloads(downloads) {
+  const key = JSON.stringify(downloads.map((d) => [d.repo, d.state.state]));
+  if (key !== lastDownloads && lastDownloads) refreshModels(); // a download ended or began
+  lastDownloads = key;
+  $("downloads").replaceChildren(...downloads.map((d) => {
+    const s = d.state.state;
+    let detail = s;
+    if (s === "downloading") {
+      const eta = d.eta_s != null ? ` · ${Math.ceil(d.eta_s)} s left` : "";
+      detail = `${bytes(d.done_bytes)} of ${bytes(d.total_bytes)} · ${bytes(d.bytes_per_s)}/s${eta}`;
+    } else if (s === "failed") {
+      detail = "failed: " + d.state.detail;
+    }
+    const item = li(d.repo, detail, s === "downloading" || s === "starting" ? button("Cancel", () => post("/v1/store/cancel", { model: d.repo })) : null);
+    if (s === "downloading") {
+      const bar = document.createElement("progress");
+      bar.max = d.total_bytes || 1;
+      bar.value = d.done_bytes;
+      item.insertBefore(bar, item.lastChild);
+    }
+    return item;
+  }));
+}
+
 async function loadModel(id, button) {
   button.disabled = true;
   $("models-error").textContent = "";
@@ -80,6 +127,8 @@ async function refreshModels() {
     if (!r.ok) throw new Error(v.error ? v.error.message : r.statusText);
     $("models-dir").textContent = `Stored in ${v.models_dir}` + (v.free_bytes != null ? ` (${bytes(v.free_bytes)} free)` : "");
     const installed = new Set(v.installed.map((m) => m.catalog_id || m.id));
+    $("folder").value = v.models_dir;
+    showDownloads(v.downloads);
     $("installed").replaceChildren(...v.installed.map((m) => {
       const b = document.createElement("button");
       b.type = "button";
@@ -87,10 +136,17 @@ async function refreshModels() {
       b.textContent = running ? "Running" : "Start";
       b.disabled = running;
       b.addEventListener("click", () => loadModel(m.id, b));
-      return li(m.id, `${bytes(m.bytes)} · ${m.model_type}${m.has_mtp ? " · MTP" : ""}`, b);
+      const item = li(m.id, `${bytes(m.bytes)} · ${m.model_type}${m.has_mtp ? " · MTP" : ""} · ${m.dir}`, b);
+      if (!running && m.source !== "embedded") item.append(button("Delete", async () => {
+        const r = await post("/v1/store/delete", { model: m.id });
+        $("models-error").textContent = `${m.id}: ${bytes(r.freed_bytes)} freed`;
+      }));
+      return item;
     }));
-    $("catalog").replaceChildren(...v.catalog.filter((e) => !installed.has(e.id)).map((e) =>
-      li(e.id, `${e.architecture}${e.mtp ? " · MTP" : ""} · download: ferrite pull ${e.id}`)));
+    $("catalog").replaceChildren(...v.catalog.filter((e) => !installed.has(e.id)).map((e) => {
+      const size = typeof e.size_bytes === "number" ? bytes(e.size_bytes) : "size unknown";
+      return li(e.id, `${e.architecture}${e.mtp ? " · MTP" : ""} · ${size} · ${e.description}`, button("Download", () => post("/v1/store/pull", { model: e.id })));
+    }));
   } catch (e) {
     $("models-error").textContent = "model store: " + e.message;
   }
@@ -113,6 +169,7 @@ function onUpdate(u) {
     refreshModels();
   }
   $("model").textContent = u.model;
+  showDownloads(u.downloads);
   const [text, cls] = stateText(u);
   $("state").textContent = u.queue_depth ? `${text} · ${u.queue_depth} queued` : text;
   $("state").className = "badge " + cls;
@@ -164,6 +221,12 @@ async function start() {
 }
 
 $("refresh-models").addEventListener("click", refreshModels);
+$("folder-form").addEventListener("submit", async (e) => {
+  e.preventDefault();
+  $("models-error").textContent = "";
+  try { await post("/v1/store/folder", { dir: $("folder").value }); } catch (err) { $("models-error").textContent = err.message; }
+  refreshModels();
+});
 
 document.addEventListener("click", (e) => {
   const id = e.target.dataset && e.target.dataset.copy;

@@ -90,6 +90,8 @@ pub struct AppState {
     pub worker_options: WorkerOptions,
     /// The model being loaded by `/v1/models/load`, if one is.
     pub loading: Arc<std::sync::Mutex<Option<String>>>,
+    /// The model store the UI acts on, and its downloads.
+    pub store: models::StoreAccess,
     pub api_key: Option<String>,
     /// Memory, fans and thermal state, sampled once a second.
     pub telemetry: Arc<telemetry::Sampler>,
@@ -109,6 +111,7 @@ impl AppState {
             resolver: None,
             worker_options: WorkerOptions::default(),
             loading: Default::default(),
+            store: Default::default(),
             api_key,
             telemetry: Arc::new(telemetry::Sampler::start(std::time::Duration::from_secs(1))),
             started: Instant::now(),
@@ -186,6 +189,10 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/models", get(openai::models))
         .route("/v1/models/load", post(models::load))
         .route("/v1/store", get(models::store_listing))
+        .route("/v1/store/pull", post(models::pull))
+        .route("/v1/store/cancel", post(models::cancel))
+        .route("/v1/store/delete", post(models::delete))
+        .route("/v1/store/folder", post(models::folder))
         .route("/v1/chat/completions", post(openai::chat_completions))
         .route("/v1/completions", post(openai::completions))
         .route("/v1/messages", post(anthropic::messages))

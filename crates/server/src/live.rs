@@ -38,6 +38,7 @@ fn update(s: &AppState, tokens_per_s: f64) -> serde_json::Value {
         "tokens_per_s_now": tokens_per_s,
         "last": w.metrics.live(),
         "telemetry": s.telemetry.latest(),
+        "downloads": s.store.progress(),
     })
 }
 
@@ -45,7 +46,8 @@ pub async fn events(State(s): State<AppState>) -> Sse<impl Stream<Item = Result<
     let start = (s.clone(), s.loaded().worker.metrics.tokens.load(Ordering::Relaxed), Instant::now(), true);
     let stream = futures_util::stream::unfold(start, |(s, tokens, at, first)| async move {
         if !first {
-            let busy = s.loaded().worker.metrics.generating.load(Ordering::SeqCst);
+            let downloading = s.store.progress().iter().any(|p| !p.state.is_final());
+            let busy = downloading || s.loaded().worker.metrics.generating.load(Ordering::SeqCst);
             tokio::time::sleep(if busy { Duration::from_secs(1) } else { Duration::from_secs(3) }).await;
         }
         // A model switched since the last look has a counter of its own: start over from it.

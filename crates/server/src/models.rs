@@ -1,6 +1,8 @@
 //! The models the UI offers: `GET /v1/store` lists what is installed (and what is not usable
-//! yet) and the catalog; `POST /v1/models/load {"model": NAME}` starts another model, through
-//! the resolver the embedding program gave, and serves it from then on.
+//! yet), the catalog and the downloads; `POST /v1/store/pull|cancel|delete {"model": NAME}`
+//! and `POST /v1/store/folder {"dir": DIR}` act on the store (the same config file and folder
+//! as the CLI); `POST /v1/models/load {"model": NAME}` starts another model, through the
+//! resolver the embedding program gave, and serves it from then on.
 
 use axum::body::Bytes;
 use axum::extract::State;
@@ -9,15 +11,148 @@ use axum::Json;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
+use std::sync::{Arc, Mutex};
+
+use store::download::{Download, Downloader};
+
 use crate::error::{parse, ApiError};
 use crate::worker::Worker;
 use crate::{AppState, Loaded};
 
-pub async fn store_listing() -> Result<Json<Value>, ApiError> {
-    let store = tokio::task::spawn_blocking(store::Store::open_default)
-        .await
-        .map_err(|e| ApiError::internal(e.to_string()))?
-        .map_err(|e| ApiError::internal(format!("the model store: {e}")))?;
+/// Where the store's settings live and how downloads reach the hub: the defaults (the config
+/// directory, `$HF_ENDPOINT`) unless the embedding program (or a test) says otherwise.
+#[derive(Clone, Default)]
+pub struct StoreAccess {
+    pub config_dir: Option<std::path::PathBuf>,
+    pub download: Option<store::download::Options>,
+    /// One downloader per models folder (a pull of a model already coming joins it).
+    downloader: Arc<Mutex<Option<(std::path::PathBuf, Downloader)>>>,
+    /// Downloads started here, newest last, for the listing and the live stream.
+    pub downloads: Arc<Mutex<Vec<Arc<Download>>>>,
+}
+
+impl StoreAccess {
+    pub fn new(config_dir: Option<std::path::PathBuf>, download: Option<store::download::Options>) -> Self {
+        StoreAccess { config_dir, download, ..Default::default() }
+    }
+
+    fn open(&self) -> Result<store::Store, ApiError> {
+        let dir = self.config_dir.clone().unwrap_or_else(store::config::config_dir);
+        store::Store::open(&dir).map_err(|e| ApiError::internal(format!("the model store: {e}")))
+    }
+
+    fn downloader(&self, models_dir: &std::path::Path) -> Downloader {
+        let mut slot = self.downloader.lock().unwrap_or_else(|e| e.into_inner());
+        match slot.as_ref() {
+            Some((dir, d)) if dir == models_dir => d.clone(),
+            _ => {
+                let d = Downloader::new(models_dir.to_path_buf(), self.download.clone().unwrap_or_default());
+                *slot = Some((models_dir.to_path_buf(), d.clone()));
+                d
+            }
+        }
+    }
+
+    /// Progress of every download started here that is running or ended in the last minutes.
+    pub fn progress(&self) -> Vec<store::download::Progress> {
+        self.downloads.lock().map(|d| d.iter().map(|x| x.progress().borrow().clone()).collect()).unwrap_or_default()
+    }
+}
+
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T, ApiError> + Send + 'static) -> Result<T, ApiError> {
+    tokio::task::spawn_blocking(f).await.map_err(|e| ApiError::internal(e.to_string()))?
+}
+
+fn store_error(e: store::StoreError) -> ApiError {
+    use store::StoreError as E;
+    match e {
+        E::UnknownModel(_) | E::NotInstalled(_) => ApiError::not_found(e.to_string()).with_param("model"),
+        E::Embedded(_) | E::NameTaken(_) | E::Folder { .. } | E::Unusable { .. } => ApiError::bad_request(e.to_string()),
+        other => ApiError::internal(other.to_string()),
+    }
+}
+
+#[derive(Deserialize)]
+struct ModelRequest {
+    model: String,
+}
+
+#[derive(Deserialize)]
+struct FolderRequest {
+    dir: std::path::PathBuf,
+}
+
+/// Starts (or joins) a download: 202 with its progress so far.
+pub async fn pull(State(s): State<AppState>, body: Bytes) -> Result<(StatusCode, Json<Value>), ApiError> {
+    let ModelRequest { model } = parse(&body)?;
+    let access = s.store.clone();
+    let st = blocking(move || access.open()).await?;
+    let (repo, revision, expect_mtp) = match st.catalog.find(&model) {
+        Some(e) if e.embedded.is_some() => return Err(ApiError::bad_request(format!("`{}` ships with Ferrite: nothing to download", e.id))),
+        Some(e) => (e.repo.clone(), e.revision.clone(), e.mtp),
+        None if model.split('/').count() == 2 => (model.clone(), "main".to_string(), false),
+        None => return Err(ApiError::not_found(format!("`{model}` is neither a catalog model nor a repository (org/name)")).with_param("model")),
+    };
+    let download = s.store.downloader(&st.models_dir).pull(store::download::Request { repo, revision, expect_mtp });
+    if let Ok(mut list) = s.store.downloads.lock() {
+        if !list.iter().any(|d| Arc::ptr_eq(d, &download)) {
+            list.push(download.clone());
+        }
+        // Keep the last few finished ones for the UI, not all of history.
+        while list.len() > 16 {
+            list.remove(0);
+        }
+    }
+    let progress = download.progress().borrow().clone();
+    Ok((StatusCode::ACCEPTED, Json(json!(progress))))
+}
+
+pub async fn cancel(State(s): State<AppState>, body: Bytes) -> Result<Json<Value>, ApiError> {
+    let ModelRequest { model } = parse(&body)?;
+    let access = s.store.clone();
+    let st = blocking(move || access.open()).await?;
+    let repo = st.catalog.find(&model).map(|e| e.repo.clone()).unwrap_or(model.clone());
+    let list = s.store.downloads.lock().map(|l| l.clone()).unwrap_or_default();
+    let running: Vec<_> = list.iter().filter(|d| { let p = d.progress().borrow().clone(); p.repo == repo && !p.state.is_final() }).collect();
+    if running.is_empty() {
+        return Err(ApiError::not_found(format!("no download of `{model}` is running")).with_param("model"));
+    }
+    running.iter().for_each(|d| d.cancel());
+    Ok(Json(json!({"cancelled": repo})))
+}
+
+pub async fn delete(State(s): State<AppState>, body: Bytes) -> Result<Json<Value>, ApiError> {
+    let ModelRequest { model } = parse(&body)?;
+    let loaded = s.loaded();
+    let access = s.store.clone();
+    let dir_in_use = loaded.worker.info.dir.clone();
+    let name = model.clone();
+    let freed = blocking(move || {
+        let mut st = access.open()?;
+        if st.resolve(&name).is_ok_and(|r| r.dir == dir_in_use) {
+            return Err(ApiError::bad_request(format!("`{name}` is being served: start another model first")));
+        }
+        st.delete(&name).map_err(store_error)
+    })
+    .await?;
+    Ok(Json(json!({"deleted": model, "freed_bytes": freed})))
+}
+
+pub async fn folder(State(s): State<AppState>, body: Bytes) -> Result<Json<Value>, ApiError> {
+    let FolderRequest { dir } = parse(&body)?;
+    let access = s.store.clone();
+    let models_dir = blocking(move || {
+        let mut st = access.open()?;
+        st.set_models_dir(&dir).map_err(store_error)?;
+        Ok(st.models_dir)
+    })
+    .await?;
+    Ok(Json(json!({"models_dir": models_dir})))
+}
+
+pub async fn store_listing(State(s): State<AppState>) -> Result<Json<Value>, ApiError> {
+    let access = s.store.clone();
+    let store = blocking(move || access.open()).await?;
     let listing = tokio::task::spawn_blocking({
         let store = store.clone();
         move || store.list()
@@ -30,6 +165,7 @@ pub async fn store_listing() -> Result<Json<Value>, ApiError> {
         "installed": listing.installed,
         "incomplete": listing.incomplete,
         "catalog": store.catalog.entries,
+        "downloads": s.store.progress(),
     })))
 }
 

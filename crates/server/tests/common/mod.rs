@@ -32,6 +32,11 @@ async fn start_full(api_key: Option<&str>, options: WorkerOptions) -> Server {
 
 /// A server that can switch models through `resolver` (`/v1/models/load`).
 pub async fn start_resolving(api_key: Option<&str>, options: WorkerOptions, resolver: Option<server::Resolver>) -> Server {
+    start_configured(api_key, options, move |state| state.resolver = resolver).await
+}
+
+/// A server whose state `configure` adjusts before it serves.
+pub async fn start_configured(api_key: Option<&str>, options: WorkerOptions, configure: impl FnOnce(&mut AppState)) -> Server {
     let dir = tempfile::tempdir().unwrap();
     let mut o = MakeOptions::new(Arch::Qwen3, "tiny");
     o.bits = Some(4);
@@ -40,7 +45,7 @@ pub async fn start_resolving(api_key: Option<&str>, options: WorkerOptions, reso
     let path = dir.path().to_path_buf();
     let worker = tokio::task::spawn_blocking(move || Worker::start(path, "tiny".into(), options)).await.unwrap().unwrap();
     let mut state = AppState::new(worker, vec!["ferrite-tiny".into()], 0, api_key.map(str::to_string));
-    state.resolver = resolver;
+    configure(&mut state);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
     let app = server::router_with_cors(state.clone(), &server::APP_ORIGINS.map(String::from));

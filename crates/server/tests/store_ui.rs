@@ -1,0 +1,72 @@
+//! The UI's store actions over HTTP, against the local hub of the store's own tests: choose
+//! the folder, pull with progress, list, delete; bad requests get clear errors.
+
+mod common;
+#[path = "../../store/tests/hub/mod.rs"]
+mod hub;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::post;
+use serde_json::{json, Value};
+use server::models::StoreAccess;
+
+#[tokio::test(flavor = "multi_thread")]
+async fn choose_pull_list_and_delete_from_the_ui() {
+    let tmp = tempfile::tempdir().unwrap();
+    let hub = hub::start().await;
+    hub::checkpoint(&tmp.path().join("src"), true, 3);
+    hub.hub.publish("test/hybrid", &tmp.path().join("src"));
+    let options = store::download::Options {
+        endpoint: hub.endpoint.clone(),
+        token: None,
+        space: Arc::new(|p: &std::path::Path| store::download::free_space(p)),
+        margin_bytes: 0,
+        retries: 0,
+        chunk_bytes: 64 << 10,
+        offline: false,
+    };
+    let access = StoreAccess::new(Some(tmp.path().join("config")), Some(options));
+    let s = common::start_configured(None, Default::default(), move |state| state.store = access).await;
+
+    let models = tmp.path().join("models");
+    let (code, v) = post(&s, "/v1/store/folder", &json!({"dir": models})).await;
+    assert_eq!(code, 200, "{v}");
+    let (code, v) = post(&s, "/v1/store/folder", &json!({"dir": "/proc/version/not-a-folder"})).await;
+    assert_eq!(code, 400, "{v}");
+
+    let (code, v) = post(&s, "/v1/store/pull", &json!({"model": "test/hybrid"})).await;
+    assert_eq!(code, 202, "{v}");
+    assert_eq!(v["repo"], "test/hybrid");
+    let listing = async {
+        loop {
+            let v: Value = reqwest::get(format!("{}/v1/store", s.base)).await.unwrap().json().await.unwrap();
+            let state = v["downloads"][0]["state"]["state"].clone();
+            if state == "done" || state == "failed" {
+                return v;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    };
+    let v = tokio::time::timeout(Duration::from_secs(60), listing).await.expect("the download ended");
+    assert_eq!(v["downloads"][0]["state"]["state"], "done", "{v}");
+    assert_eq!(v["downloads"][0]["done_bytes"], v["downloads"][0]["total_bytes"]);
+    let installed = v["installed"].as_array().unwrap();
+    let hybrid = installed.iter().find(|m| m["id"] == "test/hybrid").expect("installed");
+    assert_eq!(hybrid["has_mtp"], true);
+
+    let (code, v) = post(&s, "/v1/store/delete", &json!({"model": "test/hybrid"})).await;
+    assert_eq!(code, 200, "{v}");
+    assert!(v["freed_bytes"].as_u64().unwrap() > 100_000, "{v}");
+    let v: Value = reqwest::get(format!("{}/v1/store", s.base)).await.unwrap().json().await.unwrap();
+    assert!(!v["installed"].as_array().unwrap().iter().any(|m| m["id"] == "test/hybrid"));
+
+    let (code, v) = post(&s, "/v1/store/pull", &json!({"model": "no-such-model"})).await;
+    assert_eq!(code, 404, "{v}");
+    let (code, v) = post(&s, "/v1/store/delete", &json!({"model": "default"})).await;
+    assert_eq!(code, 400, "{v}");
+    assert!(v["error"]["message"].as_str().unwrap().contains("ships with Ferrite"));
+    let (code, _) = post(&s, "/v1/store/cancel", &json!({"model": "test/hybrid"})).await;
+    assert_eq!(code, 404);
+}

@@ -22,10 +22,12 @@ run: build
 	@echo "         -d '{\"model\": \"default\", \"messages\": [{\"role\": \"user\", \"content\": \"Write a Python function that reverses a list.\"}], \"max_tokens\": 128}'"
 	target/release/ferrite serve --model $(MODEL) --port $(PORT) --draft-depth $(DRAFT)
 
-test: setup
+test:
+	@scripts/setup.sh --tests
 	$(CARGO) test --workspace --all-targets
 	$(CARGO) build -p ferrite-cli
 	third_party/venv/bin/python -m pytest tests/sdk -q
+	cd tests/ui && node --test ui.test.mjs
 
 # Ferrite vs mlx-lm decode speed on the same checkpoints (see bench/README.md).
 bench: build

@@ -11,6 +11,9 @@ MLX_VERSION=0.32.2          # must equal the MLX tag that mlx-c (mlx-sys 0.7.0) 
 MLX_LM_VERSION=0.32.0       # last mlx-lm whose MoE path runs on MLX 0.32.2
 MLX_SYS_VERSION=0.7.0
 PY=${PYTHON:-python3}
+# `--tests` also installs what only the tests need (chromium and playwright-core for the UI).
+TESTS=0
+[ "${1:-}" = "--tests" ] && TESTS=1
 
 say() { printf '\033[1msetup:\033[0m %s\n' "$*"; }
 
@@ -31,6 +34,11 @@ case "$(uname -s)" in
     command -v patch >/dev/null || need+=(patch)
     command -v g++ >/dev/null || need+=(g++)
     $PY -c 'import venv, ensurepip' 2>/dev/null || need+=(python3-venv)
+    # The web UI's browser tests drive Debian's chromium with node's playwright-core.
+    if [ $TESTS = 1 ]; then
+      [ -x /usr/bin/chromium ] || need+=(chromium)
+      command -v npm >/dev/null || need+=(nodejs npm)
+    fi
     if [ ${#need[@]} -gt 0 ]; then
       if [ "$(id -u)" = 0 ]; then
         say "installing Debian packages: ${need[*]}"
@@ -82,5 +90,10 @@ fi
 if ! "$venv/bin/python" -c "import openai, anthropic, pytest" 2>/dev/null; then
   say "adding the openai and anthropic SDKs and pytest to third_party/venv"
   "$venv/bin/pip" install -q --disable-pip-version-check "openai>=1.50,<3" "anthropic>=0.40,<1" "pytest>=8,<10"
+fi
+# 4. playwright-core for the web UI's browser tests (no browser download: it drives chromium).
+if [ $TESTS = 1 ] && [ ! -d "$root/tests/ui/node_modules/playwright-core" ]; then
+  say "installing tests/ui's node modules (playwright-core)"
+  (cd "$root/tests/ui" && npm ci --no-audit --no-fund --loglevel=error >/dev/null)
 fi
 say "ready"

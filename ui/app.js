@@ -167,6 +167,7 @@ function onUpdate(u) {
   if (u.model !== currentModel) {
     currentModel = u.model;
     refreshModels();
+    refreshStatus();
   }
   $("model").textContent = u.model;
   showDownloads(u.downloads);
@@ -204,10 +205,8 @@ function onUpdate(u) {
   facts($("thermal"), rows.length ? rows : [["Fans and sensors", "not available on this machine"]]);
 }
 
-async function start() {
-  const base = location.origin;
-  $("openai-url").textContent = base + "/v1";
-  $("anthropic-url").textContent = base;
+// The facts that change only with the model.
+async function refreshStatus() {
   try {
     const s = await (await fetch("/v1/status")).json();
     $("reasoning").textContent = s.reasoning_default;
@@ -215,6 +214,12 @@ async function start() {
   } catch (e) {
     $("state").textContent = "error: " + e.message;
   }
+}
+
+async function start() {
+  const base = location.origin;
+  $("openai-url").textContent = base + "/v1";
+  $("anthropic-url").textContent = base;
   const events = new EventSource("/v1/events");
   events.addEventListener("status", (e) => onUpdate(JSON.parse(e.data)));
   events.onerror = () => { $("state").textContent = "disconnected: retrying"; $("state").className = "badge"; };

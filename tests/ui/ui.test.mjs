@@ -1,0 +1,89 @@
+// Ferrite's web UI in a real browser: playwright-core drives Debian's chromium against a
+// `ferrite serve` on loopback with project-made models. Start a model with a click, see tok/s
+// move while a request streams, see memory, see an error shown. Screenshots go to
+// target/ui-screenshots for a person to look at.
+import { test, before, after } from "node:test";
+import assert from "node:assert/strict";
+import { spawn, execFileSync } from "node:child_process";
+import { mkdtempSync, mkdirSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join, resolve } from "node:path";
+import { chromium } from "playwright-core";
+
+const root = resolve(import.meta.dirname, "../..");
+const ferrite = process.env.FERRITE ?? join(root, "target/debug/ferrite");
+const shots = join(root, "target/ui-screenshots");
+const work = mkdtempSync(join(tmpdir(), "ferrite-ui-"));
+const env = { ...process.env, FERRITE_CONFIG_DIR: join(work, "config"), RUST_LOG: "warn" };
+const port = 21000 + (process.pid % 20000);
+const base = `http://127.0.0.1:${port}`;
+let server, browser, page;
+
+function make(arch, out) {
+  execFileSync(ferrite, ["dev", "make-checkpoint", "--arch", arch, "--bits", "4", "--group-size", "32", ...(arch === "qwen3_5" ? ["--mtp"] : []), "--out", out], { env });
+}
+
+before(async () => {
+  mkdirSync(shots, { recursive: true });
+  make("qwen3", join(work, "first"));
+  make("qwen3_5", join(work, "second"));
+  execFileSync(ferrite, ["store", "set", join(work, "models")], { env });
+  execFileSync(ferrite, ["store", "add", "second-model", join(work, "second")], { env });
+  server = spawn(ferrite, ["serve", "--model", join(work, "first"), "--id", "first-model", "--port", String(port), "--idle-minutes", "0"], { env, stdio: "inherit" });
+  for (let i = 0; i < 300; i++) {
+    try { if ((await fetch(`${base}/health`)).ok) break; } catch { /* not up yet */ }
+    await new Promise((r) => setTimeout(r, 100));
+  }
+  browser = await chromium.launch({
+    executablePath: process.env.CHROMIUM ?? "/usr/bin/chromium",
+    args: ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update", "--disable-sync", "--no-first-run"],
+  });
+  page = await browser.newPage({ viewport: { width: 1200, height: 1000 } });
+});
+
+after(async () => {
+  await browser?.close();
+  server?.kill();
+  rmSync(work, { recursive: true, force: true });
+});
+
+test("the page shows the running model, its API URLs and memory", async () => {
+  await page.goto(base);
+  await page.waitForFunction(() => document.getElementById("model").textContent === "first-model");
+  assert.equal(await page.textContent("#openai-url"), `${base}/v1`);
+  await page.waitForSelector("#memory dt");
+  assert.match(await page.textContent("#memory"), /This process\d/);
+  assert.match(await page.textContent("#thermal"), /not available|rpm|°C/);
+  await page.screenshot({ path: join(shots, "ready.png"), fullPage: true });
+});
+
+test("a click starts another model", async () => {
+  const start = page.locator("#installed li", { hasText: "second-model" }).getByRole("button", { name: "Start" });
+  await start.click();
+  await page.waitForFunction(() => document.getElementById("model").textContent === "second-model", null, { timeout: 30000 });
+  const status = await (await fetch(`${base}/v1/status`)).json();
+  assert.equal(status.model, "second-model");
+  assert.equal(status.mtp_head, true);
+  await page.waitForFunction(() => document.getElementById("device").textContent.includes("MTP head"));
+});
+
+test("tok/s moves while a request streams", async () => {
+  const request = fetch(`${base}/v1/completions`, {
+    method: "POST",
+    headers: { "content-type": "application/json" },
+    body: JSON.stringify({ model: "second-model", prompt: "fn main() {", max_tokens: 4000, ignore_eos: true, stream: true }),
+  });
+  await page.waitForFunction(() => parseFloat(document.getElementById("tps-now").textContent) > 0, null, { timeout: 30000 });
+  assert.match(await page.textContent("#state"), /generating/);
+  await page.screenshot({ path: join(shots, "generating.png"), fullPage: true });
+  const body = (await request).body;
+  await body.cancel(); // the client goes: the server cancels the generation
+});
+
+test("errors are shown, not swallowed", async () => {
+  await page.fill("#folder", "/proc/version/not-a-folder");
+  await page.click("#folder-form button[type=submit]");
+  await page.waitForFunction(() => document.getElementById("models-error").textContent.length > 0);
+  assert.match(await page.textContent("#models-error"), /not-a-folder/);
+  await page.screenshot({ path: join(shots, "error.png"), fullPage: true });
+});

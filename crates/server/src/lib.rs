@@ -297,6 +297,7 @@ pub async fn serve(config: ServerConfig) -> anyhow::Result<()> {
         if config.api_key.is_some() { ", API key required" } else { "" }
     );
     let stop = state.worker_options.stop.clone();
+    let state_for_shutdown = state.clone();
     let app = router_with_cors(state, &config.cors_origins);
     axum::serve(listener, app)
         .with_graceful_shutdown(async move {
@@ -306,5 +307,8 @@ pub async fn serve(config: ServerConfig) -> anyhow::Result<()> {
             }
         })
         .await?;
+    // Let the engine finish (or cancel) its step before the process and MLX's statics go.
+    let loaded = state_for_shutdown.loaded();
+    tokio::task::spawn_blocking(move || loaded.worker.shutdown(std::time::Duration::from_secs(10))).await?;
     Ok(())
 }

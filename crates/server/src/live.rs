@@ -17,7 +17,19 @@ use serde_json::json;
 use crate::AppState;
 
 pub async fn telemetry(State(s): State<AppState>) -> Json<telemetry::Snapshot> {
-    Json(s.telemetry.latest())
+    Json(snapshot(&s))
+}
+
+/// The sampler's latest figures, with MLX's allocator counters read now.
+fn snapshot(s: &AppState) -> telemetry::Snapshot {
+    let mut snap = s.telemetry.latest();
+    let read = |v: Result<usize, _>| v.unwrap_or(0) as u64;
+    snap.memory = snap.memory.with_mlx(
+        read(mlx_rs::memory::active_memory()),
+        read(mlx_rs::memory::peak_memory()),
+        read(mlx_rs::memory::cache_memory()),
+    );
+    snap
 }
 
 /// One update of the live view.
@@ -37,7 +49,7 @@ fn update(s: &AppState, tokens_per_s: f64) -> serde_json::Value {
         "loading": s.loading.lock().ok().and_then(|l| l.clone()),
         "tokens_per_s_now": tokens_per_s,
         "last": w.metrics.live(),
-        "telemetry": s.telemetry.latest(),
+        "telemetry": snapshot(s),
         "downloads": s.store.progress(),
     })
 }

@@ -61,7 +61,11 @@ pub struct ModelInfo {
 }
 
 pub struct Worker {
-    jobs: mpsc::Sender<Job>,
+    /// `None` once [`Worker::shutdown`] ran.
+    jobs: std::sync::Mutex<Option<mpsc::Sender<Job>>>,
+    /// The running job's cancel token (so shutdown can stop it).
+    current: Arc<std::sync::Mutex<Option<CancelToken>>>,
+    thread: std::sync::Mutex<Option<std::thread::JoinHandle<()>>>,
     pub queue_depth: Arc<AtomicUsize>,
     pub info: ModelInfo,
     pub lifecycle: Arc<Lifecycle>,
@@ -156,7 +160,9 @@ impl Worker {
         let life = lifecycle.clone();
         let metrics = Arc::new(Metrics::new());
         let recorder = metrics.clone();
-        std::thread::Builder::new().name("ferrite-engine".into()).spawn(move || {
+        let current: Arc<std::sync::Mutex<Option<CancelToken>>> = Default::default();
+        let running = current.clone();
+        let thread = std::thread::Builder::new().name("ferrite-engine".into()).spawn(move || {
             let engine = match Engine::load_with(&dir, profile.clone()) {
                 Ok(e) => e,
                 Err(e) => {
@@ -216,23 +222,63 @@ impl Worker {
                     }
                 }
                 if let Some(engine) = &engine {
+                    if let Ok(mut c) = running.lock() {
+                        *c = Some(job.cancel.clone());
+                    }
                     let used = run_job(engine, &info, &recorder, job);
+                    if let Ok(mut c) = running.lock() {
+                        *c = None;
+                    }
                     engine.after_request(used);
                 }
                 life.touch();
             }
         })?;
         let info = ready_rx.recv().map_err(|_| anyhow::anyhow!("the engine thread stopped while loading"))??;
-        Ok(Worker { jobs, queue_depth, info, lifecycle, metrics })
+        Ok(Worker {
+            jobs: std::sync::Mutex::new(Some(jobs)),
+            current,
+            thread: std::sync::Mutex::new(Some(thread)),
+            queue_depth,
+            info,
+            lifecycle,
+            metrics,
+        })
     }
 
     /// Queues a job (FIFO).
     pub fn submit(&self, job: Job) -> Result<(), JobError> {
         self.queue_depth.fetch_add(1, Ordering::SeqCst);
-        self.jobs.send(job).map_err(|_| {
+        let sent = match self.jobs.lock().ok().as_ref().and_then(|j| j.as_ref()) {
+            Some(jobs) => jobs.send(job).is_ok(),
+            None => false,
+        };
+        if !sent {
             self.queue_depth.fetch_sub(1, Ordering::SeqCst);
-            JobError::Internal("the engine thread has stopped".into())
-        })
+            return Err(JobError::Internal("the engine has stopped (the server is shutting down)".into()));
+        }
+        Ok(())
+    }
+
+    /// Stops taking jobs, cancels the running one and waits (up to `wait`) for the engine
+    /// thread to end, so the process never exits while MLX is computing on it.
+    pub fn shutdown(&self, wait: Duration) {
+        if let Ok(mut jobs) = self.jobs.lock() {
+            jobs.take();
+        }
+        if let Some(cancel) = self.current.lock().ok().and_then(|c| c.clone()) {
+            cancel.cancel();
+        }
+        let Some(thread) = self.thread.lock().ok().and_then(|mut t| t.take()) else { return };
+        let deadline = std::time::Instant::now() + wait;
+        while !thread.is_finished() && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        if thread.is_finished() {
+            let _ = thread.join();
+        } else {
+            tracing::warn!("the engine thread did not stop within {wait:?}");
+        }
     }
 
     /// Queues a job and waits until its prompt is rendered and checked (errors found there

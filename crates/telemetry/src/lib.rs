@@ -1,5 +1,5 @@
 //! Live figures about the machine for the app and `/v1/status`: memory (system, this
-//! process, MLX's allocator), fans and temperatures, thermal state. A figure the machine does
+//! process; MLX's allocator added by the caller), fans and temperatures, thermal state. A figure the machine does
 //! not expose is `None` ("not available"), never made up. [`Sampler`] reads them on a thread
 //! of its own once a second, so readers never wait on the system.
 

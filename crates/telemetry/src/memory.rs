@@ -1,5 +1,7 @@
 //! Memory: the system's, this process's (sysinfo) and MLX's allocator (active, peak, cache),
-//! with the kernel's memory-pressure figure where it has one.
+//! with the kernel's memory-pressure figure where it has one. MLX's figures are filled in by
+//! the caller ([`Memory::with_mlx`]) on a thread that uses MLX anyway: a sampling thread that
+//! called into MLX could still be doing so while MLX's statics are torn down at exit.
 
 use serde::Serialize;
 
@@ -33,11 +35,21 @@ pub fn read(sys: &mut sysinfo::System) -> Memory {
         system_used_bytes: sys.used_memory(),
         system_available_bytes: sys.available_memory(),
         process_resident_bytes: sys.process(me).map(|p| p.memory()),
-        mlx_active_bytes: mlx_rs::memory::active_memory().unwrap_or(0) as u64,
-        mlx_peak_bytes: mlx_rs::memory::peak_memory().unwrap_or(0) as u64,
-        mlx_cache_bytes: mlx_rs::memory::cache_memory().unwrap_or(0) as u64,
+        mlx_active_bytes: 0,
+        mlx_peak_bytes: 0,
+        mlx_cache_bytes: 0,
         pressure: pressure(),
         pressure_kind: pressure().map(|_| if cfg!(target_os = "macos") { "macos_level" } else { "psi_stall_percent" }),
+    }
+}
+
+impl Memory {
+    /// The same figures with MLX's allocator counters (active, peak, cache) filled in.
+    pub fn with_mlx(mut self, active: u64, peak: u64, cache: u64) -> Memory {
+        self.mlx_active_bytes = active;
+        self.mlx_peak_bytes = peak;
+        self.mlx_cache_bytes = cache;
+        self
     }
 }
 

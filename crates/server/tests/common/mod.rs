@@ -14,6 +14,14 @@ pub struct Server {
     _dir: tempfile::TempDir,
 }
 
+impl Drop for Server {
+    /// A test binary must not exit while an engine thread still computes (a cancelled
+    /// generation finishes its step): MLX's statics would be torn down under it.
+    fn drop(&mut self) {
+        self.state.loaded().worker.shutdown(Duration::from_secs(20));
+    }
+}
+
 pub async fn start(api_key: Option<&str>) -> Server {
     start_with(api_key, None).await
 }

@@ -17,7 +17,7 @@ build: setup
 # Until the app lands (it needs a display too), `run` serves the embedded default model on
 # 127.0.0.1:$(PORT) until Ctrl-C.
 run: build
-	@echo "Serving Ferrite's default model: OpenAI API at http://127.0.0.1:$(PORT)/v1, Anthropic at /v1/messages"
+	@echo "Serving Ferrite's default model: web UI at http://127.0.0.1:$(PORT)/, OpenAI API at /v1, Anthropic at /v1/messages"
 	@echo "  try: curl -s http://127.0.0.1:$(PORT)/v1/chat/completions -H 'content-type: application/json' \\"
 	@echo "         -d '{\"model\": \"default\", \"messages\": [{\"role\": \"user\", \"content\": \"Write a Python function that reverses a list.\"}], \"max_tokens\": 128}'"
 	target/release/ferrite serve --model $(MODEL) --port $(PORT) --draft-depth $(DRAFT)

@@ -7,10 +7,11 @@ import assert from "node:assert/strict";
 import { spawn, execFileSync } from "node:child_process";
 import { mkdtempSync, mkdirSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
-import { join, resolve } from "node:path";
+import { join } from "node:path";
+import { fileURLToPath } from "node:url";
 import { chromium } from "playwright-core";
 
-const root = resolve(import.meta.dirname, "../..");
+const root = fileURLToPath(new URL("../..", import.meta.url));
 const ferrite = process.env.FERRITE ?? join(root, "target/debug/ferrite");
 const shots = join(root, "target/ui-screenshots");
 const work = mkdtempSync(join(tmpdir(), "ferrite-ui-"));

@@ -320,7 +320,7 @@ async fn respond(state: AppState, loaded: Arc<Loaded>, prompt: Prompt, request: 
                     if let Some(expect) = &expect {
                         let check = expect.report(&content);
                         let valid = check["valid"] == json!(true);
-                        headers.insert("x-ferrite-response-format", if valid { "valid" } else { "invalid" }.parse().expect("ascii"));
+                        headers.insert("x-ferrite-response-format", axum::http::HeaderValue::from_static(if valid { "valid" } else { "invalid" }));
                         body["response_format_check"] = check;
                     }
                     return Ok((headers, Json(body)).into_response());

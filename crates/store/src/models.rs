@@ -198,8 +198,8 @@ impl Store {
             return Ok(Resolved { dir: local.path.clone(), id: local.id.clone(), aliases: vec![], entry: None });
         }
         let entry = self.catalog.find(name).cloned();
-        if let Some(e) = entry.as_ref().filter(|e| e.embedded.is_some()) {
-            let dir = self.assets_dir.join(e.embedded.as_ref().expect("checked"));
+        if let Some((e, rel)) = entry.as_ref().and_then(|e| e.embedded.as_ref().map(|rel| (e, rel))) {
+            let dir = self.assets_dir.join(rel);
             verify::check_model_dir(&dir, e.mtp).map_err(|err| StoreError::Unusable { name: name.to_string(), reason: err.to_string() })?;
             return Ok(Resolved { dir, id: e.id.clone(), aliases: e.aliases.clone(), entry: entry.clone() });
         }

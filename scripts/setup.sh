@@ -93,7 +93,11 @@ if ! "$venv/bin/python" -c "import openai, anthropic, pytest" 2>/dev/null; then
 fi
 # 4. playwright-core for the web UI's browser tests (no browser download: it drives chromium).
 if [ $TESTS = 1 ] && [ ! -d "$root/tests/ui/node_modules/playwright-core" ]; then
-  say "installing tests/ui's node modules (playwright-core)"
-  (cd "$root/tests/ui" && npm ci --no-audit --no-fund --loglevel=error >/dev/null)
+  if command -v npm >/dev/null; then
+    say "installing tests/ui's node modules (playwright-core)"
+    (cd "$root/tests/ui" && npm ci --no-audit --no-fund --loglevel=error >/dev/null)
+  else
+    say "no npm: the web UI's browser tests will be skipped (install Node.js, and chromium or CHROMIUM=path)"
+  fi
 fi
 say "ready"

@@ -174,7 +174,7 @@ function onUpdate(u) {
   const [text, cls] = stateText(u);
   $("state").textContent = u.queue_depth ? `${text} · ${u.queue_depth} queued` : text;
   $("state").className = "badge " + cls;
-  $("profile").textContent = u.profile;
+  if (document.activeElement !== $("profile")) $("profile").value = u.profile;
   $("draft").textContent = `${u.draft_depth} (${u.draft_depth_source})`;
   $("tps-now").textContent = u.tokens_per_s_now.toFixed(1);
   const t = Date.now() / 1000;
@@ -210,6 +210,8 @@ async function refreshStatus() {
   try {
     const s = await (await fetch("/v1/status")).json();
     $("reasoning").textContent = s.reasoning_default;
+    const k = s.profile_knobs || {};
+    $("profile-knobs").textContent = `prefill chunks of ${k.prefill_chunk}${k.warmup ? ", warm-up at load" : ""}`;
     $("device").textContent = `${s.device}, context ${s.context} tokens${s.mtp_head ? ", MTP head" : ""}`;
   } catch (e) {
     $("state").textContent = "error: " + e.message;
@@ -226,6 +228,12 @@ async function start() {
 }
 
 $("refresh-models").addEventListener("click", refreshModels);
+$("profile").addEventListener("change", async (e) => {
+  const profile = e.target.value;
+  $("state").textContent = `reloading with the ${profile} profile`;
+  try { await post("/v1/models/load", { profile }); } catch (err) { $("models-error").textContent = err.message; }
+  refreshStatus();
+});
 $("folder-form").addEventListener("submit", async (e) => {
   e.preventDefault();
   $("models-error").textContent = "";

@@ -68,6 +68,19 @@ test("a click starts another model", async () => {
   await page.waitForFunction(() => document.getElementById("device").textContent.includes("MTP head"));
 });
 
+test("the profile is chosen in the page and the server reports it", async () => {
+  await page.selectOption("#profile", "turbo");
+  for (let i = 0; i < 300; i++) {
+    const s = await (await fetch(`${base}/v1/status`)).json();
+    if (s.profile === "turbo") break;
+    await new Promise((r) => setTimeout(r, 100));
+  }
+  const status = await (await fetch(`${base}/v1/status`)).json();
+  assert.equal(status.profile, "turbo");
+  assert.equal(status.model, "second-model");
+  await page.waitForFunction(() => document.getElementById("profile-knobs").textContent.includes("8192"));
+});
+
 test("tok/s moves while a request streams", async () => {
   const request = fetch(`${base}/v1/completions`, {
     method: "POST",

@@ -41,10 +41,10 @@ pub struct Args {
     cors_origin: Vec<String>,
 }
 
-/// How `/v1/models/load` (the UI's Start buttons) finds a model: as `--model` does, with the
-/// depth `ferrite tune` stored for it.
-fn resolver(profile: engine::ProfileName) -> server::Resolver {
-    std::sync::Arc::new(move |name: &str| {
+/// How `/v1/models/load` (the UI's Start buttons and profile choice) finds a model: as
+/// `--model` does, with the depth `ferrite tune` stored for it and that profile.
+fn resolver() -> server::Resolver {
+    std::sync::Arc::new(move |name: &str, profile: engine::ProfileName| {
         let model = crate::models::resolve(name)?;
         let (draft_depth, draft_depth_source) = crate::tune::draft_depth("auto", &model.dir, profile)?;
         Ok(server::ModelSpec { dir: model.dir, id: model.id, aliases: model.aliases, draft_depth, draft_depth_source })
@@ -69,7 +69,7 @@ pub fn run(args: Args) -> Result<()> {
             ..Default::default()
         },
         cors_origins: server::APP_ORIGINS.iter().map(|o| o.to_string()).chain(args.cors_origin).collect(),
-        resolver: Some(resolver(args.profile)),
+        resolver: Some(resolver()),
     };
     tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(server::serve(config))
 }

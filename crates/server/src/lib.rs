@@ -78,9 +78,10 @@ pub struct ModelSpec {
     pub draft_depth_source: String,
 }
 
-/// Turns a model name (catalog id, alias, folder…) into a [`ModelSpec`]; given by the program
-/// that embeds the server (the CLI and the app resolve names through the store).
-pub type Resolver = Arc<dyn Fn(&str) -> anyhow::Result<ModelSpec> + Send + Sync>;
+/// Turns a model name (catalog id, alias, folder…) and the runtime profile it will run with
+/// into a [`ModelSpec`] (the tuned draft depth depends on both); given by the program that
+/// embeds the server (the CLI and the app resolve names through the store).
+pub type Resolver = Arc<dyn Fn(&str, engine::ProfileName) -> anyhow::Result<ModelSpec> + Send + Sync>;
 
 #[derive(Clone)]
 pub struct AppState {

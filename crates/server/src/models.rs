@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex};
 use store::download::{Download, Downloader};
 
 use crate::error::{parse, ApiError};
-use crate::worker::Worker;
+use crate::worker::{Worker, WorkerOptions};
 use crate::{AppState, Loaded};
 
 /// Where the store's settings live and how downloads reach the hub: the defaults (the config
@@ -169,9 +169,13 @@ pub async fn store_listing(State(s): State<AppState>) -> Result<Json<Value>, Api
     })))
 }
 
+/// Either field may be left out: the model served now, or the profile it runs with now.
 #[derive(Deserialize)]
 struct LoadRequest {
-    model: String,
+    #[serde(default)]
+    model: Option<String>,
+    #[serde(default)]
+    profile: Option<String>,
 }
 
 /// Clears the "loading" mark however the load ends.
@@ -185,8 +189,16 @@ impl Drop for Loading {
     }
 }
 
+/// `POST /v1/models/load {"model"?, "profile"?}`: another model, or the same one with another
+/// runtime profile.
 pub async fn load(State(s): State<AppState>, body: Bytes) -> Result<Json<Value>, ApiError> {
-    let LoadRequest { model } = parse(&body)?;
+    let request: LoadRequest = parse(&body)?;
+    let current = s.loaded().worker.info.clone();
+    let model = request.model.unwrap_or_else(|| current.id.clone());
+    let profile = match request.profile.as_deref() {
+        Some(p) => p.parse::<engine::ProfileName>().map_err(|e| ApiError::bad_request(e).with_param("profile"))?,
+        None => current.profile.name,
+    };
     let resolver = s.resolver.clone().ok_or_else(|| ApiError {
         status: StatusCode::CONFLICT,
         message: "this server was started to serve one model; restart it with another --model".into(),
@@ -200,17 +212,17 @@ pub async fn load(State(s): State<AppState>, body: Bytes) -> Result<Json<Value>,
         *loading = Some(model.clone());
     }
     let _mark = Loading(s.clone());
-    let options = s.worker_options.clone();
+    let options = WorkerOptions { profile: engine::Profile::named(profile), ..s.worker_options.clone() };
     let name = model.clone();
     let started = tokio::task::spawn_blocking(move || -> anyhow::Result<(crate::ModelSpec, Worker)> {
-        let spec = resolver(&name)?;
+        let spec = resolver(&name, profile)?;
         let worker = Worker::start(spec.dir.clone(), spec.id.clone(), options)?;
         Ok((spec, worker))
     })
     .await
     .map_err(|e| ApiError::internal(e.to_string()))?;
     let (spec, worker) = started.map_err(|e| ApiError::bad_request(format!("cannot start `{model}`: {e:#}")).with_param("model"))?;
-    tracing::info!("now serving `{}` from {}", spec.id, spec.dir.display());
+    tracing::info!("now serving `{}` from {} ({profile} profile)", spec.id, spec.dir.display());
     s.replace(Loaded { worker, aliases: spec.aliases.clone(), draft_depth: spec.draft_depth, draft_depth_source: spec.draft_depth_source.clone() });
-    Ok(Json(json!({"model": spec.id, "aliases": spec.aliases, "dir": spec.dir, "draft_depth": spec.draft_depth})))
+    Ok(Json(json!({"model": spec.id, "aliases": spec.aliases, "dir": spec.dir, "draft_depth": spec.draft_depth, "profile": profile})))
 }

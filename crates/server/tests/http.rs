@@ -340,7 +340,7 @@ async fn a_click_starts_another_model() {
     o.mtp = true;
     engine::checkpoint::make(&o, second.path()).unwrap();
     let dir = second.path().to_path_buf();
-    let resolver: server::Resolver = std::sync::Arc::new(move |name: &str| {
+    let resolver: server::Resolver = std::sync::Arc::new(move |name: &str, _profile: engine::ProfileName| {
         anyhow::ensure!(name == "hybrid", "`{name}` is not a model here");
         Ok(server::ModelSpec { dir: dir.clone(), id: "hybrid".into(), aliases: vec!["h".into()], draft_depth: 2, draft_depth_source: "test".into() })
     });
@@ -362,4 +362,17 @@ async fn a_click_starts_another_model() {
     let (code, v) = post(&s, "/v1/chat/completions", &chat(json!({"model": "h"}))).await;
     assert_eq!(code, 200, "{v}");
     assert_eq!(v["timings"]["draft_depth"], 2);
+
+    // The same model with the other profile: status, knobs and headers all say so.
+    let (code, v) = post(&s, "/v1/models/load", &json!({"profile": "turbo"})).await;
+    assert_eq!(code, 200, "{v}");
+    assert_eq!(v["profile"], "turbo");
+    let status: Value = reqwest::get(format!("{}/v1/status", s.base)).await.unwrap().json().await.unwrap();
+    assert_eq!((status["model"].as_str(), status["profile"].as_str()), (Some("hybrid"), Some("turbo")));
+    assert_eq!(status["profile_knobs"]["prefill_chunk"], 8192);
+    let r = reqwest::Client::new().post(format!("{}/v1/chat/completions", s.base)).json(&chat(json!({"model": "h"}))).send().await.unwrap();
+    assert_eq!(r.headers()["x-ferrite-profile"], "turbo");
+    let (code, v) = post(&s, "/v1/models/load", &json!({"profile": "fast"})).await;
+    assert_eq!(code, 400, "{v}");
+    assert_eq!(v["error"]["param"], "profile");
 }

@@ -108,11 +108,10 @@ pub fn ls() -> Result<()> {
 
 /// `--model`: a folder, a catalog id or alias, a registered id, or a repository.
 pub fn resolve(name: &str) -> Result<store::Resolved> {
-    let path = std::path::Path::new(name);
-    if path.join("config.json").is_file() {
-        // A folder works without a store (and without a config directory).
-        let id = path.canonicalize()?.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| name.to_string());
-        return Ok(store::Resolved { dir: path.to_path_buf(), id, aliases: vec![], entry: None });
+    // A folder works without a store (and without a config directory to read).
+    let builtin = store::Catalog::load(None)?;
+    if let Some(resolved) = store::models::folder_model(std::path::Path::new(name), &builtin) {
+        return Ok(resolved);
     }
     Ok(Store::open_default()?.resolve(name)?)
 }

@@ -213,10 +213,16 @@ async fn metrics(State(s): State<AppState>) -> Response {
 }
 
 async fn status(State(s): State<AppState>) -> Json<serde_json::Value> {
+    Json(status_json(&s))
+}
+
+/// `/v1/status`: the model served and every default that changes its speed (also the base of
+/// each `/v1/events` update).
+pub fn status_json(s: &AppState) -> serde_json::Value {
     let loaded = s.loaded();
     let w = &loaded.worker;
     let i = &w.info;
-    Json(json!({
+    json!({
         "model": i.id, "model_type": i.model_type, "dir": i.dir, "device": i.backend,
         "context": i.context, "mtp_head": i.has_mtp, "draft_depth": loaded.draft_depth, "draft_depth_source": loaded.draft_depth_source,
         "loading": s.loading.lock().ok().and_then(|l| l.clone()),
@@ -233,7 +239,7 @@ async fn status(State(s): State<AppState>) -> Json<serde_json::Value> {
         "reloads": w.lifecycle.reloads.load(Ordering::SeqCst),
         "mlx_active_memory_bytes": mlx_rs::memory::active_memory().unwrap_or(0),
         "mlx_cache_memory_bytes": mlx_rs::memory::cache_memory().unwrap_or(0),
-    }))
+    })
 }
 
 /// With an API key configured, every request must carry it (Bearer or x-api-key).

@@ -32,26 +32,16 @@ fn snapshot(s: &AppState) -> telemetry::Snapshot {
     snap
 }
 
-/// One update of the live view.
-fn update(s: &AppState, tokens_per_s: f64) -> serde_json::Value {
-    let loaded = s.loaded();
-    let w = &loaded.worker;
-    json!({
-        "model": w.info.id,
-        "loaded": w.lifecycle.loaded.load(Ordering::SeqCst),
-        "generating": w.metrics.generating.load(Ordering::SeqCst),
-        "queue_depth": w.queue_depth.load(Ordering::SeqCst),
-        "idle_s": w.lifecycle.idle_for().as_secs(),
-        "idle_unload_after_s": w.lifecycle.idle_limit.map(|d| d.as_secs()),
-        "profile": w.info.profile.name,
-        "draft_depth": loaded.draft_depth,
-        "draft_depth_source": loaded.draft_depth_source,
-        "loading": s.loading.lock().ok().and_then(|l| l.clone()),
-        "tokens_per_s_now": tokens_per_s,
-        "last": w.metrics.live(),
-        "telemetry": snapshot(s),
-        "downloads": s.store.progress(),
-    })
+/// One update of the live view: the status, plus what moves.
+fn update(s: &AppState, tokens_per_s: f64, downloads: Vec<store::download::Progress>) -> serde_json::Value {
+    let metrics = &s.loaded().worker.metrics;
+    let mut u = crate::status_json(s);
+    u["generating"] = json!(metrics.generating.load(Ordering::SeqCst));
+    u["tokens_per_s_now"] = json!(tokens_per_s);
+    u["last"] = json!(metrics.live());
+    u["telemetry"] = json!(snapshot(s));
+    u["downloads"] = json!(downloads);
+    u
 }
 
 pub async fn events(State(s): State<AppState>) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
@@ -62,10 +52,11 @@ pub async fn events(State(s): State<AppState>) -> Sse<impl Stream<Item = Result<
             let busy = downloading || s.loaded().worker.metrics.generating.load(Ordering::SeqCst);
             tokio::time::sleep(if busy { Duration::from_secs(1) } else { Duration::from_secs(3) }).await;
         }
+        let downloads = s.store.progress();
         // A model switched since the last look has a counter of its own: start over from it.
         let now_tokens = s.loaded().worker.metrics.tokens.load(Ordering::Relaxed);
         let rate = if first || now_tokens < tokens { 0.0 } else { (now_tokens - tokens) as f64 / at.elapsed().as_secs_f64().max(1e-3) };
-        let event = Event::default().event("status").data(update(&s, rate).to_string());
+        let event = Event::default().event("status").data(update(&s, rate, downloads).to_string());
         Some((Ok(event), (s, now_tokens, Instant::now(), false)))
     });
     Sse::new(stream).keep_alive(KeepAlive::default())

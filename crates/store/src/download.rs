@@ -337,15 +337,7 @@ impl Job {
     fn check_space(&self, repo_dir: &Path, missing_bytes: u64) -> Result<(), DownloadError> {
         std::fs::create_dir_all(repo_dir).map_err(|_| DownloadError::FolderGone { dir: self.models_dir.clone() })?;
         // Bytes already in unfinished files need no new space.
-        let partial: u64 = std::fs::read_dir(repo_dir.join("blobs"))
-            .into_iter()
-            .flatten()
-            .flatten()
-            .filter(|e| e.file_name().to_string_lossy().ends_with(".sync.part"))
-            .filter_map(|e| e.metadata().ok())
-            .map(|m| m.len())
-            .sum();
-        let needed = missing_bytes.saturating_sub(partial);
+        let needed = missing_bytes.saturating_sub(layout::partial_bytes(repo_dir));
         let available = (self.options.space)(repo_dir).map_err(|_| DownloadError::FolderGone { dir: self.models_dir.clone() })?;
         let margin = self.options.margin_bytes;
         if available < needed + margin {

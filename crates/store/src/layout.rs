@@ -37,6 +37,18 @@ pub fn resolve_ref(repo_dir: &Path, revision: &str) -> Option<String> {
     repo_dir.join("snapshots").join(revision).is_dir().then(|| revision.to_string())
 }
 
+/// Bytes of unfinished downloads (hf-hub's `*.sync.part` files) in a repository folder.
+pub fn partial_bytes(repo_dir: &Path) -> u64 {
+    std::fs::read_dir(repo_dir.join("blobs"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().ends_with(".sync.part"))
+        .filter_map(|e| e.metadata().ok())
+        .map(|m| m.len())
+        .sum()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -118,6 +118,7 @@ impl Store {
         let mut listing = Listing::default();
         for (repo, repo_dir) in self.repo_dirs() {
             let entry = self.catalog.entries.iter().find(|e| e.repo == repo);
+            let partial = layout::partial_bytes(&repo_dir);
             let snapshots = std::fs::read_dir(repo_dir.join("snapshots")).into_iter().flatten().flatten();
             let mut seen_snapshot = false;
             for snap in snapshots.filter(|s| s.path().is_dir()) {
@@ -134,10 +135,9 @@ impl Store {
                         bytes: facts.bytes,
                         has_mtp: facts.has_mtp,
                     }),
-                    Err(e) => listing.incomplete.push(Incomplete { repo: repo.clone(), dir, reason: e.to_string(), partial_bytes: partial_bytes(&repo_dir) }),
+                    Err(e) => listing.incomplete.push(Incomplete { repo: repo.clone(), dir, reason: e.to_string(), partial_bytes: partial }),
                 }
             }
-            let partial = partial_bytes(&repo_dir);
             if !seen_snapshot && partial > 0 {
                 listing.incomplete.push(Incomplete { repo, dir: repo_dir, reason: "download not finished".into(), partial_bytes: partial });
             }
@@ -189,10 +189,8 @@ impl Store {
     /// A catalog id or alias, a repository, a registered id, or a model folder → what to load.
     pub fn resolve(&self, name: &str) -> Result<Resolved, StoreError> {
         let path = Path::new(name);
-        if path.join("config.json").is_file() {
-            let id = path.canonicalize().ok().and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned())).unwrap_or_else(|| name.to_string());
-            let entry = self.catalog.find(&id).cloned();
-            return Ok(Resolved { dir: path.to_path_buf(), aliases: entry.as_ref().map(|e| e.aliases.clone()).unwrap_or_default(), id, entry });
+        if let Some(resolved) = folder_model(path, &self.catalog) {
+            return Ok(resolved);
         }
         if let Some(local) = self.config.local_models.iter().find(|m| m.id == name) {
             return Ok(Resolved { dir: local.path.clone(), id: local.id.clone(), aliases: vec![], entry: None });
@@ -277,16 +275,16 @@ fn dir_bytes(dir: &Path) -> u64 {
     total
 }
 
-/// Bytes of unfinished downloads (hf-hub's `*.sync.part` files) in a repository folder.
-fn partial_bytes(repo_dir: &Path) -> u64 {
-    std::fs::read_dir(repo_dir.join("blobs"))
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter(|e| e.file_name().to_string_lossy().ends_with(".sync.part"))
-        .filter_map(|e| e.metadata().ok())
-        .map(|m| m.len())
-        .sum()
+/// A model folder given by its path (it has a config.json), named after the folder, with
+/// the aliases of the catalog entry of that name if there is one.
+pub fn folder_model(path: &Path, catalog: &Catalog) -> Option<Resolved> {
+    if !path.join("config.json").is_file() {
+        return None;
+    }
+    let name = path.canonicalize().ok().and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()));
+    let id = name.unwrap_or_else(|| path.display().to_string());
+    let entry = catalog.find(&id).cloned();
+    Some(Resolved { dir: path.to_path_buf(), aliases: entry.as_ref().map(|e| e.aliases.clone()).unwrap_or_default(), id, entry })
 }
 
 /// Blobs the snapshots of a repository folder use, by file name.

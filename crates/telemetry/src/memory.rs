@@ -30,6 +30,7 @@ pub fn read(sys: &mut sysinfo::System) -> Memory {
         false,
         sysinfo::ProcessRefreshKind::nothing().with_memory(),
     );
+    let pressure = pressure();
     Memory {
         system_total_bytes: sys.total_memory(),
         system_used_bytes: sys.used_memory(),
@@ -38,8 +39,8 @@ pub fn read(sys: &mut sysinfo::System) -> Memory {
         mlx_active_bytes: 0,
         mlx_peak_bytes: 0,
         mlx_cache_bytes: 0,
-        pressure: pressure(),
-        pressure_kind: pressure().map(|_| if cfg!(target_os = "macos") { "macos_level" } else { "psi_stall_percent" }),
+        pressure_kind: pressure.map(|_| if cfg!(target_os = "macos") { "macos_level" } else { "psi_stall_percent" }),
+        pressure,
     }
 }
 

@@ -13,6 +13,7 @@ case_args() {
     tiny-4bit) echo --arch qwen3 --preset tiny --bits 4 --group-size 32 ;;
     0.6b-4bit) echo --arch qwen3 --preset 0.6b --bits 4 --group-size 64 ;;
     8b-4bit) echo --arch qwen3 --preset 8b --bits 4 --group-size 64 ;;
+    32b-4bit) echo --arch qwen3 --preset 32b --bits 4 --group-size 64 ;;
     30b-a3b-4bit) echo --arch qwen3_moe --preset 30b-a3b --bits 4 --group-size 64 ;;
     next-tiny-4bit) echo --arch qwen3_next --preset tiny --bits 4 --group-size 32 --mtp ;;
     next-small-4bit) echo --arch qwen3_next --preset small --bits 4 --group-size 32 --mtp ;;

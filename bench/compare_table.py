@@ -91,7 +91,7 @@ def main():
         print(
             f"| {case} | {n} | {f['decode_tps']:.1f} | {m['decode_tps']:.1f} | {f['decode_tps'] / m['decode_tps']:.2f} "
             f"| {f['ttft_s']:.3f} | {m['ttft_s']:.3f} | {m['ttft_s'] / f['ttft_s']:.2f} "
-            f"| {f["peak_memory_bytes"] / 1e6:.1f} | {m["peak_memory_bytes"] / 1e6:.1f} | {per_token / 1e6:.1f} "
+            f"| {f['peak_memory_bytes'] / 1e6:.1f} | {m['peak_memory_bytes'] / 1e6:.1f} | {per_token / 1e6:.1f} "
             f"| {bound(f['decode_tps'])} | {bound(m['decode_tps'])} |"
         )
     print("\nratio: ferrite / mlx-lm for decode, mlx-lm / ferrite for TTFT (> 1 = ferrite better).")

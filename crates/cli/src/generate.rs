@@ -47,8 +47,8 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> Result<()> {
-    let dir = crate::models::resolve(&args.model)?.dir;
-    let (draft_depth, _) = crate::tune::draft_depth(&args.draft_depth, &dir, args.profile)?;
+    let spec = server::launch::spec(&args.model, &args.draft_depth, args.profile)?;
+    let (dir, draft_depth) = (spec.dir, spec.draft_depth);
     let engine = Engine::load_with(&dir, engine::Profile::named(args.profile)).with_context(|| format!("loading {}", dir.display()))?;
     let text = if args.chat {
         let mut extra = serde_json::Map::new();

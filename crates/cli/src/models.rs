@@ -106,16 +106,6 @@ pub fn ls() -> Result<()> {
     Ok(())
 }
 
-/// `--model`: a folder, a catalog id or alias, a registered id, or a repository.
-pub fn resolve(name: &str) -> Result<store::Resolved> {
-    // A folder works without a store (and without a config directory to read).
-    let builtin = store::Catalog::load(None)?;
-    if let Some(resolved) = store::models::folder_model(std::path::Path::new(name), &builtin) {
-        return Ok(resolved);
-    }
-    Ok(Store::open_default()?.resolve(name)?)
-}
-
 pub fn rm(name: &str) -> Result<()> {
     let mut store = Store::open_default()?;
     let freed = store.delete(name)?;

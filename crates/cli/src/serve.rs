@@ -41,27 +41,16 @@ pub struct Args {
     cors_origin: Vec<String>,
 }
 
-/// How `/v1/models/load` (the UI's Start buttons and profile choice) finds a model: as
-/// `--model` does, with the depth `ferrite tune` stored for it and that profile.
-fn resolver() -> server::Resolver {
-    std::sync::Arc::new(move |name: &str, profile: engine::ProfileName| {
-        let model = crate::models::resolve(name)?;
-        let (draft_depth, draft_depth_source) = crate::tune::draft_depth("auto", &model.dir, profile)?;
-        Ok(server::ModelSpec { dir: model.dir, id: model.id, aliases: model.aliases, draft_depth, draft_depth_source })
-    })
-}
-
 pub fn run(args: Args) -> Result<()> {
-    let model = crate::models::resolve(&args.model)?;
-    let (draft_depth, draft_depth_source) = crate::tune::draft_depth(&args.draft_depth, &model.dir, args.profile)?;
+    let model = server::launch::spec(&args.model, &args.draft_depth, args.profile)?;
     let config = server::ServerConfig {
         model_dir: model.dir,
         model_id: Some(args.id.unwrap_or(model.id)),
         aliases: model.aliases.into_iter().chain(args.alias).collect(),
         addr: SocketAddr::new(args.host, args.port),
         api_key: args.api_key,
-        draft_depth,
-        draft_depth_source,
+        draft_depth: model.draft_depth,
+        draft_depth_source: model.draft_depth_source,
         worker: server::worker::WorkerOptions {
             idle: (args.idle_minutes > 0).then(|| std::time::Duration::from_secs(60 * args.idle_minutes)),
             on_idle: args.idle_action,
@@ -69,7 +58,7 @@ pub fn run(args: Args) -> Result<()> {
             ..Default::default()
         },
         cors_origins: server::APP_ORIGINS.iter().map(|o| o.to_string()).chain(args.cors_origin).collect(),
-        resolver: Some(resolver()),
+        resolver: Some(server::launch::resolver()),
     };
     tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(server::serve(config))
 }

@@ -4,6 +4,7 @@
 
 pub mod anthropic;
 pub mod error;
+pub mod launch;
 pub mod live;
 pub mod metrics;
 pub mod models;
@@ -278,7 +279,9 @@ async fn json_errors(req: Request, next: Next) -> Response {
 }
 
 /// Loads the model and serves until Ctrl-C.
-pub async fn serve(config: ServerConfig) -> anyhow::Result<()> {
+/// Loads the configured model on its engine thread and builds the server's state (the CLI's
+/// `serve` and the app both start here).
+pub async fn start(config: &ServerConfig) -> anyhow::Result<AppState> {
     if !config.addr.ip().is_loopback() && config.api_key.is_none() {
         anyhow::bail!("binding {} exposes the model beyond this machine: pass an API key (--api-key)", config.addr);
     }
@@ -292,30 +295,45 @@ pub async fn serve(config: ServerConfig) -> anyhow::Result<()> {
     let mut state = AppState::serving(loaded, config.api_key.clone());
     state.worker_options = config.worker.clone();
     state.resolver = config.resolver.clone();
-    let listener = tokio::net::TcpListener::bind(config.addr)
-        .await
-        .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", config.addr))?;
+    Ok(state)
+}
+
+/// Serves `state` on `listener` until `shutdown` completes, then lets the engine finish (or
+/// cancel) its step before the caller's process — and MLX's statics — go away.
+pub async fn serve_until(
+    listener: tokio::net::TcpListener,
+    state: AppState,
+    cors_origins: &[String],
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
     let info = state.loaded().worker.info.clone();
     tracing::info!(
         "serving `{}` on http://{} (OpenAI API at /v1, Anthropic at /v1/messages, web UI at /; {} profile){}",
         info.id,
         listener.local_addr()?,
         info.profile.name,
-        if config.api_key.is_some() { ", API key required" } else { "" }
+        if state.api_key.is_some() { ", API key required" } else { "" }
     );
-    let stop = state.worker_options.stop.clone();
     let state_for_shutdown = state.clone();
-    let app = router_with_cors(state, &config.cors_origins);
-    axum::serve(listener, app)
-        .with_graceful_shutdown(async move {
-            tokio::select! {
-                _ = tokio::signal::ctrl_c() => tracing::info!("interrupted: stopping"),
-                _ = stop.notified() => tracing::info!("stopping after the idle limit"),
-            }
-        })
-        .await?;
-    // Let the engine finish (or cancel) its step before the process and MLX's statics go.
+    let app = router_with_cors(state, cors_origins);
+    axum::serve(listener, app).with_graceful_shutdown(shutdown).await?;
     let loaded = state_for_shutdown.loaded();
     tokio::task::spawn_blocking(move || loaded.worker.shutdown(std::time::Duration::from_secs(10))).await?;
     Ok(())
+}
+
+/// `ferrite serve`: start, listen, serve until Ctrl-C or the idle watchdog's stop.
+pub async fn serve(config: ServerConfig) -> anyhow::Result<()> {
+    let state = start(&config).await?;
+    let listener = tokio::net::TcpListener::bind(config.addr)
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", config.addr))?;
+    let stop = state.worker_options.stop.clone();
+    serve_until(listener, state, &config.cors_origins, async move {
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => tracing::info!("interrupted: stopping"),
+            _ = stop.notified() => tracing::info!("stopping after the idle limit"),
+        }
+    })
+    .await
 }

@@ -3,6 +3,7 @@
 //! not expose is `None` ("not available"), never made up. [`Sampler`] reads them on a thread
 //! of its own once a second, so readers never wait on the system.
 
+pub mod machine;
 pub mod memory;
 pub mod sampler;
 pub mod thermal;

@@ -1,0 +1,75 @@
+//! How a model name becomes a running model, the same way for the CLI and the app: the name
+//! is resolved through the store (folder, catalog id or alias, registered id, repository) and
+//! the draft depth comes from what `ferrite tune` stored for this machine, model and profile.
+
+use std::path::Path;
+
+use anyhow::Result;
+use engine::ProfileName;
+use store::tuning::{model_identity, TuningFile, TuningKey};
+
+use crate::{ModelSpec, Resolver};
+
+/// A model name: a folder, a catalog id or alias, a registered id, or a repository.
+pub fn resolve(name: &str) -> Result<store::Resolved> {
+    // A folder works without a store (and without a config directory to read).
+    let builtin = store::Catalog::load(None)?;
+    if let Some(resolved) = store::models::folder_model(Path::new(name), &builtin) {
+        return Ok(resolved);
+    }
+    Ok(store::Store::open_default()?.resolve(name)?)
+}
+
+/// This machine as the tuning file keys it: chip, cores, memory, OS, MLX backend and
+/// version, Ferrite version.
+pub fn machine_fingerprint() -> String {
+    let m = telemetry::machine::facts();
+    format!(
+        "{} ({} cores), {} GiB, {}, MLX {} on {}, ferrite {}",
+        m.cpu,
+        m.cores,
+        m.memory_gib,
+        m.os,
+        engine::device::mlx_version(),
+        engine::device::backend(),
+        env!("CARGO_PKG_VERSION")
+    )
+}
+
+pub fn tuning_key(dir: &Path, profile: ProfileName) -> TuningKey {
+    TuningKey { machine: machine_fingerprint(), model: model_identity(dir), profile: profile.to_string() }
+}
+
+/// The stored depth for this machine, model folder and profile, with where it came from.
+pub fn stored_depth(dir: &Path, profile: ProfileName) -> (usize, String) {
+    let (file, warning) = TuningFile::load(&store::config::config_dir());
+    if let Some(w) = warning {
+        tracing::warn!("{w}");
+    }
+    match file.find(&tuning_key(dir, profile)) {
+        Some(r) => (r.depth, format!("tuned ({}; `ferrite tune --show`)", r.why)),
+        None => (0, "untuned: plain decoding (`ferrite tune` measures this machine)".into()),
+    }
+}
+
+/// `--draft-depth`: a number, or `auto` for the stored result.
+pub fn draft_depth(arg: &str, dir: &Path, profile: ProfileName) -> Result<(usize, String)> {
+    if arg == "auto" {
+        return Ok(stored_depth(dir, profile));
+    }
+    let depth: usize = arg.parse().map_err(|_| anyhow::anyhow!("--draft-depth: `{arg}` is neither a number nor `auto`"))?;
+    anyhow::ensure!(depth <= engine::speculative::MAX_DRAFT_DEPTH, "--draft-depth: at most {}", engine::speculative::MAX_DRAFT_DEPTH);
+    Ok((depth, "given on the command line".into()))
+}
+
+/// A model by name with its tuned depth for a profile.
+pub fn spec(name: &str, draft_depth_arg: &str, profile: ProfileName) -> Result<ModelSpec> {
+    let model = resolve(name)?;
+    let (draft_depth, draft_depth_source) = draft_depth(draft_depth_arg, &model.dir, profile)?;
+    Ok(ModelSpec { dir: model.dir, id: model.id, aliases: model.aliases, draft_depth, draft_depth_source })
+}
+
+/// How `/v1/models/load` (the UI's Start buttons and profile choice) finds a model.
+pub fn resolver() -> Resolver {
+    std::sync::Arc::new(|name: &str, profile: ProfileName| spec(name, "auto", profile))
+}

@@ -6,7 +6,7 @@ PORT ?= 8080
 # MTP draft depth: `auto` is what `ferrite tune` stored for this machine (plain decoding until then).
 DRAFT ?= auto
 
-.PHONY: setup build run test bench clean
+.PHONY: setup build run app serve test bench clean
 
 setup:
 	@scripts/setup.sh
@@ -14,9 +14,19 @@ setup:
 build: setup
 	$(CARGO) build --release -p ferrite-cli
 
-# Until the app lands (it needs a display too), `run` serves the embedded default model on
-# 127.0.0.1:$(PORT) until Ctrl-C.
-run: build
+# With a display (or on a Mac), the menu-bar app on the embedded default model; without one,
+# `ferrite serve` on 127.0.0.1:$(PORT) until Ctrl-C.
+run:
+	@if [ "$$(uname -s)" = Darwin ] || [ -n "$${DISPLAY:-}$${WAYLAND_DISPLAY:-}" ]; then $(MAKE) --no-print-directory app; \
+	else echo "No display: serving without the app."; $(MAKE) --no-print-directory serve; fi
+
+app:
+	@scripts/setup.sh --app
+	$(CARGO) build --release -p ferrite-app
+	@echo "Ferrite is in the menu bar (tray); its window shows the API URLs. OpenAI API at http://127.0.0.1:$(PORT)/v1"
+	FERRITE_MODEL=$(MODEL) FERRITE_PORT=$(PORT) target/release/ferrite-app
+
+serve: build
 	@echo "Serving Ferrite's default model: web UI at http://127.0.0.1:$(PORT)/, OpenAI API at /v1, Anthropic at /v1/messages"
 	@echo "  try: curl -s http://127.0.0.1:$(PORT)/v1/chat/completions -H 'content-type: application/json' \\"
 	@echo "         -d '{\"model\": \"default\", \"messages\": [{\"role\": \"user\", \"content\": \"Write a Python function that reverses a list.\"}], \"max_tokens\": 128}'"
@@ -26,6 +36,7 @@ test:
 	@scripts/setup.sh --tests
 	$(CARGO) test --workspace --all-targets
 	$(CARGO) build -p ferrite-cli
+	tests/app/window.sh
 	third_party/venv/bin/python -m pytest tests/sdk -q
 	@if [ -d tests/ui/node_modules/playwright-core ]; then cd tests/ui && node --test ui.test.mjs; \
 	else echo "tests/ui skipped: no Node.js here (scripts/setup.sh --tests installs it on Debian)"; fi

@@ -11,9 +11,15 @@ MLX_VERSION=0.32.2          # must equal the MLX tag that mlx-c (mlx-sys 0.7.0) 
 MLX_LM_VERSION=0.32.0       # last mlx-lm whose MoE path runs on MLX 0.32.2
 MLX_SYS_VERSION=0.7.0
 PY=${PYTHON:-python3}
-# `--tests` also installs what only the tests need (chromium and playwright-core for the UI).
+# `--app` also installs what the menu-bar app builds against on Linux (WebKitGTK, appindicator);
+# `--tests` that and what only the tests need (chromium and playwright-core for the UI, Xvfb,
+# a tray host and X tools for the app's window test).
 TESTS=0
-[ "${1:-}" = "--tests" ] && TESTS=1
+APP=0
+case "${1:-}" in
+  --tests) TESTS=1; APP=1 ;;
+  --app) APP=1 ;;
+esac
 
 say() { printf '\033[1msetup:\033[0m %s\n' "$*"; }
 
@@ -38,6 +44,15 @@ case "$(uname -s)" in
     if [ $TESTS = 1 ]; then
       [ -x /usr/bin/chromium ] || need+=(chromium)
       command -v npm >/dev/null || need+=(nodejs npm)
+      for tool in xvfb-run:xvfb xauth:xauth trayer:trayer import:imagemagick xwininfo:x11-utils xdotool:xdotool dbus-run-session:dbus curl:curl; do
+        command -v "${tool%%:*}" >/dev/null || need+=("${tool##*:}")
+      done
+    fi
+    # Tauri on Linux: WebKitGTK for the window, appindicator for the tray icon.
+    if [ $APP = 1 ] && command -v dpkg >/dev/null; then
+      for pkg in libwebkit2gtk-4.1-dev libayatana-appindicator3-dev librsvg2-dev; do
+        dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
+      done
     fi
     if [ ${#need[@]} -gt 0 ]; then
       if [ "$(id -u)" = 0 ]; then

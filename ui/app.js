@@ -3,6 +3,11 @@
 "use strict";
 
 const $ = (id) => document.getElementById(id);
+// In a browser the page comes from the server itself; in the app it is embedded and the app
+// says where its in-process server listens.
+const API = window.__FERRITE_API__ || "";
+// Present only inside the app (Tauri), for what a browser cannot do: the native folder picker.
+const tauri = window.__TAURI__ && window.__TAURI__.core;
 const history = []; // [seconds, tokens/s] over the last five minutes
 const WINDOW_S = 300;
 
@@ -60,7 +65,7 @@ function li(label, detail, button) {
 }
 
 async function post(path, body) {
-  const r = await fetch(path, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify(body) });
+  const r = await fetch(API + path, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify(body) });
   const v = await r.json();
   if (!r.ok) throw new Error(v.error ? v.error.message : r.statusText);
   return v;
@@ -111,7 +116,7 @@ async function loadModel(id, button) {
   $("models-error").textContent = "";
   $("state").textContent = `loading ${id}`;
   try {
-    const r = await fetch("/v1/models/load", { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify({ model: id }) });
+    const r = await fetch(API + "/v1/models/load", { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify({ model: id }) });
     const v = await r.json();
     if (!r.ok) throw new Error(v.error ? v.error.message : r.statusText);
   } catch (e) {
@@ -122,7 +127,7 @@ async function loadModel(id, button) {
 
 async function refreshModels() {
   try {
-    const r = await fetch("/v1/store");
+    const r = await fetch(API + "/v1/store");
     const v = await r.json();
     if (!r.ok) throw new Error(v.error ? v.error.message : r.statusText);
     $("models-dir").textContent = `Stored in ${v.models_dir}` + (v.free_bytes != null ? ` (${bytes(v.free_bytes)} free)` : "");
@@ -208,7 +213,7 @@ function onUpdate(u) {
 // The facts that change only with the model.
 async function refreshStatus() {
   try {
-    const s = await (await fetch("/v1/status")).json();
+    const s = await (await fetch(API + "/v1/status")).json();
     $("reasoning").textContent = s.reasoning_default;
     const k = s.profile_knobs || {};
     $("profile-knobs").textContent = `prefill chunks of ${k.prefill_chunk}${k.warmup ? ", warm-up at load" : ""}`;
@@ -219,10 +224,10 @@ async function refreshStatus() {
 }
 
 async function start() {
-  const base = location.origin;
+  const base = API || location.origin;
   $("openai-url").textContent = base + "/v1";
   $("anthropic-url").textContent = base;
-  const events = new EventSource("/v1/events");
+  const events = new EventSource(API + "/v1/events");
   events.addEventListener("status", (e) => onUpdate(JSON.parse(e.data)));
   events.onerror = () => { $("state").textContent = "disconnected: retrying"; $("state").className = "badge"; };
 }
@@ -240,6 +245,19 @@ $("folder-form").addEventListener("submit", async (e) => {
   try { await post("/v1/store/folder", { dir: $("folder").value }); } catch (err) { $("models-error").textContent = err.message; }
   refreshModels();
 });
+
+if (tauri) {
+  const choose = $("choose-folder");
+  choose.hidden = false;
+  choose.addEventListener("click", async () => {
+    $("models-error").textContent = "";
+    try {
+      const dir = await tauri.invoke("choose_models_folder");
+      if (dir) $("folder").value = dir;
+    } catch (err) { $("models-error").textContent = String(err); }
+    refreshModels();
+  });
+}
 
 document.addEventListener("click", (e) => {
   const id = e.target.dataset && e.target.dataset.copy;

@@ -298,6 +298,9 @@ pub async fn start(config: &ServerConfig) -> anyhow::Result<AppState> {
     Ok(state)
 }
 
+/// How long a stopping server waits for open connections.
+pub const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(3);
+
 /// Serves `state` on `listener` until `shutdown` completes, then lets the engine finish (or
 /// cancel) its step before the caller's process — and MLX's statics — go away.
 pub async fn serve_until(
@@ -316,7 +319,23 @@ pub async fn serve_until(
     );
     let state_for_shutdown = state.clone();
     let app = router_with_cors(state, cors_origins);
-    axum::serve(listener, app).with_graceful_shutdown(shutdown).await?;
+    // Graceful: requests in flight finish. Event streams (an open web UI) never end on
+    // their own, so after a short grace the server stops waiting for them.
+    let (begun, grace) = tokio::sync::oneshot::channel::<()>();
+    let graceful = axum::serve(listener, app).with_graceful_shutdown(async move {
+        shutdown.await;
+        let _ = begun.send(());
+    });
+    tokio::select! {
+        served = graceful => served?,
+        _ = async {
+            if grace.await.is_ok() {
+                tokio::time::sleep(SHUTDOWN_GRACE).await;
+            } else {
+                std::future::pending::<()>().await;
+            }
+        } => tracing::info!("connections still open {SHUTDOWN_GRACE:?} after the stop (event streams): closing them"),
+    }
     let loaded = state_for_shutdown.loaded();
     tokio::task::spawn_blocking(move || loaded.worker.shutdown(std::time::Duration::from_secs(10))).await?;
     Ok(())

@@ -21,7 +21,7 @@ pub async fn telemetry(State(s): State<AppState>) -> Json<telemetry::Snapshot> {
 }
 
 /// The sampler's latest figures, with MLX's allocator counters read now.
-fn snapshot(s: &AppState) -> telemetry::Snapshot {
+pub fn snapshot(s: &AppState) -> telemetry::Snapshot {
     let mut snap = s.telemetry.latest();
     let read = |v: Result<usize, _>| v.unwrap_or(0) as u64;
     snap.memory = snap.memory.with_mlx(

@@ -193,12 +193,19 @@ impl Drop for Loading {
 /// runtime profile.
 pub async fn load(State(s): State<AppState>, body: Bytes) -> Result<Json<Value>, ApiError> {
     let request: LoadRequest = parse(&body)?;
-    let current = s.loaded().worker.info.clone();
-    let model = request.model.unwrap_or_else(|| current.id.clone());
     let profile = match request.profile.as_deref() {
-        Some(p) => p.parse::<engine::ProfileName>().map_err(|e| ApiError::bad_request(e).with_param("profile"))?,
-        None => current.profile.name,
+        Some(p) => Some(p.parse::<engine::ProfileName>().map_err(|e| ApiError::bad_request(e).with_param("profile"))?),
+        None => None,
     };
+    Ok(Json(load_model(&s, request.model, profile).await?))
+}
+
+/// Starts `model` (default: the one served) with `profile` (default: the one in use) and
+/// serves it from then on; the UI's Start buttons and the app's tray menu both come here.
+pub async fn load_model(s: &AppState, model: Option<String>, profile: Option<engine::ProfileName>) -> Result<Value, ApiError> {
+    let current = s.loaded().worker.info.clone();
+    let model = model.unwrap_or_else(|| current.id.clone());
+    let profile = profile.unwrap_or(current.profile.name);
     let resolver = s.resolver.clone().ok_or_else(|| ApiError {
         status: StatusCode::CONFLICT,
         message: "this server was started to serve one model; restart it with another --model".into(),
@@ -224,5 +231,5 @@ pub async fn load(State(s): State<AppState>, body: Bytes) -> Result<Json<Value>,
     let (spec, worker) = started.map_err(|e| ApiError::bad_request(format!("cannot start `{model}`: {e:#}")).with_param("model"))?;
     tracing::info!("now serving `{}` from {} ({profile} profile)", spec.id, spec.dir.display());
     s.replace(Loaded { worker, aliases: spec.aliases.clone(), draft_depth: spec.draft_depth, draft_depth_source: spec.draft_depth_source.clone() });
-    Ok(Json(json!({"model": spec.id, "aliases": spec.aliases, "dir": spec.dir, "draft_depth": spec.draft_depth, "profile": profile})))
+    Ok(json!({"model": spec.id, "aliases": spec.aliases, "dir": spec.dir, "draft_depth": spec.draft_depth, "profile": profile}))
 }

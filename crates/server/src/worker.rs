@@ -62,7 +62,7 @@ pub struct ModelInfo {
 
 pub struct Worker {
     /// `None` once [`Worker::shutdown`] ran.
-    jobs: std::sync::Mutex<Option<mpsc::Sender<Job>>>,
+    jobs: std::sync::Mutex<Option<mpsc::Sender<Message>>>,
     /// The running job's cancel token (so shutdown can stop it).
     current: Arc<std::sync::Mutex<Option<CancelToken>>>,
     thread: std::sync::Mutex<Option<std::thread::JoinHandle<()>>>,
@@ -91,6 +91,13 @@ impl std::str::FromStr for IdleAction {
             other => Err(format!("unknown idle action `{other}` (expected unload or stop)")),
         }
     }
+}
+
+/// What the engine thread receives, in order.
+enum Message {
+    Job(Job),
+    /// Drop the model now (it loads again for the next job).
+    Unload,
 }
 
 /// How the worker loads and looks after its model.
@@ -152,7 +159,7 @@ impl Worker {
     /// [`IdleAction::Stop`], the server is asked to stop).
     pub fn start(dir: PathBuf, id: String, options: WorkerOptions) -> anyhow::Result<Worker> {
         let WorkerOptions { idle, on_idle, profile, stop } = options;
-        let (jobs, rx) = mpsc::channel::<Job>();
+        let (jobs, rx) = mpsc::channel::<Message>();
         let (ready_tx, ready_rx) = mpsc::channel();
         let queue_depth = Arc::new(AtomicUsize::new(0));
         let depth = queue_depth.clone();
@@ -183,16 +190,21 @@ impl Worker {
             life.loaded.store(true, Ordering::SeqCst);
             let _ = ready_tx.send(Ok(info.clone()));
             let mut engine = Some(engine);
+            // Drops the model and MLX's buffer cache, so the memory really returns.
+            let unload = |engine: &mut Option<Engine>, why: &str| {
+                if engine.take().is_some() {
+                    let _ = mlx_rs::memory::clear_cache();
+                    life.loaded.store(false, Ordering::SeqCst);
+                    life.unloads.fetch_add(1, Ordering::SeqCst);
+                    tracing::info!("{why}: unloaded {} and released MLX's cache", info.id);
+                }
+            };
             loop {
-                let job = match (idle, &engine) {
+                let message = match (idle, &engine) {
                     (Some(limit), Some(_)) => match rx.recv_timeout(limit) {
-                        Ok(job) => job,
+                        Ok(message) => message,
                         Err(mpsc::RecvTimeoutError::Timeout) => {
-                            drop(engine.take());
-                            let _ = mlx_rs::memory::clear_cache();
-                            life.loaded.store(false, Ordering::SeqCst);
-                            life.unloads.fetch_add(1, Ordering::SeqCst);
-                            tracing::info!("idle for {limit:?}: unloaded {} and released MLX's cache", info.id);
+                            unload(&mut engine, &format!("idle for {limit:?}"));
                             if on_idle == IdleAction::Stop {
                                 tracing::info!("idle action is `stop`: asking the server to shut down");
                                 life.stop_requested.notify_one();
@@ -202,9 +214,16 @@ impl Worker {
                         Err(mpsc::RecvTimeoutError::Disconnected) => break,
                     },
                     _ => match rx.recv() {
-                        Ok(job) => job,
+                        Ok(message) => message,
                         Err(_) => break,
                     },
+                };
+                let job = match message {
+                    Message::Job(job) => job,
+                    Message::Unload => {
+                        unload(&mut engine, "asked to stop");
+                        continue;
+                    }
                 };
                 depth.fetch_sub(1, Ordering::SeqCst);
                 if engine.is_none() {
@@ -250,7 +269,7 @@ impl Worker {
     pub fn submit(&self, job: Job) -> Result<(), JobError> {
         self.queue_depth.fetch_add(1, Ordering::SeqCst);
         let sent = match self.jobs.lock().ok().as_ref().and_then(|j| j.as_ref()) {
-            Some(jobs) => jobs.send(job).is_ok(),
+            Some(jobs) => jobs.send(Message::Job(job)).is_ok(),
             None => false,
         };
         if !sent {
@@ -258,6 +277,14 @@ impl Worker {
             return Err(JobError::Internal("the engine has stopped (the server is shutting down)".into()));
         }
         Ok(())
+    }
+
+    /// Unloads the model once the queued jobs are done (the app's Stop); the next request
+    /// loads it again, as after an idle unload.
+    pub fn unload(&self) {
+        if let Some(jobs) = self.jobs.lock().ok().as_ref().and_then(|j| j.as_ref()) {
+            let _ = jobs.send(Message::Unload);
+        }
     }
 
     /// Stops taking jobs, cancels the running one and waits (up to `wait`) for the engine

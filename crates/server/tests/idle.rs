@@ -30,4 +30,12 @@ async fn idle_watchdog_unloads_and_memory_returns() {
     assert_eq!(code, 200, "{v}");
     let back = status().await;
     assert_eq!(back["reloads"], 1);
+    // The app's Stop: unloaded at once, not after the idle limit; loaded again on demand.
+    s.state.loaded().worker.unload();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let stopped = status().await;
+    assert_eq!(stopped["loaded"], false, "{stopped}");
+    assert_eq!(stopped["idle_unloads"], 2);
+    assert_eq!(post(&s, "/v1/chat/completions", &chat(json!({}))).await.0, 200);
+    assert_eq!(status().await["reloads"], 2);
 }

@@ -1,0 +1,122 @@
+//! Ferrite's menu-bar app: the same server the CLI runs (`ferrite serve`), in this process,
+//! with a tray menu and a window showing the web UI from `ui/` (embedded in the binary). The
+//! window's page talks to the server over loopback like any browser, so the app adds no
+//! second way of doing things: the tray's actions call the same functions as the HTTP API.
+//!
+//! Settings (environment): `FERRITE_MODEL` (the model started at launch, default `default`),
+//! `FERRITE_PORT` (default 8080; another free port if taken), `FERRITE_PROFILE`,
+//! `FERRITE_APP_HIDDEN=1` (start in the tray only).
+
+pub mod commands;
+pub mod launch;
+pub mod tray;
+
+use std::sync::Arc;
+
+use anyhow::Context;
+use tauri::{Manager, RunEvent, WebviewUrl, WebviewWindowBuilder, WindowEvent};
+
+/// What the app keeps while it runs: the server's state, where it listens, and how to stop it.
+pub struct Ferrite {
+    pub state: server::AppState,
+    /// `http://127.0.0.1:PORT`, what the page and agents use.
+    pub api_base: String,
+    /// Notified to stop the server (Quit); the server then stops the engine.
+    pub stop: Arc<tokio::sync::Notify>,
+    /// Set by Quit, so background tasks stop touching the engine's state.
+    pub quitting: std::sync::atomic::AtomicBool,
+    /// Set once the server has stopped and the engine thread has ended.
+    pub stopped: Arc<std::sync::Mutex<Option<tauri::async_runtime::JoinHandle<anyhow::Result<()>>>>>,
+}
+
+pub fn run() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
+        .init();
+    let settings = launch::Settings::from_env()?;
+    let (state, listener) = tauri::async_runtime::block_on(launch::start(&settings)).context("starting the server")?;
+    let api_base = format!("http://{}", listener.local_addr()?);
+    let stop = Arc::new(tokio::sync::Notify::new());
+    let served = {
+        let (state, stop) = (state.clone(), stop.clone());
+        let origins: Vec<String> = server::APP_ORIGINS.iter().map(|o| o.to_string()).collect();
+        tauri::async_runtime::spawn(async move { server::serve_until(listener, state, &origins, async move { stop.notified().await }).await })
+    };
+    let ferrite = Ferrite { state, api_base, stop, quitting: Default::default(), stopped: Arc::new(std::sync::Mutex::new(Some(served))) };
+    let hidden = settings.hidden;
+
+    let app = builder(tauri::Builder::default(), ferrite)
+        .setup(move |app| {
+            // A menu-bar app: no Dock icon, no app menu; the tray is its face.
+            #[cfg(target_os = "macos")]
+            app.set_activation_policy(tauri::ActivationPolicy::Accessory);
+            tray::install(app.handle())?;
+            if !hidden {
+                open_window(app.handle())?;
+            }
+            Ok(())
+        })
+        .build(tauri::generate_context!())
+        .context("building the app")?;
+    app.run(|app, event| match event {
+        // Closing the window keeps Ferrite in the tray; only Quit ends it.
+        RunEvent::ExitRequested { api, code: None, .. } => api.prevent_exit(),
+        RunEvent::WindowEvent { label, event: WindowEvent::CloseRequested { api, .. }, .. } if label == "main" => {
+            api.prevent_close();
+            if let Some(w) = app.get_webview_window("main") {
+                let _ = w.hide();
+            }
+        }
+        _ => {}
+    });
+    Ok(())
+}
+
+/// The app's commands and state on `base`, without a window or tray (tests pass tauri's
+/// mock builder).
+pub fn builder<R: tauri::Runtime>(base: tauri::Builder<R>, ferrite: Ferrite) -> tauri::Builder<R> {
+    base.plugin(tauri_plugin_dialog::init())
+        .manage(ferrite)
+        .invoke_handler(tauri::generate_handler![
+            commands::api_base,
+            commands::status_lines,
+            commands::set_models_folder,
+            commands::choose_models_folder,
+        ])
+}
+
+/// Shows the window (creating it the first time): the web UI, told where the API is.
+pub fn open_window<R: tauri::Runtime>(app: &tauri::AppHandle<R>) -> tauri::Result<()> {
+    if let Some(w) = app.get_webview_window("main") {
+        w.show()?;
+        return w.set_focus();
+    }
+    let api = app.state::<Ferrite>().api_base.clone();
+    let window = WebviewWindowBuilder::new(app, "main", WebviewUrl::App("index.html".into()))
+        .title("Ferrite")
+        .inner_size(1000.0, 780.0)
+        .min_inner_size(560.0, 480.0)
+        // The page's fetches go to the in-process server; this is its address.
+        .initialization_script(format!("window.__FERRITE_API__ = {};", serde_json::to_string(&api).unwrap_or_default()))
+        .build()?;
+    window.set_focus()
+}
+
+/// Quit: stop the server, let the engine finish or cancel its step, then exit.
+pub fn quit<R: tauri::Runtime>(app: &tauri::AppHandle<R>) {
+    let ferrite = app.state::<Ferrite>();
+    ferrite.quitting.store(true, std::sync::atomic::Ordering::SeqCst);
+    ferrite.stop.notify_one();
+    if let Some(w) = app.get_webview_window("main") {
+        let _ = w.hide();
+    }
+    let handle = ferrite.stopped.lock().ok().and_then(|mut h| h.take());
+    if let Some(handle) = handle {
+        match tauri::async_runtime::block_on(handle) {
+            Ok(Err(e)) => tracing::warn!("the server stopped with an error: {e:#}"),
+            Err(e) => tracing::warn!("the server task failed: {e}"),
+            Ok(Ok(())) => tracing::info!("server and engine stopped"),
+        }
+    }
+    app.exit(0);
+}

@@ -1,0 +1,97 @@
+//! The app's commands through tauri's mock runtime (no display needed): the same launch path
+//! as the real app (a model resolved by name, the server started in-process on loopback),
+//! then each command invoked the way the window's page invokes it.
+
+use std::io::{Read, Write};
+use std::sync::Arc;
+
+use engine::checkpoint::{self, Arch, MakeOptions};
+use serde_json::{json, Value};
+use tauri::ipc::{CallbackFn, InvokeBody};
+use tauri::test::{get_ipc_response, mock_builder, mock_context, noop_assets, MockRuntime, INVOKE_KEY};
+use tauri::webview::InvokeRequest;
+use tauri::WebviewWindowBuilder;
+
+fn invoke(window: &tauri::WebviewWindow<MockRuntime>, cmd: &str, args: Value) -> Result<Value, Value> {
+    let request = InvokeRequest {
+        cmd: cmd.into(),
+        callback: CallbackFn(0),
+        error: CallbackFn(1),
+        // Linux and macOS serve the app's pages from tauri://localhost.
+        url: "tauri://localhost".parse().unwrap(),
+        body: InvokeBody::Json(args),
+        headers: Default::default(),
+        invoke_key: INVOKE_KEY.to_string(),
+    };
+    get_ipc_response(window, request).map(|body| body.deserialize::<Value>().unwrap())
+}
+
+fn http_get(base: &str, path: &str) -> String {
+    let addr = base.trim_start_matches("http://");
+    let mut stream = std::net::TcpStream::connect(addr).unwrap();
+    write!(stream, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    response
+}
+
+#[test]
+fn the_apps_commands_answer_through_the_ipc() {
+    let config = tempfile::tempdir().unwrap();
+    std::env::set_var("FERRITE_CONFIG_DIR", config.path());
+    let model = tempfile::tempdir().unwrap();
+    let mut o = MakeOptions::new(Arch::Qwen3, "tiny");
+    o.bits = Some(4);
+    o.group_size = 32;
+    checkpoint::make(&o, model.path()).unwrap();
+
+    let settings = app::launch::Settings { model: model.path().to_string_lossy().into_owned(), port: 0, profile: Default::default(), hidden: true };
+    let (state, listener) = tauri::async_runtime::block_on(app::launch::start(&settings)).unwrap();
+    let api_base = format!("http://{}", listener.local_addr().unwrap());
+    let stop = Arc::new(tokio::sync::Notify::new());
+    let served = {
+        let (state, stop) = (state.clone(), stop.clone());
+        tauri::async_runtime::spawn(async move { server::serve_until(listener, state, &[], async move { stop.notified().await }).await })
+    };
+    let ferrite = app::Ferrite { state: state.clone(), api_base: api_base.clone(), stop: stop.clone(), quitting: Default::default(), stopped: Default::default() };
+    let app = app::builder(mock_builder(), ferrite).build(mock_context(noop_assets())).unwrap();
+    let window = WebviewWindowBuilder::new(&app, "main", Default::default()).build().unwrap();
+
+    // Where the page's fetches go, and the server really answers there.
+    assert_eq!(invoke(&window, "api_base", json!({})).unwrap(), json!(api_base));
+    assert!(http_get(&api_base, "/health").starts_with("HTTP/1.0 200") || http_get(&api_base, "/health").starts_with("HTTP/1.1 200"));
+
+    // The tray's status lines: the model, no request yet, memory with MLX's figure.
+    let lines = invoke(&window, "status_lines", json!({})).unwrap();
+    let lines: Vec<String> = serde_json::from_value(lines).unwrap();
+    assert_eq!(lines.len(), 3, "{lines:?}");
+    assert!(lines[0].contains("sustained") && lines[0].contains("draft depth 0"), "{lines:?}");
+    assert_eq!(lines[1], "No request yet");
+    assert!(lines[2].starts_with("Memory: MLX ") && !lines[2].contains("not available"), "{lines:?}");
+
+    // The models folder: kept in the shared config file, as `ferrite store set` does.
+    let folder = tempfile::tempdir().unwrap();
+    let chosen = invoke(&window, "set_models_folder", json!({"dir": folder.path()})).unwrap();
+    let store = store::Store::open(config.path()).unwrap();
+    assert_eq!(store.models_dir, std::path::PathBuf::from(chosen.as_str().unwrap()));
+    assert_eq!(store.models_dir.canonicalize().unwrap(), folder.path().canonicalize().unwrap());
+    // Bad input names what was wrong and changes nothing.
+    let not_a_folder = model.path().join("config.json");
+    let err = invoke(&window, "set_models_folder", json!({"dir": not_a_folder})).unwrap_err();
+    assert!(err.as_str().unwrap().contains("config.json"), "{err}");
+    assert_eq!(store::Store::open(config.path()).unwrap().models_dir, store.models_dir);
+    assert!(invoke(&window, "set_models_folder", json!({})).is_err(), "a missing argument is an error");
+
+    // The tray lists installed models: the embedded default ships with Ferrite.
+    assert!(app::tray::installed_models(&state).iter().any(|m| m == "ferrite-code-20m"));
+
+    // Stop from the tray unloads; the status line says so.
+    state.loaded().worker.unload();
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let lines: Vec<String> = serde_json::from_value(invoke(&window, "status_lines", json!({})).unwrap()).unwrap();
+    assert!(lines[0].contains("stopped"), "{lines:?}");
+
+    // Quit's path: the server stops and the engine thread ends before the process does.
+    stop.notify_one();
+    tauri::async_runtime::block_on(served).unwrap().unwrap();
+}

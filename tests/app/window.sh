@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# The real app under Xvfb: it starts on the embedded default model, shows its window and its
+# tray icon (in trayer, a system tray host), serves the API, and quits cleanly from its tray
+# menu. Screenshots for a person to look at: target/app-screenshots/{window,tray,menu}.png.
+#
+#   tests/app/window.sh [path/to/ferrite-app]      (default: target/debug/ferrite-app)
+# Needs xvfb, trayer, imagemagick, x11-utils, xdotool (scripts/setup.sh --tests installs them).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+APP=${APP:-${1:-target/debug/ferrite-app}}
+OUT=target/app-screenshots
+mkdir -p "$OUT"
+for tool in xvfb-run trayer import xwininfo xdotool; do
+  command -v "$tool" >/dev/null || { echo "window test skipped: $tool is not installed (scripts/setup.sh --tests)"; exit 0; }
+done
+[ -x "$APP" ] || { echo "no app binary at $APP: cargo build -p ferrite-app" >&2; exit 1; }
+if [ "${1:-}" = --inside ]; then INSIDE=1; fi
+port=${port:-$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')}
+
+inner() {
+  set -euo pipefail
+  trayer --edge top --align right --widthtype request --height 32 --SetDockType true --transparent false --tint 0xdddddd &
+  sleep 1
+  FERRITE_PORT=$port FERRITE_CONFIG_DIR=$config RUST_LOG=info "$APP" > "$OUT/app.log" 2>&1 &
+  app=$!
+  for _ in $(seq 120); do
+    curl -fs "http://127.0.0.1:$port/health" >/dev/null && break
+    kill -0 $app 2>/dev/null || { echo "the app exited early:"; cat "$OUT/app.log"; return 1; }
+    sleep 0.5
+  done
+  curl -fs "http://127.0.0.1:$port/v1/models" | grep -q ferrite-code-20m || { echo "the app does not serve the default model"; return 1; }
+  # The window, titled Ferrite, and the page inside it talking to the server.
+  for _ in $(seq 60); do xdotool search --name '^Ferrite$' >/dev/null 2>&1 && break; sleep 0.5; done
+  xdotool search --name '^Ferrite$' >/dev/null || { echo "no window titled Ferrite"; xwininfo -root -tree | head -40; return 1; }
+  sleep 4
+  import -window root "$OUT/window.png"
+  # The tray icon: trayer embeds it as a child window of its panel.
+  # trayer's panel: its largest mapped window (it also owns small hidden ones).
+  tray=$(for w in $(xdotool search --onlyvisible --class trayer); do xwininfo -id "$w" | awk -v w="$w" '/Width/{a=$2} /Height/{b=$2} END{print a*b, w}'; done | sort -n | tail -1 | cut -d' ' -f2)
+  icons=$(xwininfo -id "$tray" -children | grep -c 'child\|0x' || true)
+  geometry=$(xwininfo -id "$tray" | awk '/Absolute upper-left X/{x=$4} /Absolute upper-left Y/{y=$4} /Width/{w=$2} /Height/{h=$2} END{print w"x"h"+"x"+"y}')
+  import -window root -crop "$geometry" "$OUT/tray.png"
+  [ "$icons" -gt 1 ] || { echo "no icon in the tray"; xwininfo -id "$tray" -tree; return 1; }
+  # Open the tray menu, photograph it, and choose Quit: the app must stop the engine and exit.
+  eval "$(xwininfo -id "$tray" | awk '/Absolute upper-left X/{print "tx="$4} /Absolute upper-left Y/{print "ty="$4} /Width/{print "tw="$2} /Height/{print "th="$2}')"
+  echo "tray panel at ${tx},${ty} size ${tw}x${th}"
+  # The menu: a visible window of the app other than the main one (a right click opens it;
+  # tried three times, as a loaded machine may drop the first click).
+  find_menu() {
+    for w in $(xdotool search --onlyvisible --pid $app 2>/dev/null); do
+      xwininfo -id "$w" | awk -v w="$w" '/Width/{a=$2} /Height/{b=$2} END{if (a > 50 && b > 50 && b < 600) print a*b, w}'
+    done | sort -n | head -1 | cut -d' ' -f2
+  }
+  menu=
+  for _ in 1 2 3; do
+    xdotool mousemove $((tx + tw - 16)) $((ty + th / 2)) click 3
+    for _ in $(seq 10); do sleep 0.3; menu=$(find_menu); [ -n "$menu" ] && break; done
+    [ -n "$menu" ] && break
+  done
+  [ -n "$menu" ] || { echo "the tray menu did not open"; return 1; }
+  sleep 0.5
+  import -window root "$OUT/menu.png"
+  eval "$(xwininfo -id "$menu" | awk '/Absolute upper-left X/{print "mx="$4} /Absolute upper-left Y/{print "my="$4} /Width/{print "mw="$2} /Height/{print "mh="$2}')"
+  echo "tray menu at ${mx},${my} size ${mw}x${mh}"
+  xdotool mousemove $((mx + mw / 3)) $((my + mh - 14)) sleep 0.3 click 1
+  for _ in $(seq 40); do kill -0 $app 2>/dev/null || break; sleep 0.5; done
+  if kill -0 $app 2>/dev/null; then
+    echo "the app is still running after Quit"; kill $app; tail -20 "$OUT/app.log"; return 1
+  fi
+  wait $app || { echo "the app exited with an error:"; tail -20 "$OUT/app.log"; return 1; }
+  grep -q "server and engine stopped" "$OUT/app.log" || { echo "Quit did not stop the engine cleanly:"; tail -20 "$OUT/app.log"; return 1; }
+  echo "window, tray and Quit: ok (screenshots in $OUT)"
+}
+if [ -n "${INSIDE:-}" ]; then
+  inner
+  exit
+fi
+config=$(mktemp -d)
+trap 'rm -rf "$config"' EXIT
+export port config APP OUT
+# A display and a session bus of our own; the script runs again inside them.
+xvfb-run -a -s "-screen 0 1280x860x24" dbus-run-session -- "$0" --inside 2> >(grep -v "Failed to set fd limit" >&2)

@@ -161,6 +161,7 @@ function stateText(u) {
   if (u.loading) return [`loading ${u.loading}`, "generating"];
   if (!u.loaded) return ["unloaded (the next request loads it)", ""];
   if (u.generating) return ["generating", "generating"];
+  if (u.tuning && u.tuning.running) return ["tuning (requests wait)", "generating"];
   if (u.idle_unload_after_s) {
     const left = Math.max(0, u.idle_unload_after_s - u.idle_s);
     return [`ready · unloads in ${Math.floor(left / 60)}:${String(left % 60).padStart(2, "0")}`, ""];
@@ -181,6 +182,7 @@ function onUpdate(u) {
   $("state").className = "badge " + cls;
   if (document.activeElement !== $("profile")) $("profile").value = u.profile;
   $("draft").textContent = `${u.draft_depth} (${u.draft_depth_source})`;
+  showTuning(u.tuning, u);
   $("tps-now").textContent = u.tokens_per_s_now.toFixed(1);
   const t = Date.now() / 1000;
   history.push([t, u.tokens_per_s_now]);
@@ -245,6 +247,54 @@ $("folder-form").addEventListener("submit", async (e) => {
   try { await post("/v1/store/folder", { dir: $("folder").value }); } catch (err) { $("models-error").textContent = err.message; }
   refreshModels();
 });
+
+// The tuner: offered while this machine has no result for the model, progress while it runs,
+// the table of candidates and the verdict when it is done.
+function showTuning(t, u) {
+  const box = $("tuning"), untuned = u.mtp_head && String(u.draft_depth_source).startsWith("untuned");
+  const hasRun = t && (t.running || t.verdict || t.error);
+  box.hidden = !(hasRun || untuned);
+  $("tune-offer").hidden = !untuned || (t && t.running);
+  $("tune").disabled = !!(t && t.running);
+  $("tune-cancel").hidden = !(t && t.running);
+  $("tune-progress").hidden = !(t && t.running);
+  if (!t) return;
+  const p = t.progress;
+  if (t.running && p) {
+    $("tune-progress").max = p.steps; $("tune-progress").value = p.step;
+    const rep = p.repetition ? `, repetition ${p.repetition}/${p.repetitions}` : "";
+    const last = p.last_tps ? ` — last ${p.last_tps.toFixed(1)} tok/s` : "";
+    $("tune-status").textContent = `Tuning ${t.model} (${p.phase}): depth ${p.depth}, temperature ${p.temperature}${rep}${last}`;
+  } else if (t.running) {
+    $("tune-status").textContent = `Tuning ${t.model}: starting`;
+  } else if (t.verdict) {
+    const v = t.verdict;
+    $("tune-status").textContent = v.verdict === "store" ? `Stored draft depth ${v.depth}: ${v.why}` : `Not stored: ${v.why}`;
+  } else if (t.error) {
+    $("tune-status").textContent = `Tuning ended: ${t.error}`;
+  } else {
+    $("tune-status").textContent = "";
+  }
+  const rows = t.candidates || [];
+  $("tune-table").hidden = rows.length === 0;
+  $("tune-table").tBodies[0].replaceChildren(...rows.map((c) => {
+    const plain = rows.find((r) => r.depth === 0 && r.temperature === c.temperature);
+    const tr = document.createElement("tr");
+    for (const v of [c.depth, c.temperature, c.median_tps.toFixed(1), (c.spread * 100).toFixed(1) + "%",
+      c.acceptance.map((a) => (a * 100).toFixed(0) + "%").join(" ") || "–",
+      plain ? (c.median_tps / plain.median_tps).toFixed(2) + "x" : "–"]) {
+      const td = document.createElement("td"); td.textContent = v; tr.append(td);
+    }
+    return tr;
+  }));
+}
+
+$("tune").addEventListener("click", async () => {
+  $("tune-status").textContent = "Tuning: starting";
+  $("tuning").hidden = false;
+  try { await post("/v1/tune", {}); } catch (err) { $("tune-status").textContent = "Cannot tune: " + err.message; }
+});
+$("tune-cancel").addEventListener("click", () => post("/v1/tune/cancel", {}).catch(() => {}));
 
 if (tauri) {
   const choose = $("choose-folder");

@@ -94,6 +94,20 @@ test("tok/s moves while a request streams", async () => {
   await body.cancel(); // the client goes: the server cancels the generation
 });
 
+test("tuning is offered, shows progress and can be cancelled", async () => {
+  // The hybrid model has an MTP head and no tuned depth on this machine: the page offers it.
+  await page.waitForFunction(() => !document.getElementById("tune-offer").hidden, null, { timeout: 30000 });
+  await page.click("#tune");
+  await page.waitForFunction(() => document.getElementById("tune-status").textContent.includes("depth"), null, { timeout: 30000 });
+  assert.match(await page.textContent("#tune-status"), /Tuning second-model \((warm-up|measuring)\)/);
+  assert.equal(await page.isVisible("#tune-progress"), true);
+  await page.screenshot({ path: join(shots, "tuning.png"), fullPage: true });
+  await page.click("#tune-cancel");
+  await page.waitForFunction(() => document.getElementById("tune-status").textContent.includes("cancelled"), null, { timeout: 60000 });
+  const status = await (await fetch(`${base}/v1/status`)).json();
+  assert.match(status.draft_depth_source, /^untuned/, "a cancelled tune stores nothing");
+});
+
 test("errors are shown, not swallowed", async () => {
   await page.fill("#folder", "/proc/version/not-a-folder");
   await page.click("#folder-form button[type=submit]");

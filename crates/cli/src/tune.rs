@@ -2,12 +2,10 @@
 //! stores the winner for (machine, model, profile) only when the measurement can be trusted.
 //! `--draft-depth auto` (serve, generate) reads what was stored, the same way everywhere.
 
-use std::time::{SystemTime, UNIX_EPOCH};
-
 use anyhow::Result;
 use engine::tune::{self, TuneOptions, Verdict};
 use engine::{Engine, Profile, ProfileName};
-use store::tuning::{TunedResult, TuningFile};
+use store::tuning::TuningFile;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -38,7 +36,7 @@ pub struct Args {
 
 pub fn run(args: Args) -> Result<()> {
     let config_dir = store::config::config_dir();
-    let (mut file, warning) = TuningFile::load(&config_dir);
+    let (file, warning) = TuningFile::load(&config_dir);
     if let Some(w) = warning {
         eprintln!("warning: {w}");
     }
@@ -57,32 +55,34 @@ pub fn run(args: Args) -> Result<()> {
     let key = server::launch::tuning_key(&model.dir, args.profile);
     eprintln!("tuning {} ({}) with the {} profile on {}", model.id, key.model, args.profile, key.machine);
     let mut busy = telemetry::machine::BusyCheck::new(args.busy_percent);
-    let measurement = tune::measure(&engine, &options, || busy.check(), |what| eprintln!("  {what}"))?;
+    let bar = indicatif::ProgressBar::new(0);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("{prefix:>9} [{bar:30}] {pos}/{len} {msg}")
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
+            .progress_chars("=> "),
+    );
+    let measurement = tune::measure(&engine, &options, || busy.check(), |p| {
+        bar.set_length(p.steps as u64);
+        bar.set_position(p.step as u64);
+        bar.set_prefix(p.phase);
+        let rep = if p.repetition > 0 { format!(", repetition {}/{}", p.repetition, p.repetitions) } else { String::new() };
+        let last = p.last_tps.map(|t| format!(" (last: {t:.1} tok/s)")).unwrap_or_default();
+        bar.set_message(format!("depth {}, temperature {}{rep}{last}", p.depth, p.temperature));
+        true
+    })?;
+    bar.finish_and_clear();
     println!("{:>5} {:>5} {:>10} {:>8} {:>24} {:>10} {:>8}", "depth", "temp", "tok/s", "spread", "acceptance by position", "tok/cycle", "vs plain");
     for c in &measurement.candidates {
         let acc: Vec<String> = c.acceptance.iter().map(|a| format!("{:.0}%", a * 100.0)).collect();
         let plain = measurement.get(0, c.temperature).map(|p| p.median_tps).unwrap_or(c.median_tps);
         println!("{:>5} {:>5} {:>10.1} {:>7.1}% {:>24} {:>10.2} {:>7.2}x", c.depth, c.temperature, c.median_tps, c.spread * 100.0, acc.join(" "), c.tokens_per_cycle, c.median_tps / plain.max(1e-9));
     }
-    let previous = file.find(&key).map(|r| r.first_acceptance.clone());
-    match tune::decide(&measurement, previous.as_deref(), &options) {
-        Verdict::Refuse { why } => {
+    match server::launch::judge_and_store(&config_dir, key, &measurement, &options)? {
+        (Verdict::Refuse { why }, _) => {
             eprintln!("not stored: {why}");
             std::process::exit(2);
         }
-        Verdict::Store { depth, speedup, why } => {
-            let result = TunedResult {
-                key,
-                depth,
-                speedup,
-                why: why.clone(),
-                measured_at: SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
-                first_acceptance: measurement.first_acceptance(),
-                measurement: serde_json::to_value(&measurement)?,
-            };
-            file.replace(result).map_err(|e| anyhow::anyhow!("{}: {e}", file.path.display()))?;
-            println!("stored draft depth {depth} in {}: {why}", file.path.display());
-        }
+        (Verdict::Store { depth, why, .. }, path) => println!("stored draft depth {depth} in {}: {why}", path.display()),
     }
     Ok(())
 }

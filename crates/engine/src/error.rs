@@ -49,6 +49,9 @@ pub enum Error {
     Template(String),
     #[error("request: {0}")]
     Request(String),
+    /// The caller stopped a long operation (a tune) before it ended.
+    #[error("cancelled: {0}")]
+    Cancelled(String),
     #[error("MLX: {0}")]
     Mlx(#[from] mlx_rs::error::Exception),
 }

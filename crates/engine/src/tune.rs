@@ -82,6 +82,23 @@ impl Measurement {
     }
 }
 
+/// Where a measurement is, for a progress bar or the app's live view.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct Progress {
+    /// "warm-up" (discarded) or "measuring".
+    pub phase: &'static str,
+    pub depth: usize,
+    pub temperature: f32,
+    /// 1-based; 0 during the warm-up.
+    pub repetition: usize,
+    pub repetitions: usize,
+    /// Candidate runs finished, of `steps` (warm-up included).
+    pub step: usize,
+    pub steps: usize,
+    /// Decode tok/s of the run that just finished (over the whole prompt suite).
+    pub last_tps: Option<f64>,
+}
+
 /// The tuner's judgement.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(tag = "verdict", rename_all = "lowercase")]
@@ -127,10 +144,21 @@ fn spread(v: &[f64], median: f64) -> f64 {
 
 /// Measures depth 0..=4 at each temperature, repetitions interleaved so that drift hits every
 /// candidate alike, after one warm-up generation per depth. `busy` is asked between runs and
-/// returns why the machine is not quiet; `progress` hears what is being measured.
-pub fn measure(engine: &Engine, options: &TuneOptions, mut busy: impl FnMut() -> Option<String>, mut progress: impl FnMut(&str)) -> Result<Measurement> {
+/// returns why the machine is not quiet; `progress` hears where the measurement is before and
+/// after every run, and stops it by returning `false` (the result is then
+/// [`Error::Cancelled`](crate::Error::Cancelled): nothing half-measured comes back).
+pub fn measure(
+    engine: &Engine,
+    options: &TuneOptions,
+    mut busy: impl FnMut() -> Option<String>,
+    mut progress: impl FnMut(&Progress) -> bool,
+) -> Result<Measurement> {
     let prompts = suite(engine, options.prompts)?;
     let max_depth = if engine.model.mtp().is_some() { MAX_DRAFT_DEPTH } else { 0 };
+    let reps = options.reps.max(1);
+    let candidates = options.temperatures.len() * (max_depth + 1);
+    let mut at = Progress { phase: "warm-up", repetitions: reps, steps: candidates * (reps + 1), ..Progress::default() };
+    let mut report = |at: &Progress| if progress(at) { Ok(()) } else { Err(crate::Error::Cancelled("tuning stopped; nothing stored".into())) };
     let run = |depth: usize, temperature: f32, prompt: &[u32]| -> Result<(usize, f64, Option<SpecStats>)> {
         let mut req = GenerateRequest::greedy(prompt.to_vec(), options.gen_tokens);
         req.ignore_eos = true;
@@ -146,12 +174,15 @@ pub fn measure(engine: &Engine, options: &TuneOptions, mut busy: impl FnMut() ->
     // kernels here (on a GPU the first run of a new shape costs far more than the rest).
     for &t in &options.temperatures {
         for depth in 0..=max_depth {
-            progress(&format!("warm-up: depth {depth}, temperature {t}"));
+            (at.depth, at.temperature) = (depth, t);
+            report(&at)?;
             for prompt in &prompts {
                 run(depth, t, prompt)?;
             }
+            at.step += 1;
         }
     }
+    at.phase = "measuring";
     let mut busy_seen = busy();
     let mut runs: Vec<(usize, f32, Vec<f64>, Option<SpecStats>)> = Vec::new();
     for &t in &options.temperatures {
@@ -159,9 +190,10 @@ pub fn measure(engine: &Engine, options: &TuneOptions, mut busy: impl FnMut() ->
             runs.push((depth, t, Vec::new(), None));
         }
     }
-    for rep in 0..options.reps.max(1) {
+    for rep in 0..reps {
         for (depth, t, tps, stats) in runs.iter_mut() {
-            progress(&format!("repetition {}/{}: depth {depth}, temperature {t}", rep + 1, options.reps.max(1)));
+            (at.depth, at.temperature, at.repetition) = (*depth, *t, rep + 1);
+            report(&at)?;
             let (mut tokens, mut seconds) = (0usize, 0f64);
             for prompt in &prompts {
                 let (n, s, spec) = run(*depth, *t, prompt)?;
@@ -175,6 +207,8 @@ pub fn measure(engine: &Engine, options: &TuneOptions, mut busy: impl FnMut() ->
                 }
             }
             tps.push(if seconds > 0.0 { tokens as f64 / seconds } else { 0.0 });
+            at.step += 1;
+            at.last_tps = tps.last().copied();
             if busy_seen.is_none() {
                 busy_seen = busy();
             }
@@ -189,6 +223,7 @@ pub fn measure(engine: &Engine, options: &TuneOptions, mut busy: impl FnMut() ->
             Candidate { depth, temperature, median_tps: m, spread, runs: tps, acceptance: stats.acceptance(), tokens_per_cycle: stats.tokens_per_cycle() }
         })
         .collect();
+    report(&at)?;
     Ok(Measurement { candidates, busy: busy_seen })
 }
 

@@ -189,3 +189,33 @@ fn profiles_change_knobs_not_answers() {
     sustained.after_request(100_000);
     assert_eq!(mlx_rs::memory::cache_memory().unwrap(), 0, "a long request's cache goes back");
 }
+
+#[test]
+fn tuning_reports_progress_and_stops_when_asked() {
+    let mut o = common::options(Arch::Qwen35, "tiny", None, 64, Dtype::Float32);
+    o.mtp = true;
+    let d = common::make(&o);
+    let e = Engine::load(d.path()).unwrap();
+    let options = engine::tune::TuneOptions { gen_tokens: 4, reps: 2, prompts: 1, temperatures: vec![0.0], ..Default::default() };
+    let mut seen = Vec::new();
+    let m = engine::tune::measure(&e, &options, || None, |p| {
+        seen.push(p.clone());
+        true
+    })
+    .unwrap();
+    // 5 candidates (depth 0..4) warmed up, then measured twice each.
+    let last = seen.last().unwrap();
+    assert_eq!((last.step, last.steps, last.phase), (15, 15, "measuring"));
+    assert!(seen.windows(2).all(|w| w[0].step <= w[1].step), "steps only go forward");
+    assert!(seen.iter().any(|p| p.phase == "warm-up") && seen.iter().any(|p| p.repetition == 2 && p.depth == 4));
+    assert!(last.last_tps.unwrap() > 0.0);
+    assert_eq!(m.candidates.len(), 5);
+    // Stopped mid-way: an error, no half-made measurement.
+    let mut calls = 0;
+    let stopped = engine::tune::measure(&e, &options, || None, |_| {
+        calls += 1;
+        calls < 7
+    });
+    assert!(matches!(stopped, Err(engine::Error::Cancelled(_))), "{stopped:?}");
+    assert_eq!(calls, 7);
+}

@@ -73,3 +73,33 @@ pub fn spec(name: &str, draft_depth_arg: &str, profile: ProfileName) -> Result<M
 pub fn resolver() -> Resolver {
     std::sync::Arc::new(|name: &str, profile: ProfileName| spec(name, "auto", profile))
 }
+
+/// Judges a tuner's measurement against what was stored before for the same key, and stores
+/// it when it may be (replacing the old result). Returns the verdict and the tuning file.
+pub fn judge_and_store(
+    config_dir: &Path,
+    key: TuningKey,
+    measurement: &engine::tune::Measurement,
+    options: &engine::tune::TuneOptions,
+) -> Result<(engine::tune::Verdict, std::path::PathBuf)> {
+    use engine::tune::Verdict;
+    let (mut file, warning) = TuningFile::load(config_dir);
+    if let Some(w) = warning {
+        tracing::warn!("{w}");
+    }
+    let previous = file.find(&key).map(|r| r.first_acceptance.clone());
+    let verdict = engine::tune::decide(measurement, previous.as_deref(), options);
+    if let Verdict::Store { depth, speedup, why } = &verdict {
+        let result = store::tuning::TunedResult {
+            key,
+            depth: *depth,
+            speedup: *speedup,
+            why: why.clone(),
+            measured_at: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
+            first_acceptance: measurement.first_acceptance(),
+            measurement: serde_json::to_value(measurement)?,
+        };
+        file.replace(result).map_err(|e| anyhow::anyhow!("{}: {e}", file.path.display()))?;
+    }
+    Ok((verdict, file.path))
+}

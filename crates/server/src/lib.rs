@@ -12,6 +12,7 @@ pub mod openai;
 pub mod response_format;
 pub mod think;
 pub mod tools;
+pub mod tuning;
 pub mod ui;
 pub mod worker;
 
@@ -63,7 +64,8 @@ pub const APP_ORIGINS: [&str; 3] = ["tauri://localhost", "http://tauri.localhost
 
 /// The model being served: its worker and the names and draft depth it is served with.
 pub struct Loaded {
-    pub worker: Worker,
+    /// Shared so that a new draft depth (after tuning) can be set without restarting it.
+    pub worker: Arc<Worker>,
     pub aliases: Vec<String>,
     pub draft_depth: usize,
     pub draft_depth_source: String,
@@ -97,6 +99,8 @@ pub struct AppState {
     pub api_key: Option<String>,
     /// Memory, fans and thermal state, sampled once a second.
     pub telemetry: Arc<telemetry::Sampler>,
+    /// The app's Tune button: the run in progress or the last one's outcome.
+    pub tuning: tuning::Shared,
     pub started: Instant,
     pub started_unix: u64,
     next_id: Arc<AtomicU64>,
@@ -104,7 +108,7 @@ pub struct AppState {
 
 impl AppState {
     pub fn new(worker: Worker, aliases: Vec<String>, draft_depth: usize, api_key: Option<String>) -> Self {
-        Self::serving(Loaded { worker, aliases, draft_depth, draft_depth_source: "set by the embedding program".into() }, api_key)
+        Self::serving(Loaded { worker: Arc::new(worker), aliases, draft_depth, draft_depth_source: "set by the embedding program".into() }, api_key)
     }
 
     pub fn serving(loaded: Loaded, api_key: Option<String>) -> Self {
@@ -116,6 +120,7 @@ impl AppState {
             store: Default::default(),
             api_key,
             telemetry: Arc::new(telemetry::Sampler::start(std::time::Duration::from_secs(1))),
+            tuning: Default::default(),
             started: Instant::now(),
             started_unix: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
             next_id: Arc::new(AtomicU64::new(1)),
@@ -195,6 +200,8 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/store/cancel", post(models::cancel))
         .route("/v1/store/delete", post(models::delete))
         .route("/v1/store/folder", post(models::folder))
+        .route("/v1/tune", get(tuning::status).post(tuning::start))
+        .route("/v1/tune/cancel", post(tuning::cancel))
         .route("/v1/chat/completions", post(openai::chat_completions))
         .route("/v1/completions", post(openai::completions))
         .route("/v1/messages", post(anthropic::messages))
@@ -291,7 +298,7 @@ pub async fn start(config: &ServerConfig) -> anyhow::Result<AppState> {
     let dir = config.model_dir.clone();
     let options = config.worker.clone();
     let worker = tokio::task::spawn_blocking(move || Worker::start(dir, id, options)).await??;
-    let loaded = Loaded { worker, aliases: config.aliases.clone(), draft_depth: config.draft_depth, draft_depth_source: config.draft_depth_source.clone() };
+    let loaded = Loaded { worker: Arc::new(worker), aliases: config.aliases.clone(), draft_depth: config.draft_depth, draft_depth_source: config.draft_depth_source.clone() };
     let mut state = AppState::serving(loaded, config.api_key.clone());
     state.worker_options = config.worker.clone();
     state.resolver = config.resolver.clone();

@@ -41,6 +41,7 @@ fn update(s: &AppState, tokens_per_s: f64, downloads: Vec<store::download::Progr
     u["last"] = json!(metrics.live());
     u["telemetry"] = json!(snapshot(s));
     u["downloads"] = json!(downloads);
+    u["tuning"] = json!(crate::tuning::snapshot(s));
     u
 }
 
@@ -49,7 +50,8 @@ pub async fn events(State(s): State<AppState>) -> Sse<impl Stream<Item = Result<
     let stream = futures_util::stream::unfold(start, |(s, tokens, at, first)| async move {
         if !first {
             let downloading = s.store.progress().iter().any(|p| !p.state.is_final());
-            let busy = downloading || s.loaded().worker.metrics.generating.load(Ordering::SeqCst);
+            let tuning = s.tuning.lock().map(|t| t.running).unwrap_or(false);
+            let busy = downloading || tuning || s.loaded().worker.metrics.generating.load(Ordering::SeqCst);
             tokio::time::sleep(if busy { Duration::from_secs(1) } else { Duration::from_secs(3) }).await;
         }
         let downloads = s.store.progress();

@@ -230,6 +230,6 @@ pub async fn load_model(s: &AppState, model: Option<String>, profile: Option<eng
     .map_err(|e| ApiError::internal(e.to_string()))?;
     let (spec, worker) = started.map_err(|e| ApiError::bad_request(format!("cannot start `{model}`: {e:#}")).with_param("model"))?;
     tracing::info!("now serving `{}` from {} ({profile} profile)", spec.id, spec.dir.display());
-    s.replace(Loaded { worker, aliases: spec.aliases.clone(), draft_depth: spec.draft_depth, draft_depth_source: spec.draft_depth_source.clone() });
+    s.replace(Loaded { worker: Arc::new(worker), aliases: spec.aliases.clone(), draft_depth: spec.draft_depth, draft_depth_source: spec.draft_depth_source.clone() });
     Ok(json!({"model": spec.id, "aliases": spec.aliases, "dir": spec.dir, "draft_depth": spec.draft_depth, "profile": profile}))
 }

@@ -93,9 +93,26 @@ impl std::str::FromStr for IdleAction {
     }
 }
 
+/// A tuner run on the engine thread (which owns the model): measures, reports progress,
+/// stops when `progress` returns `false`.
+pub struct TuneJob {
+    pub options: engine::tune::TuneOptions,
+    pub progress: Box<dyn FnMut(&engine::tune::Progress) -> bool + Send>,
+    /// Percent of a core another process may use before the measurement is called busy.
+    pub busy_percent: f32,
+    pub reply: tokio::sync::oneshot::Sender<Result<engine::tune::Measurement, String>>,
+}
+
+fn run_tune(engine: &Engine, tune: &mut TuneJob) -> Result<engine::tune::Measurement, String> {
+    let mut busy = telemetry::machine::BusyCheck::new(tune.busy_percent);
+    engine::tune::measure(engine, &tune.options, || busy.check(), &mut tune.progress).map_err(|e| e.to_string())
+}
+
 /// What the engine thread receives, in order.
 enum Message {
     Job(Job),
+    /// Measure draft depths (the app's Tune button).
+    Tune(TuneJob),
     /// Drop the model now (it loads again for the next job).
     Unload,
 }
@@ -218,27 +235,36 @@ impl Worker {
                         Err(_) => break,
                     },
                 };
+                let reload = |engine: &mut Option<Engine>| -> Result<(), String> {
+                    if engine.is_none() {
+                        let e = Engine::load_with(&dir, profile.clone()).map_err(|e| format!("reloading the model: {e}"))?;
+                        tracing::info!("reloaded {} for a new request", info.id);
+                        life.loaded.store(true, Ordering::SeqCst);
+                        life.reloads.fetch_add(1, Ordering::SeqCst);
+                        *engine = Some(e);
+                    }
+                    Ok(())
+                };
                 let job = match message {
                     Message::Job(job) => job,
                     Message::Unload => {
                         unload(&mut engine, "asked to stop");
                         continue;
                     }
+                    Message::Tune(mut tune) => {
+                        let result = reload(&mut engine).and_then(|()| match &engine {
+                            Some(e) => run_tune(e, &mut tune),
+                            None => Err("the model is not loaded".into()),
+                        });
+                        let _ = tune.reply.send(result);
+                        life.touch();
+                        continue;
+                    }
                 };
                 depth.fetch_sub(1, Ordering::SeqCst);
-                if engine.is_none() {
-                    match Engine::load_with(&dir, profile.clone()) {
-                        Ok(e) => {
-                            tracing::info!("reloaded {} for a new request", info.id);
-                            life.loaded.store(true, Ordering::SeqCst);
-                            life.reloads.fetch_add(1, Ordering::SeqCst);
-                            engine = Some(e);
-                        }
-                        Err(e) => {
-                            let _ = job.events.blocking_send(JobEvent::Failed(JobError::Internal(format!("reloading the model: {e}"))));
-                            continue;
-                        }
-                    }
+                if let Err(e) = reload(&mut engine) {
+                    let _ = job.events.blocking_send(JobEvent::Failed(JobError::Internal(e)));
+                    continue;
                 }
                 if let Some(engine) = &engine {
                     if let Ok(mut c) = running.lock() {
@@ -277,6 +303,14 @@ impl Worker {
             return Err(JobError::Internal("the engine has stopped (the server is shutting down)".into()));
         }
         Ok(())
+    }
+
+    /// Queues a tuner run (after the jobs before it); the answer comes on `job.reply`.
+    pub fn tune(&self, job: TuneJob) -> Result<(), JobError> {
+        match self.jobs.lock().ok().as_ref().and_then(|j| j.as_ref()) {
+            Some(jobs) if jobs.send(Message::Tune(job)).is_ok() => Ok(()),
+            _ => Err(JobError::Internal("the engine has stopped (the server is shutting down)".into())),
+        }
     }
 
     /// Unloads the model once the queued jobs are done (the app's Stop); the next request

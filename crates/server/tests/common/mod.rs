@@ -45,11 +45,23 @@ pub async fn start_resolving(api_key: Option<&str>, options: WorkerOptions, reso
 
 /// A server whose state `configure` adjusts before it serves.
 pub async fn start_configured(api_key: Option<&str>, options: WorkerOptions, configure: impl FnOnce(&mut AppState)) -> Server {
-    let dir = tempfile::tempdir().unwrap();
     let mut o = MakeOptions::new(Arch::Qwen3, "tiny");
     o.bits = Some(4);
     o.group_size = 32;
-    checkpoint::make(&o, dir.path()).unwrap();
+    start_checkpoint(&o, api_key, options, configure).await
+}
+
+/// A server on a hybrid model with an MTP head (speculative decoding, tuning).
+pub async fn start_hybrid(configure: impl FnOnce(&mut AppState)) -> Server {
+    let mut o = MakeOptions::new(Arch::Qwen35, "tiny");
+    o.mtp = true;
+    o.dtype = checkpoint::Dtype::Float32;
+    start_checkpoint(&o, None, WorkerOptions::default(), configure).await
+}
+
+pub async fn start_checkpoint(o: &MakeOptions, api_key: Option<&str>, options: WorkerOptions, configure: impl FnOnce(&mut AppState)) -> Server {
+    let dir = tempfile::tempdir().unwrap();
+    checkpoint::make(o, dir.path()).unwrap();
     let path = dir.path().to_path_buf();
     let worker = tokio::task::spawn_blocking(move || Worker::start(path, "tiny".into(), options)).await.unwrap().unwrap();
     let mut state = AppState::new(worker, vec!["ferrite-tiny".into()], 0, api_key.map(str::to_string));

@@ -75,6 +75,10 @@ impl GatedDeltaNet {
             ),
         };
 
+        if s == 1 && !state.record && self.norm.eps == DECODE_NORM_EPS {
+            return self.decode_step(&qkv, &z, &beta_logits, &a, state);
+        }
+
         // Causal depthwise conv over the cached tail plus the new positions.
         let channels = qkv.dim(-1);
         let keep = self.kernel - 1;
@@ -132,6 +136,93 @@ impl GatedDeltaNet {
     }
 }
 
+impl GatedDeltaNet {
+    /// One decoded position: everything between the input projections and the output
+    /// projection as one compiled graph (the same operations as the general path, fused by
+    /// MLX), so a decode step builds and dispatches a handful of primitives per layer instead
+    /// of dozens: at decode the host's graph work, not the arithmetic, sets the pace.
+    fn decode_step(&self, qkv: &Array, z: &Array, beta_logits: &Array, a: &Array, state: &mut LinearState) -> Result<Array> {
+        let b = qkv.dim(0);
+        let tail = match state.conv.take() {
+            Some(t) => t,
+            None => ops::zeros_dtype(&[b, self.kernel - 1, qkv.dim(-1)], qkv.dtype())?,
+        };
+        let recurrent = match state.recurrent.take() {
+            Some(r) => r,
+            None => ops::zeros_dtype(&[b, self.num_v_heads, self.head_v_dim, self.head_k_dim], Dtype::Float32)?,
+        };
+        let args = [
+            qkv.clone(),
+            z.clone(),
+            beta_logits.clone(),
+            a.clone(),
+            tail,
+            recurrent,
+            self.conv_weight.clone(),
+            self.a_log.clone(),
+            self.dt_bias.clone(),
+            self.norm.weight.clone(),
+        ];
+        let mut out = DECODE_CORE.with_borrow_mut(|f| f(&args))?;
+        let (Some(next), Some(tail), Some(y)) = (out.pop(), out.pop(), out.pop()) else {
+            return Err(Exception::custom("the decode step returned fewer than three arrays").into());
+        };
+        state.conv = Some(tail);
+        state.recurrent = Some(next);
+        state.offset += 1;
+        self.out_proj.forward(&y)
+    }
+}
+
+/// The z-gated norm's epsilon the compiled decode step is traced with (Qwen3-Next's and
+/// Qwen3.5's `rms_norm_eps`); a model with another takes the general path.
+const DECODE_NORM_EPS: f32 = 1e-6;
+
+/// One position of the layer between its projections. Every size comes from the inputs'
+/// shapes, so one compiled function serves every layer and model (MLX traces again for new
+/// shapes): conv [C, K, 1] gives the channels and kernel, a_log [Hv] the value heads, the
+/// norm weight [Dv] the value dims, the state [B, Hv, Dv, Dk] the key dims, and the channels
+/// (2 Hk Dk + Hv Dv) the key heads.
+fn decode_core_graph(args: &[Array]) -> std::result::Result<Vec<Array>, Exception> {
+    let [qkv, z, beta_logits, a, tail, recurrent, conv_weight, a_log, dt_bias, norm_weight] = args else {
+        return Err(Exception::custom("the decode step takes 10 arrays"));
+    };
+    let b = qkv.dim(0);
+    let (channels, nv, dv, dk) = (conv_weight.dim(0), a_log.dim(0), norm_weight.dim(0), recurrent.dim(-1));
+    let nk = (channels - nv * dv) / (2 * dk);
+    let key_dim = nk * dk;
+    let conv_input = ops::concatenate(&[tail, qkv], 1)?;
+    let new_tail = conv_input.index((.., 1.., ..));
+    let conv = ops::conv1d(&conv_input, conv_weight, 1, 0, 1, channels)?;
+    let conv = conv.multiply(ops::sigmoid(&conv)?)?;
+    let p = conv.split_at_indices(&[key_dim, 2 * key_dim], -1)?;
+    let q = p[0].reshape(&[b, 1, nk, dk])?;
+    let k = p[1].reshape(&[b, 1, nk, dk])?;
+    let v = p[2].reshape(&[b, 1, nv, dv])?;
+    let inv_scale = (dk as f64).powf(-0.5);
+    let rms_eps = (1e-6 * inv_scale * inv_scale) as f32;
+    let q = fast::rms_norm(&q, None, rms_eps)?;
+    let q = Array::from_f32((inv_scale * inv_scale) as f32).as_dtype(q.dtype())?.multiply(&q)?;
+    let k = fast::rms_norm(&k, None, rms_eps)?;
+    let k = Array::from_f32(inv_scale as f32).as_dtype(k.dtype())?.multiply(&k)?;
+    let beta = ops::sigmoid(beta_logits)?;
+    let g = decay_graph((a_log, a, dt_bias))?;
+    let (q, k) = if nv > nk {
+        (Array::repeat_axis::<f32>(q, nv / nk, -2)?, Array::repeat_axis::<f32>(k, nv / nk, -2)?)
+    } else {
+        (q, k)
+    };
+    let at = |x: &Array| x.index((.., 0));
+    let mut step = delta_step_graph(&[at(&q), at(&k), at(&v), at(&g), at(&beta), recurrent.clone()])?;
+    let (Some(state), Some(y)) = (step.pop(), step.pop()) else {
+        return Err(Exception::custom("the delta step returned fewer than two arrays"));
+    };
+    let y = ops::expand_dims(&y, 1)?;
+    let normed = fast::rms_norm(&y, Some(norm_weight), DECODE_NORM_EPS)?;
+    let out = gated_norm_graph((&y, z, &normed))?;
+    Ok(vec![out.reshape(&[b, 1, -1])?, new_tail, state])
+}
+
 /// Runs the recurrence over the sequence: y [B, T, Hv, Dv] and the states after each
 /// position (`all`) or only the final one.
 pub(crate) fn delta_rule(q: &Array, k: &Array, v: &Array, g: &Array, beta: &Array, mut state: Array, all: bool) -> Result<(Array, Vec<Array>)> {
@@ -170,6 +261,8 @@ thread_local! {
     static GATED_NORM: RefCell<Unary3> = RefCell::new(Box::new(compile(gated_norm_graph, true)));
     /// One position of the delta rule, as mlx-lm's `_gated_delta_step_ops`.
     static DELTA_STEP: RefCell<Step> = RefCell::new(Box::new(compile(delta_step_graph, false)));
+    /// A whole decoded position between the projections ([`GatedDeltaNet::decode_step`]).
+    static DECODE_CORE: RefCell<Step> = RefCell::new(Box::new(compile(decode_core_graph, false)));
 }
 
 fn decay_graph((a_log, a, dt_bias): (&Array, &Array, &Array)) -> std::result::Result<Array, Exception> {

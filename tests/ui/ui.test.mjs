@@ -1,11 +1,13 @@
 // Ferrite's web UI in a real browser: playwright-core drives Debian's chromium against a
 // `ferrite serve` on loopback with project-made models. Start a model with a click, see tok/s
-// move while a request streams, see memory, see an error shown. Screenshots go to
+// move while a request streams, see memory, download a catalog model with progress from the
+// store tests' local hub (`test_hub`), see an error shown. Screenshots go to
 // target/ui-screenshots for a person to look at.
 import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
 import { spawn, execFileSync } from "node:child_process";
-import { mkdtempSync, mkdirSync, rmSync } from "node:fs";
+import { mkdtempSync, mkdirSync, rmSync, writeFileSync } from "node:fs";
+import { createInterface } from "node:readline";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
@@ -13,12 +15,24 @@ import { chromium } from "playwright-core";
 
 const root = fileURLToPath(new URL("../..", import.meta.url));
 const ferrite = process.env.FERRITE ?? join(root, "target/debug/ferrite");
+const testHub = process.env.TEST_HUB ?? join(root, "target/debug/examples/test_hub");
 const shots = join(root, "target/ui-screenshots");
 const work = mkdtempSync(join(tmpdir(), "ferrite-ui-"));
 const env = { ...process.env, FERRITE_CONFIG_DIR: join(work, "config"), RUST_LOG: "warn" };
 const port = 21000 + (process.pid % 20000);
 const base = `http://127.0.0.1:${port}`;
-let server, browser, page;
+let server, hub, browser, page;
+
+// The local hub: publishes a project-made hybrid as `ferrite-test/tiny-hybrid`, 16 KiB every
+// 40 ms (so the page has progress to show); its first line is its address.
+async function startHub() {
+  // Run outside cargo, the example finds the MLX wheel's libmlx.so (Linux) through this path.
+  const libs = [join(root, "third_party/mlx-cpu/mlx/lib"), process.env.LD_LIBRARY_PATH].filter(Boolean).join(":");
+  hub = spawn(testHub, ["ferrite-test/tiny-hybrid", "40"], { stdio: ["ignore", "pipe", "inherit"], env: { ...process.env, LD_LIBRARY_PATH: libs } });
+  const lines = createInterface({ input: hub.stdout });
+  for await (const line of lines) return line.trim();
+  throw new Error("test_hub printed no address");
+}
 
 function make(arch, out) {
   execFileSync(ferrite, ["dev", "make-checkpoint", "--arch", arch, "--bits", "4", "--group-size", "32", ...(arch === "qwen3_5" ? ["--mtp"] : []), "--out", out], { env });
@@ -30,6 +44,13 @@ before(async () => {
   make("qwen3_5", join(work, "second"));
   execFileSync(ferrite, ["store", "set", join(work, "models")], { env });
   execFileSync(ferrite, ["store", "add", "second-model", join(work, "second")], { env });
+  // A catalog entry of the user's own models.toml, served by the local hub.
+  writeFileSync(join(work, "config", "models.toml"), [
+    "[[model]]", 'id = "tiny-download"', 'repo = "ferrite-test/tiny-hybrid"', 'architecture = "qwen3_5"',
+    'quantization = "8-bit"', 'size_bytes = "unknown"', 'params_b = "unknown"', 'active_params_b = "unknown"',
+    "mtp = true", 'memory_bytes = "unknown"', 'description = "a project-made test model"', "",
+  ].join("\n"));
+  env.HF_ENDPOINT = await startHub();
   server = spawn(ferrite, ["serve", "--model", join(work, "first"), "--id", "first-model", "--port", String(port), "--idle-minutes", "0"], { env, stdio: "inherit" });
   for (let i = 0; i < 300; i++) {
     try { if ((await fetch(`${base}/health`)).ok) break; } catch { /* not up yet */ }
@@ -45,6 +66,7 @@ before(async () => {
 after(async () => {
   await browser?.close();
   server?.kill();
+  hub?.kill();
   rmSync(work, { recursive: true, force: true });
 });
 
@@ -106,6 +128,19 @@ test("tuning is offered, shows progress and can be cancelled", async () => {
   await page.waitForFunction(() => document.getElementById("tune-status").textContent.includes("cancelled"), null, { timeout: 60000 });
   const status = await (await fetch(`${base}/v1/status`)).json();
   assert.match(status.draft_depth_source, /^untuned/, "a cancelled tune stores nothing");
+});
+
+test("a catalog model downloads with progress and is then installed", async () => {
+  await page.click("#refresh-models");
+  await page.click("details summary");
+  const download = page.locator("#catalog li", { hasText: "tiny-download" }).getByRole("button", { name: "Download" });
+  await download.click();
+  // Progress: bytes of bytes, a rate, a progress bar.
+  await page.waitForFunction(() => /of .* · .*\/s/.test(document.getElementById("downloads").textContent), null, { timeout: 30000 });
+  assert.equal(await page.isVisible("#downloads progress"), true);
+  await page.screenshot({ path: join(shots, "downloading.png"), fullPage: true });
+  await page.waitForFunction(() => [...document.querySelectorAll("#installed li")].some((li) => li.textContent.includes("ferrite-test/tiny-hybrid") || li.textContent.includes("tiny-download")), null, { timeout: 60000 });
+  assert.match(await page.textContent("#downloads"), /done/);
 });
 
 test("errors are shown, not swallowed", async () => {

@@ -6,6 +6,7 @@
 pub mod machine;
 pub mod memory;
 pub mod sampler;
+pub mod smc;
 pub mod thermal;
 
 pub use memory::Memory;

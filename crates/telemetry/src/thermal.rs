@@ -1,6 +1,6 @@
 //! Fans, temperatures and the thermal state. Linux reads sysfs (`/sys/class/hwmon/*/fanN_input`,
-//! `tempN_input`, `/sys/class/thermal/thermal_zone*/temp`); macOS asks the OS for its thermal
-//! state. What a machine does not expose stays empty or `None`: these VMs have neither fans nor
+//! `tempN_input`, `/sys/class/thermal/thermal_zone*/temp`); macOS reads fan speeds from the SMC
+//! ([`crate::smc`]) and asks the OS for its thermal state. What a machine does not expose stays empty or `None`: these VMs have neither fans nor
 //! sensors, and the UI says "not available".
 
 use std::path::Path;
@@ -37,7 +37,8 @@ impl Thermal {
 pub fn read() -> Thermal {
     #[cfg(target_os = "macos")]
     {
-        Thermal { fans: vec![], temperatures: vec![], state: macos::thermal_state() }
+        let fans = crate::smc::iokit::Smc::open().map(|smc| crate::smc::read_fans(|key| smc.read_key(key))).unwrap_or_default();
+        Thermal { fans, temperatures: vec![], state: macos::thermal_state() }
     }
     #[cfg(not(target_os = "macos"))]
     {

@@ -8,7 +8,9 @@ const $ = (id) => document.getElementById(id);
 const API = window.__FERRITE_API__ || "";
 // Present only inside the app (Tauri), for what a browser cannot do: the native folder picker.
 const tauri = window.__TAURI__ && window.__TAURI__.core;
-const history = []; // [seconds, tokens/s] over the last five minutes
+const history = []; // [seconds, decode tokens/s] over the last five minutes
+const prefills = []; // [seconds, prompt tokens/s] of each request that finished then
+let lastRequest = "";
 const WINDOW_S = 300;
 
 function bytes(n) {
@@ -31,17 +33,27 @@ function drawChart() {
   g.clearRect(0, 0, w, h);
   if (history.length < 2) return;
   const now = history[history.length - 1][0];
+  const x = (t) => w - ((now - t) / WINDOW_S) * w;
+  // Decode: a line on the left scale.
   const max = Math.max(1, ...history.map((p) => p[1]));
   g.strokeStyle = getComputedStyle(document.documentElement).getPropertyValue("--accent");
   g.lineWidth = 2;
   g.beginPath();
   history.forEach(([t, v], i) => {
-    const x = w - ((now - t) / WINDOW_S) * w, y = h - (v / max) * (h - 10) - 5;
-    i ? g.lineTo(x, y) : g.moveTo(x, y);
+    const y = h - (v / max) * (h - 10) - 5;
+    i ? g.lineTo(x(t), y) : g.moveTo(x(t), y);
   });
   g.stroke();
-  g.fillStyle = getComputedStyle(document.documentElement).getPropertyValue("--muted");
-  g.fillText(max.toFixed(0) + " tok/s", 4, 12);
+  const muted = getComputedStyle(document.documentElement).getPropertyValue("--muted");
+  g.fillStyle = muted;
+  g.fillText(max.toFixed(0) + " decode tok/s", 4, 12);
+  // Prefill: a dot per finished request on the right scale (it runs 10-100x faster).
+  if (prefills.length) {
+    const pmax = Math.max(1, ...prefills.map((p) => p[1]));
+    prefills.forEach(([t, v]) => { g.beginPath(); g.arc(x(t), h - (v / pmax) * (h - 10) - 5, 3, 0, 2 * Math.PI); g.fill(); });
+    const label = "● " + pmax.toFixed(0) + " prefill tok/s";
+    g.fillText(label, w - g.measureText(label).width - 4, 12);
+  }
 }
 
 function pressure(m) {
@@ -187,6 +199,10 @@ function onUpdate(u) {
   const t = Date.now() / 1000;
   history.push([t, u.tokens_per_s_now]);
   while (history.length && t - history[0][0] > WINDOW_S) history.shift();
+  const key = `${u.last.last_ttft_ms}/${u.last.last_decode_tps}`;
+  if (u.last.last_prompt_tps > 0 && key !== lastRequest && lastRequest) prefills.push([t, u.last.last_prompt_tps]);
+  lastRequest = key;
+  while (prefills.length && t - prefills[0][0] > WINDOW_S) prefills.shift();
   drawChart();
   const last = u.last;
   if (last.last_decode_tps > 0) {

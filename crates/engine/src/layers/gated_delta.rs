@@ -75,8 +75,8 @@ impl GatedDeltaNet {
             ),
         };
 
-        if s == 1 && !state.record && self.norm.eps == DECODE_NORM_EPS {
-            return self.decode_step(&qkv, &z, &beta_logits, &a, state);
+        if s < CHUNKED_FROM && self.norm.eps == DECODE_NORM_EPS {
+            return self.short_step(&qkv, &z, &beta_logits, &a, state);
         }
 
         // Causal depthwise conv over the cached tail plus the new positions.
@@ -137,12 +137,14 @@ impl GatedDeltaNet {
 }
 
 impl GatedDeltaNet {
-    /// One decoded position: everything between the input projections and the output
-    /// projection as one compiled graph (the same operations as the general path, fused by
-    /// MLX), so a decode step builds and dispatches a handful of primitives per layer instead
-    /// of dozens: at decode the host's graph work, not the arithmetic, sets the pace.
-    fn decode_step(&self, qkv: &Array, z: &Array, beta_logits: &Array, a: &Array, state: &mut LinearState) -> Result<Array> {
-        let b = qkv.dim(0);
+    /// A few positions (a decode step, a verify pass, a short prompt): everything between the
+    /// input projections and the output projection as one compiled graph (the same
+    /// operations as the general path, fused by MLX), so a step builds and dispatches a
+    /// handful of primitives per layer instead of dozens: at decode the host's graph work,
+    /// not the arithmetic, sets the pace. Recording (verify passes) also returns the conv
+    /// window and the state after every position, for a rollback.
+    fn short_step(&self, qkv: &Array, z: &Array, beta_logits: &Array, a: &Array, state: &mut LinearState) -> Result<Array> {
+        let (b, s) = (qkv.dim(0), qkv.dim(1));
         let tail = match state.conv.take() {
             Some(t) => t,
             None => ops::zeros_dtype(&[b, self.kernel - 1, qkv.dim(-1)], qkv.dtype())?,
@@ -163,42 +165,62 @@ impl GatedDeltaNet {
             self.dt_bias.clone(),
             self.norm.weight.clone(),
         ];
-        let mut out = DECODE_CORE.with_borrow_mut(|f| f(&args))?;
-        let (Some(next), Some(tail), Some(y)) = (out.pop(), out.pop(), out.pop()) else {
-            return Err(Exception::custom("the decode step returned fewer than three arrays").into());
+        let out = if state.record { VERIFY_CORE.with_borrow_mut(|f| f(&args))? } else { DECODE_CORE.with_borrow_mut(|f| f(&args))? };
+        let mut out = out.into_iter();
+        let (Some(y), Some(tail)) = (out.next(), out.next()) else {
+            return Err(Exception::custom("the short step returned too few arrays").into());
         };
         state.conv = Some(tail);
-        state.recurrent = Some(next);
-        state.offset += 1;
+        if state.record {
+            state.conv_window = out.next();
+        }
+        let mut states: Vec<Array> = out.collect();
+        state.recurrent = states.last().cloned();
+        if state.recurrent.is_none() {
+            return Err(Exception::custom("the short step returned no state").into());
+        }
+        if state.record {
+            state.steps = std::mem::take(&mut states);
+        }
+        state.offset += s;
         self.out_proj.forward(&y)
     }
 }
 
-/// The z-gated norm's epsilon the compiled decode step is traced with (Qwen3-Next's and
+/// The z-gated norm's epsilon the compiled short steps are traced with (Qwen3-Next's and
 /// Qwen3.5's `rms_norm_eps`); a model with another takes the general path.
 const DECODE_NORM_EPS: f32 = 1e-6;
 
-/// One position of the layer between its projections. Every size comes from the inputs'
-/// shapes, so one compiled function serves every layer and model (MLX traces again for new
-/// shapes): conv [C, K, 1] gives the channels and kernel, a_log [Hv] the value heads, the
-/// norm weight [Dv] the value dims, the state [B, Hv, Dv, Dk] the key dims, and the channels
-/// (2 Hk Dk + Hv Dv) the key heads.
 fn decode_core_graph(args: &[Array]) -> std::result::Result<Vec<Array>, Exception> {
+    short_core(args, false)
+}
+
+fn verify_core_graph(args: &[Array]) -> std::result::Result<Vec<Array>, Exception> {
+    short_core(args, true)
+}
+
+/// A few positions of the layer between its projections: [y, conv tail, (conv window, the
+/// state after each position) or (the final state)]. Every size comes from the inputs'
+/// shapes, so one compiled function serves every layer and model (MLX traces again for new
+/// shapes): conv [C, K, 1] gives the channels, a_log [Hv] the value heads, the norm weight
+/// [Dv] the value dims, the state [B, Hv, Dv, Dk] the key dims, and the channels
+/// (2 Hk Dk + Hv Dv) the key heads.
+fn short_core(args: &[Array], record: bool) -> std::result::Result<Vec<Array>, Exception> {
     let [qkv, z, beta_logits, a, tail, recurrent, conv_weight, a_log, dt_bias, norm_weight] = args else {
-        return Err(Exception::custom("the decode step takes 10 arrays"));
+        return Err(Exception::custom("the short step takes 10 arrays"));
     };
-    let b = qkv.dim(0);
+    let (b, s) = (qkv.dim(0), qkv.dim(1));
     let (channels, nv, dv, dk) = (conv_weight.dim(0), a_log.dim(0), norm_weight.dim(0), recurrent.dim(-1));
     let nk = (channels - nv * dv) / (2 * dk);
     let key_dim = nk * dk;
     let conv_input = ops::concatenate(&[tail, qkv], 1)?;
-    let new_tail = conv_input.index((.., 1.., ..));
+    let new_tail = conv_input.index((.., s.., ..));
     let conv = ops::conv1d(&conv_input, conv_weight, 1, 0, 1, channels)?;
     let conv = conv.multiply(ops::sigmoid(&conv)?)?;
     let p = conv.split_at_indices(&[key_dim, 2 * key_dim], -1)?;
-    let q = p[0].reshape(&[b, 1, nk, dk])?;
-    let k = p[1].reshape(&[b, 1, nk, dk])?;
-    let v = p[2].reshape(&[b, 1, nv, dv])?;
+    let q = p[0].reshape(&[b, s, nk, dk])?;
+    let k = p[1].reshape(&[b, s, nk, dk])?;
+    let v = p[2].reshape(&[b, s, nv, dv])?;
     let inv_scale = (dk as f64).powf(-0.5);
     let rms_eps = (1e-6 * inv_scale * inv_scale) as f32;
     let q = fast::rms_norm(&q, None, rms_eps)?;
@@ -212,15 +234,32 @@ fn decode_core_graph(args: &[Array]) -> std::result::Result<Vec<Array>, Exceptio
     } else {
         (q, k)
     };
-    let at = |x: &Array| x.index((.., 0));
-    let mut step = delta_step_graph(&[at(&q), at(&k), at(&v), at(&g), at(&beta), recurrent.clone()])?;
-    let (Some(state), Some(y)) = (step.pop(), step.pop()) else {
-        return Err(Exception::custom("the delta step returned fewer than two arrays"));
-    };
-    let y = ops::expand_dims(&y, 1)?;
+    let mut state = recurrent.clone();
+    let mut ys = Vec::with_capacity(s as usize);
+    let mut states = Vec::new();
+    for t in 0..s {
+        let at = |x: &Array| x.index((.., t));
+        let mut step = delta_step_graph(&[at(&q), at(&k), at(&v), at(&g), at(&beta), state])?;
+        let (Some(next), Some(y)) = (step.pop(), step.pop()) else {
+            return Err(Exception::custom("the delta step returned fewer than two arrays"));
+        };
+        state = next;
+        ys.push(y);
+        if record {
+            states.push(state.clone());
+        }
+    }
+    let y = ops::stack(&ys, 1)?;
     let normed = fast::rms_norm(&y, Some(norm_weight), DECODE_NORM_EPS)?;
     let out = gated_norm_graph((&y, z, &normed))?;
-    Ok(vec![out.reshape(&[b, 1, -1])?, new_tail, state])
+    let mut outputs = vec![out.reshape(&[b, s, -1])?, new_tail];
+    if record {
+        outputs.push(conv_input);
+        outputs.extend(states);
+    } else {
+        outputs.push(state);
+    }
+    Ok(outputs)
 }
 
 /// Runs the recurrence over the sequence: y [B, T, Hv, Dv] and the states after each
@@ -261,8 +300,10 @@ thread_local! {
     static GATED_NORM: RefCell<Unary3> = RefCell::new(Box::new(compile(gated_norm_graph, true)));
     /// One position of the delta rule, as mlx-lm's `_gated_delta_step_ops`.
     static DELTA_STEP: RefCell<Step> = RefCell::new(Box::new(compile(delta_step_graph, false)));
-    /// A whole decoded position between the projections ([`GatedDeltaNet::decode_step`]).
+    /// A few positions between the projections ([`GatedDeltaNet::short_step`]): final state
+    /// only, or (verify passes) every position's state and the conv window.
     static DECODE_CORE: RefCell<Step> = RefCell::new(Box::new(compile(decode_core_graph, false)));
+    static VERIFY_CORE: RefCell<Step> = RefCell::new(Box::new(compile(verify_core_graph, false)));
 }
 
 fn decay_graph((a_log, a, dt_bias): (&Array, &Array, &Array)) -> std::result::Result<Array, Exception> {

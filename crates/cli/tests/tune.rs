@@ -64,7 +64,7 @@ fn tune_stores_shows_serves_and_survives_a_corrupt_file() {
     };
     let _ = server.kill();
     let _ = server.wait();
-    assert!(status.contains("\"draft_depth\":0") && status.contains("tuned ("), "{status}");
+    assert!(status.contains("\"draft_depth\":0") && status.contains("tuned 20"), "{status}");
 
     std::fs::write(config.join("tuning.json"), "{ broken").unwrap();
     let show = ferrite(&config).args(["tune", "--show"]).output().unwrap();

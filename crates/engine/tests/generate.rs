@@ -169,13 +169,18 @@ fn chat_template_renders_tools_calls_and_results() {
     assert!(text.contains("<|im_start|>user\n<tool_response>\nfn main() {}\n</tool_response><|im_end|>\n<|im_start|>assistant\n"), "{text}");
 }
 
+/// A tiny Qwen3.5-style hybrid with an MTP head, in f32.
+fn hybrid_with_mtp() -> tempfile::TempDir {
+    let mut o = common::options(Arch::Qwen35, "tiny", None, 64, Dtype::Float32);
+    o.mtp = true;
+    common::make(&o)
+}
+
 #[test]
 fn profiles_change_knobs_not_answers() {
     // Turbo warms up at load (plain and speculative) and prefills in bigger chunks; the
     // tokens it produces are the Sustained profile's.
-    let mut o = common::options(Arch::Qwen35, "tiny", None, 64, Dtype::Float32);
-    o.mtp = true;
-    let d = common::make(&o);
+    let d = hybrid_with_mtp();
     let sustained = Engine::load(d.path()).unwrap();
     let turbo = Engine::load_with(d.path(), engine::Profile::named(engine::ProfileName::Turbo)).unwrap();
     assert_eq!(sustained.prefill_chunk, 2048);
@@ -192,9 +197,7 @@ fn profiles_change_knobs_not_answers() {
 
 #[test]
 fn tuning_reports_progress_and_stops_when_asked() {
-    let mut o = common::options(Arch::Qwen35, "tiny", None, 64, Dtype::Float32);
-    o.mtp = true;
-    let d = common::make(&o);
+    let d = hybrid_with_mtp();
     let e = Engine::load(d.path()).unwrap();
     let options = engine::tune::TuneOptions { gen_tokens: 4, reps: 2, prompts: 1, temperatures: vec![0.0], ..Default::default() };
     let mut seen = Vec::new();

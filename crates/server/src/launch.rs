@@ -47,7 +47,7 @@ pub fn stored_depth(dir: &Path, profile: ProfileName) -> (usize, String) {
         tracing::warn!("{w}");
     }
     match file.find(&tuning_key(dir, profile)) {
-        Some(r) => (r.depth, format!("tuned ({}; `ferrite tune --show`)", r.why)),
+        Some(r) => (r.depth, format!("tuned {} ({}; `ferrite tune --show`)", date(r.measured_at), r.why)),
         None => (0, "untuned: plain decoding (`ferrite tune` measures this machine)".into()),
     }
 }
@@ -102,4 +102,20 @@ pub fn judge_and_store(
         file.replace(result).map_err(|e| anyhow::anyhow!("{}: {e}", file.path.display()))?;
     }
     Ok((verdict, file.path))
+}
+
+/// A Unix time as its UTC date, `YYYY-MM-DD`.
+pub fn date(unix_seconds: u64) -> String {
+    chrono::DateTime::from_timestamp(unix_seconds as i64, 0).map(|d| d.format("%Y-%m-%d").to_string()).unwrap_or_else(|| "an unknown date".into())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn dates_are_utc_calendar_days() {
+        assert_eq!(super::date(0), "1970-01-01");
+        assert_eq!(super::date(951_782_400), "2000-02-29");
+        assert_eq!(super::date(1_796_083_200), "2026-12-01");
+        assert_eq!(super::date(1_796_083_199), "2026-11-30");
+    }
 }

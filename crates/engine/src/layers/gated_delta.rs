@@ -47,15 +47,14 @@ pub struct GatedDeltaNet {
 pub const CHUNKED_FROM: i32 = 64;
 
 /// A Python-style scalar: takes the dtype of the array it meets.
-fn scalar(v: f64, like: &Array) -> Result<Array> {
-    Ok(Array::from_f32(v as f32).as_dtype(like.dtype())?)
+fn scalar(v: f64, like: &Array) -> std::result::Result<Array, Exception> {
+    Array::from_f32(v as f32).as_dtype(like.dtype())
 }
 
 impl GatedDeltaNet {
     pub fn forward(&self, x: &Array, state: &mut LinearState) -> Result<Array> {
         let (b, s) = (x.dim(0), x.dim(1));
         let (nk, nv, dk, dv) = (self.num_k_heads, self.num_v_heads, self.head_k_dim, self.head_v_dim);
-        let key_dim = nk * dk;
         let (qkv, z, beta_logits, a) = match &self.inputs {
             DeltaInputs::Fused { qkvz, ba } => {
                 let r = nv / nk;
@@ -92,20 +91,7 @@ impl GatedDeltaNet {
         if state.record {
             state.conv_window = Some(conv_input.clone());
         }
-        let conv = ops::conv1d(&conv_input, &self.conv_weight, 1, 0, 1, channels)?;
-        let conv = conv.multiply(ops::sigmoid(&conv)?)?;
-        let p = conv.split_at_indices(&[key_dim, 2 * key_dim], -1)?;
-        let q = p[0].reshape(&[b, s, nk, dk])?;
-        let k = p[1].reshape(&[b, s, nk, dk])?;
-        let v = p[2].reshape(&[b, s, nv, dv])?;
-
-        // L2-normalise q and k, folding the dk^-0.5 readout scale into q.
-        let inv_scale = (dk as f64).powf(-0.5);
-        let rms_eps = (1e-6 * inv_scale * inv_scale) as f32;
-        let q = fast::rms_norm(&q, None, rms_eps)?;
-        let q = scalar(inv_scale * inv_scale, &q)?.multiply(&q)?;
-        let k = fast::rms_norm(&k, None, rms_eps)?;
-        let k = scalar(inv_scale, &k)?.multiply(&k)?;
+        let (q, k, v) = conv_qkv(&conv_input, &self.conv_weight, s, [nk, dk, nv, dv])?;
 
         let beta = ops::sigmoid(&beta_logits)?;
         let g = DECAY.with_borrow_mut(|f| f((&self.a_log, &a, &self.dt_bias)))?;
@@ -212,21 +198,9 @@ fn short_core(args: &[Array], record: bool) -> std::result::Result<Vec<Array>, E
     let (b, s) = (qkv.dim(0), qkv.dim(1));
     let (channels, nv, dv, dk) = (conv_weight.dim(0), a_log.dim(0), norm_weight.dim(0), recurrent.dim(-1));
     let nk = (channels - nv * dv) / (2 * dk);
-    let key_dim = nk * dk;
     let conv_input = ops::concatenate(&[tail, qkv], 1)?;
     let new_tail = conv_input.index((.., s.., ..));
-    let conv = ops::conv1d(&conv_input, conv_weight, 1, 0, 1, channels)?;
-    let conv = conv.multiply(ops::sigmoid(&conv)?)?;
-    let p = conv.split_at_indices(&[key_dim, 2 * key_dim], -1)?;
-    let q = p[0].reshape(&[b, s, nk, dk])?;
-    let k = p[1].reshape(&[b, s, nk, dk])?;
-    let v = p[2].reshape(&[b, s, nv, dv])?;
-    let inv_scale = (dk as f64).powf(-0.5);
-    let rms_eps = (1e-6 * inv_scale * inv_scale) as f32;
-    let q = fast::rms_norm(&q, None, rms_eps)?;
-    let q = Array::from_f32((inv_scale * inv_scale) as f32).as_dtype(q.dtype())?.multiply(&q)?;
-    let k = fast::rms_norm(&k, None, rms_eps)?;
-    let k = Array::from_f32(inv_scale as f32).as_dtype(k.dtype())?.multiply(&k)?;
+    let (q, k, v) = conv_qkv(&conv_input, conv_weight, s, [nk, dk, nv, dv])?;
     let beta = ops::sigmoid(beta_logits)?;
     let g = decay_graph((a_log, a, dt_bias))?;
     let (q, k) = if nv > nk {
@@ -260,6 +234,28 @@ fn short_core(args: &[Array], record: bool) -> std::result::Result<Vec<Array>, E
         outputs.push(state);
     }
     Ok(outputs)
+}
+
+/// The causal depthwise conv over the cached tail and `s` new positions, SiLU, then q, k, v
+/// split into heads ([Hk, Dk], [Hk, Dk], [Hv, Dv]) with q and k L2-normalised and the dk^-0.5
+/// readout scale folded into q, as mlx-lm does.
+fn conv_qkv(conv_input: &Array, conv_weight: &Array, s: i32, [nk, dk, nv, dv]: [i32; 4]) -> std::result::Result<(Array, Array, Array), Exception> {
+    let b = conv_input.dim(0);
+    let channels = conv_weight.dim(0);
+    let conv = ops::conv1d(conv_input, conv_weight, 1, 0, 1, channels)?;
+    let conv = conv.multiply(ops::sigmoid(&conv)?)?;
+    let key_dim = nk * dk;
+    let p = conv.split_at_indices(&[key_dim, 2 * key_dim], -1)?;
+    let q = p[0].reshape(&[b, s, nk, dk])?;
+    let k = p[1].reshape(&[b, s, nk, dk])?;
+    let v = p[2].reshape(&[b, s, nv, dv])?;
+    let inv_scale = (dk as f64).powf(-0.5);
+    let rms_eps = (1e-6 * inv_scale * inv_scale) as f32;
+    let q = fast::rms_norm(&q, None, rms_eps)?;
+    let q = scalar(inv_scale * inv_scale, &q)?.multiply(&q)?;
+    let k = fast::rms_norm(&k, None, rms_eps)?;
+    let k = scalar(inv_scale, &k)?.multiply(&k)?;
+    Ok((q, k, v))
 }
 
 /// Runs the recurrence over the sequence: y [B, T, Hv, Dv] and the states after each

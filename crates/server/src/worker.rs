@@ -65,6 +65,8 @@ pub struct Worker {
     jobs: std::sync::Mutex<Option<mpsc::Sender<Message>>>,
     /// The running job's cancel token (so shutdown can stop it).
     current: Arc<std::sync::Mutex<Option<CancelToken>>>,
+    /// Set by shutdown: a running tune stops at its next run instead of outliving the server.
+    stopping: Arc<AtomicBool>,
     thread: std::sync::Mutex<Option<std::thread::JoinHandle<()>>>,
     pub queue_depth: Arc<AtomicUsize>,
     pub info: ModelInfo,
@@ -103,9 +105,10 @@ pub struct TuneJob {
     pub reply: tokio::sync::oneshot::Sender<Result<engine::tune::Measurement, String>>,
 }
 
-fn run_tune(engine: &Engine, tune: &mut TuneJob) -> Result<engine::tune::Measurement, String> {
+fn run_tune(engine: &Engine, tune: &mut TuneJob, stopping: &AtomicBool) -> Result<engine::tune::Measurement, String> {
     let mut busy = telemetry::machine::BusyCheck::new(tune.busy_percent);
-    engine::tune::measure(engine, &tune.options, || busy.check(), &mut tune.progress).map_err(|e| e.to_string())
+    let progress = |p: &engine::tune::Progress| !stopping.load(Ordering::SeqCst) && (tune.progress)(p);
+    engine::tune::measure(engine, &tune.options, || busy.check(), progress).map_err(|e| e.to_string())
 }
 
 /// What the engine thread receives, in order.
@@ -186,6 +189,8 @@ impl Worker {
         let recorder = metrics.clone();
         let current: Arc<std::sync::Mutex<Option<CancelToken>>> = Default::default();
         let running = current.clone();
+        let stopping = Arc::new(AtomicBool::new(false));
+        let stop_tune = stopping.clone();
         let thread = std::thread::Builder::new().name("ferrite-engine".into()).spawn(move || {
             let engine = match Engine::load_with(&dir, profile.clone()) {
                 Ok(e) => e,
@@ -253,7 +258,7 @@ impl Worker {
                     }
                     Message::Tune(mut tune) => {
                         let result = reload(&mut engine).and_then(|()| match &engine {
-                            Some(e) => run_tune(e, &mut tune),
+                            Some(e) => run_tune(e, &mut tune, &stop_tune),
                             None => Err("the model is not loaded".into()),
                         });
                         let _ = tune.reply.send(result);
@@ -283,6 +288,7 @@ impl Worker {
         Ok(Worker {
             jobs: std::sync::Mutex::new(Some(jobs)),
             current,
+            stopping,
             thread: std::sync::Mutex::new(Some(thread)),
             queue_depth,
             info,
@@ -327,6 +333,7 @@ impl Worker {
         if let Ok(mut jobs) = self.jobs.lock() {
             jobs.take();
         }
+        self.stopping.store(true, Ordering::SeqCst);
         if let Some(cancel) = self.current.lock().ok().and_then(|c| c.clone()) {
             cancel.cancel();
         }

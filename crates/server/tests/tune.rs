@@ -78,3 +78,22 @@ async fn a_cancelled_tune_stores_nothing() {
     assert_eq!(code, 400);
     assert!(v["error"]["message"].as_str().unwrap().contains("repetitions"), "{v}");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_stopping_server_stops_its_tune() {
+    let config = tempfile::tempdir().unwrap();
+    let dir = config.path().to_path_buf();
+    let s = start_hybrid(move |state| state.store.config_dir = Some(dir)).await;
+    let (code, _) = post(&s, "/v1/tune", &json!({"tokens": 64, "reps": 20})).await;
+    assert_eq!(code, 202);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The engine thread must end soon (a tune of minutes must not keep MLX busy while the
+    // process exits).
+    let worker = s.state.loaded().worker.clone();
+    let started = std::time::Instant::now();
+    tokio::task::spawn_blocking(move || worker.shutdown(Duration::from_secs(30))).await.unwrap();
+    assert!(started.elapsed() < Duration::from_secs(10), "shutdown took {:?}", started.elapsed());
+    let done = wait_for_end(&s).await.pop().unwrap();
+    assert!(done["error"].as_str().unwrap().contains("cancelled"), "{done}");
+    assert!(!config.path().join("tuning.json").exists());
+}

@@ -36,6 +36,7 @@ test:
 	@scripts/setup.sh --tests
 	$(CARGO) test --workspace --all-targets
 	$(CARGO) build -p ferrite-cli
+	$(CARGO) build -p ferrite-store --example test_hub
 	tests/app/window.sh
 	third_party/venv/bin/python -m pytest tests/sdk -q
 	@if [ -d tests/ui/node_modules/playwright-core ]; then cd tests/ui && node --test ui.test.mjs; \

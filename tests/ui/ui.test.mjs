@@ -6,7 +6,7 @@
 import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
 import { spawn, execFileSync } from "node:child_process";
-import { mkdtempSync, mkdirSync, rmSync, writeFileSync } from "node:fs";
+import { existsSync, mkdtempSync, mkdirSync, rmSync, writeFileSync } from "node:fs";
 import { createInterface } from "node:readline";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -26,6 +26,7 @@ let server, hub, browser, page;
 // The local hub: publishes a project-made hybrid as `ferrite-test/tiny-hybrid`, 16 KiB every
 // 40 ms (so the page has progress to show); its first line is its address.
 async function startHub() {
+  if (!existsSync(testHub)) throw new Error(`no ${testHub}: cargo build -p ferrite-store --example test_hub (make test does)`);
   // Run outside cargo, the example finds the MLX wheel's libmlx.so (Linux) through this path.
   const libs = [join(root, "third_party/mlx-cpu/mlx/lib"), process.env.LD_LIBRARY_PATH].filter(Boolean).join(":");
   hub = spawn(testHub, ["ferrite-test/tiny-hybrid", "40"], { stdio: ["ignore", "pipe", "inherit"], env: { ...process.env, LD_LIBRARY_PATH: libs } });

@@ -39,6 +39,46 @@ impl Linear {
     }
 }
 
+impl Linear {
+    /// Two projections of the same input as one matrix (the rows of `a`, then those of `b`),
+    /// when they are stored alike: dense in one dtype, or quantized with one spec, and
+    /// without biases. One matmul per step instead of two gives the same numbers with one
+    /// dispatch less. Evaluated at once, so the two originals can go.
+    pub fn join_rows(a: &Linear, b: &Linear) -> Result<Option<Linear>> {
+        let joined = match (a, b) {
+            (Linear::Dense { weight: wa, bias: None }, Linear::Dense { weight: wb, bias: None }) if wa.dtype() == wb.dtype() => {
+                Linear::Dense { weight: ops::concatenate(&[wa, wb], 0)?, bias: None }
+            }
+            (Linear::Quantized { packed: pa, bias: None }, Linear::Quantized { packed: pb, bias: None }) if pa.spec == pb.spec => {
+                Linear::Quantized { packed: pa.join(pb, 0)?, bias: None }
+            }
+            _ => return Ok(None),
+        };
+        match &joined {
+            Linear::Dense { weight, .. } => weight.eval()?,
+            Linear::Quantized { packed, .. } => packed.eval()?,
+        }
+        Ok(Some(joined))
+    }
+}
+
+impl Packed {
+    /// Both matrices' rows along `axis` (the output axis), same spec.
+    pub fn join(&self, other: &Packed, axis: i32) -> Result<Packed> {
+        Ok(Packed {
+            weight: ops::concatenate(&[&self.weight, &other.weight], axis)?,
+            scales: ops::concatenate(&[&self.scales, &other.scales], axis)?,
+            biases: ops::concatenate(&[&self.biases, &other.biases], axis)?,
+            spec: self.spec,
+        })
+    }
+
+    pub fn eval(&self) -> Result<()> {
+        mlx_rs::transforms::eval([&self.weight, &self.scales, &self.biases])?;
+        Ok(())
+    }
+}
+
 fn quantized_matmul(x: &Array, p: &Packed) -> Result<Array> {
     Ok(ops::quantized_matmul(
         x,

@@ -17,7 +17,7 @@ pub use block::{DecoderLayer, FeedForward, Mixer};
 pub use gated_delta::GatedDeltaNet;
 pub use linear::{Embedding, Linear};
 pub use loader::Loader;
-pub use mlp::Mlp;
+pub use mlp::{GateUp, Mlp};
 pub use moe::SparseMoe;
 pub use norm::RmsNorm;
 

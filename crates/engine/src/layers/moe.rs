@@ -43,14 +43,50 @@ impl SwitchLinear {
     }
 }
 
+impl SwitchLinear {
+    /// Two projections of every expert as one (each expert's `a` rows, then its `b` rows),
+    /// when they are stored alike; evaluated at once so the originals can go.
+    pub fn join_rows(a: &SwitchLinear, b: &SwitchLinear) -> Result<Option<SwitchLinear>> {
+        let joined = match (a, b) {
+            (SwitchLinear::Dense { weight: wa }, SwitchLinear::Dense { weight: wb }) if wa.dtype() == wb.dtype() => {
+                SwitchLinear::Dense { weight: ops::concatenate(&[wa, wb], 1)? }
+            }
+            (SwitchLinear::Quantized { packed: pa }, SwitchLinear::Quantized { packed: pb }) if pa.spec == pb.spec => {
+                SwitchLinear::Quantized { packed: pa.join(pb, 1)? }
+            }
+            _ => return Ok(None),
+        };
+        match &joined {
+            SwitchLinear::Dense { weight } => weight.eval()?,
+            SwitchLinear::Quantized { packed } => packed.eval()?,
+        }
+        Ok(Some(joined))
+    }
+}
+
+/// The experts' gate and up projections, separate or joined (one gathered matmul per step).
+#[derive(Debug, Clone)]
+pub enum SwitchGateUp {
+    Separate { gate: SwitchLinear, up: SwitchLinear },
+    Joined { both: SwitchLinear, hidden: i32 },
+}
+
 #[derive(Debug, Clone)]
 pub struct SwitchGlu {
-    pub gate_proj: SwitchLinear,
-    pub up_proj: SwitchLinear,
+    pub gate_up: SwitchGateUp,
     pub down_proj: SwitchLinear,
 }
 
 impl SwitchGlu {
+    /// Joins gate and up when they are stored alike (`hidden`: the experts' width).
+    pub fn new(gate: SwitchLinear, up: SwitchLinear, down_proj: SwitchLinear, hidden: i32) -> Result<SwitchGlu> {
+        let gate_up = match SwitchLinear::join_rows(&gate, &up)? {
+            Some(both) => SwitchGateUp::Joined { both, hidden },
+            None => SwitchGateUp::Separate { gate, up },
+        };
+        Ok(SwitchGlu { gate_up, down_proj })
+    }
+
     /// `x`: [B, L, D], `indices`: [B, L, K] → [B, L, K, D].
     pub fn forward(&self, x: &Array, indices: &Array) -> Result<Array> {
         let x = ops::expand_dims_axes(x, &[-2, -3])?;
@@ -68,8 +104,13 @@ impl SwitchGlu {
         } else {
             (x, indices.clone(), None)
         };
-        let up = self.up_proj.forward(&x, &idx, sort)?;
-        let gate = self.gate_proj.forward(&x, &idx, sort)?;
+        let (gate, up) = match &self.gate_up {
+            SwitchGateUp::Separate { gate, up } => (gate.forward(&x, &idx, sort)?, up.forward(&x, &idx, sort)?),
+            SwitchGateUp::Joined { both, hidden } => {
+                let parts = both.forward(&x, &idx, sort)?.split_at_indices(&[*hidden], -1)?;
+                (parts[0].clone(), parts[1].clone())
+            }
+        };
         let mut y = self.down_proj.forward(&swiglu(&gate, &up)?, &idx, sort)?;
         if let Some(inverse) = inverse {
             y = ops::unflatten(y.take_axis(&inverse, 0)?, 0, indices.shape())?;

@@ -90,11 +90,12 @@ fn feed_forward(c: &ModelConfig, ld: &mut Loader, i: i32, p: &str) -> Result<Fee
     }
     let (e, mi) = (c.num_experts, c.moe_intermediate_size);
     super::qwen3_moe::stack_expert_layouts(ld, p, e)?;
-    let experts = SwitchGlu {
-        gate_proj: ld.switch_linear(&format!("{p}.switch_mlp.gate_proj"), e, h, mi)?,
-        up_proj: ld.switch_linear(&format!("{p}.switch_mlp.up_proj"), e, h, mi)?,
-        down_proj: ld.switch_linear(&format!("{p}.switch_mlp.down_proj"), e, mi, h)?,
-    };
+    let experts = SwitchGlu::new(
+        ld.switch_linear(&format!("{p}.switch_mlp.gate_proj"), e, h, mi)?,
+        ld.switch_linear(&format!("{p}.switch_mlp.up_proj"), e, h, mi)?,
+        ld.switch_linear(&format!("{p}.switch_mlp.down_proj"), e, mi, h)?,
+        mi,
+    )?;
     let shared = if c.shared_expert_intermediate_size > 0 {
         Some(SharedExpert {
             mlp: qwen3::mlp(ld, &format!("{p}.shared_expert"), h, c.shared_expert_intermediate_size)?,

@@ -4,7 +4,7 @@ use super::transformer::attention;
 use super::Transformer;
 use crate::config::ModelConfig;
 use crate::error::Result;
-use crate::layers::{FeedForward, Loader, Mixer, Mlp};
+use crate::layers::{FeedForward, GateUp, Loader, Mixer, Mlp};
 
 pub fn build(config: &ModelConfig, ld: &mut Loader) -> Result<Transformer> {
     Transformer::build(config, ld, |ld, _, p| Ok(Mixer::Attention(attention(config, ld, p, false)?)), |ld, _, p| {
@@ -14,9 +14,7 @@ pub fn build(config: &ModelConfig, ld: &mut Loader) -> Result<Transformer> {
 }
 
 pub fn mlp(ld: &mut Loader, path: &str, dim: i32, hidden: i32) -> Result<Mlp> {
-    Ok(Mlp {
-        gate_proj: ld.linear(&format!("{path}.gate_proj"), dim, hidden, false)?,
-        up_proj: ld.linear(&format!("{path}.up_proj"), dim, hidden, false)?,
-        down_proj: ld.linear(&format!("{path}.down_proj"), hidden, dim, false)?,
-    })
+    let gate = ld.linear(&format!("{path}.gate_proj"), dim, hidden, false)?;
+    let up = ld.linear(&format!("{path}.up_proj"), dim, hidden, false)?;
+    Ok(Mlp { gate_up: GateUp::new(gate, up, hidden)?, down_proj: ld.linear(&format!("{path}.down_proj"), hidden, dim, false)? })
 }

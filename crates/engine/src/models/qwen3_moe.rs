@@ -23,11 +23,12 @@ pub fn build(config: &ModelConfig, ld: &mut Loader) -> Result<Transformer> {
         }
         let (e, dim, hidden) = (c.num_experts, c.hidden_size, c.moe_intermediate_size);
         stack_expert_layouts(ld, path, e)?;
-        let experts = SwitchGlu {
-            gate_proj: ld.switch_linear(&format!("{path}.switch_mlp.gate_proj"), e, dim, hidden)?,
-            up_proj: ld.switch_linear(&format!("{path}.switch_mlp.up_proj"), e, dim, hidden)?,
-            down_proj: ld.switch_linear(&format!("{path}.switch_mlp.down_proj"), e, hidden, dim)?,
-        };
+        let experts = SwitchGlu::new(
+            ld.switch_linear(&format!("{path}.switch_mlp.gate_proj"), e, dim, hidden)?,
+            ld.switch_linear(&format!("{path}.switch_mlp.up_proj"), e, dim, hidden)?,
+            ld.switch_linear(&format!("{path}.switch_mlp.down_proj"), e, hidden, dim)?,
+            hidden,
+        )?;
         Ok(FeedForward::Moe(Box::new(SparseMoe {
             gate: ld.linear(&format!("{path}.gate"), dim, e, false)?,
             experts,

@@ -57,14 +57,20 @@ async fn a_tune_reports_progress_stores_and_takes_effect() {
     assert!(status["draft_depth_source"].as_str().unwrap().starts_with("tuned just now"), "{status}");
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn a_cancelled_tune_stores_nothing() {
+/// A server with its own config folder, a tune of minutes started on it a moment ago.
+async fn a_long_tune_running() -> (tempfile::TempDir, Server) {
     let config = tempfile::tempdir().unwrap();
     let dir = config.path().to_path_buf();
     let s = start_hybrid(move |state| state.store.config_dir = Some(dir)).await;
     let (code, _) = post(&s, "/v1/tune", &json!({"tokens": 64, "reps": 20})).await;
     assert_eq!(code, 202);
     tokio::time::sleep(Duration::from_millis(300)).await;
+    (config, s)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_cancelled_tune_stores_nothing() {
+    let (config, s) = a_long_tune_running().await;
     let (code, v) = post(&s, "/v1/tune/cancel", &json!({})).await;
     assert_eq!((code, &v["cancelled"]), (200, &json!(true)), "{v}");
     let done = wait_for_end(&s).await.pop().unwrap();
@@ -81,12 +87,7 @@ async fn a_cancelled_tune_stores_nothing() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_stopping_server_stops_its_tune() {
-    let config = tempfile::tempdir().unwrap();
-    let dir = config.path().to_path_buf();
-    let s = start_hybrid(move |state| state.store.config_dir = Some(dir)).await;
-    let (code, _) = post(&s, "/v1/tune", &json!({"tokens": 64, "reps": 20})).await;
-    assert_eq!(code, 202);
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (config, s) = a_long_tune_running().await;
     // The engine thread must end soon (a tune of minutes must not keep MLX busy while the
     // process exits).
     let worker = s.state.loaded().worker.clone();

@@ -9,7 +9,7 @@ use super::transformer::{attention, Transformer};
 use crate::config::{ModelConfig, Quantization};
 use crate::error::Result;
 use crate::layers::gated_delta::DeltaInputs;
-use crate::layers::moe::{SharedExpert, SwitchGlu};
+use crate::layers::moe::SharedExpert;
 use crate::layers::{DecoderLayer, FeedForward, GatedDeltaNet, Loader, Mixer, SparseMoe};
 use super::MtpHead;
 use crate::weights::Weights;
@@ -90,12 +90,7 @@ fn feed_forward(c: &ModelConfig, ld: &mut Loader, i: i32, p: &str) -> Result<Fee
     }
     let (e, mi) = (c.num_experts, c.moe_intermediate_size);
     super::qwen3_moe::stack_expert_layouts(ld, p, e)?;
-    let experts = SwitchGlu::new(
-        ld.switch_linear(&format!("{p}.switch_mlp.gate_proj"), e, h, mi)?,
-        ld.switch_linear(&format!("{p}.switch_mlp.up_proj"), e, h, mi)?,
-        ld.switch_linear(&format!("{p}.switch_mlp.down_proj"), e, mi, h)?,
-        mi,
-    )?;
+    let experts = super::qwen3_moe::switch_glu(ld, p, e, h, mi)?;
     let shared = if c.shared_expert_intermediate_size > 0 {
         Some(SharedExpert {
             mlp: qwen3::mlp(ld, &format!("{p}.shared_expert"), h, c.shared_expert_intermediate_size)?,

@@ -25,8 +25,8 @@ pub struct Ferrite {
     pub stop: Arc<tokio::sync::Notify>,
     /// Set by Quit, so background tasks stop touching the engine's state.
     pub quitting: std::sync::atomic::AtomicBool,
-    /// Set once the server has stopped and the engine thread has ended.
-    pub stopped: Arc<std::sync::Mutex<Option<tauri::async_runtime::JoinHandle<anyhow::Result<()>>>>>,
+    /// The serving task, which Quit waits for: it ends after the engine thread has.
+    pub stopped: std::sync::Mutex<Option<tauri::async_runtime::JoinHandle<anyhow::Result<()>>>>,
 }
 
 pub fn run() -> anyhow::Result<()> {
@@ -42,7 +42,7 @@ pub fn run() -> anyhow::Result<()> {
         let origins: Vec<String> = server::APP_ORIGINS.iter().map(|o| o.to_string()).collect();
         tauri::async_runtime::spawn(async move { server::serve_until(listener, state, &origins, async move { stop.notified().await }).await })
     };
-    let ferrite = Ferrite { state, api_base, stop, quitting: Default::default(), stopped: Arc::new(std::sync::Mutex::new(Some(served))) };
+    let ferrite = Ferrite { state, api_base, stop, quitting: Default::default(), stopped: std::sync::Mutex::new(Some(served)) };
     let hidden = settings.hidden;
 
     let app = builder(tauri::Builder::default(), ferrite)

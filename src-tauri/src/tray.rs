@@ -141,7 +141,5 @@ async fn refresh<R: Runtime>(app: AppHandle<R>, mut shown: MenuFacts, mut lines:
 /// The running model and whether it is in memory, without listing the models folder.
 fn running(ferrite: &Ferrite) -> MenuFacts {
     let loaded = ferrite.state.loaded();
-    let mut models = vec![];
-    models.push(loaded.worker.info.id.clone());
-    MenuFacts { models, running: loaded.worker.info.id.clone(), loaded: loaded.worker.lifecycle.loaded.load(Ordering::SeqCst) }
+    MenuFacts { models: vec![], running: loaded.worker.info.id.clone(), loaded: loaded.worker.lifecycle.loaded.load(Ordering::SeqCst) }
 }

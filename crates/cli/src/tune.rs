@@ -30,7 +30,7 @@ pub struct Args {
     #[arg(long, default_value_t = 15.0)]
     max_spread: f64,
     /// Another process using more than this share of a core (percent) makes the machine busy.
-    #[arg(long, default_value_t = 50.0)]
+    #[arg(long, default_value_t = telemetry::machine::DEFAULT_BUSY_PERCENT)]
     busy_percent: f32,
 }
 

@@ -72,11 +72,7 @@ pub async fn cancel(State(s): State<AppState>) -> Json<Value> {
 }
 
 pub async fn start(State(s): State<AppState>, body: Bytes) -> Result<(StatusCode, Json<Value>), ApiError> {
-    let request: TuneRequest = if body.is_empty() {
-        TuneRequest::default()
-    } else {
-        serde_json::from_slice(&body).map_err(|e| ApiError::bad_request(format!("tune request: {e}")))?
-    };
+    let request: TuneRequest = if body.is_empty() { TuneRequest::default() } else { crate::error::parse(&body)? };
     let defaults = TuneOptions::default();
     let options = TuneOptions {
         gen_tokens: request.tokens.unwrap_or(defaults.gen_tokens).clamp(2, 1024),
@@ -106,10 +102,11 @@ pub async fn start(State(s): State<AppState>, body: Bytes) -> Result<(StatusCode
             !cancel.load(Ordering::SeqCst)
         })
     };
-    let job = TuneJob { options: options.clone(), progress, busy_percent: request.busy_percent.unwrap_or(50.0), reply };
-    if let Err(crate::worker::JobError::Internal(e) | crate::worker::JobError::BadRequest(e)) = loaded.worker.tune(job) {
-        finish(&shared, None, None, Some(e.clone()));
-        return Err(ApiError::internal(e));
+    let job = TuneJob { options: options.clone(), progress, busy_percent: request.busy_percent.unwrap_or(telemetry::machine::DEFAULT_BUSY_PERCENT), reply };
+    if let Err(e) = loaded.worker.tune(job) {
+        let e = ApiError::from(e);
+        finish(&shared, None, None, Some(e.message.clone()));
+        return Err(e);
     }
     let state = s.clone();
     tokio::spawn(async move {

@@ -12,7 +12,7 @@ use std::io::Write;
 use std::time::Duration;
 
 #[tokio::main]
-async fn main() {
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut args = std::env::args().skip(1);
     let Some(repo) = args.next().filter(|r| r.split('/').count() == 2) else {
         eprintln!("usage: test_hub ORG/NAME [MILLISECONDS_PER_16_KIB]");
@@ -26,14 +26,15 @@ async fn main() {
             std::process::exit(2);
         }
     };
-    let source = tempfile::tempdir().expect("a temporary folder");
+    let source = tempfile::tempdir().map_err(|e| format!("test_hub: a temporary folder: {e}"))?;
     hub::checkpoint(source.path(), true, 7);
     let running = hub::start().await;
     running.hub.publish(&repo, source.path());
     if slow_ms > 0 {
-        running.hub.faults.lock().expect("faults").slow = Some(Duration::from_millis(slow_ms));
+        running.hub.faults.lock().map_err(|_| "test_hub: the fault settings are poisoned")?.slow = Some(Duration::from_millis(slow_ms));
     }
     println!("{}", running.endpoint);
-    let _ = std::io::stdout().flush();
+    std::io::stdout().flush()?;
     std::future::pending::<()>().await;
+    Ok(())
 }

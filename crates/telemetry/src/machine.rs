@@ -29,6 +29,10 @@ pub fn facts() -> MachineFacts {
     MachineFacts { cpu, cores, memory_gib, os }
 }
 
+/// Another process using more than this share of one core (percent) makes the machine too
+/// busy to measure on (the tuner's default, for the CLI and the app alike).
+pub const DEFAULT_BUSY_PERCENT: f32 = 50.0;
+
 /// Watches for other programs using the CPU: each look compares every process's CPU time
 /// with the previous look's (sysinfo's own per-process percentage reads 0 on Linux unless
 /// the machine-wide counters were refreshed in step with it; the difference of CPU times

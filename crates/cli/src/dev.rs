@@ -29,6 +29,19 @@ pub enum Command {
         #[arg(long)]
         out: PathBuf,
     },
+    /// Count the MLX operations one greedy decode step dispatches, by kind, after prompts of
+    /// the given lengths (compare: `bench/mlx_lm_ops.py` for mlx-lm on the same folder).
+    Ops {
+        /// Model folder.
+        #[arg(long)]
+        model: PathBuf,
+        /// Prompt lengths before the counted step (repeatable).
+        #[arg(long, default_values_t = [128usize])]
+        context: Vec<usize>,
+        /// One JSON object per context instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 /// The `text` of every line of a JSONL file.
@@ -71,6 +84,31 @@ fn tokenize(tokenizer: &std::path::Path, docs: &std::path::Path, out: &std::path
     Ok(())
 }
 
+fn ops(model: &std::path::Path, contexts: &[usize], json: bool) -> Result<()> {
+    use anyhow::Context;
+    let engine = engine::Engine::load(model).with_context(|| format!("loading {}", model.display()))?;
+    for &context in contexts {
+        let ops = engine::graph::decode_step_ops(&engine, context)?;
+        if json {
+            println!("{}", serde_json::json!({"engine": "ferrite", "context": context, "total": ops.total, "by_kind": ops.by_kind, "build_ms": ops.build_ms, "step_ms": ops.step_ms}));
+            continue;
+        }
+        println!(
+            "{}: one decode step after {context} tokens: {} operations; built in {:.2} ms, {:.2} ms built and run alone",
+            model.display(),
+            ops.total,
+            ops.build_ms,
+            ops.step_ms
+        );
+        let mut kinds: Vec<_> = ops.by_kind.iter().collect();
+        kinds.sort_by(|a, b| b.1.cmp(a.1).then(a.0.cmp(b.0)));
+        for (kind, n) in kinds {
+            println!("  {n:>6}  {kind}");
+        }
+    }
+    Ok(())
+}
+
 #[derive(clap::Args)]
 pub struct MakeArgs {
     /// qwen3, qwen3_moe, qwen3_next, qwen3_5 or qwen3_5_moe.
@@ -110,6 +148,7 @@ pub fn run(cmd: Command) -> Result<()> {
         Command::MakeCheckpoint(a) => a,
         Command::TrainTokenizer { docs, vocab, out } => return train_tokenizer(&docs, vocab, &out),
         Command::Tokenize { tokenizer, docs, out } => return tokenize(&tokenizer, &docs, &out),
+        Command::Ops { model, context, json } => return ops(&model, &context, json),
     };
     let dtype = match a.dtype.as_str() {
         "f32" | "float32" => Dtype::Float32,

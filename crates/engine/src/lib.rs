@@ -8,6 +8,7 @@ pub mod device;
 pub mod error;
 mod ffi;
 pub mod generate;
+pub mod graph;
 pub mod inspect;
 pub mod layers;
 pub mod models;

@@ -4,7 +4,7 @@
 use mlx_rs::fast::{self, ScaledDotProductAttentionMask};
 use mlx_rs::Array;
 
-use super::{Linear, RmsNorm};
+use super::{Linear, Projections, RmsNorm};
 use crate::cache::KvCache;
 use crate::error::Result;
 
@@ -23,9 +23,8 @@ impl Rope {
 
 #[derive(Debug, Clone)]
 pub struct Attention {
-    pub q_proj: Linear,
-    pub k_proj: Linear,
-    pub v_proj: Linear,
+    /// q (with the output gate's channels after each head's, when there is one), k and v.
+    pub qkv: Projections,
     pub o_proj: Linear,
     pub q_norm: RmsNorm,
     pub k_norm: RmsNorm,
@@ -33,7 +32,7 @@ pub struct Attention {
     pub n_kv_heads: i32,
     pub head_dim: i32,
     pub rope: Rope,
-    /// Qwen3-Next / Qwen3.5: `q_proj` also yields a per-channel gate, `o_proj(o * sigmoid(gate))`.
+    /// Qwen3-Next / Qwen3.5: q's projection also yields a per-channel gate, `o_proj(o * sigmoid(gate))`.
     pub output_gate: bool,
 }
 
@@ -42,16 +41,18 @@ impl Attention {
     pub fn forward(&self, x: &Array, cache: &mut KvCache) -> Result<Array> {
         let (b, l) = (x.dim(0), x.dim(1));
         let heads = |y: Array, n: i32| y.reshape(&[b, l, n, -1]);
+        let [q, k, v] = <[Array; 3]>::try_from(self.qkv.forward(x)?)
+            .map_err(|_| crate::error::Error::Request("attention needs three projections".into()))?;
         let (q, gate) = if self.output_gate {
-            let qg = heads(self.q_proj.forward(x)?, self.n_heads)?;
+            let qg = heads(q, self.n_heads)?;
             let parts = qg.split_at_indices(&[self.head_dim], -1)?;
             (parts[0].clone(), Some(parts[1].reshape(&[b, l, -1])?))
         } else {
-            (heads(self.q_proj.forward(x)?, self.n_heads)?, None)
+            (heads(q, self.n_heads)?, None)
         };
         let q = self.q_norm.forward(&q)?;
-        let k = self.k_norm.forward(&heads(self.k_proj.forward(x)?, self.n_kv_heads)?)?;
-        let v = heads(self.v_proj.forward(x)?, self.n_kv_heads)?;
+        let k = self.k_norm.forward(&heads(k, self.n_kv_heads)?)?;
+        let v = heads(v, self.n_kv_heads)?;
         let (q, k, v) = (
             q.transpose_axes(&[0, 2, 1, 3])?,
             k.transpose_axes(&[0, 2, 1, 3])?,

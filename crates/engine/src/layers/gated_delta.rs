@@ -13,17 +13,17 @@ use mlx_rs::transforms::compile::compile;
 use mlx_rs::{fast, ops, Array, Dtype};
 
 use super::delta_chunked::delta_rule_chunked;
-use super::{Linear, RmsNorm};
+use super::{Linear, Projections, RmsNorm};
 use crate::cache::LinearState;
 use crate::error::Result;
 
-/// How the checkpoint packs the input projections.
+/// How the checkpoint packs the input projections (joined into one matmul when alike).
 #[derive(Debug, Clone)]
 pub enum DeltaInputs {
     /// Qwen3-Next: `in_proj_qkvz` and `in_proj_ba`, interleaved per key head.
-    Fused { qkvz: Linear, ba: Linear },
+    Fused(Projections),
     /// Qwen3.5: `in_proj_qkv`, `in_proj_z`, `in_proj_b`, `in_proj_a`.
-    Split { qkv: Linear, z: Linear, b: Linear, a: Linear },
+    Split(Projections),
 }
 
 #[derive(Debug, Clone)]
@@ -43,6 +43,10 @@ pub struct GatedDeltaNet {
     pub kernel: i32,
 }
 
+fn wrong_inputs() -> crate::Error {
+    Exception::custom("a Gated DeltaNet layer got the wrong number of input projections").into()
+}
+
 /// Sequences at least this long use the chunked delta rule.
 pub const CHUNKED_FROM: i32 = 64;
 
@@ -56,22 +60,21 @@ impl GatedDeltaNet {
         let (b, s) = (x.dim(0), x.dim(1));
         let (nk, nv, dk, dv) = (self.num_k_heads, self.num_v_heads, self.head_k_dim, self.head_v_dim);
         let (qkv, z, beta_logits, a) = match &self.inputs {
-            DeltaInputs::Fused { qkvz, ba } => {
+            DeltaInputs::Fused(inputs) => {
+                let [qkvz, ba] = <[Array; 2]>::try_from(inputs.forward(x)?).map_err(|_| wrong_inputs())?;
                 let r = nv / nk;
-                let m = qkvz.forward(x)?.reshape(&[b, s, nk, -1])?;
+                let m = qkvz.reshape(&[b, s, nk, -1])?;
                 let p = m.split_at_indices(&[dk, 2 * dk, 2 * dk + r * dv], -1)?;
-                let mba = ba.forward(x)?.reshape(&[b, s, nk, -1])?;
+                let mba = ba.reshape(&[b, s, nk, -1])?;
                 let pba = mba.split_at_indices(&[r], -1)?;
                 let flat = |t: &Array| t.reshape(&[b, s, -1]);
                 let qkv = ops::concatenate(&[flat(&p[0])?, flat(&p[1])?, flat(&p[2])?], -1)?;
                 (qkv, p[3].reshape(&[b, s, -1, dv])?, pba[0].reshape(&[b, s, nv])?, pba[1].reshape(&[b, s, nv])?)
             }
-            DeltaInputs::Split { qkv, z, b: bp, a: ap } => (
-                qkv.forward(x)?,
-                z.forward(x)?.reshape(&[b, s, nv, dv])?,
-                bp.forward(x)?,
-                ap.forward(x)?,
-            ),
+            DeltaInputs::Split(inputs) => {
+                let [qkv, z, bp, ap] = <[Array; 4]>::try_from(inputs.forward(x)?).map_err(|_| wrong_inputs())?;
+                (qkv, z.reshape(&[b, s, nv, dv])?, bp, ap)
+            }
         };
 
         if s < CHUNKED_FROM && self.norm.eps == DECODE_NORM_EPS {

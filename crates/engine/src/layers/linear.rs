@@ -40,25 +40,12 @@ impl Linear {
 }
 
 impl Linear {
-    /// Two projections of the same input as one matrix (the rows of `a`, then those of `b`),
-    /// when they are stored alike: dense in one dtype, or quantized with one spec, and
-    /// without biases. One matmul per step instead of two gives the same numbers with one
-    /// dispatch less. Evaluated at once, so the two originals can go.
-    pub fn join_rows(a: &Linear, b: &Linear) -> Result<Option<Linear>> {
-        let joined = match (a, b) {
-            (Linear::Dense { weight: wa, bias: None }, Linear::Dense { weight: wb, bias: None }) if wa.dtype() == wb.dtype() => {
-                Linear::Dense { weight: ops::concatenate(&[wa, wb], 0)?, bias: None }
-            }
-            (Linear::Quantized { packed: pa, bias: None }, Linear::Quantized { packed: pb, bias: None }) if pa.spec == pb.spec => {
-                Linear::Quantized { packed: pa.join(pb, 0)?, bias: None }
-            }
-            _ => return Ok(None),
-        };
-        match &joined {
-            Linear::Dense { weight, .. } => weight.eval()?,
-            Linear::Quantized { packed, .. } => packed.eval()?,
+    /// Rows of the output (the matrix's first axis).
+    pub fn out_features(&self) -> i32 {
+        match self {
+            Linear::Dense { weight, .. } => weight.dim(0),
+            Linear::Quantized { packed, .. } => packed.weight.dim(-2),
         }
-        Ok(Some(joined))
     }
 }
 
@@ -70,6 +57,17 @@ impl Packed {
             scales: ops::concatenate(&[&self.scales, &other.scales], axis)?,
             biases: ops::concatenate(&[&self.biases, &other.biases], axis)?,
             spec: self.spec,
+        })
+    }
+
+    /// The rows of every matrix in order (2-D matrices, one spec).
+    pub fn concat_rows(parts: &[&Packed]) -> Result<Packed> {
+        let all = |pick: fn(&Packed) -> &Array| ops::concatenate(&parts.iter().map(|p| pick(p)).collect::<Vec<_>>(), 0);
+        Ok(Packed {
+            weight: all(|p| &p.weight)?,
+            scales: all(|p| &p.scales)?,
+            biases: all(|p| &p.biases)?,
+            spec: parts[0].spec,
         })
     }
 

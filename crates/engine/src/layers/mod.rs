@@ -1,5 +1,5 @@
 //! Building blocks shared by the model files: linear and embedding layers (dense or
-//! affine-quantized), RMSNorm, RoPE, attention, Gated DeltaNet, the SwiGLU MLP and the
+//! affine-quantized) and joined projections, RMSNorm, RoPE, attention, Gated DeltaNet, the SwiGLU MLP and the
 //! mixture of experts.
 
 pub mod attention;
@@ -11,15 +11,17 @@ pub mod loader;
 pub mod mlp;
 pub mod moe;
 pub mod norm;
+pub mod projections;
 
 pub use attention::Attention;
 pub use block::{DecoderLayer, FeedForward, Mixer};
 pub use gated_delta::GatedDeltaNet;
 pub use linear::{Embedding, Linear};
 pub use loader::Loader;
-pub use mlp::{GateUp, Mlp};
+pub use mlp::Mlp;
 pub use moe::SparseMoe;
 pub use norm::RmsNorm;
+pub use projections::Projections;
 
 use std::cell::RefCell;
 

@@ -2,10 +2,11 @@
 //! experts' SwiGLU MLPs run as one gathered (quantized) matmul per projection.
 
 use mlx_rs::ops::indexing::{Ellipsis, TryIndexOp};
+use mlx_rs::error::Exception;
 use mlx_rs::{ops, Array};
 
 use super::linear::Packed;
-use super::{swiglu, Linear};
+use super::{swiglu, Mlp, Projections};
 use crate::error::Result;
 
 /// One projection of all experts: weights [experts, out, in].
@@ -121,23 +122,23 @@ impl SwitchGlu {
 
 #[derive(Debug, Clone)]
 pub struct SparseMoe {
-    pub gate: Linear,
+    /// The router (one logit per expert) and, with a shared expert, that expert's gate (one
+    /// logit): both read the same input, so they run as one matmul when stored alike.
+    pub router: Projections,
     pub experts: SwitchGlu,
     pub top_k: i32,
     pub norm_topk_prob: bool,
     /// Hybrid models add an always-on expert, scaled by `sigmoid(shared_expert_gate(x))`.
-    pub shared: Option<SharedExpert>,
-}
-
-#[derive(Debug, Clone)]
-pub struct SharedExpert {
-    pub mlp: super::Mlp,
-    pub gate: Linear,
+    pub shared: Option<Mlp>,
 }
 
 impl SparseMoe {
     pub fn forward(&self, x: &Array) -> Result<Array> {
-        let probs = ops::softmax_axis(self.gate.forward(x)?, -1, true)?;
+        let mut logits = self.router.forward(x)?.into_iter();
+        let (Some(router), shared_gate) = (logits.next(), logits.next()) else {
+            return Err(Exception::custom("the MoE router returned nothing").into());
+        };
+        let probs = ops::softmax_axis(router, -1, true)?;
         let k = self.top_k;
         let top = ops::argpartition_axis(&probs, -k, -1)?;
         let top = top.try_index((Ellipsis, -k..))?;
@@ -148,12 +149,13 @@ impl SparseMoe {
         let y = self.experts.forward(x, &top)?;
         let weighted = y.multiply(ops::expand_dims(&scores, -1)?)?;
         let y = weighted.sum_axis(-2, false)?;
-        match &self.shared {
-            Some(shared) => {
-                let s = shared.mlp.forward(x)?;
-                Ok(y.add(ops::sigmoid(shared.gate.forward(x)?)?.multiply(&s)?)?)
+        match (&self.shared, shared_gate) {
+            (Some(shared), Some(gate)) => {
+                let s = shared.forward(x)?;
+                Ok(y.add(ops::sigmoid(&gate)?.multiply(&s)?)?)
             }
-            None => Ok(y),
+            (None, None) => Ok(y),
+            _ => Err(Exception::custom("a shared expert needs its gate (and only then)").into()),
         }
     }
 }

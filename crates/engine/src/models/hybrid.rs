@@ -9,8 +9,7 @@ use super::transformer::{attention, Transformer};
 use crate::config::{ModelConfig, Quantization};
 use crate::error::Result;
 use crate::layers::gated_delta::DeltaInputs;
-use crate::layers::moe::SharedExpert;
-use crate::layers::{DecoderLayer, FeedForward, GatedDeltaNet, Loader, Mixer, SparseMoe};
+use crate::layers::{DecoderLayer, FeedForward, GatedDeltaNet, Loader, Mixer, Projections, SparseMoe};
 use super::MtpHead;
 use crate::weights::Weights;
 
@@ -57,16 +56,16 @@ fn gated_delta(c: &ModelConfig, ld: &mut Loader, p: &str, layout: InputLayout) -
     let (key_dim, value_dim) = (nk * dk, nv * dv);
     let channels = 2 * key_dim + value_dim;
     let inputs = match layout {
-        InputLayout::Fused => DeltaInputs::Fused {
-            qkvz: ld.linear(&format!("{p}.in_proj_qkvz"), h, 2 * key_dim + 2 * value_dim, false)?,
-            ba: ld.linear(&format!("{p}.in_proj_ba"), h, 2 * nv, false)?,
-        },
-        InputLayout::Split => DeltaInputs::Split {
-            qkv: ld.linear(&format!("{p}.in_proj_qkv"), h, channels, false)?,
-            z: ld.linear(&format!("{p}.in_proj_z"), h, value_dim, false)?,
-            b: ld.linear(&format!("{p}.in_proj_b"), h, nv, false)?,
-            a: ld.linear(&format!("{p}.in_proj_a"), h, nv, false)?,
-        },
+        InputLayout::Fused => DeltaInputs::Fused(Projections::new(vec![
+            ld.linear(&format!("{p}.in_proj_qkvz"), h, 2 * key_dim + 2 * value_dim, false)?,
+            ld.linear(&format!("{p}.in_proj_ba"), h, 2 * nv, false)?,
+        ])?),
+        InputLayout::Split => DeltaInputs::Split(Projections::new(vec![
+            ld.linear(&format!("{p}.in_proj_qkv"), h, channels, false)?,
+            ld.linear(&format!("{p}.in_proj_z"), h, value_dim, false)?,
+            ld.linear(&format!("{p}.in_proj_b"), h, nv, false)?,
+            ld.linear(&format!("{p}.in_proj_a"), h, nv, false)?,
+        ])?),
     };
     Ok(GatedDeltaNet {
         inputs,
@@ -91,16 +90,15 @@ fn feed_forward(c: &ModelConfig, ld: &mut Loader, i: i32, p: &str) -> Result<Fee
     let (e, mi) = (c.num_experts, c.moe_intermediate_size);
     super::qwen3_moe::stack_expert_layouts(ld, p, e)?;
     let experts = super::qwen3_moe::switch_glu(ld, p, e, h, mi)?;
-    let shared = if c.shared_expert_intermediate_size > 0 {
-        Some(SharedExpert {
-            mlp: qwen3::mlp(ld, &format!("{p}.shared_expert"), h, c.shared_expert_intermediate_size)?,
-            gate: ld.linear(&format!("{p}.shared_expert_gate"), h, 1, false)?,
-        })
+    let router = ld.linear(&format!("{p}.gate"), h, e, false)?;
+    let (router, shared) = if c.shared_expert_intermediate_size > 0 {
+        let shared_gate = ld.linear(&format!("{p}.shared_expert_gate"), h, 1, false)?;
+        (vec![router, shared_gate], Some(qwen3::mlp(ld, &format!("{p}.shared_expert"), h, c.shared_expert_intermediate_size)?))
     } else {
-        None
+        (vec![router], None)
     };
     Ok(FeedForward::Moe(Box::new(SparseMoe {
-        gate: ld.linear(&format!("{p}.gate"), h, e, false)?,
+        router: Projections::new(router)?,
         experts,
         top_k: c.num_experts_per_tok,
         norm_topk_prob: c.norm_topk_prob(),

@@ -8,7 +8,7 @@ use crate::cache::Cache;
 use crate::config::ModelConfig;
 use crate::error::Result;
 use crate::layers::attention::Rope;
-use crate::layers::{Attention, DecoderLayer, Embedding, FeedForward, Linear, Loader, Mixer, RmsNorm};
+use crate::layers::{Attention, DecoderLayer, Embedding, FeedForward, Linear, Loader, Mixer, Projections, RmsNorm};
 
 pub struct Transformer {
     pub config: ModelConfig,
@@ -60,9 +60,11 @@ pub fn attention(c: &ModelConfig, ld: &mut Loader, path: &str, output_gate: bool
     let a = format!("{path}.self_attn");
     let q_width = c.num_attention_heads * hd * if output_gate { 2 } else { 1 };
     Ok(Attention {
-        q_proj: ld.linear(&format!("{a}.q_proj"), dim, q_width, bias)?,
-        k_proj: ld.linear(&format!("{a}.k_proj"), dim, c.num_key_value_heads * hd, bias)?,
-        v_proj: ld.linear(&format!("{a}.v_proj"), dim, c.num_key_value_heads * hd, bias)?,
+        qkv: Projections::new(vec![
+            ld.linear(&format!("{a}.q_proj"), dim, q_width, bias)?,
+            ld.linear(&format!("{a}.k_proj"), dim, c.num_key_value_heads * hd, bias)?,
+            ld.linear(&format!("{a}.v_proj"), dim, c.num_key_value_heads * hd, bias)?,
+        ])?,
         o_proj: ld.linear(&format!("{a}.o_proj"), c.num_attention_heads * hd, dim, bias)?,
         q_norm: ld.rms_norm(&format!("{a}.q_norm"), hd, eps)?,
         k_norm: ld.rms_norm(&format!("{a}.k_norm"), hd, eps)?,

@@ -1,0 +1,76 @@
+//! What one decode step asks of MLX: the operations it dispatches, by kind. At decode the
+//! GPU work per operation is small, so the count of operations — each one built on the host,
+//! then launched — sets much of the pace; this is the figure the graph work in the layers
+//! is judged by (`ferrite dev ops`, beside mlx-lm's count from `bench/mlx_lm_ops.py`).
+
+use std::collections::BTreeMap;
+use std::time::Instant;
+
+use mlx_rs::ops::indexing::IndexOp;
+use mlx_rs::transforms::eval;
+use mlx_rs::Array;
+
+use crate::error::Result;
+use crate::ffi;
+use crate::generate::Engine;
+
+/// Operations of one step, by MLX primitive name, and where a step's time goes.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct StepOps {
+    pub total: usize,
+    pub by_kind: BTreeMap<String, usize>,
+    /// Host time to build one step's graph (the model's forward pass, nothing evaluated).
+    pub build_ms: f64,
+    /// Wall time of one step built and evaluated before the next is built (no overlap):
+    /// build + dispatch + device time + read-back.
+    pub step_ms: f64,
+}
+
+impl StepOps {
+    fn from_names(names: Vec<String>) -> StepOps {
+        let mut by_kind = BTreeMap::new();
+        for name in &names {
+            *by_kind.entry(name.clone()).or_insert(0) += 1;
+        }
+        StepOps { total: names.len(), by_kind, ..Default::default() }
+    }
+}
+
+/// The operations of one greedy decode step after `context` prompt tokens (prefilled and
+/// evaluated first, so only the step itself is counted): the model's forward pass for one
+/// token, its cache updates and the argmax.
+pub fn decode_step_ops(engine: &Engine, context: usize) -> Result<StepOps> {
+    let model = engine.model.as_ref();
+    let vocab = model.config().vocab_size.max(2) as u32;
+    let prompt: Vec<u32> = (0..context.max(1) as u32).map(|i| (i * 7919 + 1) % vocab).collect();
+    let mut cache = model.new_cache();
+    for chunk in prompt.chunks(engine.prefill_chunk.max(1)) {
+        let hidden = model.hidden(&Array::from_slice(chunk, &[1, chunk.len() as i32]), &mut cache)?;
+        eval([&hidden])?;
+        eval(cache.arrays())?;
+    }
+    let step = |cache: &mut crate::cache::Cache| -> Result<Array> {
+        let logits = model.forward(&Array::from_slice(&[1u32], &[1, 1]), cache)?;
+        Ok(mlx_rs::ops::indexing::argmax_axis(logits.index((.., -1, ..)), -1, None)?)
+    };
+    let token = step(&mut cache)?;
+    let mut ops = StepOps::from_names(ffi::pending_primitives(&[token.clone()])?);
+    eval([&token])?;
+    // Timed steps after two untimed ones (kernels compiled, buffers cached).
+    const WARM: usize = 2;
+    const TIMED: usize = 16;
+    let (mut build, mut total) = (0.0, 0.0);
+    for i in 0..WARM + TIMED {
+        let started = Instant::now();
+        let token = step(&mut cache)?;
+        let built = started.elapsed().as_secs_f64();
+        token.try_item_cast::<u32>()?;
+        if i >= WARM {
+            build += built;
+            total += started.elapsed().as_secs_f64();
+        }
+    }
+    ops.build_ms = build * 1e3 / TIMED as f64;
+    ops.step_ms = total * 1e3 / TIMED as f64;
+    Ok(ops)
+}

@@ -1,0 +1,34 @@
+//! `engine::graph`: the operations one decode step dispatches, read from MLX's graph.
+
+mod common;
+
+use engine::checkpoint::{Arch, Dtype};
+use engine::Engine;
+
+fn step_ops(arch: Arch, bits: Option<i32>) -> engine::graph::StepOps {
+    let dir = common::make(&common::options(arch, "tiny", bits, 32, Dtype::Float32));
+    let engine = Engine::load(dir.path()).unwrap();
+    engine::graph::decode_step_ops(&engine, 20).unwrap()
+}
+
+#[test]
+fn a_dense_step_runs_one_matmul_per_joined_projection() {
+    let ops = step_ops(Arch::Qwen3, Some(4));
+    let layers = 2;
+    // Per layer: q/k/v joined, o, gate/up joined, down; then the (tied) output projection.
+    assert_eq!(ops.by_kind.get("QuantizedMatmul"), Some(&(4 * layers + 1)), "{:?}", ops.by_kind);
+    assert_eq!(ops.total, ops.by_kind.values().sum::<usize>());
+    assert!(ops.build_ms > 0.0 && ops.step_ms >= ops.build_ms, "{ops:?}");
+}
+
+#[test]
+fn a_hybrid_step_joins_its_input_projections_and_router() {
+    let ops = step_ops(Arch::Qwen3Next, Some(4));
+    // tiny hybrid: 3 Gated DeltaNet layers (qkvz+ba joined, out) and 1 attention layer
+    // (qkv joined, o), each with a MoE block (router+shared gate joined, shared gate/up
+    // joined, shared down), plus the output projection.
+    let expected = 3 * 2 + 2 + 4 * 3 + 1;
+    assert_eq!(ops.by_kind.get("QuantizedMatmul"), Some(&expected), "{:?}", ops.by_kind);
+    // The routed experts: gate/up joined and down, one gathered matmul each.
+    assert_eq!(ops.by_kind.get("GatherQMM"), Some(&(4 * 2)), "{:?}", ops.by_kind);
+}

@@ -54,7 +54,7 @@ pub fn decode_step_ops(engine: &Engine, context: usize) -> Result<StepOps> {
         Ok(mlx_rs::ops::indexing::argmax_axis(logits.index((.., -1, ..)), -1, None)?)
     };
     let token = step(&mut cache)?;
-    let mut ops = StepOps::from_names(ffi::pending_primitives(&[token.clone()])?);
+    let mut ops = StepOps::from_names(ffi::pending_primitives(std::slice::from_ref(&token))?);
     eval([&token])?;
     // Timed steps after two untimed ones (kernels compiled, buffers cached).
     const WARM: usize = 2;

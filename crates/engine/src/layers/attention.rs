@@ -23,7 +23,7 @@ impl Rope {
 
 #[derive(Debug, Clone)]
 pub struct Attention {
-    /// q (with the output gate's channels after each head's, when there is one), k and v.
+    /// q, k, v and (gated attention) the output gate.
     pub qkv: Projections,
     pub o_proj: Linear,
     pub q_norm: RmsNorm,
@@ -41,16 +41,14 @@ impl Attention {
     pub fn forward(&self, x: &Array, cache: &mut KvCache) -> Result<Array> {
         let (b, l) = (x.dim(0), x.dim(1));
         let heads = |y: Array, n: i32| y.reshape(&[b, l, n, -1]);
-        let [q, k, v] = <[Array; 3]>::try_from(self.qkv.forward(x)?)
-            .map_err(|_| crate::error::Error::Request("attention needs three projections".into()))?;
-        let (q, gate) = if self.output_gate {
-            let qg = heads(q, self.n_heads)?;
-            let parts = qg.split_at_indices(&[self.head_dim], -1)?;
-            (parts[0].clone(), Some(parts[1].reshape(&[b, l, -1])?))
-        } else {
-            (heads(q, self.n_heads)?, None)
+        let mut parts = self.qkv.forward(x)?.into_iter();
+        let (Some(q), Some(k), Some(v), gate) = (parts.next(), parts.next(), parts.next(), parts.next()) else {
+            return Err(mlx_rs::error::Exception::custom("attention needs q, k and v projections").into());
         };
-        let q = self.q_norm.forward(&q)?;
+        if gate.is_some() != self.output_gate {
+            return Err(mlx_rs::error::Exception::custom("attention's output gate and its projections disagree").into());
+        }
+        let q = self.q_norm.forward(&heads(q, self.n_heads)?)?;
         let k = self.k_norm.forward(&heads(k, self.n_kv_heads)?)?;
         let v = heads(v, self.n_kv_heads)?;
         let (q, k, v) = (

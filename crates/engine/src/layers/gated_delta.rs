@@ -14,21 +14,30 @@ use mlx_rs::{fast, ops, Array, Dtype};
 
 use super::delta_chunked::delta_rule_chunked;
 use super::{Linear, Projections, RmsNorm};
+
+/// Row orders that turn Qwen3-Next's per-key-head interleaved input projections into
+/// Qwen3.5's separate ones: `in_proj_qkvz` holds, for each key head, [q (Dk), k (Dk),
+/// v (r Dv), z (r Dv)] with r = Hv / Hk; `in_proj_ba` holds [b (r), a (r)] per key head.
+/// Returns the rows of (qkv, z) and of (b, a).
+pub fn fused_input_rows(nk: i32, nv: i32, dk: i32, dv: i32) -> ([Vec<i32>; 2], [Vec<i32>; 2]) {
+    let r = nv / nk;
+    let width = 2 * dk + 2 * r * dv;
+    let block = |start: i32, len: i32| (0..nk).flat_map(move |h| (0..len).map(move |i| h * width + start + i));
+    let qkv = block(0, dk).chain(block(dk, dk)).chain(block(2 * dk, r * dv)).collect();
+    let z = block(2 * dk + r * dv, r * dv).collect();
+    let b = (0..nk).flat_map(|h| (0..r).map(move |i| h * 2 * r + i)).collect();
+    let a = (0..nk).flat_map(|h| (0..r).map(move |i| h * 2 * r + r + i)).collect();
+    ([qkv, z], [b, a])
+}
 use crate::cache::LinearState;
 use crate::error::Result;
 
-/// How the checkpoint packs the input projections (joined into one matmul when alike).
-#[derive(Debug, Clone)]
-pub enum DeltaInputs {
-    /// Qwen3-Next: `in_proj_qkvz` and `in_proj_ba`, interleaved per key head.
-    Fused(Projections),
-    /// Qwen3.5: `in_proj_qkv`, `in_proj_z`, `in_proj_b`, `in_proj_a`.
-    Split(Projections),
-}
-
 #[derive(Debug, Clone)]
 pub struct GatedDeltaNet {
-    pub inputs: DeltaInputs,
+    /// The input projections, in Qwen3.5's order: q k v (all heads' q, then k, then v), z, b,
+    /// a. Qwen3-Next's interleaved `in_proj_qkvz` / `in_proj_ba` are reordered into these at
+    /// load (the loader's job), so a step needs no gathering of its own.
+    pub inputs: Projections,
     /// Depthwise conv weights in MLX layout [channels, kernel, 1].
     pub conv_weight: Array,
     pub dt_bias: Array,
@@ -43,10 +52,6 @@ pub struct GatedDeltaNet {
     pub kernel: i32,
 }
 
-fn wrong_inputs() -> crate::Error {
-    Exception::custom("a Gated DeltaNet layer got the wrong number of input projections").into()
-}
-
 /// Sequences at least this long use the chunked delta rule.
 pub const CHUNKED_FROM: i32 = 64;
 
@@ -59,23 +64,9 @@ impl GatedDeltaNet {
     pub fn forward(&self, x: &Array, state: &mut LinearState) -> Result<Array> {
         let (b, s) = (x.dim(0), x.dim(1));
         let (nk, nv, dk, dv) = (self.num_k_heads, self.num_v_heads, self.head_k_dim, self.head_v_dim);
-        let (qkv, z, beta_logits, a) = match &self.inputs {
-            DeltaInputs::Fused(inputs) => {
-                let [qkvz, ba] = <[Array; 2]>::try_from(inputs.forward(x)?).map_err(|_| wrong_inputs())?;
-                let r = nv / nk;
-                let m = qkvz.reshape(&[b, s, nk, -1])?;
-                let p = m.split_at_indices(&[dk, 2 * dk, 2 * dk + r * dv], -1)?;
-                let mba = ba.reshape(&[b, s, nk, -1])?;
-                let pba = mba.split_at_indices(&[r], -1)?;
-                let flat = |t: &Array| t.reshape(&[b, s, -1]);
-                let qkv = ops::concatenate(&[flat(&p[0])?, flat(&p[1])?, flat(&p[2])?], -1)?;
-                (qkv, p[3].reshape(&[b, s, -1, dv])?, pba[0].reshape(&[b, s, nv])?, pba[1].reshape(&[b, s, nv])?)
-            }
-            DeltaInputs::Split(inputs) => {
-                let [qkv, z, bp, ap] = <[Array; 4]>::try_from(inputs.forward(x)?).map_err(|_| wrong_inputs())?;
-                (qkv, z.reshape(&[b, s, nv, dv])?, bp, ap)
-            }
-        };
+        let [qkv, z, beta_logits, a] = <[Array; 4]>::try_from(self.inputs.forward(x)?)
+            .map_err(|_| Exception::custom("a Gated DeltaNet layer needs four input projections"))?;
+        let z = z.reshape(&[b, s, nv, dv])?;
 
         if s < CHUNKED_FROM && self.norm.eps == DECODE_NORM_EPS {
             return self.short_step(&qkv, &z, &beta_logits, &a, state);
@@ -206,11 +197,6 @@ fn short_core(args: &[Array], record: bool) -> std::result::Result<Vec<Array>, E
     let (q, k, v) = conv_qkv(&conv_input, conv_weight, s, [nk, dk, nv, dv])?;
     let beta = ops::sigmoid(beta_logits)?;
     let g = decay_graph((a_log, a, dt_bias))?;
-    let (q, k) = if nv > nk {
-        (Array::repeat_axis::<f32>(q, nv / nk, -2)?, Array::repeat_axis::<f32>(k, nv / nk, -2)?)
-    } else {
-        (q, k)
-    };
     let mut state = recurrent.clone();
     let mut ys = Vec::with_capacity(s as usize);
     let mut states = Vec::new();
@@ -226,7 +212,7 @@ fn short_core(args: &[Array], record: bool) -> std::result::Result<Vec<Array>, E
             states.push(state.clone());
         }
     }
-    let y = ops::stack(&ys, 1)?;
+    let y = stack_positions(&ys)?;
     let normed = fast::rms_norm(&y, Some(norm_weight), DECODE_NORM_EPS)?;
     let out = gated_norm_graph((&y, z, &normed))?;
     let mut outputs = vec![out.reshape(&[b, s, -1])?, new_tail];
@@ -264,17 +250,11 @@ fn conv_qkv(conv_input: &Array, conv_weight: &Array, s: i32, [nk, dk, nv, dv]: [
 /// Runs the recurrence over the sequence: y [B, T, Hv, Dv] and the states after each
 /// position (`all`) or only the final one.
 pub(crate) fn delta_rule(q: &Array, k: &Array, v: &Array, g: &Array, beta: &Array, mut state: Array, all: bool) -> Result<(Array, Vec<Array>)> {
-    let repeat = v.dim(2) / q.dim(2);
-    let (q, k) = if repeat > 1 {
-        (Array::repeat_axis::<f32>(q.clone(), repeat, -2)?, Array::repeat_axis::<f32>(k.clone(), repeat, -2)?)
-    } else {
-        (q.clone(), k.clone())
-    };
     let mut ys = Vec::with_capacity(q.dim(1) as usize);
     let mut states = Vec::new();
     for t in 0..q.dim(1) {
         let at = |x: &Array| x.index((.., t));
-        let args = [at(&q), at(&k), at(v), at(g), at(beta), state];
+        let args = [at(q), at(k), at(v), at(g), at(beta), state];
         let mut out = DELTA_STEP.with_borrow_mut(|f| f(&args))?;
         let (Some(next), Some(y)) = (out.pop(), out.pop()) else {
             return Err(Exception::custom("the delta step returned fewer than two arrays").into());
@@ -286,7 +266,15 @@ pub(crate) fn delta_rule(q: &Array, k: &Array, v: &Array, g: &Array, beta: &Arra
         }
     }
     states.push(state);
-    Ok((ops::stack(&ys, 1)?, states))
+    Ok((stack_positions(&ys)?, states))
+}
+
+/// Per-position outputs [B, ...] as [B, T, ...]; one position is a view, not a copy.
+fn stack_positions(ys: &[Array]) -> std::result::Result<Array, Exception> {
+    match ys {
+        [one] => ops::expand_dims(one, 1),
+        _ => ops::stack(ys, 1),
+    }
 }
 
 type Unary3 = Box<dyn for<'a> FnMut((&'a Array, &'a Array, &'a Array)) -> std::result::Result<Array, Exception>>;
@@ -318,16 +306,22 @@ fn gated_norm_graph((y, z, normed): (&Array, &Array, &Array)) -> std::result::Re
     gate.multiply(normed.as_dtype(Dtype::Float32)?)?.as_dtype(y.dtype())
 }
 
-/// q, k: [B, H, Dk]; v: [B, H, Dv]; g, beta: [B, H]; state: [B, H, Dv, Dk].
+/// q, k: [B, Hk, Dk]; v: [B, Hv, Dv]; g, beta: [B, Hv]; state: [B, Hv, Dv, Dk], with the
+/// value heads in groups of r = Hv / Hk per key head. mlx-lm repeats q and k r times first;
+/// here the state is viewed as [B, Hk, r, Dv, Dk] and q, k broadcast over the group: the
+/// same products and sums, without the two copies.
 fn delta_step_graph(args: &[Array]) -> std::result::Result<Vec<Array>, Exception> {
     let [q, k, v, g, beta, state] = args else {
         return Err(Exception::custom("delta step takes 6 arrays"));
     };
-    let state = state.multiply(g.index((.., .., NewAxis, NewAxis)))?;
-    let k_row = k.index((.., .., NewAxis, ..));
+    let (b, hk, dk) = (q.dim(0), q.dim(1), q.dim(2));
+    let (hv, dv) = (v.dim(1), v.dim(2));
+    let r = hv / hk;
+    let state = state.reshape(&[b, hk, r, dv, dk])?.multiply(g.reshape(&[b, hk, r, 1, 1])?)?;
+    let k_row = k.reshape(&[b, hk, 1, 1, dk])?;
     let kv_mem = state.multiply(&k_row)?.sum_axis(-1, false)?;
-    let delta = v.subtract(&kv_mem)?.multiply(beta.index((.., .., NewAxis)))?;
-    let state = state.add(k_row.multiply(delta.index((.., .., .., NewAxis)))?)?;
-    let y = state.multiply(q.index((.., .., NewAxis, ..)))?.sum_axis(-1, false)?;
-    Ok(vec![y.as_dtype(q.dtype())?, state])
+    let delta = v.reshape(&[b, hk, r, dv])?.subtract(&kv_mem)?.multiply(beta.reshape(&[b, hk, r, 1])?)?;
+    let state = state.add(k_row.multiply(delta.index((.., .., .., .., NewAxis)))?)?;
+    let y = state.multiply(q.reshape(&[b, hk, 1, 1, dk])?)?.sum_axis(-1, false)?;
+    Ok(vec![y.reshape(&[b, hv, dv])?.as_dtype(q.dtype())?, state.reshape(&[b, hv, dv, dk])?])
 }

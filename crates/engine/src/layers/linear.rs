@@ -40,6 +40,21 @@ impl Linear {
 }
 
 impl Linear {
+    /// The projection onto the given output rows, in their order (a reordering or a part of
+    /// the matrix; quantization groups run along the inputs, so rows move with their scales).
+    pub fn take_rows(&self, rows: &[i32]) -> Result<Linear> {
+        let rows = Array::from_slice(rows, &[rows.len() as i32]);
+        let take = |a: &Array| a.take_axis(&rows, 0);
+        let bias = |b: &Option<Array>| b.as_ref().map(take).transpose();
+        Ok(match self {
+            Linear::Dense { weight, bias: b } => Linear::Dense { weight: take(weight)?, bias: bias(b)? },
+            Linear::Quantized { packed, bias: b } => Linear::Quantized {
+                packed: Packed { weight: take(&packed.weight)?, scales: take(&packed.scales)?, biases: take(&packed.biases)?, spec: packed.spec },
+                bias: bias(b)?,
+            },
+        })
+    }
+
     /// Rows of the output (the matrix's first axis).
     pub fn out_features(&self) -> i32 {
         match self {

@@ -8,7 +8,7 @@ use super::qwen3;
 use super::transformer::{attention, Transformer};
 use crate::config::{ModelConfig, Quantization};
 use crate::error::Result;
-use crate::layers::gated_delta::DeltaInputs;
+use crate::layers::gated_delta::fused_input_rows;
 use crate::layers::{DecoderLayer, FeedForward, GatedDeltaNet, Loader, Mixer, Projections, SparseMoe};
 use super::MtpHead;
 use crate::weights::Weights;
@@ -56,17 +56,20 @@ fn gated_delta(c: &ModelConfig, ld: &mut Loader, p: &str, layout: InputLayout) -
     let (key_dim, value_dim) = (nk * dk, nv * dv);
     let channels = 2 * key_dim + value_dim;
     let inputs = match layout {
-        InputLayout::Fused => DeltaInputs::Fused(Projections::new(vec![
-            ld.linear(&format!("{p}.in_proj_qkvz"), h, 2 * key_dim + 2 * value_dim, false)?,
-            ld.linear(&format!("{p}.in_proj_ba"), h, 2 * nv, false)?,
-        ])?),
-        InputLayout::Split => DeltaInputs::Split(Projections::new(vec![
+        InputLayout::Fused => {
+            let qkvz = ld.linear(&format!("{p}.in_proj_qkvz"), h, 2 * key_dim + 2 * value_dim, false)?;
+            let ba = ld.linear(&format!("{p}.in_proj_ba"), h, 2 * nv, false)?;
+            let ([qkv, z], [b, a]) = fused_input_rows(nk, nv, dk, dv);
+            vec![qkvz.take_rows(&qkv)?, qkvz.take_rows(&z)?, ba.take_rows(&b)?, ba.take_rows(&a)?]
+        }
+        InputLayout::Split => vec![
             ld.linear(&format!("{p}.in_proj_qkv"), h, channels, false)?,
             ld.linear(&format!("{p}.in_proj_z"), h, value_dim, false)?,
             ld.linear(&format!("{p}.in_proj_b"), h, nv, false)?,
             ld.linear(&format!("{p}.in_proj_a"), h, nv, false)?,
-        ])?),
+        ],
     };
+    let inputs = Projections::new(inputs)?;
     Ok(GatedDeltaNet {
         inputs,
         conv_weight: ld.weights.take(&format!("{p}.conv1d.weight"), Some(&[channels, kernel, 1]))?,

@@ -58,13 +58,21 @@ impl Transformer {
 pub fn attention(c: &ModelConfig, ld: &mut Loader, path: &str, output_gate: bool) -> Result<Attention> {
     let (dim, hd, eps, bias) = (c.hidden_size, c.head_dim(), c.rms_norm_eps, c.attention_bias);
     let a = format!("{path}.self_attn");
-    let q_width = c.num_attention_heads * hd * if output_gate { 2 } else { 1 };
+    let heads = c.num_attention_heads;
+    let q_width = heads * hd * if output_gate { 2 } else { 1 };
+    let q = ld.linear(&format!("{a}.q_proj"), dim, q_width, bias)?;
+    let k = ld.linear(&format!("{a}.k_proj"), dim, c.num_key_value_heads * hd, bias)?;
+    let v = ld.linear(&format!("{a}.v_proj"), dim, c.num_key_value_heads * hd, bias)?;
+    // A gated q_proj holds [q (head_dim), gate (head_dim)] per head: split into the two, so
+    // each comes out of the joined matmul contiguous.
+    let parts = if output_gate {
+        let rows = |start: i32| (0..heads).flat_map(move |h| (0..hd).map(move |i| h * 2 * hd + start + i)).collect::<Vec<_>>();
+        vec![q.take_rows(&rows(0))?, k, v, q.take_rows(&rows(hd))?]
+    } else {
+        vec![q, k, v]
+    };
     Ok(Attention {
-        qkv: Projections::new(vec![
-            ld.linear(&format!("{a}.q_proj"), dim, q_width, bias)?,
-            ld.linear(&format!("{a}.k_proj"), dim, c.num_key_value_heads * hd, bias)?,
-            ld.linear(&format!("{a}.v_proj"), dim, c.num_key_value_heads * hd, bias)?,
-        ])?,
+        qkv: Projections::new(parts)?,
         o_proj: ld.linear(&format!("{a}.o_proj"), c.num_attention_heads * hd, dim, bias)?,
         q_norm: ld.rms_norm(&format!("{a}.q_norm"), hd, eps)?,
         k_norm: ld.rms_norm(&format!("{a}.k_norm"), hd, eps)?,

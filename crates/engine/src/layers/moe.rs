@@ -2,7 +2,10 @@
 //! experts' SwiGLU MLPs run as one gathered (quantized) matmul per projection.
 
 use mlx_rs::ops::indexing::{Ellipsis, TryIndexOp};
+use std::cell::RefCell;
+
 use mlx_rs::error::Exception;
+use mlx_rs::transforms::compile::compile;
 use mlx_rs::{ops, Array};
 
 use super::linear::Packed;
@@ -147,15 +150,37 @@ impl SparseMoe {
             scores = scores.divide(scores.sum_axis(-1, true)?)?;
         }
         let y = self.experts.forward(x, &top)?;
-        let weighted = y.multiply(ops::expand_dims(&scores, -1)?)?;
-        let y = weighted.sum_axis(-2, false)?;
-        match (&self.shared, shared_gate) {
+        let mut out = match (&self.shared, shared_gate) {
             (Some(shared), Some(gate)) => {
-                let s = shared.forward(x)?;
-                Ok(y.add(ops::sigmoid(&gate)?.multiply(&s)?)?)
+                let args = [y, scores, shared.forward(x)?, gate];
+                COMBINE.with_borrow_mut(|f| f(&args))?
             }
-            (None, None) => Ok(y),
-            _ => Err(Exception::custom("a shared expert needs its gate (and only then)").into()),
-        }
+            (None, None) => COMBINE.with_borrow_mut(|f| f(&[y, scores]))?,
+            _ => return Err(Exception::custom("a shared expert needs its gate (and only then)").into()),
+        };
+        out.pop().ok_or_else(|| Exception::custom("the MoE combine returned nothing").into())
     }
+}
+
+type Graph = Box<dyn for<'a> FnMut(&'a [Array]) -> std::result::Result<Vec<Array>, Exception>>;
+
+thread_local! {
+    /// The experts' outputs weighted by their scores and summed (and the gated shared expert
+    /// added) as one compiled graph: MLX fuses the element-wise parts, so a step dispatches
+    /// three kernels where the plain operations take five.
+    static COMBINE: RefCell<Graph> = RefCell::new(Box::new(compile(combine_graph, false)));
+}
+
+/// [experts' outputs [.., K, D], scores [.., K]] (+ [shared expert's output, its gate logit])
+/// → `sum(y * scores, K) (+ sigmoid(gate) * shared)`, as mlx-lm computes it.
+fn combine_graph(args: &[Array]) -> std::result::Result<Vec<Array>, Exception> {
+    let (y, scores) = match args {
+        [y, scores, ..] => (y, scores),
+        _ => return Err(Exception::custom("the MoE combine takes the experts' outputs and scores")),
+    };
+    let y = y.multiply(ops::expand_dims(scores, -1)?)?.sum_axis(-2, false)?;
+    Ok(vec![match args {
+        [_, _, shared, gate] => y.add(ops::sigmoid(gate)?.multiply(shared)?)?,
+        _ => y,
+    }])
 }

@@ -22,21 +22,26 @@ pub enum SwitchLinear {
 impl SwitchLinear {
     /// `x`: [..., 1, in] rows, `experts`: matching expert ids.
     fn forward(&self, x: &Array, experts: &Array, sorted: bool) -> Result<Array> {
+        // Which row of x each product reads, in x's batch shape: without it MLX builds the
+        // same with an arange, a kernel per gathered matmul; made here on the host instead.
+        let batch = &x.shape()[..x.ndim().saturating_sub(2)];
+        let count: i32 = batch.iter().product();
+        let rows = &Array::from_iter(0..count as u32, batch);
         Ok(match self {
             SwitchLinear::Dense { weight } if weight.dtype() != x.dtype() => {
                 // CPU gather_mm is float32-only: the loader upcast the weights.
-                let y = ops::gather_mm(x.as_dtype(weight.dtype())?, weight.swap_axes(-1, -2)?, None, experts, sorted)?;
+                let y = ops::gather_mm(x.as_dtype(weight.dtype())?, weight.swap_axes(-1, -2)?, rows, experts, sorted)?;
                 y.as_dtype(x.dtype())?
             }
             SwitchLinear::Dense { weight } => {
-                ops::gather_mm(x, weight.swap_axes(-1, -2)?, None, experts, sorted)?
+                ops::gather_mm(x, weight.swap_axes(-1, -2)?, rows, experts, sorted)?
             }
             SwitchLinear::Quantized { packed: p } => ops::gather_qmm(
                 x,
                 &p.weight,
                 &p.scales,
                 &p.biases,
-                None,
+                rows,
                 experts,
                 true,
                 p.spec.group_size,

@@ -53,6 +53,9 @@ pub fn decode_step_ops(engine: &Engine, context: usize) -> Result<StepOps> {
         let logits = model.forward(&Array::from_slice(&[1u32], &[1, 1]), cache)?;
         Ok(mlx_rs::ops::indexing::argmax_axis(logits.index((.., -1, ..)), -1, None)?)
     };
+    // One step first: weights only the output side reads (lm_head) are still lazy after the
+    // prefill, and their loading is not part of a step.
+    step(&mut cache)?.eval()?;
     let token = step(&mut cache)?;
     let mut ops = StepOps::from_names(ffi::pending_primitives(std::slice::from_ref(&token))?);
     eval([&token])?;

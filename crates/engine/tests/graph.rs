@@ -22,13 +22,14 @@ fn a_dense_step_runs_one_matmul_per_joined_projection() {
 }
 
 #[test]
-fn a_hybrid_step_joins_its_input_projections_and_router() {
+fn a_hybrid_step_joins_its_projections_and_runs_the_shared_expert_with_the_routed_ones() {
     let ops = step_ops(Arch::Qwen3Next, Some(4));
-    // tiny hybrid: 3 Gated DeltaNet layers (qkvz+ba joined, out) and 1 attention layer
-    // (qkv joined, o), each with a MoE block (router+shared gate joined, shared gate/up
-    // joined, shared down), plus the output projection.
-    let expected = 3 * 2 + 2 + 4 * 3 + 1;
+    // tiny hybrid: 3 Gated DeltaNet layers (all input projections joined, out) and 1
+    // attention layer (q, k, v and gate joined, o), each with a MoE block (router and
+    // shared-expert gate joined), plus the output projection.
+    let expected = 3 * 2 + 2 + 4 + 1;
     assert_eq!(ops.by_kind.get("QuantizedMatmul"), Some(&expected), "{:?}", ops.by_kind);
-    // The routed experts: gate/up joined and down, one gathered matmul each.
+    // The experts, the shared one among them: gate/up joined and down, one gathered matmul
+    // each; no arange for their row indices.
     assert_eq!(ops.by_kind.get("GatherQMM"), Some(&(4 * 2)), "{:?}", ops.by_kind);
 }

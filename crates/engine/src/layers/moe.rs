@@ -1,15 +1,15 @@
 //! Mixture of experts (Qwen3-MoE): a softmax router picks `top_k` experts per token and the
 //! experts' SwiGLU MLPs run as one gathered (quantized) matmul per projection.
 
-use mlx_rs::ops::indexing::{Ellipsis, TryIndexOp};
 use std::cell::RefCell;
 
 use mlx_rs::error::Exception;
+use mlx_rs::ops::indexing::{Ellipsis, TryIndexOp};
 use mlx_rs::transforms::compile::compile;
 use mlx_rs::{ops, Array};
 
 use super::linear::Packed;
-use super::{swiglu, Mlp, Projections};
+use super::{swiglu, Linear, Mlp, Projections};
 use crate::error::Result;
 
 /// One projection of all experts: weights [experts, out, in].
@@ -73,6 +73,45 @@ impl SwitchLinear {
     }
 }
 
+impl SwitchLinear {
+    /// Experts in the stack.
+    fn experts(&self) -> i32 {
+        match self {
+            SwitchLinear::Dense { weight } => weight.dim(0),
+            SwitchLinear::Quantized { packed } => packed.weight.dim(0),
+        }
+    }
+
+    /// This stack with `extra` (one more expert's matrix) appended as the last expert, when
+    /// it is stored alike (same dtype or quantization spec, same shape, no bias).
+    fn with_extra(&self, extra: &Linear) -> Result<Option<SwitchLinear>> {
+        let append = |stack: &Array, one: &Array| -> Result<Option<Array>> {
+            if stack.shape()[1..] != *one.shape() || stack.dtype() != one.dtype() {
+                return Ok(None);
+            }
+            Ok(Some(ops::concatenate(&[stack, &ops::expand_dims(one, 0)?], 0)?))
+        };
+        let joined = match (self, extra) {
+            (SwitchLinear::Dense { weight }, Linear::Dense { weight: w, bias: None }) => match append(weight, w)? {
+                Some(weight) => SwitchLinear::Dense { weight },
+                None => return Ok(None),
+            },
+            (SwitchLinear::Quantized { packed: s }, Linear::Quantized { packed: p, bias: None }) if s.spec == p.spec => {
+                match (append(&s.weight, &p.weight)?, append(&s.scales, &p.scales)?, append(&s.biases, &p.biases)?) {
+                    (Some(weight), Some(scales), Some(biases)) => SwitchLinear::Quantized { packed: Packed { weight, scales, biases, spec: s.spec } },
+                    _ => return Ok(None),
+                }
+            }
+            _ => return Ok(None),
+        };
+        match &joined {
+            SwitchLinear::Dense { weight } => weight.eval()?,
+            SwitchLinear::Quantized { packed } => packed.eval()?,
+        }
+        Ok(Some(joined))
+    }
+}
+
 /// The experts' gate and up projections, separate or joined (one gathered matmul per step).
 #[derive(Debug, Clone)]
 pub enum SwitchGateUp {
@@ -94,6 +133,35 @@ impl SwitchGlu {
             None => SwitchGateUp::Separate { gate, up },
         };
         Ok(SwitchGlu { gate_up, down_proj })
+    }
+
+    /// Takes the shared expert in as one more expert when its matrices are stored as the
+    /// routed experts' are (Qwen3-Next and Qwen3.5 give it the same width): then it runs in
+    /// the same two gathered matmuls as the routed ones instead of three dispatches of its
+    /// own. Otherwise it stays an MLP beside them.
+    pub fn take_in_shared(&mut self, shared: Mlp) -> Result<SharedExpert> {
+        let index = self.down_proj.experts() as u32;
+        let gate_up = match (&self.gate_up, &shared.gate_up) {
+            (SwitchGateUp::Joined { both, hidden }, Projections::Joined { all, .. }) if shared.gate_up.widths() == [*hidden, *hidden] => {
+                both.with_extra(all)?.map(|both| SwitchGateUp::Joined { both, hidden: *hidden })
+            }
+            (SwitchGateUp::Separate { gate, up }, Projections::Separate(parts)) if parts.len() == 2 => {
+                match (gate.with_extra(&parts[0])?, up.with_extra(&parts[1])?) {
+                    (Some(gate), Some(up)) => Some(SwitchGateUp::Separate { gate, up }),
+                    _ => None,
+                }
+            }
+            _ => None,
+        };
+        let down = self.down_proj.with_extra(&shared.down_proj)?;
+        match (gate_up, down) {
+            (Some(gate_up), Some(down_proj)) => {
+                self.gate_up = gate_up;
+                self.down_proj = down_proj;
+                Ok(SharedExpert::InExperts { index })
+            }
+            _ => Ok(SharedExpert::Mlp(shared)),
+        }
     }
 
     /// `x`: [B, L, D], `indices`: [B, L, K] → [B, L, K, D].
@@ -137,7 +205,16 @@ pub struct SparseMoe {
     pub top_k: i32,
     pub norm_topk_prob: bool,
     /// Hybrid models add an always-on expert, scaled by `sigmoid(shared_expert_gate(x))`.
-    pub shared: Option<Mlp>,
+    pub shared: Option<SharedExpert>,
+}
+
+/// The hybrid models' always-on expert.
+#[derive(Debug, Clone)]
+pub enum SharedExpert {
+    /// An MLP of its own.
+    Mlp(Mlp),
+    /// Stored as the experts' last one (`index`), so every token also routes to it.
+    InExperts { index: u32 },
 }
 
 impl SparseMoe {
@@ -154,13 +231,25 @@ impl SparseMoe {
         if self.norm_topk_prob {
             scores = scores.divide(scores.sum_axis(-1, true)?)?;
         }
-        let y = self.experts.forward(x, &top)?;
         let mut out = match (&self.shared, shared_gate) {
-            (Some(shared), Some(gate)) => {
-                let args = [y, scores, shared.forward(x)?, gate];
+            (Some(SharedExpert::Mlp(shared)), Some(gate)) => {
+                let args = [self.experts.forward(x, &top)?, scores, shared.forward(x)?, gate];
                 COMBINE.with_borrow_mut(|f| f(&args))?
             }
-            (None, None) => COMBINE.with_borrow_mut(|f| f(&[y, scores]))?,
+            (Some(SharedExpert::InExperts { index }), Some(gate)) => {
+                let batch = &top.shape()[..top.ndim() - 1];
+                let count: i32 = batch.iter().product();
+                let shared_ids = Array::from_iter(std::iter::repeat_n(*index, count as usize), &[batch, &[1]].concat());
+                let ids = ops::concatenate(&[top, shared_ids], -1)?;
+                let y = self.experts.forward(x, &ids)?;
+                let routed = y.try_index((Ellipsis, ..k, ..))?;
+                let shared = y.try_index((Ellipsis, k, ..))?;
+                COMBINE.with_borrow_mut(|f| f(&[routed, scores, shared, gate]))?
+            }
+            (None, None) => {
+                let args = [self.experts.forward(x, &top)?, scores];
+                COMBINE.with_borrow_mut(|f| f(&args))?
+            }
             _ => return Err(Exception::custom("a shared expert needs its gate (and only then)").into()),
         };
         out.pop().ok_or_else(|| Exception::custom("the MoE combine returned nothing").into())

@@ -93,10 +93,12 @@ fn feed_forward(c: &ModelConfig, ld: &mut Loader, i: i32, p: &str) -> Result<Fee
     let (e, mi) = (c.num_experts, c.moe_intermediate_size);
     super::qwen3_moe::stack_expert_layouts(ld, p, e)?;
     let experts = super::qwen3_moe::switch_glu(ld, p, e, h, mi)?;
+    let mut experts = experts;
     let router = ld.linear(&format!("{p}.gate"), h, e, false)?;
     let (router, shared) = if c.shared_expert_intermediate_size > 0 {
         let shared_gate = ld.linear(&format!("{p}.shared_expert_gate"), h, 1, false)?;
-        (vec![router, shared_gate], Some(qwen3::mlp(ld, &format!("{p}.shared_expert"), h, c.shared_expert_intermediate_size)?))
+        let mlp = qwen3::mlp(ld, &format!("{p}.shared_expert"), h, c.shared_expert_intermediate_size)?;
+        (vec![router, shared_gate], Some(experts.take_in_shared(mlp)?))
     } else {
         (vec![router], None)
     };

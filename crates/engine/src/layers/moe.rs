@@ -12,6 +12,9 @@ use super::linear::Packed;
 use super::{swiglu, Linear, Mlp, Projections};
 use crate::error::Result;
 
+/// From this many (token, expert) pairs on, the gathered matmuls group rows by expert.
+const SORT_FROM: usize = 64;
+
 /// One projection of all experts: weights [experts, out, in].
 #[derive(Debug, Clone)]
 pub enum SwitchLinear {
@@ -158,7 +161,7 @@ impl SwitchGlu {
             (Some(gate_up), Some(down_proj)) => {
                 self.gate_up = gate_up;
                 self.down_proj = down_proj;
-                Ok(SharedExpert::InExperts { index })
+                Ok(SharedExpert::InExperts { index, mlp: shared })
             }
             _ => Ok(SharedExpert::Mlp(shared)),
         }
@@ -169,7 +172,7 @@ impl SwitchGlu {
         let x = ops::expand_dims_axes(x, &[-2, -3])?;
         // With many (token, expert) pairs, grouping the rows by expert makes the gathered
         // matmuls read each expert's weights once.
-        let sort = indices.size() >= 64;
+        let sort = indices.size() >= SORT_FROM;
         let (x, idx, inverse) = if sort {
             let k = indices.dim(-1);
             let flat = indices.flatten(None, None)?;
@@ -213,8 +216,10 @@ pub struct SparseMoe {
 pub enum SharedExpert {
     /// An MLP of its own.
     Mlp(Mlp),
-    /// Stored as the experts' last one (`index`), so every token also routes to it.
-    InExperts { index: u32 },
+    /// Also stored as the experts' last one (`index`): a few tokens (decode, verify) route
+    /// to it with the others, in the same gathered matmuls; a long prompt, whose gathered
+    /// matmuls group rows by expert, runs its own MLP (a plain matmul over every row).
+    InExperts { index: u32, mlp: Mlp },
 }
 
 impl SparseMoe {
@@ -232,11 +237,15 @@ impl SparseMoe {
             scores = scores.divide(scores.sum_axis(-1, true)?)?;
         }
         let mut out = match (&self.shared, shared_gate) {
+            (Some(SharedExpert::Mlp(shared) | SharedExpert::InExperts { mlp: shared, .. }), Some(gate)) if top.size() >= SORT_FROM => {
+                let args = [self.experts.forward(x, &top)?, scores, shared.forward(x)?, gate];
+                COMBINE.with_borrow_mut(|f| f(&args))?
+            }
             (Some(SharedExpert::Mlp(shared)), Some(gate)) => {
                 let args = [self.experts.forward(x, &top)?, scores, shared.forward(x)?, gate];
                 COMBINE.with_borrow_mut(|f| f(&args))?
             }
-            (Some(SharedExpert::InExperts { index }), Some(gate)) => {
+            (Some(SharedExpert::InExperts { index, .. }), Some(gate)) => {
                 let batch = &top.shape()[..top.ndim() - 1];
                 let count: i32 = batch.iter().product();
                 let shared_ids = Array::from_iter(std::iter::repeat_n(*index, count as usize), &[batch, &[1]].concat());

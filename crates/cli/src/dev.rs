@@ -38,6 +38,9 @@ pub enum Command {
         /// Prompt lengths before the counted step (repeatable).
         #[arg(long, default_values_t = [128usize])]
         context: Vec<usize>,
+        /// Also time a prompt of this many tokens in one pass, layer part by layer part.
+        #[arg(long)]
+        prefill: Option<usize>,
         /// One JSON object per context instead of a table.
         #[arg(long)]
         json: bool,
@@ -84,9 +87,20 @@ fn tokenize(tokenizer: &std::path::Path, docs: &std::path::Path, out: &std::path
     Ok(())
 }
 
-fn ops(model: &std::path::Path, contexts: &[usize], json: bool) -> Result<()> {
+fn ops(model: &std::path::Path, contexts: &[usize], prefill: Option<usize>, json: bool) -> Result<()> {
     use anyhow::Context;
     let engine = engine::Engine::load(model).with_context(|| format!("loading {}", model.display()))?;
+    if let Some(tokens) = prefill {
+        let t = engine::graph::prefill_times(&engine, tokens)?;
+        if json {
+            println!("{}", serde_json::json!({"engine": "ferrite", "prefill_tokens": t.tokens, "total_ms": t.total_ms, "by_part": t.by_part}));
+        } else {
+            println!("{}: a {}-token prompt in one pass, each layer part waited for: {:.1} ms", model.display(), t.tokens, t.total_ms);
+            for (part, ms) in &t.by_part {
+                println!("  {ms:>9.1} ms  {part}");
+            }
+        }
+    }
     for &context in contexts {
         let ops = engine::graph::decode_step_ops(&engine, context)?;
         if json {
@@ -148,7 +162,7 @@ pub fn run(cmd: Command) -> Result<()> {
         Command::MakeCheckpoint(a) => a,
         Command::TrainTokenizer { docs, vocab, out } => return train_tokenizer(&docs, vocab, &out),
         Command::Tokenize { tokenizer, docs, out } => return tokenize(&tokenizer, &docs, &out),
-        Command::Ops { model, context, json } => return ops(&model, &context, json),
+        Command::Ops { model, context, prefill, json } => return ops(&model, &context, prefill, json),
     };
     let dtype = match a.dtype.as_str() {
         "f32" | "float32" => Dtype::Float32,

@@ -2,6 +2,8 @@
 //! GPU work per operation is small, so the count of operations — each one built on the host,
 //! then launched — sets much of the pace; this is the figure the graph work in the layers
 //! is judged by (`ferrite dev ops`, beside mlx-lm's count from `bench/mlx_lm_ops.py`).
+//! For prompts, where the arithmetic is large, [`prefill_times`] says which kind of layer
+//! the time goes to.
 
 use std::collections::BTreeMap;
 use std::time::Instant;
@@ -76,4 +78,53 @@ pub fn decode_step_ops(engine: &Engine, context: usize) -> Result<StepOps> {
     ops.build_ms = build * 1e3 / TIMED as f64;
     ops.step_ms = total * 1e3 / TIMED as f64;
     Ok(ops)
+}
+
+/// Where one prompt chunk's time goes, by part of the layer: each layer's mixer (attention or
+/// Gated DeltaNet, with its norm and residual) and feed-forward (dense MLP or MoE) is
+/// evaluated and waited for on its own, so the parts' times add up to the chunk's (plus the
+/// embedding). The second of two passes is reported (the first compiles kernels).
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct PrefillTimes {
+    pub tokens: usize,
+    pub total_ms: f64,
+    pub by_part: BTreeMap<String, f64>,
+}
+
+pub fn prefill_times(engine: &Engine, tokens: usize) -> Result<PrefillTimes> {
+    let model = engine.model.as_ref();
+    let vocab = model.config().vocab_size.max(2) as u32;
+    let prompt: Vec<u32> = (0..tokens.max(1) as u32).map(|i| (i * 7919 + 1) % vocab).collect();
+    let ids = Array::from_slice(&prompt, &[1, prompt.len() as i32]);
+    let mut times = PrefillTimes { tokens: prompt.len(), ..Default::default() };
+    for pass in 0..2 {
+        let mut cache = model.new_cache();
+        let mut by_part = BTreeMap::new();
+        let started = Instant::now();
+        let mut h = model.embed(&ids)?;
+        h.eval()?;
+        for (layer, state) in model.layers().iter().zip(cache.layers.iter_mut()) {
+            let t = Instant::now();
+            h = h.add(layer.mixer.forward(&layer.input_layernorm.forward(&h)?, state)?)?;
+            h.eval()?;
+            let mixer = match layer.mixer {
+                crate::layers::Mixer::Attention(_) => "attention",
+                crate::layers::Mixer::Linear(_) => "gated delta",
+            };
+            *by_part.entry(mixer.to_string()).or_insert(0.0) += t.elapsed().as_secs_f64() * 1e3;
+            let t = Instant::now();
+            h = h.add(layer.mlp.forward(&layer.post_attention_layernorm.forward(&h)?)?)?;
+            h.eval()?;
+            let ffn = match layer.mlp {
+                crate::layers::FeedForward::Dense(_) => "mlp",
+                crate::layers::FeedForward::Moe(_) => "moe",
+            };
+            *by_part.entry(ffn.to_string()).or_insert(0.0) += t.elapsed().as_secs_f64() * 1e3;
+        }
+        if pass == 1 {
+            times.total_ms = started.elapsed().as_secs_f64() * 1e3;
+            times.by_part = by_part;
+        }
+    }
+    Ok(times)
 }

@@ -33,3 +33,15 @@ fn a_hybrid_step_joins_its_projections_and_runs_the_shared_expert_with_the_route
     // each; no arange for their row indices.
     assert_eq!(ops.by_kind.get("GatherQMM"), Some(&(4 * 2)), "{:?}", ops.by_kind);
 }
+
+#[test]
+fn prefill_times_name_each_kind_of_layer_part() {
+    let dir = common::make(&common::options(Arch::Qwen3Next, "tiny", Some(4), 32, Dtype::Float32));
+    let engine = Engine::load(dir.path()).unwrap();
+    let t = engine::graph::prefill_times(&engine, 80).unwrap();
+    assert_eq!(t.tokens, 80);
+    let parts: Vec<&str> = t.by_part.keys().map(String::as_str).collect();
+    assert_eq!(parts, ["attention", "gated delta", "moe"]);
+    let sum: f64 = t.by_part.values().sum();
+    assert!(t.by_part.values().all(|&ms| ms > 0.0) && sum <= t.total_ms, "{t:?}");
+}

@@ -37,6 +37,10 @@ pub trait LanguageModel: Send {
     /// An empty cache for one sequence.
     fn new_cache(&self) -> Cache;
     fn config(&self) -> &ModelConfig;
+    /// The decoder layers, for probes that time them one by one (`graph::prefill_times`).
+    fn layers(&self) -> &[crate::layers::DecoderLayer] {
+        &[]
+    }
     /// The multi-token-prediction head, when the checkpoint has one.
     fn mtp(&self) -> Option<&MtpHead> {
         None

@@ -104,6 +104,10 @@ impl LanguageModel for Transformer {
         self.embed_tokens.forward(tokens)
     }
 
+    fn layers(&self) -> &[DecoderLayer] {
+        &self.layers
+    }
+
     fn mtp(&self) -> Option<&MtpHead> {
         self.mtp.as_ref()
     }

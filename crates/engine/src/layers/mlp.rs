@@ -12,8 +12,9 @@ pub struct Mlp {
 }
 
 impl Mlp {
-    pub fn new(gate: Linear, up: Linear, down_proj: Linear) -> Result<Mlp> {
-        Ok(Mlp { gate_up: Projections::new(vec![gate, up])?, down_proj })
+    /// `gate_up`: the gate and up projections, in that order.
+    pub fn new(gate_up: Projections, down_proj: Linear) -> Mlp {
+        Mlp { gate_up, down_proj }
     }
 
     pub fn forward(&self, x: &Array) -> Result<Array> {

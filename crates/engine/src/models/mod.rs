@@ -63,7 +63,12 @@ pub fn load(dir: &Path) -> Result<Box<dyn LanguageModel>> {
         }
     }
     let model = {
-        let mut loader = Loader { weights: &mut weights, quant: config.quant.as_ref(), config_path: config.path.clone() };
+        let mut loader = Loader {
+            weights: &mut weights,
+            quant: config.quant.as_ref(),
+            config_path: config.path.clone(),
+            join_projections: config.is_hybrid() || config.num_experts > 0,
+        };
         match config.model_type.as_str() {
             "qwen3" => qwen3::build(&config, &mut loader)?,
             "qwen3_moe" => qwen3_moe::build(&config, &mut loader)?,

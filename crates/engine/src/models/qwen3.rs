@@ -16,5 +16,5 @@ pub fn build(config: &ModelConfig, ld: &mut Loader) -> Result<Transformer> {
 pub fn mlp(ld: &mut Loader, path: &str, dim: i32, hidden: i32) -> Result<Mlp> {
     let gate = ld.linear(&format!("{path}.gate_proj"), dim, hidden, false)?;
     let up = ld.linear(&format!("{path}.up_proj"), dim, hidden, false)?;
-    Mlp::new(gate, up, ld.linear(&format!("{path}.down_proj"), hidden, dim, false)?)
+    Ok(Mlp::new(ld.projections(vec![gate, up])?, ld.linear(&format!("{path}.down_proj"), hidden, dim, false)?))
 }

@@ -25,7 +25,7 @@ pub fn build(config: &ModelConfig, ld: &mut Loader) -> Result<Transformer> {
         stack_expert_layouts(ld, path, e)?;
         let experts = switch_glu(ld, path, e, dim, hidden)?;
         Ok(FeedForward::Moe(Box::new(SparseMoe {
-            router: Projections::new(vec![ld.linear(&format!("{path}.gate"), dim, e, false)?])?,
+            router: Projections::Separate(vec![ld.linear(&format!("{path}.gate"), dim, e, false)?]),
             experts,
             top_k: c.num_experts_per_tok,
             norm_topk_prob: c.norm_topk_prob(),

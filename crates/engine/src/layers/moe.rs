@@ -63,11 +63,19 @@ impl SwitchLinear {
     /// `x`: [..., 1, in] rows, `experts`: matching expert ids.
     fn forward(&self, x: &Array, experts: &Array, mode: Gather) -> Result<Array> {
         let sorted = mode != Gather::Unsorted;
-        // Which row of x each product reads, in x's batch shape: without it MLX builds the
-        // same with an arange, a kernel per gathered matmul; made here on the host instead.
-        let batch = &x.shape()[..x.ndim().saturating_sub(2)];
-        let count: i32 = batch.iter().product();
-        let rows = &Array::from_iter(0..count as u32, batch);
+        // Which row of x each product reads, in x's batch shape. Without it MLX builds the
+        // same with an arange, a kernel per gathered matmul: at decode it is made here on the
+        // host instead. Sorted (long-prompt) matmuls get none, as mlx-lm calls them and as
+        // `bench/moe_prefill_kernels.py` timed them: MLX's sorted fast paths are written for
+        // that call.
+        let rows = if sorted {
+            None
+        } else {
+            let batch = &x.shape()[..x.ndim().saturating_sub(2)];
+            let count: i32 = batch.iter().product();
+            Some(Array::from_iter(0..count as u32, batch))
+        };
+        let rows = rows.as_ref();
         Ok(match self {
             SwitchLinear::Dense { weight } if weight.dtype() != x.dtype() => {
                 // CPU gather_mm is float32-only: the loader upcast the weights.

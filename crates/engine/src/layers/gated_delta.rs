@@ -195,14 +195,18 @@ fn short_core(args: &[Array], record: bool) -> std::result::Result<Vec<Array>, E
     let conv_input = ops::concatenate(&[tail, qkv], 1)?;
     let new_tail = conv_input.index((.., s.., ..));
     let (q, k, v) = conv_qkv(&conv_input, conv_weight, s, [nk, dk, nv, dv])?;
-    let beta = ops::sigmoid(beta_logits)?;
-    let g = decay_graph((a_log, a, dt_bias))?;
+    // The gates are computed per position, in the value heads' groups, inside the step: so
+    // MLX fuses them into the step's element-wise kernels instead of running them apart.
+    let r = nv / nk;
+    let (a_log, dt_bias) = (a_log.reshape(&[nk, r, 1, 1])?, dt_bias.reshape(&[nk, r, 1, 1])?);
     let mut state = recurrent.clone();
     let mut ys = Vec::with_capacity(s as usize);
     let mut states = Vec::new();
     for t in 0..s {
         let at = |x: &Array| x.index((.., t));
-        let mut step = delta_step_graph(&[at(&q), at(&k), at(&v), at(&g), at(&beta), state])?;
+        let g = decay_graph((&a_log, &at(a).reshape(&[b, nk, r, 1, 1])?, &dt_bias))?;
+        let beta = ops::sigmoid(&at(beta_logits).reshape(&[b, nk, r, 1])?)?;
+        let mut step = grouped_delta_step(&at(&q), &at(&k), &at(&v), &g, &beta, state)?;
         let (Some(next), Some(y)) = (step.pop(), step.pop()) else {
             return Err(Exception::custom("the delta step returned fewer than two arrays"));
         };
@@ -314,13 +318,20 @@ fn delta_step_graph(args: &[Array]) -> std::result::Result<Vec<Array>, Exception
     let [q, k, v, g, beta, state] = args else {
         return Err(Exception::custom("delta step takes 6 arrays"));
     };
+    let (b, hk, r) = (q.dim(0), q.dim(1), v.dim(1) / q.dim(1));
+    grouped_delta_step(q, k, v, &g.reshape(&[b, hk, r, 1, 1])?, &beta.reshape(&[b, hk, r, 1])?, state.clone())
+}
+
+/// [`delta_step_graph`] with the gates already in groups: g [B, Hk, r, 1, 1], beta
+/// [B, Hk, r, 1]. Returns [y, state].
+fn grouped_delta_step(q: &Array, k: &Array, v: &Array, g: &Array, beta: &Array, state: Array) -> std::result::Result<Vec<Array>, Exception> {
     let (b, hk, dk) = (q.dim(0), q.dim(1), q.dim(2));
     let (hv, dv) = (v.dim(1), v.dim(2));
     let r = hv / hk;
-    let state = state.reshape(&[b, hk, r, dv, dk])?.multiply(g.reshape(&[b, hk, r, 1, 1])?)?;
+    let state = state.reshape(&[b, hk, r, dv, dk])?.multiply(g)?;
     let k_row = k.reshape(&[b, hk, 1, 1, dk])?;
     let kv_mem = state.multiply(&k_row)?.sum_axis(-1, false)?;
-    let delta = v.reshape(&[b, hk, r, dv])?.subtract(&kv_mem)?.multiply(beta.reshape(&[b, hk, r, 1])?)?;
+    let delta = v.reshape(&[b, hk, r, dv])?.subtract(&kv_mem)?.multiply(beta)?;
     let state = state.add(k_row.multiply(delta.index((.., .., .., .., NewAxis)))?)?;
     let y = state.multiply(q.reshape(&[b, hk, 1, 1, dk])?)?.sum_axis(-1, false)?;
     Ok(vec![y.reshape(&[b, hv, dv])?.as_dtype(q.dtype())?, state.reshape(&[b, hv, dv, dk])?])

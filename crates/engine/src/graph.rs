@@ -113,7 +113,7 @@ pub fn prefill_times(engine: &Engine, tokens: usize) -> Result<PrefillTimes> {
             };
             *by_part.entry(mixer.to_string()).or_insert(0.0) += t.elapsed().as_secs_f64() * 1e3;
             let t = Instant::now();
-            h = h.add(layer.mlp.forward(&layer.post_attention_layernorm.forward(&h)?)?)?;
+            h = layer.mlp.forward_plus(&layer.post_attention_layernorm.forward(&h)?, &h)?;
             h.eval()?;
             let ffn = match layer.mlp {
                 crate::layers::FeedForward::Dense(_) => "mlp",

@@ -42,6 +42,14 @@ impl FeedForward {
             FeedForward::Moe(moe) => moe.forward(x),
         }
     }
+
+    /// `residual + ffn(x)` (a MoE block adds the residual inside its compiled combine).
+    pub fn forward_plus(&self, x: &Array, residual: &Array) -> Result<Array> {
+        match self {
+            FeedForward::Dense(mlp) => Ok(residual.add(mlp.forward(x)?)?),
+            FeedForward::Moe(moe) => moe.forward_plus(x, Some(residual)),
+        }
+    }
 }
 
 /// A pre-norm decoder layer: `h = x + attn(norm(x)); out = h + ffn(norm(h))`.
@@ -56,7 +64,6 @@ pub struct DecoderLayer {
 impl DecoderLayer {
     pub fn forward(&self, x: &Array, cache: &mut LayerCache) -> Result<Array> {
         let h = x.add(self.mixer.forward(&self.input_layernorm.forward(x)?, cache)?)?;
-        let r = self.mlp.forward(&self.post_attention_layernorm.forward(&h)?)?;
-        Ok(h.add(r)?)
+        self.mlp.forward_plus(&self.post_attention_layernorm.forward(&h)?, &h)
     }
 }

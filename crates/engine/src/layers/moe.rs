@@ -276,6 +276,12 @@ pub enum SharedExpert {
 
 impl SparseMoe {
     pub fn forward(&self, x: &Array) -> Result<Array> {
+        self.forward_plus(x, None)
+    }
+
+    /// `residual + moe(x)`: the residual is added inside the compiled combine, one kernel
+    /// fewer than adding it after.
+    pub fn forward_plus(&self, x: &Array, residual: Option<&Array>) -> Result<Array> {
         let mut logits = self.router.forward(x)?.into_iter();
         let (Some(router), shared_gate) = (logits.next(), logits.next()) else {
             return Err(Exception::custom("the MoE router returned nothing").into());
@@ -284,35 +290,27 @@ impl SparseMoe {
         let k = self.top_k;
         let top = ops::argpartition_axis(&probs, -k, -1)?;
         let top = top.try_index((Ellipsis, -k..))?;
-        let mut scores = ops::indexing::take_along_axis(&probs, &top, -1)?;
-        if self.norm_topk_prob {
-            scores = scores.divide(scores.sum_axis(-1, true)?)?;
-        }
-        let mut out = match (&self.shared, shared_gate) {
+        let scores = ops::indexing::take_along_axis(&probs, &top, -1)?;
+        // [experts' outputs, scores] + [shared expert's output, its gate logit] + [residual].
+        let mut args = match (&self.shared, shared_gate) {
             (Some(SharedExpert::Mlp(shared) | SharedExpert::InExperts { mlp: shared, .. }), Some(gate)) if top.size() >= SORT_FROM => {
-                let args = [self.experts.forward(x, &top)?, scores, shared.forward(x)?, gate];
-                COMBINE.with_borrow_mut(|f| f(&args))?
+                vec![self.experts.forward(x, &top)?, scores, shared.forward(x)?, gate]
             }
-            (Some(SharedExpert::Mlp(shared)), Some(gate)) => {
-                let args = [self.experts.forward(x, &top)?, scores, shared.forward(x)?, gate];
-                COMBINE.with_borrow_mut(|f| f(&args))?
-            }
+            (Some(SharedExpert::Mlp(shared)), Some(gate)) => vec![self.experts.forward(x, &top)?, scores, shared.forward(x)?, gate],
             (Some(SharedExpert::InExperts { index, .. }), Some(gate)) => {
                 let batch = &top.shape()[..top.ndim() - 1];
                 let count: i32 = batch.iter().product();
                 let shared_ids = Array::from_iter(std::iter::repeat_n(*index, count as usize), &[batch, &[1]].concat());
                 let ids = ops::concatenate(&[top, shared_ids], -1)?;
                 let y = self.experts.forward(x, &ids)?;
-                let routed = y.try_index((Ellipsis, ..k, ..))?;
-                let shared = y.try_index((Ellipsis, k, ..))?;
-                COMBINE.with_borrow_mut(|f| f(&[routed, scores, shared, gate]))?
+                vec![y.try_index((Ellipsis, ..k, ..))?, scores, y.try_index((Ellipsis, k, ..))?, gate]
             }
-            (None, None) => {
-                let args = [self.experts.forward(x, &top)?, scores];
-                COMBINE.with_borrow_mut(|f| f(&args))?
-            }
+            (None, None) => vec![self.experts.forward(x, &top)?, scores],
             _ => return Err(Exception::custom("a shared expert needs its gate (and only then)").into()),
         };
+        args.extend(residual.cloned());
+        let combine = if self.norm_topk_prob { &COMBINE_NORMALIZED } else { &COMBINE };
+        let mut out = combine.with_borrow_mut(|f| f(&args))?;
         out.pop().ok_or_else(|| Exception::custom("the MoE combine returned nothing").into())
     }
 }
@@ -320,24 +318,37 @@ impl SparseMoe {
 type Graph = Box<dyn for<'a> FnMut(&'a [Array]) -> std::result::Result<Vec<Array>, Exception>>;
 
 thread_local! {
-    /// The experts' outputs weighted by their scores and summed (and the gated shared expert
-    /// added) as one compiled graph: MLX fuses the element-wise parts, so a step dispatches
-    /// three kernels where the plain operations take five.
-    static COMBINE: RefCell<Graph> = RefCell::new(Box::new(compile(combine_graph, false)));
+    /// The experts' outputs weighted by their scores (normalised to sum 1 first, for models
+    /// that ask) and summed, the gated shared expert and the residual added, as one compiled
+    /// graph: MLX fuses the element-wise parts, so a step dispatches three kernels where the
+    /// plain operations take seven.
+    static COMBINE: RefCell<Graph> = RefCell::new(Box::new(compile(combine_graph::<false>, false)));
+    static COMBINE_NORMALIZED: RefCell<Graph> = RefCell::new(Box::new(compile(combine_graph::<true>, false)));
 }
 
-/// [experts' outputs [.., K, D], scores [.., K]] (+ [shared expert's output, its gate logit])
-/// → `sum(y * scores, K) (+ sigmoid(gate) * shared)`, as mlx-lm computes it.
-fn combine_graph(args: &[Array]) -> std::result::Result<Vec<Array>, Exception> {
-    let (y, scores) = match args {
-        [y, scores, ..] => (y, scores),
-        _ => return Err(Exception::custom("the MoE combine takes the experts' outputs and scores")),
+/// [experts' outputs [.., K, D], scores [.., K]] + [shared expert's output, its gate logit]
+/// + [residual] → `(residual +) sum(y * scores, K) (+ sigmoid(gate) * shared)`, as mlx-lm
+/// computes it.
+fn combine_graph<const NORMALIZE: bool>(args: &[Array]) -> std::result::Result<Vec<Array>, Exception> {
+    let (y, scores, shared, residual) = match args {
+        [y, scores] => (y, scores, None, None),
+        [y, scores, residual] => (y, scores, None, Some(residual)),
+        [y, scores, shared, gate] => (y, scores, Some((shared, gate)), None),
+        [y, scores, shared, gate, residual] => (y, scores, Some((shared, gate)), Some(residual)),
+        _ => return Err(Exception::custom("the MoE combine takes 2 to 5 arrays")),
     };
-    let y = y.multiply(ops::expand_dims(scores, -1)?)?.sum_axis(-2, false)?;
-    Ok(vec![match args {
-        [_, _, shared, gate] => y.add(ops::sigmoid(gate)?.multiply(shared)?)?,
-        _ => y,
-    }])
+    // Scores as [.., K, 1] before any arithmetic, so the normalising division fuses into the
+    // weighting's kernel (a reshape between them would end the fused chain).
+    let scores = ops::expand_dims(scores, -1)?;
+    let scores = if NORMALIZE { scores.divide(scores.sum_axis(-2, true)?)? } else { scores };
+    let mut out = y.multiply(&scores)?.sum_axis(-2, false)?;
+    if let Some((shared, gate)) = shared {
+        out = out.add(ops::sigmoid(gate)?.multiply(shared)?)?;
+    }
+    if let Some(residual) = residual {
+        out = residual.add(&out)?;
+    }
+    Ok(vec![out])
 }
 
 #[cfg(test)]

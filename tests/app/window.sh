@@ -30,8 +30,12 @@ inner() {
   done
   curl -fs "http://127.0.0.1:$port/v1/models" | grep -q ferrite-code-20m || { echo "the app does not serve the default model"; return 1; }
   # The window, titled Ferrite, and the page inside it talking to the server.
-  for _ in $(seq 60); do xdotool search --name '^Ferrite$' >/dev/null 2>&1 && break; sleep 0.5; done
-  xdotool search --name '^Ferrite$' >/dev/null || { echo "no window titled Ferrite"; xwininfo -root -tree | head -40; return 1; }
+  # Up to 90 s: a loaded machine is slow to map it. One search can fail on its own when
+  # another window (the desktop portal's) vanishes mid-search (X BadWindow), so the verdict
+  # is the loop's, not a last single search's.
+  found=
+  for _ in $(seq 180); do xdotool search --name '^Ferrite$' >/dev/null 2>&1 && { found=1; break; }; sleep 0.5; done
+  [ -n "$found" ] || { echo "no window titled Ferrite"; xwininfo -root -tree | head -40; return 1; }
   sleep 4
   import -window root "$OUT/window.png"
   # The tray icon: trayer embeds it as a child window of its panel.

@@ -22,7 +22,7 @@ fn max_abs(a: &Array, b: &Array) -> f32 {
 }
 
 fn agree(a: &Array, b: &Array) -> f32 {
-    let same = mlx_rs::ops::indexing::argmax_axis(a, -1, None).unwrap().eq(&mlx_rs::ops::indexing::argmax_axis(b, -1, None).unwrap()).unwrap();
+    let same = mlx_rs::ops::indexing::argmax_axis(a, -1, None).unwrap().eq(mlx_rs::ops::indexing::argmax_axis(b, -1, None).unwrap()).unwrap();
     same.as_dtype(mlx_rs::Dtype::Float32).unwrap().mean(None).unwrap().item_cast::<f32>()
 }
 

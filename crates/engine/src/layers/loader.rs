@@ -3,7 +3,7 @@
 //! group size of the config's `quantization` block or its per-layer override.
 
 use super::linear::Packed;
-use super::moe::SwitchLinear;
+use super::switch::SwitchLinear;
 use super::{Embedding, Linear, Projections, RmsNorm};
 use crate::config::{QuantSpec, Quantization};
 use crate::error::{Error, Result};

@@ -1,6 +1,6 @@
 //! Building blocks shared by the model files: linear and embedding layers (dense or
 //! affine-quantized) and joined projections, RMSNorm, RoPE, attention, Gated DeltaNet, the SwiGLU MLP and the
-//! mixture of experts.
+//! mixture of experts and its stacked experts.
 
 pub mod attention;
 pub mod block;
@@ -12,6 +12,7 @@ pub mod mlp;
 pub mod moe;
 pub mod norm;
 pub mod projections;
+pub mod switch;
 
 pub use attention::Attention;
 pub use block::{DecoderLayer, FeedForward, Mixer};

@@ -106,7 +106,7 @@ mod tests {
         assert_eq!(joined.widths(), vec![48, 16, 16]);
         for (a, b) in joined.forward(&x).unwrap().iter().zip(&separate) {
             assert_eq!(a.shape(), b.shape());
-            let diff = a.subtract(b).unwrap().abs().unwrap().max(None).unwrap().item::<f32>();
+            let diff = a.subtract(b).unwrap().abs().unwrap().max(None).unwrap().item_cast::<f32>();
             assert_eq!(diff, 0.0);
         }
     }

@@ -11,7 +11,7 @@ use super::transformer::attention;
 use super::{qwen3, Transformer};
 use crate::config::ModelConfig;
 use crate::error::Result;
-use crate::layers::moe::SwitchGlu;
+use crate::layers::switch::SwitchGlu;
 use crate::layers::{FeedForward, Loader, Mixer, Projections, SparseMoe};
 
 pub fn build(config: &ModelConfig, ld: &mut Loader) -> Result<Transformer> {

@@ -1,0 +1,286 @@
+//! The experts of a mixture-of-experts block: every expert's projection stacked into one
+//! tensor, run as one gathered matmul per projection over the (token, expert) pairs a router
+//! chose, in one of three ways by the step's size ([`Gather`]).
+
+use mlx_rs::{ops, Array};
+
+use super::linear::Packed;
+use super::moe::SharedExpert;
+use super::{swiglu, Linear, Mlp, Projections};
+use crate::error::Result;
+
+/// From this many (token, expert) pairs on, the gathered matmuls group rows by expert.
+pub const SORT_FROM: usize = 64;
+
+/// One projection of all experts: weights [experts, out, in].
+#[derive(Debug, Clone)]
+pub enum SwitchLinear {
+    Dense { weight: Array },
+    Quantized { packed: Packed },
+}
+
+/// How a step's gathered matmuls run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Gather {
+    /// Rows in token order (a few tokens: decode, verify, short prompts).
+    Unsorted,
+    /// Rows grouped by expert, so each expert's weights are read once.
+    Sorted,
+    /// Grouped by expert, and the quantized experts dequantized once for the step: for long
+    /// prompts on a GPU. On the H200 (MLX 0.32.2 CUDA) one 35B-A3B layer's experts for a
+    /// 2048-token chunk took 21.8 ms as gathered quantized matmuls and 4.7 ms this way (the
+    /// dequantize 1.8 ms of it), with identical outputs (`bench/moe_prefill_kernels.py`);
+    /// at 128 tokens the gathered quantized matmuls win (1.6 vs 4.3 ms).
+    SortedDequantized,
+}
+
+impl Gather {
+    /// The mode for `pairs` (token, expert) pairs over `experts` experts on this backend.
+    pub fn for_step(pairs: usize, experts: usize) -> Gather {
+        if pairs < SORT_FROM {
+            Gather::Unsorted
+        } else if pairs >= DEQUANTIZE_FROM_ROWS_PER_EXPERT * experts && gpu() {
+            Gather::SortedDequantized
+        } else {
+            Gather::Sorted
+        }
+    }
+}
+
+/// Average rows per expert from which a long prompt's experts are dequantized (measured
+/// crossover on the H200: about 12; CPU gathered matmuls are float32-only, so GPUs only).
+const DEQUANTIZE_FROM_ROWS_PER_EXPERT: usize = 16;
+
+fn gpu() -> bool {
+    static GPU: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *GPU.get_or_init(|| crate::device::backend() != crate::device::Backend::Cpu)
+}
+
+impl SwitchLinear {
+    /// `x`: [..., 1, in] rows, `experts`: matching expert ids.
+    fn forward(&self, x: &Array, experts: &Array, mode: Gather) -> Result<Array> {
+        let sorted = mode != Gather::Unsorted;
+        // Which row of x each product reads, in x's batch shape. Without it MLX builds the
+        // same with an arange, a kernel per gathered matmul: at decode it is made here on the
+        // host instead. Sorted (long-prompt) matmuls get none, as mlx-lm calls them and as
+        // `bench/moe_prefill_kernels.py` timed them: MLX's sorted fast paths are written for
+        // that call.
+        let rows = if sorted {
+            None
+        } else {
+            let batch = &x.shape()[..x.ndim().saturating_sub(2)];
+            let count: i32 = batch.iter().product();
+            Some(Array::from_iter(0..count as u32, batch))
+        };
+        let rows = rows.as_ref();
+        Ok(match self {
+            SwitchLinear::Dense { weight } if weight.dtype() != x.dtype() => {
+                // CPU gather_mm is float32-only: the loader upcast the weights.
+                let y = ops::gather_mm(x.as_dtype(weight.dtype())?, weight.swap_axes(-1, -2)?, rows, experts, sorted)?;
+                y.as_dtype(x.dtype())?
+            }
+            SwitchLinear::Dense { weight } => ops::gather_mm(x, weight.swap_axes(-1, -2)?, rows, experts, sorted)?,
+            SwitchLinear::Quantized { packed: p } if mode == Gather::SortedDequantized => {
+                let w = ops::dequantize(&p.weight, &p.scales, &p.biases, p.spec.group_size, p.spec.bits)?.as_dtype(x.dtype())?;
+                ops::gather_mm(x, w.swap_axes(-1, -2)?, rows, experts, sorted)?
+            }
+            SwitchLinear::Quantized { packed: p } => ops::gather_qmm(
+                x,
+                &p.weight,
+                &p.scales,
+                &p.biases,
+                rows,
+                experts,
+                true,
+                p.spec.group_size,
+                p.spec.bits,
+                sorted,
+            )?,
+        })
+    }
+}
+
+impl SwitchLinear {
+    /// Two projections of every expert as one (each expert's `a` rows, then its `b` rows),
+    /// when they are stored alike; evaluated at once so the originals can go.
+    pub fn join_rows(a: &SwitchLinear, b: &SwitchLinear) -> Result<Option<SwitchLinear>> {
+        let joined = match (a, b) {
+            (SwitchLinear::Dense { weight: wa }, SwitchLinear::Dense { weight: wb }) if wa.dtype() == wb.dtype() => {
+                SwitchLinear::Dense { weight: ops::concatenate(&[wa, wb], 1)? }
+            }
+            (SwitchLinear::Quantized { packed: pa }, SwitchLinear::Quantized { packed: pb }) if pa.spec == pb.spec => {
+                SwitchLinear::Quantized { packed: pa.join(pb, 1)? }
+            }
+            _ => return Ok(None),
+        };
+        match &joined {
+            SwitchLinear::Dense { weight } => weight.eval()?,
+            SwitchLinear::Quantized { packed } => packed.eval()?,
+        }
+        Ok(Some(joined))
+    }
+}
+
+impl SwitchLinear {
+    /// Experts in the stack.
+    fn experts(&self) -> i32 {
+        match self {
+            SwitchLinear::Dense { weight } => weight.dim(0),
+            SwitchLinear::Quantized { packed } => packed.weight.dim(0),
+        }
+    }
+
+    /// This stack with `extra` (one more expert's matrix) appended as the last expert, when
+    /// it is stored alike (same dtype or quantization spec, same shape, no bias).
+    fn with_extra(&self, extra: &Linear) -> Result<Option<SwitchLinear>> {
+        let append = |stack: &Array, one: &Array| -> Result<Option<Array>> {
+            if stack.shape()[1..] != *one.shape() || stack.dtype() != one.dtype() {
+                return Ok(None);
+            }
+            Ok(Some(ops::concatenate(&[stack, &ops::expand_dims(one, 0)?], 0)?))
+        };
+        let joined = match (self, extra) {
+            (SwitchLinear::Dense { weight }, Linear::Dense { weight: w, bias: None }) => match append(weight, w)? {
+                Some(weight) => SwitchLinear::Dense { weight },
+                None => return Ok(None),
+            },
+            (SwitchLinear::Quantized { packed: s }, Linear::Quantized { packed: p, bias: None }) if s.spec == p.spec => {
+                match (append(&s.weight, &p.weight)?, append(&s.scales, &p.scales)?, append(&s.biases, &p.biases)?) {
+                    (Some(weight), Some(scales), Some(biases)) => SwitchLinear::Quantized { packed: Packed { weight, scales, biases, spec: s.spec } },
+                    _ => return Ok(None),
+                }
+            }
+            _ => return Ok(None),
+        };
+        match &joined {
+            SwitchLinear::Dense { weight } => weight.eval()?,
+            SwitchLinear::Quantized { packed } => packed.eval()?,
+        }
+        Ok(Some(joined))
+    }
+}
+
+/// The experts' gate and up projections, separate or joined (one gathered matmul per step).
+#[derive(Debug, Clone)]
+pub enum SwitchGateUp {
+    Separate { gate: SwitchLinear, up: SwitchLinear },
+    Joined { both: SwitchLinear, hidden: i32 },
+}
+
+#[derive(Debug, Clone)]
+pub struct SwitchGlu {
+    pub gate_up: SwitchGateUp,
+    pub down_proj: SwitchLinear,
+}
+
+impl SwitchGlu {
+    /// Joins gate and up when they are stored alike (`hidden`: the experts' width).
+    pub fn new(gate: SwitchLinear, up: SwitchLinear, down_proj: SwitchLinear, hidden: i32) -> Result<SwitchGlu> {
+        let gate_up = match SwitchLinear::join_rows(&gate, &up)? {
+            Some(both) => SwitchGateUp::Joined { both, hidden },
+            None => SwitchGateUp::Separate { gate, up },
+        };
+        Ok(SwitchGlu { gate_up, down_proj })
+    }
+
+    /// Takes the shared expert in as one more expert when its matrices are stored as the
+    /// routed experts' are (Qwen3-Next and Qwen3.5 give it the same width): then it runs in
+    /// the same two gathered matmuls as the routed ones instead of three dispatches of its
+    /// own. Otherwise it stays an MLP beside them.
+    pub fn take_in_shared(&mut self, shared: Mlp) -> Result<SharedExpert> {
+        let index = self.down_proj.experts() as u32;
+        let gate_up = match (&self.gate_up, &shared.gate_up) {
+            (SwitchGateUp::Joined { both, hidden }, Projections::Joined { all, .. }) if shared.gate_up.widths() == [*hidden, *hidden] => {
+                both.with_extra(all)?.map(|both| SwitchGateUp::Joined { both, hidden: *hidden })
+            }
+            (SwitchGateUp::Separate { gate, up }, Projections::Separate(parts)) if parts.len() == 2 => {
+                match (gate.with_extra(&parts[0])?, up.with_extra(&parts[1])?) {
+                    (Some(gate), Some(up)) => Some(SwitchGateUp::Separate { gate, up }),
+                    _ => None,
+                }
+            }
+            _ => None,
+        };
+        let down = self.down_proj.with_extra(&shared.down_proj)?;
+        match (gate_up, down) {
+            (Some(gate_up), Some(down_proj)) => {
+                self.gate_up = gate_up;
+                self.down_proj = down_proj;
+                Ok(SharedExpert::InExperts { index, mlp: shared })
+            }
+            _ => Ok(SharedExpert::Mlp(shared)),
+        }
+    }
+
+    /// `x`: [B, L, D], `indices`: [B, L, K] → [B, L, K, D].
+    pub fn forward(&self, x: &Array, indices: &Array) -> Result<Array> {
+        self.forward_with(x, indices, Gather::for_step(indices.size(), self.down_proj.experts() as usize))
+    }
+
+    pub fn forward_with(&self, x: &Array, indices: &Array, mode: Gather) -> Result<Array> {
+        let x = ops::expand_dims_axes(x, &[-2, -3])?;
+        // With many (token, expert) pairs, grouping the rows by expert makes the gathered
+        // matmuls read each expert's weights once.
+        let sort = mode != Gather::Unsorted;
+        let (x, idx, inverse) = if sort {
+            let k = indices.dim(-1);
+            let flat = indices.flatten(None, None)?;
+            let order = ops::argsort(&flat)?;
+            let inverse = ops::argsort(&order)?;
+            let rows = order.floor_divide(Array::from_int(k))?;
+            let x = x.flatten(0, -3)?.take_axis(&rows, 0)?;
+            (x, flat.take_axis(&order, 0)?, Some(inverse))
+        } else {
+            (x, indices.clone(), None)
+        };
+        let (gate, up) = match &self.gate_up {
+            SwitchGateUp::Separate { gate, up } => (gate.forward(&x, &idx, mode)?, up.forward(&x, &idx, mode)?),
+            SwitchGateUp::Joined { both, hidden } => {
+                let parts = both.forward(&x, &idx, mode)?.split_at_indices(&[*hidden], -1)?;
+                (parts[0].clone(), parts[1].clone())
+            }
+        };
+        let mut y = self.down_proj.forward(&swiglu(&gate, &up)?, &idx, mode)?;
+        if let Some(inverse) = inverse {
+            y = ops::unflatten(y.take_axis(&inverse, 0)?, 0, indices.shape())?;
+        }
+        Ok(y.squeeze_axes(&[-2])?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::QuantSpec;
+    use mlx_rs::random;
+
+    fn experts(e: i32, out: i32, inp: i32, seed: u64) -> SwitchLinear {
+        let w = random::normal::<f32>(&[e, out, inp], None, None, Some(&random::key(seed).unwrap())).unwrap();
+        let (weight, scales, biases) = ops::quantize(&w, 32, 4).unwrap();
+        SwitchLinear::Quantized { packed: Packed { weight, scales, biases, spec: QuantSpec { group_size: 32, bits: 4 } } }
+    }
+
+    #[test]
+    fn dequantized_experts_give_the_gathered_quantized_results() {
+        let glu = SwitchGlu::new(experts(8, 32, 64, 1), experts(8, 32, 64, 2), experts(8, 64, 32, 3), 32).unwrap();
+        let x = random::normal::<f32>(&[1, 40, 64], None, None, Some(&random::key(4).unwrap())).unwrap();
+        let ids = random::randint::<_, u32>(0, 8, &[1, 40, 2], Some(&random::key(5).unwrap())).unwrap();
+        let sorted = glu.forward_with(&x, &ids, Gather::Sorted).unwrap();
+        let dequantized = glu.forward_with(&x, &ids, Gather::SortedDequantized).unwrap();
+        let unsorted = glu.forward_with(&x, &ids, Gather::Unsorted).unwrap();
+        assert_eq!(sorted.shape(), &[1, 40, 2, 64]);
+        for other in [&dequantized, &unsorted] {
+            let diff = sorted.subtract(other).unwrap().abs().unwrap().max(None).unwrap().item_cast::<f32>();
+            assert!(diff <= 1e-4, "max |Δ| {diff}");
+        }
+    }
+
+    #[test]
+    fn long_prompts_sort_and_only_gpus_dequantize() {
+        assert_eq!(Gather::for_step(8, 256), Gather::Unsorted);
+        let long = Gather::for_step(2048 * 8, 256);
+        assert_eq!(long, if gpu() { Gather::SortedDequantized } else { Gather::Sorted });
+        assert_eq!(Gather::for_step(128 * 8, 256), Gather::Sorted);
+    }
+}
+

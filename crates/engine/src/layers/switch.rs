@@ -35,11 +35,13 @@ pub enum Gather {
 }
 
 impl Gather {
-    /// The mode for `pairs` (token, expert) pairs over `experts` experts on this backend.
-    pub fn for_step(pairs: usize, experts: usize) -> Gather {
+    /// The mode for `pairs` (token, expert) pairs over `experts` experts on this backend,
+    /// where dequantizing the layer's experts would take `dequantized_bytes` for the step.
+    pub fn for_step(pairs: usize, experts: usize, dequantized_bytes: usize) -> Gather {
+        let limit = mlx_rs::memory::memory_limit().unwrap_or(0);
         if pairs < SORT_FROM {
             Gather::Unsorted
-        } else if pairs >= DEQUANTIZE_FROM_ROWS_PER_EXPERT * experts && gpu() {
+        } else if pairs >= DEQUANTIZE_FROM_ROWS_PER_EXPERT * experts && gpu() && dequantized_bytes <= limit / DEQUANTIZE_AT_MOST_LIMIT_PART {
             Gather::SortedDequantized
         } else {
             Gather::Sorted
@@ -50,6 +52,12 @@ impl Gather {
 /// Average rows per expert from which a long prompt's experts are dequantized (measured
 /// crossover on the H200: about 12; CPU gathered matmuls are float32-only, so GPUs only).
 const DEQUANTIZE_FROM_ROWS_PER_EXPERT: usize = 16;
+
+/// The dequantized experts live for one layer of one prompt chunk; they are made only while
+/// they take at most this part of MLX's memory limit (a 35B-A3B layer's 1.6 GB passes on a
+/// 64 GB Mac, an 80B-A3B layer's 3.2 GB does not), so a long prompt never pushes a machine
+/// that holds its model comfortably into swap.
+const DEQUANTIZE_AT_MOST_LIMIT_PART: usize = 16;
 
 fn gpu() -> bool {
     static GPU: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
@@ -122,6 +130,17 @@ impl SwitchLinear {
 }
 
 impl SwitchLinear {
+    /// Bytes of this stack dequantized to elements of `element_bytes` (0 when not quantized).
+    fn dequantized_bytes(&self, element_bytes: usize) -> usize {
+        match self {
+            SwitchLinear::Dense { .. } => 0,
+            SwitchLinear::Quantized { packed } => {
+                let packed_values = packed.weight.size() * 32 / packed.spec.bits as usize;
+                packed_values * element_bytes
+            }
+        }
+    }
+
     /// Experts in the stack.
     fn experts(&self) -> i32 {
         match self {
@@ -214,7 +233,17 @@ impl SwitchGlu {
 
     /// `x`: [B, L, D], `indices`: [B, L, K] → [B, L, K, D].
     pub fn forward(&self, x: &Array, indices: &Array) -> Result<Array> {
-        self.forward_with(x, indices, Gather::for_step(indices.size(), self.down_proj.experts() as usize))
+        let bytes = self.dequantized_bytes(x.item_size());
+        self.forward_with(x, indices, Gather::for_step(indices.size(), self.down_proj.experts() as usize, bytes))
+    }
+
+    /// Bytes of every expert projection dequantized to elements of `element_bytes`.
+    fn dequantized_bytes(&self, element_bytes: usize) -> usize {
+        let gate_up = match &self.gate_up {
+            SwitchGateUp::Joined { both, .. } => both.dequantized_bytes(element_bytes),
+            SwitchGateUp::Separate { gate, up } => gate.dequantized_bytes(element_bytes) + up.dequantized_bytes(element_bytes),
+        };
+        gate_up + self.down_proj.dequantized_bytes(element_bytes)
     }
 
     pub fn forward_with(&self, x: &Array, indices: &Array, mode: Gather) -> Result<Array> {
@@ -277,10 +306,13 @@ mod tests {
 
     #[test]
     fn long_prompts_sort_and_only_gpus_dequantize() {
-        assert_eq!(Gather::for_step(8, 256), Gather::Unsorted);
-        let long = Gather::for_step(2048 * 8, 256);
+        let one_layer = 1 << 30;
+        assert_eq!(Gather::for_step(8, 256, one_layer), Gather::Unsorted);
+        let long = Gather::for_step(2048 * 8, 256, one_layer);
         assert_eq!(long, if gpu() { Gather::SortedDequantized } else { Gather::Sorted });
-        assert_eq!(Gather::for_step(128 * 8, 256), Gather::Sorted);
+        assert_eq!(Gather::for_step(128 * 8, 256, one_layer), Gather::Sorted);
+        // Experts too big to dequantize beside the model: never.
+        assert_eq!(Gather::for_step(2048 * 8, 256, usize::MAX / 2), Gather::Sorted);
     }
 }
 

@@ -151,7 +151,7 @@ impl Engine {
     fn warm_up(&self) -> Result<()> {
         let started = Instant::now();
         let vocab = self.model.config().vocab_size.max(2) as u32;
-        let prompt: Vec<u32> = (0..16u32).map(|i| (i * 7919 + 1) % vocab).collect();
+        let prompt = synthetic_prompt(vocab, 16);
         let mut request = GenerateRequest::greedy(prompt, 4);
         request.ignore_eos = true;
         self.generate_text(request.clone())?;
@@ -232,6 +232,11 @@ impl Engine {
         }
         Err(Error::Request("generation ended without a summary".into()))
     }
+}
+
+/// `n` token ids spread over a vocabulary of `vocab` ids: a prompt for warm-ups and probes.
+pub(crate) fn synthetic_prompt(vocab: u32, n: usize) -> Vec<u32> {
+    (0..n as u32).map(|i| (i * 7919 + 1) % vocab.max(1)).collect()
 }
 
 /// Bytes of the checkpoint's weight files (what the wired limit must cover).

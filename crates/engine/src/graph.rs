@@ -14,7 +14,7 @@ use mlx_rs::Array;
 
 use crate::error::Result;
 use crate::ffi;
-use crate::generate::Engine;
+use crate::generate::{synthetic_prompt, Engine};
 
 /// Operations of one step, by MLX primitive name, and where a step's time goes.
 #[derive(Debug, Clone, Default, serde::Serialize)]
@@ -43,8 +43,7 @@ impl StepOps {
 /// token, its cache updates and the argmax.
 pub fn decode_step_ops(engine: &Engine, context: usize) -> Result<StepOps> {
     let model = engine.model.as_ref();
-    let vocab = model.config().vocab_size.max(2) as u32;
-    let prompt: Vec<u32> = (0..context.max(1) as u32).map(|i| (i * 7919 + 1) % vocab).collect();
+    let prompt = synthetic_prompt(model.config().vocab_size.max(2) as u32, context.max(1));
     let mut cache = model.new_cache();
     for chunk in prompt.chunks(engine.prefill_chunk.max(1)) {
         let hidden = model.hidden(&Array::from_slice(chunk, &[1, chunk.len() as i32]), &mut cache)?;
@@ -93,8 +92,7 @@ pub struct PrefillTimes {
 
 pub fn prefill_times(engine: &Engine, tokens: usize) -> Result<PrefillTimes> {
     let model = engine.model.as_ref();
-    let vocab = model.config().vocab_size.max(2) as u32;
-    let prompt: Vec<u32> = (0..tokens.max(1) as u32).map(|i| (i * 7919 + 1) % vocab).collect();
+    let prompt = synthetic_prompt(model.config().vocab_size.max(2) as u32, tokens.max(1));
     let ids = Array::from_slice(&prompt, &[1, prompt.len() as i32]);
     let mut times = PrefillTimes { tokens: prompt.len(), ..Default::default() };
     for pass in 0..2 {

@@ -65,19 +65,10 @@ impl Linear {
 }
 
 impl Packed {
-    /// Both matrices' rows along `axis` (the output axis), same spec.
-    pub fn join(&self, other: &Packed, axis: i32) -> Result<Packed> {
-        Ok(Packed {
-            weight: ops::concatenate(&[&self.weight, &other.weight], axis)?,
-            scales: ops::concatenate(&[&self.scales, &other.scales], axis)?,
-            biases: ops::concatenate(&[&self.biases, &other.biases], axis)?,
-            spec: self.spec,
-        })
-    }
-
-    /// The rows of every matrix in order (2-D matrices, one spec).
-    pub fn concat_rows(parts: &[&Packed]) -> Result<Packed> {
-        let all = |pick: fn(&Packed) -> &Array| ops::concatenate(&parts.iter().map(|p| pick(p)).collect::<Vec<_>>(), 0);
+    /// The matrices joined along `axis` (an output or expert axis, never the packed input
+    /// axis), in order; all share the first one's spec.
+    pub fn concat(parts: &[&Packed], axis: i32) -> Result<Packed> {
+        let all = |pick: fn(&Packed) -> &Array| ops::concatenate(&parts.iter().map(|p| pick(p)).collect::<Vec<_>>(), axis);
         Ok(Packed {
             weight: all(|p| &p.weight)?,
             scales: all(|p| &p.scales)?,

@@ -3,8 +3,8 @@ use mlx_rs::Array;
 use super::{swiglu, Linear, Projections};
 use crate::error::Result;
 
-/// The dense SwiGLU feed-forward: `down(silu(gate(x)) * up(x))`, gate and up joined into
-/// one matrix when stored alike.
+/// The dense SwiGLU feed-forward: `down(silu(gate(x)) * up(x))` (gate and up joined into
+/// one matrix when the model joins its projections: [`super::Loader::projections`]).
 #[derive(Debug, Clone)]
 pub struct Mlp {
     pub gate_up: Projections,
@@ -18,7 +18,8 @@ impl Mlp {
     }
 
     pub fn forward(&self, x: &Array) -> Result<Array> {
-        let parts = self.gate_up.forward(x)?;
-        self.down_proj.forward(&swiglu(&parts[0], &parts[1])?)
+        let [gate, up] = <[Array; 2]>::try_from(self.gate_up.forward(x)?)
+            .map_err(|_| mlx_rs::error::Exception::custom("an MLP needs gate and up projections"))?;
+        self.down_proj.forward(&swiglu(&gate, &up)?)
     }
 }

@@ -55,17 +55,17 @@ impl SparseMoe {
         let scores = ops::indexing::take_along_axis(&probs, &top, -1)?;
         // [experts' outputs, scores] + [shared expert's output, its gate logit] + [residual].
         let mut args = match (&self.shared, shared_gate) {
-            (Some(SharedExpert::Mlp(shared) | SharedExpert::InExperts { mlp: shared, .. }), Some(gate)) if top.size() >= SORT_FROM => {
-                vec![self.experts.forward(x, &top)?, scores, shared.forward(x)?, gate]
-            }
-            (Some(SharedExpert::Mlp(shared)), Some(gate)) => vec![self.experts.forward(x, &top)?, scores, shared.forward(x)?, gate],
-            (Some(SharedExpert::InExperts { index, .. }), Some(gate)) => {
+            // A few tokens route to the shared expert with the others (long prompts run its MLP).
+            (Some(SharedExpert::InExperts { index, .. }), Some(gate)) if top.size() < SORT_FROM => {
                 let batch = &top.shape()[..top.ndim() - 1];
                 let count: i32 = batch.iter().product();
                 let shared_ids = Array::from_iter(std::iter::repeat_n(*index, count as usize), &[batch, &[1]].concat());
                 let ids = ops::concatenate(&[top, shared_ids], -1)?;
                 let y = self.experts.forward(x, &ids)?;
                 vec![y.try_index((Ellipsis, ..k, ..))?, scores, y.try_index((Ellipsis, k, ..))?, gate]
+            }
+            (Some(SharedExpert::Mlp(shared) | SharedExpert::InExperts { mlp: shared, .. }), Some(gate)) => {
+                vec![self.experts.forward(x, &top)?, scores, shared.forward(x)?, gate]
             }
             (None, None) => vec![self.experts.forward(x, &top)?, scores],
             _ => return Err(Exception::custom("a shared expert needs its gate (and only then)").into()),

@@ -50,7 +50,7 @@ impl Projections {
                     Linear::Quantized { packed, .. } => Some(packed),
                     _ => None,
                 }).collect();
-                let packed = Packed::concat_rows(&packs)?;
+                let packed = Packed::concat(&packs, 0)?;
                 packed.eval()?;
                 Linear::Quantized { packed, bias: None }
             }

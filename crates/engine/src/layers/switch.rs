@@ -36,12 +36,14 @@ pub enum Gather {
 
 impl Gather {
     /// The mode for `pairs` (token, expert) pairs over `experts` experts on this backend,
-    /// where dequantizing the layer's experts would take `dequantized_bytes` for the step.
-    pub fn for_step(pairs: usize, experts: usize, dequantized_bytes: usize) -> Gather {
-        let limit = mlx_rs::memory::memory_limit().unwrap_or(0);
+    /// where dequantizing the layer's experts would take `dequantized_bytes()` for the step
+    /// (asked, with MLX's memory limit, only for long prompts: decode steps skip both).
+    pub fn for_step(pairs: usize, experts: usize, dequantized_bytes: impl FnOnce() -> usize) -> Gather {
         if pairs < SORT_FROM {
-            Gather::Unsorted
-        } else if pairs >= DEQUANTIZE_FROM_ROWS_PER_EXPERT * experts && gpu() && dequantized_bytes <= limit / DEQUANTIZE_AT_MOST_LIMIT_PART {
+            return Gather::Unsorted;
+        }
+        let long = pairs >= DEQUANTIZE_FROM_ROWS_PER_EXPERT * experts && gpu();
+        if long && dequantized_bytes() <= mlx_rs::memory::memory_limit().unwrap_or(0) / DEQUANTIZE_AT_MOST_LIMIT_PART {
             Gather::SortedDequantized
         } else {
             Gather::Sorted
@@ -117,7 +119,7 @@ impl SwitchLinear {
                 SwitchLinear::Dense { weight: ops::concatenate(&[wa, wb], 1)? }
             }
             (SwitchLinear::Quantized { packed: pa }, SwitchLinear::Quantized { packed: pb }) if pa.spec == pb.spec => {
-                SwitchLinear::Quantized { packed: pa.join(pb, 1)? }
+                SwitchLinear::Quantized { packed: Packed::concat(&[pa, pb], 1)? }
             }
             _ => return Ok(None),
         };
@@ -152,22 +154,17 @@ impl SwitchLinear {
     /// This stack with `extra` (one more expert's matrix) appended as the last expert, when
     /// it is stored alike (same dtype or quantization spec, same shape, no bias).
     fn with_extra(&self, extra: &Linear) -> Result<Option<SwitchLinear>> {
-        let append = |stack: &Array, one: &Array| -> Result<Option<Array>> {
-            if stack.shape()[1..] != *one.shape() || stack.dtype() != one.dtype() {
-                return Ok(None);
-            }
-            Ok(Some(ops::concatenate(&[stack, &ops::expand_dims(one, 0)?], 0)?))
-        };
+        let fits = |stack: &Array, one: &Array| stack.shape()[1..] == *one.shape() && stack.dtype() == one.dtype();
+        let as_expert = |one: &Array| ops::expand_dims(one, 0);
         let joined = match (self, extra) {
-            (SwitchLinear::Dense { weight }, Linear::Dense { weight: w, bias: None }) => match append(weight, w)? {
-                Some(weight) => SwitchLinear::Dense { weight },
-                None => return Ok(None),
-            },
-            (SwitchLinear::Quantized { packed: s }, Linear::Quantized { packed: p, bias: None }) if s.spec == p.spec => {
-                match (append(&s.weight, &p.weight)?, append(&s.scales, &p.scales)?, append(&s.biases, &p.biases)?) {
-                    (Some(weight), Some(scales), Some(biases)) => SwitchLinear::Quantized { packed: Packed { weight, scales, biases, spec: s.spec } },
-                    _ => return Ok(None),
-                }
+            (SwitchLinear::Dense { weight }, Linear::Dense { weight: w, bias: None }) if fits(weight, w) => {
+                SwitchLinear::Dense { weight: ops::concatenate(&[weight, &as_expert(w)?], 0)? }
+            }
+            (SwitchLinear::Quantized { packed: s }, Linear::Quantized { packed: p, bias: None })
+                if s.spec == p.spec && fits(&s.weight, &p.weight) && fits(&s.scales, &p.scales) =>
+            {
+                let one = Packed { weight: as_expert(&p.weight)?, scales: as_expert(&p.scales)?, biases: as_expert(&p.biases)?, spec: p.spec };
+                SwitchLinear::Quantized { packed: Packed::concat(&[s, &one], 0)? }
             }
             _ => return Ok(None),
         };
@@ -233,7 +230,7 @@ impl SwitchGlu {
 
     /// `x`: [B, L, D], `indices`: [B, L, K] → [B, L, K, D].
     pub fn forward(&self, x: &Array, indices: &Array) -> Result<Array> {
-        let bytes = self.dequantized_bytes(x.item_size());
+        let bytes = || self.dequantized_bytes(x.item_size());
         self.forward_with(x, indices, Gather::for_step(indices.size(), self.down_proj.experts() as usize, bytes))
     }
 
@@ -306,13 +303,13 @@ mod tests {
 
     #[test]
     fn long_prompts_sort_and_only_gpus_dequantize() {
-        let one_layer = 1 << 30;
+        let one_layer = || 1 << 30;
         assert_eq!(Gather::for_step(8, 256, one_layer), Gather::Unsorted);
         let long = Gather::for_step(2048 * 8, 256, one_layer);
         assert_eq!(long, if gpu() { Gather::SortedDequantized } else { Gather::Sorted });
         assert_eq!(Gather::for_step(128 * 8, 256, one_layer), Gather::Sorted);
         // Experts too big to dequantize beside the model: never.
-        assert_eq!(Gather::for_step(2048 * 8, 256, usize::MAX / 2), Gather::Sorted);
+        assert_eq!(Gather::for_step(2048 * 8, 256, || usize::MAX / 2), Gather::Sorted);
     }
 }
 

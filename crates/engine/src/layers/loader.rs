@@ -3,7 +3,7 @@
 //! group size of the config's `quantization` block or its per-layer override.
 
 use super::linear::Packed;
-use super::switch::SwitchLinear;
+use super::switch::{LongPromptGather, SwitchLinear};
 use super::{Embedding, Linear, Projections, RmsNorm};
 use crate::config::{QuantSpec, Quantization};
 use crate::error::{Error, Result};
@@ -19,6 +19,8 @@ pub struct Loader<'a> {
     /// checkpoint's matrices: joining their large q/k/v and gate/up gained nothing there
     /// (8B-shaped) or lost 7% (32B-shaped), and raised the prefill's peak memory.
     pub join_projections: bool,
+    /// How this model's MoE layers run long prompts, settled by the first one.
+    pub long_prompt_gather: LongPromptGather,
 }
 
 impl Loader<'_> {

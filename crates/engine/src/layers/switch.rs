@@ -2,6 +2,9 @@
 //! tensor, run as one gathered matmul per projection over the (token, expert) pairs a router
 //! chose, in one of three ways by the step's size ([`Gather`]).
 
+use std::sync::{Arc, OnceLock};
+use std::time::Instant;
+
 use mlx_rs::{ops, Array};
 
 use super::linear::Packed;
@@ -27,11 +30,58 @@ pub enum Gather {
     /// Rows grouped by expert, so each expert's weights are read once.
     Sorted,
     /// Grouped by expert, and the quantized experts dequantized once for the step: for long
-    /// prompts on a GPU. On the H200 (MLX 0.32.2 CUDA) one 35B-A3B layer's experts for a
-    /// 2048-token chunk took 21.8 ms as gathered quantized matmuls and 4.7 ms this way (the
+    /// prompts on a GPU, where the model's first long prompt timed it faster than `Sorted`
+    /// ([`LongPromptGather`]). On the H200 (MLX 0.32.2 CUDA) one 35B-A3B layer's experts for
+    /// a 2048-token chunk took 21.8 ms as gathered quantized matmuls and 4.7 ms this way (the
     /// dequantize 1.8 ms of it), with identical outputs (`bench/moe_prefill_kernels.py`);
     /// at 128 tokens the gathered quantized matmuls win (1.6 vs 4.3 ms).
     SortedDequantized,
+}
+
+/// How one loaded model runs its long prompts' gathered matmuls, shared by all its MoE layers
+/// and settled once: the first step for which [`Gather::for_step`] offers `SortedDequantized`
+/// times that layer's experts on that step's rows both ways and the faster form is kept.
+/// Measured rather than assumed per backend: the H200 favours dequantizing 4.6×, while
+/// Metal's gathered quantized kernels, the product's home, were never timed against it.
+#[derive(Debug, Clone, Default)]
+pub struct LongPromptGather(Arc<OnceLock<Gather>>);
+
+/// One layer's long-prompt step timed both ways (each form run once untimed first, so kernel
+/// compilation is not counted).
+#[derive(Debug, Clone, Copy)]
+pub struct GatherTiming {
+    pub pairs: usize,
+    pub sorted_ms: f64,
+    pub dequantized_ms: f64,
+}
+
+impl GatherTiming {
+    fn faster(&self) -> Gather {
+        if self.dequantized_ms < self.sorted_ms {
+            Gather::SortedDequantized
+        } else {
+            Gather::Sorted
+        }
+    }
+}
+
+impl LongPromptGather {
+    /// The form this model settled on, or the faster of `time`'s two (then kept).
+    pub fn choose(&self, time: impl FnOnce() -> Result<GatherTiming>) -> Result<Gather> {
+        if let Some(kept) = self.0.get() {
+            return Ok(*kept);
+        }
+        let timing = time()?;
+        let choice = timing.faster();
+        let verdict = if choice == Gather::SortedDequantized { "dequantizing them" } else { "keeping them quantized" };
+        tracing::info!(
+            "long prompts' experts, one layer, {} rows: {:.1} ms as gathered quantized matmuls, {:.1} ms dequantized first: {verdict}",
+            timing.pairs,
+            timing.sorted_ms,
+            timing.dequantized_ms
+        );
+        Ok(*self.0.get_or_init(|| choice))
+    }
 }
 
 impl Gather {
@@ -51,7 +101,7 @@ impl Gather {
     }
 }
 
-/// Average rows per expert from which a long prompt's experts are dequantized (measured
+/// Average rows per expert from which a long prompt's experts may be dequantized (measured
 /// crossover on the H200: about 12; CPU gathered matmuls are float32-only, so GPUs only).
 const DEQUANTIZE_FROM_ROWS_PER_EXPERT: usize = 16;
 
@@ -187,16 +237,18 @@ pub enum SwitchGateUp {
 pub struct SwitchGlu {
     pub gate_up: SwitchGateUp,
     pub down_proj: SwitchLinear,
+    /// The model's long-prompt form, shared with its other MoE layers.
+    pub long_prompts: LongPromptGather,
 }
 
 impl SwitchGlu {
     /// Joins gate and up when they are stored alike (`hidden`: the experts' width).
-    pub fn new(gate: SwitchLinear, up: SwitchLinear, down_proj: SwitchLinear, hidden: i32) -> Result<SwitchGlu> {
+    pub fn new(gate: SwitchLinear, up: SwitchLinear, down_proj: SwitchLinear, hidden: i32, long_prompts: LongPromptGather) -> Result<SwitchGlu> {
         let gate_up = match SwitchLinear::join_rows(&gate, &up)? {
             Some(both) => SwitchGateUp::Joined { both, hidden },
             None => SwitchGateUp::Separate { gate, up },
         };
-        Ok(SwitchGlu { gate_up, down_proj })
+        Ok(SwitchGlu { gate_up, down_proj, long_prompts })
     }
 
     /// Takes the shared expert in as one more expert when its matrices are stored as the
@@ -231,7 +283,24 @@ impl SwitchGlu {
     /// `x`: [B, L, D], `indices`: [B, L, K] → [B, L, K, D].
     pub fn forward(&self, x: &Array, indices: &Array) -> Result<Array> {
         let bytes = || self.dequantized_bytes(x.item_size());
-        self.forward_with(x, indices, Gather::for_step(indices.size(), self.down_proj.experts() as usize, bytes))
+        let mut mode = Gather::for_step(indices.size(), self.down_proj.experts() as usize, bytes);
+        if mode == Gather::SortedDequantized {
+            mode = self.long_prompts.choose(|| self.time_long_forms(x, indices))?;
+        }
+        self.forward_with(x, indices, mode)
+    }
+
+    /// This step's rows through the experts both long-prompt ways (inputs evaluated first,
+    /// so only the experts are timed).
+    pub fn time_long_forms(&self, x: &Array, indices: &Array) -> Result<GatherTiming> {
+        mlx_rs::transforms::eval([x, indices])?;
+        let time = |mode: Gather| -> Result<f64> {
+            self.forward_with(x, indices, mode)?.eval()?;
+            let started = Instant::now();
+            self.forward_with(x, indices, mode)?.eval()?;
+            Ok(started.elapsed().as_secs_f64() * 1e3)
+        };
+        Ok(GatherTiming { pairs: indices.size(), sorted_ms: time(Gather::Sorted)?, dequantized_ms: time(Gather::SortedDequantized)? })
     }
 
     /// Bytes of every expert projection dequantized to elements of `element_bytes`.
@@ -286,9 +355,13 @@ mod tests {
         SwitchLinear::Quantized { packed: Packed { weight, scales, biases, spec: QuantSpec { group_size: 32, bits: 4 } } }
     }
 
+    fn glu() -> SwitchGlu {
+        SwitchGlu::new(experts(8, 32, 64, 1), experts(8, 32, 64, 2), experts(8, 64, 32, 3), 32, LongPromptGather::default()).unwrap()
+    }
+
     #[test]
     fn dequantized_experts_give_the_gathered_quantized_results() {
-        let glu = SwitchGlu::new(experts(8, 32, 64, 1), experts(8, 32, 64, 2), experts(8, 64, 32, 3), 32).unwrap();
+        let glu = glu();
         let x = random::normal::<f32>(&[1, 40, 64], None, None, Some(&random::key(4).unwrap())).unwrap();
         let ids = random::randint::<_, u32>(0, 8, &[1, 40, 2], Some(&random::key(5).unwrap())).unwrap();
         let sorted = glu.forward_with(&x, &ids, Gather::Sorted).unwrap();
@@ -311,5 +384,26 @@ mod tests {
         // Experts too big to dequantize beside the model: never.
         assert_eq!(Gather::for_step(2048 * 8, 256, || usize::MAX / 2), Gather::Sorted);
     }
-}
 
+    #[test]
+    fn a_model_times_its_long_prompt_forms_once_for_all_layers() {
+        let timing = |sorted_ms, dequantized_ms| move || Ok(GatherTiming { pairs: 4096, sorted_ms, dequantized_ms });
+        let model = LongPromptGather::default();
+        let other_layer = model.clone();
+        assert_eq!(model.choose(timing(21.8, 4.7)).unwrap(), Gather::SortedDequantized);
+        // Settled: another layer of the same model neither times again nor changes its mind.
+        let not_again = || -> Result<GatherTiming> { panic!("timed twice") };
+        assert_eq!(other_layer.choose(not_again).unwrap(), Gather::SortedDequantized);
+        assert_eq!(LongPromptGather::default().choose(timing(3.0, 5.0)).unwrap(), Gather::Sorted);
+    }
+
+    #[test]
+    fn timing_the_long_prompt_forms_runs_both() {
+        let glu = glu();
+        let x = random::normal::<f32>(&[1, 300, 64], None, None, Some(&random::key(6).unwrap())).unwrap();
+        let ids = random::randint::<_, u32>(0, 8, &[1, 300, 2], Some(&random::key(7).unwrap())).unwrap();
+        let t = glu.time_long_forms(&x, &ids).unwrap();
+        assert_eq!(t.pairs, 600);
+        assert!(t.sorted_ms > 0.0 && t.dequantized_ms > 0.0, "{t:?}");
+    }
+}

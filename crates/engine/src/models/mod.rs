@@ -68,6 +68,7 @@ pub fn load(dir: &Path) -> Result<Box<dyn LanguageModel>> {
             quant: config.quant.as_ref(),
             config_path: config.path.clone(),
             join_projections: config.is_hybrid() || config.num_experts > 0,
+            long_prompt_gather: Default::default(),
         };
         match config.model_type.as_str() {
             "qwen3" => qwen3::build(&config, &mut loader)?,

@@ -34,17 +34,17 @@ pub fn build(config: &ModelConfig, ld: &mut Loader) -> Result<Transformer> {
     })
 }
 
-/// Rewrites the Transformers expert layouts of the MoE block at `path` into mlx-lm's stacked
-/// `{path}.switch_mlp.{gate,up,down}_proj.*`: one tensor per expert (`experts.{i}.*`), or
 /// The experts of the MoE block at `path` (`switch_mlp.{gate,up,down}_proj`, stacked).
 pub fn switch_glu(ld: &mut Loader, path: &str, experts: i32, dim: i32, hidden: i32) -> Result<SwitchGlu> {
     let proj = |ld: &mut Loader, name: &str, inp: i32, out: i32| ld.switch_linear(&format!("{path}.switch_mlp.{name}"), experts, inp, out);
     let gate = proj(ld, "gate_proj", dim, hidden)?;
     let up = proj(ld, "up_proj", dim, hidden)?;
     let down = proj(ld, "down_proj", hidden, dim)?;
-    SwitchGlu::new(gate, up, down, hidden)
+    SwitchGlu::new(gate, up, down, hidden, ld.long_prompt_gather.clone())
 }
 
+/// Rewrites the Transformers expert layouts of the MoE block at `path` into mlx-lm's stacked
+/// `{path}.switch_mlp.{gate,up,down}_proj.*`: one tensor per expert (`experts.{i}.*`), or
 /// Qwen3.5's fused `experts.gate_up_proj` [E, 2I, H] and `experts.down_proj`.
 pub fn stack_expert_layouts(ld: &mut Loader, path: &str, experts: i32) -> Result<()> {
     let fused = format!("{path}.experts.gate_up_proj");

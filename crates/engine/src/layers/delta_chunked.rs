@@ -13,7 +13,8 @@
 //! * outputs `Y = diag(γ) Q S₀ᵀ + (M ⊙ Q Kᵀ) U` with `M_tj = γ_t/γ_j` for j ≤ t;
 //! * the next state `S = γ_C S₀ + Uᵀ diag(γ_C/γ_j) K`.
 //!
-//! Only the last three steps run chunk after chunk. Everything is f32.
+//! Only U and the next state run chunk after chunk; the outputs then take every chunk's
+//! entering state at once. Everything is f32.
 
 use mlx_rs::ops::indexing::{IndexOp, NewAxis};
 use mlx_rs::{ops, Array, Dtype};
@@ -78,26 +79,31 @@ pub fn delta_rule_chunked(q: &Array, k: &Array, v: &Array, g: &Array, beta: &Arr
         inv = inv.matmul(eye.add(&power)?)?;
         span *= 2;
     }
-    let gamma = ops::exp(&lc)?;
+    let gamma = ops::exp(&lc)?; // γ_t
     let w = inv.matmul(beta.index((.., .., .., .., NewAxis)).multiply(&v)?)?;
     let k_prime = inv.matmul(beta.multiply(&gamma)?.index((.., .., .., .., NewAxis)).multiply(&k)?)?;
     let attn = m_incl.multiply(q.matmul(&kt)?)?;
     let last = lc.index((.., .., .., CHUNK - 1..CHUNK)); // log γ_C
-    let to_end = ops::exp(last.subtract(&lc)?)?; // γ_C/γ_j
+    let k_to_end = ops::exp(last.subtract(&lc)?)?.index((.., .., .., .., NewAxis)).multiply(&k)?; // diag(γ_C/γ_j) K
     let gamma_c = ops::exp(&last)?; // [B, H, N, 1]
 
+    // Chunk after chunk only what needs the entering state: U, then the next state. Three
+    // kernels a chunk (a fused multiply-add for U, a scale and a fused multiply-add for S);
+    // the outputs, which need every chunk's entering state but nothing after, follow as two
+    // batched matmuls over all chunks at once.
     let mut s = state;
-    let mut ys = Vec::with_capacity(n as usize);
+    let (mut entering, mut us) = (Vec::with_capacity(n as usize), Vec::with_capacity(n as usize));
     for c in 0..n {
         let at = |x: &Array| x.index((.., .., c));
-        let st = s.swap_axes(-1, -2)?; // [B, H, Dk, Dv]
-        let u = at(&w).subtract(at(&k_prime).matmul(&st)?)?;
-        let y = at(&gamma).index((.., .., .., NewAxis)).multiply(at(&q).matmul(&st)?)?.add(at(&attn).matmul(&u)?)?;
-        ys.push(y);
-        let scaled_u = u.multiply(at(&to_end).index((.., .., .., NewAxis)))?;
-        s = at(&gamma_c).index((.., .., .., NewAxis)).multiply(&s)?.add(scaled_u.swap_axes(-1, -2)?.matmul(at(&k))?)?;
+        let u = ops::addmm(at(&w), at(&k_prime), s.swap_axes(-1, -2)?, -1.0, 1.0)?; // W − K' S₀ᵀ
+        let next = ops::addmm(at(&gamma_c).index((.., .., .., NewAxis)).multiply(&s)?, u.swap_axes(-1, -2)?, at(&k_to_end), 1.0, 1.0)?;
+        entering.push(s);
+        us.push(u);
+        s = next;
     }
-    let y = ops::stack(&ys, 2)?.reshape(&[b, h, n * CHUNK, dv])?;
+    let (s0, u) = (ops::stack(&entering, 2)?, ops::stack(&us, 2)?); // [B, H, N, Dv, Dk], [B, H, N, C, Dv]
+    let y = gamma.index((.., .., .., .., NewAxis)).multiply(q.matmul(s0.swap_axes(-1, -2)?)?)?.add(attn.matmul(&u)?)?;
+    let y = y.reshape(&[b, h, n * CHUNK, dv])?;
     let y = y.index((.., .., ..t, ..)).transpose_axes(&[0, 2, 1, 3])?;
     Ok((y, s))
 }
@@ -138,6 +144,32 @@ mod tests {
         let (y_chunk, s_chunk) = delta_rule_chunked(&q, &k, &v, &g, &beta, s0).unwrap();
         let (dy, ds) = (max_rel_diff(&y_chunk, &y_step), max_rel_diff(&s_chunk, states.last().unwrap()));
         assert!(dy < 8e-3 && ds < 1e-5, "bf16: relative differences y {dy:e}, state {ds:e}");
+    }
+
+    /// Operations other than views (slices, reshapes, transposes, broadcasts: no kernels
+    /// on a GPU) that each further chunk adds to the graph: only the sequential part grows
+    /// with the number of chunks, the rest is batched over all of them.
+    fn kernels_per_chunk() -> usize {
+        const VIEWS: [&str; 6] = ["Slice", "Reshape", "Transpose", "ExpandDims", "Broadcast", "Squeeze"];
+        let count = |t: i32| {
+            let (b, h, d) = (1, 2, 8);
+            let x = |i| random::normal::<f32>(&[b, t, h, d][..], None, None, &random::key(i).unwrap()).unwrap();
+            let g = ops::ones::<f32>(&[b, t, h]).unwrap();
+            let s0 = ops::zeros::<f32>(&[b, h, d, d]).unwrap();
+            let (q, k, v) = (x(1), x(2), x(3));
+            mlx_rs::transforms::eval([&q, &k, &v, &g, &s0]).unwrap();
+            let (y, s) = delta_rule_chunked(&q, &k, &v, &g, &g, s0).unwrap();
+            let ops = crate::ffi::pending_primitives(&[y, s]).unwrap();
+            ops.iter().filter(|kind| !VIEWS.contains(&kind.as_str())).count()
+        };
+        (count(6 * CHUNK) - count(2 * CHUNK)) / 4
+    }
+
+    #[test]
+    fn each_chunk_adds_three_kernels() {
+        // U as one fused multiply-add, the state's decay, the next state as one fused
+        // multiply-add (the step-by-step form of the outputs took ten).
+        assert_eq!(kernels_per_chunk(), 3);
     }
 
     #[test]

@@ -13,20 +13,82 @@ pub struct Loader<'a> {
     pub weights: &'a mut Weights,
     pub quant: Option<&'a Quantization>,
     pub config_path: std::path::PathBuf,
-    /// Join projections of one input into one matrix ([`Projections::new`]). Done for MoE
-    /// and hybrid models, whose decode steps are many small matmuls: there it cut the 35B-A3B
-    /// step from 3,855 MLX operations to 2,912 on the H200. Dense models keep the
-    /// checkpoint's matrices: joining their large q/k/v and gate/up gained nothing there
-    /// (8B-shaped) or lost 7% (32B-shaped), and raised the prefill's peak memory.
-    pub join_projections: bool,
+    /// Which projections of one input are joined into one matrix ([`Projections::new`]).
+    pub joins: Joins,
     /// How this model's MoE layers run long prompts, settled by the first one.
     pub long_prompt_gather: LongPromptGather,
 }
 
+/// Projections that read one input, by where they sit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum JoinGroup {
+    /// q, k, v (and the output gate) of full attention.
+    Attention,
+    /// gate and up of a dense MLP or shared expert.
+    Mlp,
+    /// The rest: Gated DeltaNet inputs, the MoE router with the shared expert's gate.
+    Other,
+}
+
+/// Which groups of projections a model joins at load.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Joins {
+    pub attention: bool,
+    pub mlp: bool,
+    pub other: bool,
+}
+
+impl Joins {
+    pub const ALL: Joins = Joins { attention: true, mlp: true, other: true };
+    pub const NONE: Joins = Joins { attention: false, mlp: false, other: false };
+
+    /// MoE and hybrid models join everything: their decode steps are many small matmuls, and
+    /// joining cut the 35B-A3B step from 3,855 MLX operations to 2,912 on the H200. Dense
+    /// models keep the checkpoint's matrices: joining their large q/k/v and gate/up together
+    /// gained nothing there (8B-shaped) or lost 7% (32B-shaped), and raised the prefill's
+    /// peak memory.
+    pub fn for_model(sparse_or_hybrid: bool) -> Joins {
+        if sparse_or_hybrid {
+            Joins::ALL
+        } else {
+            Joins::NONE
+        }
+    }
+
+    /// A benchmark's override (`FERRITE_JOIN`): `auto` (the model's own), `all`, `none`, or a
+    /// comma list of `attention`, `mlp`, `other`.
+    pub fn parse(text: &str, auto: Joins) -> std::result::Result<Joins, String> {
+        match text.trim() {
+            "auto" | "" => return Ok(auto),
+            "all" => return Ok(Joins::ALL),
+            "none" => return Ok(Joins::NONE),
+            _ => {}
+        }
+        let mut joins = Joins::NONE;
+        for group in text.split(',').map(str::trim) {
+            match group {
+                "attention" => joins.attention = true,
+                "mlp" => joins.mlp = true,
+                "other" => joins.other = true,
+                other => return Err(format!("unknown group `{other}` (expected auto, all, none, or a comma list of attention, mlp, other)")),
+            }
+        }
+        Ok(joins)
+    }
+
+    pub fn contains(&self, group: JoinGroup) -> bool {
+        match group {
+            JoinGroup::Attention => self.attention,
+            JoinGroup::Mlp => self.mlp,
+            JoinGroup::Other => self.other,
+        }
+    }
+}
+
 impl Loader<'_> {
-    /// Several projections of one input, joined when this model joins them.
-    pub fn projections(&self, parts: Vec<Linear>) -> Result<Projections> {
-        if self.join_projections {
+    /// Several projections of one input, joined when this model joins their group.
+    pub fn projections(&self, group: JoinGroup, parts: Vec<Linear>) -> Result<Projections> {
+        if self.joins.contains(group) {
             Projections::new(parts)
         } else {
             Ok(Projections::Separate(parts))
@@ -98,5 +160,22 @@ impl Loader<'_> {
 
     pub fn rms_norm(&mut self, path: &str, dim: i32, eps: f32) -> Result<RmsNorm> {
         Ok(RmsNorm { weight: self.weights.take(&format!("{path}.weight"), Some(&[dim]))?, eps })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn join_overrides_parse_and_name_what_was_wrong() {
+        let auto = Joins::for_model(false);
+        assert_eq!(Joins::parse("auto", Joins::ALL), Ok(Joins::ALL));
+        assert_eq!(Joins::parse("none", Joins::ALL), Ok(Joins::NONE));
+        assert_eq!(Joins::parse("all", auto), Ok(Joins::ALL));
+        assert_eq!(Joins::parse("mlp", auto), Ok(Joins { mlp: true, ..Joins::NONE }));
+        assert_eq!(Joins::parse("attention, other", auto), Ok(Joins { attention: true, other: true, ..Joins::NONE }));
+        let err = Joins::parse("mlp,qkv", auto).unwrap_err();
+        assert!(err.contains("`qkv`"), "{err}");
     }
 }

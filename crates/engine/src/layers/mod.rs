@@ -18,7 +18,7 @@ pub use attention::Attention;
 pub use block::{DecoderLayer, FeedForward, Mixer};
 pub use gated_delta::GatedDeltaNet;
 pub use linear::{Embedding, Linear};
-pub use loader::Loader;
+pub use loader::{JoinGroup, Joins, Loader};
 pub use mlp::Mlp;
 pub use moe::SparseMoe;
 pub use norm::RmsNorm;

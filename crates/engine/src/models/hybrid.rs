@@ -9,7 +9,7 @@ use super::transformer::{attention, Transformer};
 use crate::config::{ModelConfig, Quantization};
 use crate::error::Result;
 use crate::layers::gated_delta::fused_input_rows;
-use crate::layers::{DecoderLayer, FeedForward, GatedDeltaNet, Loader, Mixer, SparseMoe};
+use crate::layers::{DecoderLayer, FeedForward, GatedDeltaNet, JoinGroup, Loader, Mixer, SparseMoe};
 use super::MtpHead;
 use crate::weights::Weights;
 
@@ -69,7 +69,7 @@ fn gated_delta(c: &ModelConfig, ld: &mut Loader, p: &str, layout: InputLayout) -
             ld.linear(&format!("{p}.in_proj_a"), h, nv, false)?,
         ],
     };
-    let inputs = ld.projections(inputs)?;
+    let inputs = ld.projections(JoinGroup::Other, inputs)?;
     Ok(GatedDeltaNet {
         inputs,
         conv_weight: ld.weights.take(&format!("{p}.conv1d.weight"), Some(&[channels, kernel, 1]))?,
@@ -103,7 +103,7 @@ fn feed_forward(c: &ModelConfig, ld: &mut Loader, i: i32, p: &str) -> Result<Fee
         (vec![router], None)
     };
     Ok(FeedForward::Moe(Box::new(SparseMoe {
-        router: ld.projections(router)?,
+        router: ld.projections(JoinGroup::Other, router)?,
         experts,
         top_k: c.num_experts_per_tok,
         norm_topk_prob: c.norm_topk_prob(),

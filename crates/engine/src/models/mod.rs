@@ -14,8 +14,8 @@ use mlx_rs::Array;
 
 use crate::cache::Cache;
 use crate::config::ModelConfig;
-use crate::error::Result;
-use crate::layers::Loader;
+use crate::error::{Error, Result};
+use crate::layers::{Joins, Loader};
 use crate::weights::Weights;
 
 pub use transformer::Transformer;
@@ -49,6 +49,20 @@ pub trait LanguageModel: Send {
 
 pub use mtp::MtpHead;
 
+/// The projections this model joins at load: its own choice, or `FERRITE_JOIN`'s (a probe
+/// for benchmarks, see `bench/README.md`).
+fn joins_for(config: &ModelConfig) -> Result<Joins> {
+    let auto = Joins::for_model(config.is_hybrid() || config.num_experts > 0);
+    match std::env::var("FERRITE_JOIN") {
+        Ok(text) => Joins::parse(&text, auto).map_err(|message| Error::Config {
+            path: "environment".into(),
+            field: "FERRITE_JOIN".into(),
+            message,
+        }),
+        Err(_) => Ok(auto),
+    }
+}
+
 /// Loads the model in `dir` (config.json + safetensors), dispatching on `model_type`.
 pub fn load(dir: &Path) -> Result<Box<dyn LanguageModel>> {
     let mut config = ModelConfig::load(dir)?;
@@ -67,7 +81,7 @@ pub fn load(dir: &Path) -> Result<Box<dyn LanguageModel>> {
             weights: &mut weights,
             quant: config.quant.as_ref(),
             config_path: config.path.clone(),
-            join_projections: config.is_hybrid() || config.num_experts > 0,
+            joins: joins_for(&config)?,
             long_prompt_gather: Default::default(),
         };
         match config.model_type.as_str() {

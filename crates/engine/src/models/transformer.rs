@@ -8,7 +8,7 @@ use crate::cache::Cache;
 use crate::config::ModelConfig;
 use crate::error::Result;
 use crate::layers::attention::Rope;
-use crate::layers::{Attention, DecoderLayer, Embedding, FeedForward, Linear, Loader, Mixer, RmsNorm};
+use crate::layers::{Attention, DecoderLayer, Embedding, FeedForward, JoinGroup, Linear, Loader, Mixer, RmsNorm};
 
 pub struct Transformer {
     pub config: ModelConfig,
@@ -72,7 +72,7 @@ pub fn attention(c: &ModelConfig, ld: &mut Loader, path: &str, output_gate: bool
         vec![q, k, v]
     };
     Ok(Attention {
-        qkv: ld.projections(parts)?,
+        qkv: ld.projections(JoinGroup::Attention, parts)?,
         o_proj: ld.linear(&format!("{a}.o_proj"), c.num_attention_heads * hd, dim, bias)?,
         q_norm: ld.rms_norm(&format!("{a}.q_norm"), hd, eps)?,
         k_norm: ld.rms_norm(&format!("{a}.k_norm"), hd, eps)?,

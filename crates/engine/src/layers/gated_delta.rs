@@ -237,17 +237,16 @@ fn conv_qkv(conv_input: &Array, conv_weight: &Array, s: i32, [nk, dk, nv, dv]: [
     let channels = conv_weight.dim(0);
     let conv = ops::conv1d(conv_input, conv_weight, 1, 0, 1, channels)?;
     let conv = conv.multiply(ops::sigmoid(&conv)?)?;
-    let key_dim = nk * dk;
-    let p = conv.split_at_indices(&[key_dim, 2 * key_dim], -1)?;
-    let q = p[0].reshape(&[b, s, nk, dk])?;
-    let k = p[1].reshape(&[b, s, nk, dk])?;
-    let v = p[2].reshape(&[b, s, nv, dv])?;
+    let p = conv.split_at_indices(&[2 * nk * dk], -1)?;
+    let v = p[1].reshape(&[b, s, nv, dv])?;
     let inv_scale = (dk as f64).powf(-0.5);
     let rms_eps = (1e-6 * inv_scale * inv_scale) as f32;
-    let q = fast::rms_norm(&q, None, rms_eps)?;
-    let q = scalar(inv_scale * inv_scale, &q)?.multiply(&q)?;
-    let k = fast::rms_norm(&k, None, rms_eps)?;
-    let k = scalar(inv_scale, &k)?.multiply(&k)?;
+    // q's heads and k's normalised in one kernel: the same weightless norm row by row as
+    // two calls would do (mlx-lm's), one dispatch fewer per layer and step.
+    let qk = fast::rms_norm(&p[0].reshape(&[b, s, 2 * nk, dk])?, None, rms_eps)?;
+    let qk = qk.split_at_indices(&[nk], 2)?;
+    let q = scalar(inv_scale * inv_scale, &qk[0])?.multiply(&qk[0])?;
+    let k = scalar(inv_scale, &qk[1])?.multiply(&qk[1])?;
     Ok((q, k, v))
 }
 

@@ -82,12 +82,16 @@ pub fn decode_step_ops(engine: &Engine, context: usize) -> Result<StepOps> {
 /// Where one prompt chunk's time goes, by part of the layer: each layer's mixer (attention or
 /// Gated DeltaNet, with its norm and residual) and feed-forward (dense MLP or MoE) is
 /// evaluated and waited for on its own, so the parts' times add up to the chunk's (plus the
-/// embedding). The second of two passes is reported (the first compiles kernels).
+/// embedding). The second of two passes is reported (the first compiles kernels). Memory:
+/// MLX's active memory before the prompt (the model and little else) and, per part, the
+/// highest peak any one layer's part reached.
 #[derive(Debug, Clone, Default, serde::Serialize)]
 pub struct PrefillTimes {
     pub tokens: usize,
     pub total_ms: f64,
     pub by_part: BTreeMap<String, f64>,
+    pub before_mb: f64,
+    pub peak_mb_by_part: BTreeMap<String, f64>,
 }
 
 pub fn prefill_times(engine: &Engine, tokens: usize) -> Result<PrefillTimes> {
@@ -98,9 +102,20 @@ pub fn prefill_times(engine: &Engine, tokens: usize) -> Result<PrefillTimes> {
     for pass in 0..2 {
         let mut cache = model.new_cache();
         let mut by_part = BTreeMap::new();
+        let mut peaks = BTreeMap::new();
+        let mb = |bytes: usize| bytes as f64 / 1e6;
+        let before_mb = mb(mlx_rs::memory::active_memory()?);
+        // The highest peak of `part` so far, counting from the last reset.
+        let mut peak = |part: &str| -> Result<()> {
+            let seen = peaks.entry(part.to_string()).or_insert(0.0f64);
+            *seen = seen.max(mb(mlx_rs::memory::peak_memory()?));
+            mlx_rs::memory::reset_peak_memory()?;
+            Ok(())
+        };
         let started = Instant::now();
         let mut h = model.embed(&ids)?;
         h.eval()?;
+        mlx_rs::memory::reset_peak_memory()?;
         for (layer, state) in model.layers().iter().zip(cache.layers.iter_mut()) {
             let t = Instant::now();
             h = h.add(layer.mixer.forward(&layer.input_layernorm.forward(&h)?, state)?)?;
@@ -110,6 +125,7 @@ pub fn prefill_times(engine: &Engine, tokens: usize) -> Result<PrefillTimes> {
                 crate::layers::Mixer::Linear(_) => "gated delta",
             };
             *by_part.entry(mixer.to_string()).or_insert(0.0) += t.elapsed().as_secs_f64() * 1e3;
+            peak(mixer)?;
             let t = Instant::now();
             h = layer.mlp.forward_plus(&layer.post_attention_layernorm.forward(&h)?, &h)?;
             h.eval()?;
@@ -118,10 +134,13 @@ pub fn prefill_times(engine: &Engine, tokens: usize) -> Result<PrefillTimes> {
                 crate::layers::FeedForward::Moe(_) => "moe",
             };
             *by_part.entry(ffn.to_string()).or_insert(0.0) += t.elapsed().as_secs_f64() * 1e3;
+            peak(ffn)?;
         }
         if pass == 1 {
             times.total_ms = started.elapsed().as_secs_f64() * 1e3;
             times.by_part = by_part;
+            times.before_mb = before_mb;
+            times.peak_mb_by_part = peaks;
         }
     }
     Ok(times)

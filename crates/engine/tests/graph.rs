@@ -44,4 +44,7 @@ fn prefill_times_name_each_kind_of_layer_part() {
     assert_eq!(parts, ["attention", "gated delta", "moe"]);
     let sum: f64 = t.by_part.values().sum();
     assert!(t.by_part.values().all(|&ms| ms > 0.0) && sum <= t.total_ms, "{t:?}");
+    // Each part's peak holds the model (in use before the prompt) and that part's work.
+    assert_eq!(t.peak_mb_by_part.keys().collect::<Vec<_>>(), t.by_part.keys().collect::<Vec<_>>());
+    assert!(t.before_mb > 0.0 && t.peak_mb_by_part.values().all(|&mb| mb > t.before_mb), "{t:?}");
 }

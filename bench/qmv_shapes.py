@@ -7,7 +7,8 @@ Why: a backend may pick its kernel by shape (MLX's CUDA backend, for instance, s
 one-row product to its matrix-vector kernel only below some size and to a tiled matrix kernel
 above it), so the same bytes can cost very different times. Shapes default to the 32B- and
 8B-shaped dense Qwen3 (4-bit, group 64), their q/k/v and gate/up joined, and their output
-head; compare `--per-eval 1` (a round trip per product) with e.g. `--per-eval 32`.
+head; each whole, in row blocks, in column parts and as a two-row product. Compare
+`--per-eval 1` (a round trip per product) with e.g. `--per-eval 32`.
 """
 
 import argparse
@@ -36,8 +37,9 @@ def per_call_us(f, calls, per_eval):
 
 
 def forms(x, q, rows_block, cols_parts):
-    """The whole matrix, its row blocks (outputs concatenated: exact) and its column parts
-    (partial products added: rounding differs). Parts are cut once, as a loader would."""
+    """The whole matrix, its row blocks (outputs concatenated: exact), its column parts
+    (partial products added: rounding differs), and the row doubled (a two-row product, the
+    first row kept). Parts are cut once, as a loader would."""
     w, s, b = q
     n, k = w.shape[0], x.shape[-1]
     mm = lambda x, w, s, b: mx.quantized_matmul(x, w, s, b, transpose=True, group_size=64, bits=4)
@@ -62,7 +64,13 @@ def forms(x, q, rows_block, cols_parts):
             out = y if out is None else out + y
         return out
 
-    return {"whole": whole, "row_blocks": row_blocks, "col_parts": col_sum}
+    x2 = mx.concatenate([x, x], axis=-2)
+
+    def two_rows():
+        # The same row twice: a backend may send a two-row product to another kernel.
+        return mm(x2, w, s, b)[..., :1, :]
+
+    return {"whole": whole, "row_blocks": row_blocks, "col_parts": col_sum, "two_rows": two_rows}
 
 
 def main():

@@ -291,7 +291,9 @@ impl SwitchGlu {
     }
 
     /// This step's rows through the experts both long-prompt ways (inputs evaluated first,
-    /// so only the experts are timed).
+    /// so only the experts are timed). A dequantized form that fails (the backend out of
+    /// memory for the bf16 copy, say) counts as never faster: the model keeps its experts
+    /// quantized rather than failing the prompt.
     pub fn time_long_forms(&self, x: &Array, indices: &Array) -> Result<GatherTiming> {
         mlx_rs::transforms::eval([x, indices])?;
         let time = |mode: Gather| -> Result<f64> {
@@ -300,7 +302,12 @@ impl SwitchGlu {
             self.forward_with(x, indices, mode)?.eval()?;
             Ok(started.elapsed().as_secs_f64() * 1e3)
         };
-        Ok(GatherTiming { pairs: indices.size(), sorted_ms: time(Gather::Sorted)?, dequantized_ms: time(Gather::SortedDequantized)? })
+        let sorted_ms = time(Gather::Sorted)?;
+        let dequantized_ms = time(Gather::SortedDequantized).unwrap_or_else(|e| {
+            tracing::warn!("long prompts' experts: the dequantized form failed ({e}); keeping them quantized");
+            f64::INFINITY
+        });
+        Ok(GatherTiming { pairs: indices.size(), sorted_ms, dequantized_ms })
     }
 
     /// Bytes of every expert projection dequantized to elements of `element_bytes`.
@@ -395,6 +402,8 @@ mod tests {
         let not_again = || -> Result<GatherTiming> { panic!("timed twice") };
         assert_eq!(other_layer.choose(not_again).unwrap(), Gather::SortedDequantized);
         assert_eq!(LongPromptGather::default().choose(timing(3.0, 5.0)).unwrap(), Gather::Sorted);
+        // A dequantized form that failed to run is never the faster.
+        assert_eq!(LongPromptGather::default().choose(timing(30.0, f64::INFINITY)).unwrap(), Gather::Sorted);
     }
 
     #[test]

@@ -93,12 +93,15 @@ fn ops(model: &std::path::Path, contexts: &[usize], prefill: Option<usize>, json
     if let Some(tokens) = prefill {
         let t = engine::graph::prefill_times(&engine, tokens)?;
         if json {
-            println!("{}", serde_json::json!({"engine": "ferrite", "prefill_tokens": t.tokens, "total_ms": t.total_ms, "by_part": t.by_part, "before_mb": t.before_mb, "peak_mb_by_part": t.peak_mb_by_part}));
+            println!("{}", serde_json::json!({"engine": "ferrite", "prefill_tokens": t.tokens, "total_ms": t.total_ms, "by_part": t.by_part, "before_mb": t.before_mb, "peak_mb_by_part": t.peak_mb_by_part, "laps": t.laps}));
         } else {
             println!("{}: a {}-token prompt in one pass, each layer part waited for: {:.1} ms ({:.0} MB in use before it)", model.display(), t.tokens, t.total_ms, t.before_mb);
             for (part, ms) in &t.by_part {
                 let peak = t.peak_mb_by_part.get(part).copied().unwrap_or(0.0);
                 println!("  {ms:>9.1} ms  peak {peak:>9.0} MB  {part}");
+                for (lap, ms) in t.laps.iter().filter(|(lap, _)| lap.starts_with(&format!("{part}: "))) {
+                    println!("  {ms:>9.1} ms  {:>14}    {lap}", "");
+                }
             }
         }
     }

@@ -84,7 +84,9 @@ pub fn decode_step_ops(engine: &Engine, context: usize) -> Result<StepOps> {
 /// evaluated and waited for on its own, so the parts' times add up to the chunk's (plus the
 /// embedding). The second of two passes is reported (the first compiles kernels). Memory:
 /// MLX's active memory before the prompt (the model and little else) and, per part, the
-/// highest peak any one layer's part reached.
+/// highest peak any one layer's part reached. `laps`: the prompt paths of Gated DeltaNet and
+/// MoE layers split further (`"gated delta: delta rule"`, `"moe: experts"`, …), each piece
+/// evaluated on its own too, summed over layers.
 #[derive(Debug, Clone, Default, serde::Serialize)]
 pub struct PrefillTimes {
     pub tokens: usize,
@@ -92,6 +94,7 @@ pub struct PrefillTimes {
     pub by_part: BTreeMap<String, f64>,
     pub before_mb: f64,
     pub peak_mb_by_part: BTreeMap<String, f64>,
+    pub laps: Vec<(String, f64)>,
 }
 
 pub fn prefill_times(engine: &Engine, tokens: usize) -> Result<PrefillTimes> {
@@ -112,12 +115,14 @@ pub fn prefill_times(engine: &Engine, tokens: usize) -> Result<PrefillTimes> {
             mlx_rs::memory::reset_peak_memory()?;
             Ok(())
         };
+        crate::laps::start();
         let started = Instant::now();
         let mut h = model.embed(&ids)?;
         h.eval()?;
         mlx_rs::memory::reset_peak_memory()?;
         for (layer, state) in model.layers().iter().zip(cache.layers.iter_mut()) {
             let t = Instant::now();
+            crate::laps::restart();
             h = h.add(layer.mixer.forward(&layer.input_layernorm.forward(&h)?, state)?)?;
             h.eval()?;
             let mixer = match layer.mixer {
@@ -127,6 +132,7 @@ pub fn prefill_times(engine: &Engine, tokens: usize) -> Result<PrefillTimes> {
             *by_part.entry(mixer.to_string()).or_insert(0.0) += t.elapsed().as_secs_f64() * 1e3;
             peak(mixer)?;
             let t = Instant::now();
+            crate::laps::restart();
             h = layer.mlp.forward_plus(&layer.post_attention_layernorm.forward(&h)?, &h)?;
             h.eval()?;
             let ffn = match layer.mlp {
@@ -136,7 +142,9 @@ pub fn prefill_times(engine: &Engine, tokens: usize) -> Result<PrefillTimes> {
             *by_part.entry(ffn.to_string()).or_insert(0.0) += t.elapsed().as_secs_f64() * 1e3;
             peak(ffn)?;
         }
+        let laps = crate::laps::finish();
         if pass == 1 {
+            times.laps = laps;
             times.total_ms = started.elapsed().as_secs_f64() * 1e3;
             times.by_part = by_part;
             times.before_mb = before_mb;

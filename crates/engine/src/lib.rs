@@ -10,6 +10,7 @@ mod ffi;
 pub mod generate;
 pub mod graph;
 pub mod inspect;
+mod laps;
 pub mod layers;
 pub mod models;
 pub mod profile;

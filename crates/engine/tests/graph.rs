@@ -47,4 +47,23 @@ fn prefill_times_name_each_kind_of_layer_part() {
     // Each part's peak holds the model (in use before the prompt) and that part's work.
     assert_eq!(t.peak_mb_by_part.keys().collect::<Vec<_>>(), t.by_part.keys().collect::<Vec<_>>());
     assert!(t.before_mb > 0.0 && t.peak_mb_by_part.values().all(|&mb| mb > t.before_mb), "{t:?}");
+    // The prompt paths split further, in the order they run, within their part's time.
+    let laps: Vec<&str> = t.laps.iter().map(|(lap, _)| lap.as_str()).collect();
+    assert_eq!(
+        laps,
+        [
+            "gated delta: input projections",
+            "gated delta: conv, q/k norms, gates",
+            "gated delta: delta rule",
+            "gated delta: gated norm, output projection",
+            "moe: router",
+            "moe: experts",
+            "moe: shared expert",
+            "moe: combine",
+        ]
+    );
+    for part in ["gated delta", "moe"] {
+        let within: f64 = t.laps.iter().filter(|(lap, _)| lap.starts_with(part)).map(|(_, ms)| ms).sum();
+        assert!(within <= t.by_part[part], "{part}: laps {within} ms of {} ms", t.by_part[part]);
+    }
 }

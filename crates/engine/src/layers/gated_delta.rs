@@ -14,6 +14,9 @@ use mlx_rs::{fast, ops, Array, Dtype};
 
 use super::delta_chunked::delta_rule_chunked;
 use super::{Linear, Projections, RmsNorm};
+use crate::cache::LinearState;
+use crate::error::Result;
+use crate::laps;
 
 /// Row orders that turn Qwen3-Next's per-key-head interleaved input projections into
 /// Qwen3.5's separate ones: `in_proj_qkvz` holds, for each key head, [q (Dk), k (Dk),
@@ -29,8 +32,6 @@ pub fn fused_input_rows(nk: i32, nv: i32, dk: i32, dv: i32) -> ([Vec<i32>; 2], [
     let a = (0..nk).flat_map(|h| (0..r).map(move |i| h * 2 * r + r + i)).collect();
     ([qkv, z], [b, a])
 }
-use crate::cache::LinearState;
-use crate::error::Result;
 
 #[derive(Debug, Clone)]
 pub struct GatedDeltaNet {
@@ -71,6 +72,7 @@ impl GatedDeltaNet {
         if s < CHUNKED_FROM && self.norm.eps == DECODE_NORM_EPS {
             return self.short_step(&qkv, &z, &beta_logits, &a, state);
         }
+        laps::lap("gated delta: input projections", &[&qkv, &z, &beta_logits, &a])?;
 
         // Causal depthwise conv over the cached tail plus the new positions.
         let channels = qkv.dim(-1);
@@ -93,6 +95,7 @@ impl GatedDeltaNet {
             Some(r) => r,
             None => ops::zeros_dtype(&[b, nv, dv, dk], Dtype::Float32)?,
         };
+        laps::lap("gated delta: conv, q/k norms, gates", &[&q, &k, &v, &beta, &g])?;
         // Long prefills go through the chunked form; decode and verify passes step by step
         // (they are short, and verify needs the state after every position).
         let (y, mut steps) = if s >= CHUNKED_FROM && !state.record {
@@ -109,10 +112,13 @@ impl GatedDeltaNet {
             state.steps = steps;
         }
         state.offset += s;
+        laps::lap("gated delta: delta rule", &[&y])?;
 
         let normed = self.norm.forward(&y)?;
         let out = GATED_NORM.with_borrow_mut(|f| f((&y, &z, &normed)))?;
-        self.out_proj.forward(&out.reshape(&[b, s, -1])?)
+        let out = self.out_proj.forward(&out.reshape(&[b, s, -1])?)?;
+        laps::lap("gated delta: gated norm, output projection", &[&out])?;
+        Ok(out)
     }
 }
 

@@ -12,6 +12,7 @@ use mlx_rs::{ops, Array};
 use super::switch::{SwitchGlu, SORT_FROM};
 use super::{Mlp, Projections};
 use crate::error::Result;
+use crate::laps;
 
 #[derive(Debug, Clone)]
 pub struct SparseMoe {
@@ -53,10 +54,14 @@ impl SparseMoe {
         let top = ops::argpartition_axis(&probs, -k, -1)?;
         let top = top.try_index((Ellipsis, -k..))?;
         let scores = ops::indexing::take_along_axis(&probs, &top, -1)?;
+        let long = top.size() >= SORT_FROM;
+        if long {
+            laps::lap("moe: router", &[&top, &scores])?;
+        }
         // [experts' outputs, scores] + [shared expert's output, its gate logit] + [residual].
         let mut args = match (&self.shared, shared_gate) {
             // A few tokens route to the shared expert with the others (long prompts run its MLP).
-            (Some(SharedExpert::InExperts { index, .. }), Some(gate)) if top.size() < SORT_FROM => {
+            (Some(SharedExpert::InExperts { index, .. }), Some(gate)) if !long => {
                 let batch = &top.shape()[..top.ndim() - 1];
                 let count: i32 = batch.iter().product();
                 let shared_ids = Array::from_iter(std::iter::repeat_n(*index, count as usize), &[batch, &[1]].concat());
@@ -65,15 +70,32 @@ impl SparseMoe {
                 vec![y.try_index((Ellipsis, ..k, ..))?, scores, y.try_index((Ellipsis, k, ..))?, gate]
             }
             (Some(SharedExpert::Mlp(shared) | SharedExpert::InExperts { mlp: shared, .. }), Some(gate)) => {
-                vec![self.experts.forward(x, &top)?, scores, shared.forward(x)?, gate]
+                let experts = self.experts_lapped(x, &top, long)?;
+                let shared = shared.forward(x)?;
+                if long {
+                    laps::lap("moe: shared expert", &[&shared])?;
+                }
+                vec![experts, scores, shared, gate]
             }
-            (None, None) => vec![self.experts.forward(x, &top)?, scores],
+            (None, None) => vec![self.experts_lapped(x, &top, long)?, scores],
             _ => return Err(Exception::custom("a shared expert needs its gate (and only then)").into()),
         };
         args.extend(residual.cloned());
         let combine = if self.norm_topk_prob { &COMBINE_NORMALIZED } else { &COMBINE };
-        let mut out = combine.with_borrow_mut(|f| f(&args))?;
-        out.pop().ok_or_else(|| Exception::custom("the MoE combine returned nothing").into())
+        let out = combine.with_borrow_mut(|f| f(&args))?.pop().ok_or_else(|| Exception::custom("the MoE combine returned nothing"))?;
+        if long {
+            laps::lap("moe: combine", &[&out])?;
+        }
+        Ok(out)
+    }
+
+    /// The routed experts' outputs, a lap of their own in a long prompt.
+    fn experts_lapped(&self, x: &Array, top: &Array, long: bool) -> Result<Array> {
+        let y = self.experts.forward(x, top)?;
+        if long {
+            laps::lap("moe: experts", &[&y])?;
+        }
+        Ok(y)
     }
 }
 

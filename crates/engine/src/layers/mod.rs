@@ -8,6 +8,7 @@ pub mod delta_chunked;
 pub mod gated_delta;
 pub mod linear;
 pub mod loader;
+pub mod measured;
 pub mod mlp;
 pub mod moe;
 pub mod norm;

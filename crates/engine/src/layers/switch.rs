@@ -2,12 +2,10 @@
 //! tensor, run as one gathered matmul per projection over the (token, expert) pairs a router
 //! chose, in one of three ways by the step's size ([`Gather`]).
 
-use std::sync::{Arc, OnceLock};
-use std::time::Instant;
-
 use mlx_rs::{ops, Array};
 
 use super::linear::Packed;
+use super::measured::{gpu, Measured};
 use super::moe::SharedExpert;
 use super::{swiglu, Linear, Mlp, Projections};
 use crate::error::Result;
@@ -38,51 +36,12 @@ pub enum Gather {
     SortedDequantized,
 }
 
-/// How one loaded model runs its long prompts' gathered matmuls, shared by all its MoE layers
-/// and settled once: the first step for which [`Gather::for_step`] offers `SortedDequantized`
-/// times that layer's experts on that step's rows both ways and the faster form is kept.
-/// Measured rather than assumed per backend: the H200 favours dequantizing 4.6×, while
-/// Metal's gathered quantized kernels, the product's home, were never timed against it.
-#[derive(Debug, Clone, Default)]
-pub struct LongPromptGather(Arc<OnceLock<Gather>>);
-
-/// One layer's long-prompt step timed both ways (each form run once untimed first, so kernel
-/// compilation is not counted).
-#[derive(Debug, Clone, Copy)]
-pub struct GatherTiming {
-    pub pairs: usize,
-    pub sorted_ms: f64,
-    pub dequantized_ms: f64,
-}
-
-impl GatherTiming {
-    fn faster(&self) -> Gather {
-        if self.dequantized_ms < self.sorted_ms {
-            Gather::SortedDequantized
-        } else {
-            Gather::Sorted
-        }
-    }
-}
-
-impl LongPromptGather {
-    /// The form this model settled on, or the faster of `time`'s two (then kept).
-    pub fn choose(&self, time: impl FnOnce() -> Result<GatherTiming>) -> Result<Gather> {
-        if let Some(kept) = self.0.get() {
-            return Ok(*kept);
-        }
-        let timing = time()?;
-        let choice = timing.faster();
-        let verdict = if choice == Gather::SortedDequantized { "dequantizing them" } else { "keeping them quantized" };
-        tracing::info!(
-            "long prompts' experts, one layer, {} rows: {:.1} ms as gathered quantized matmuls, {:.1} ms dequantized first: {verdict}",
-            timing.pairs,
-            timing.sorted_ms,
-            timing.dequantized_ms
-        );
-        Ok(*self.0.get_or_init(|| choice))
-    }
-}
+/// How one loaded model runs its long prompts' gathered matmuls, shared by all its MoE layers:
+/// the first step for which [`Gather::for_step`] offers `SortedDequantized` times that layer's
+/// experts on that step's rows both ways and the faster form is kept. Measured rather than
+/// assumed per backend: the H200 favours dequantizing 4.6×, while Metal's gathered quantized
+/// kernels, the product's home, were never timed against it.
+pub type LongPromptGather = Measured<Gather>;
 
 impl Gather {
     /// The mode for `pairs` (token, expert) pairs over `experts` experts on this backend,
@@ -110,11 +69,6 @@ const DEQUANTIZE_FROM_ROWS_PER_EXPERT: usize = 16;
 /// 64 GB Mac, an 80B-A3B layer's 3.2 GB does not), so a long prompt never pushes a machine
 /// that holds its model comfortably into swap.
 const DEQUANTIZE_AT_MOST_LIMIT_PART: usize = 16;
-
-fn gpu() -> bool {
-    static GPU: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *GPU.get_or_init(|| crate::device::backend() != crate::device::Backend::Cpu)
-}
 
 impl SwitchLinear {
     /// `x`: [..., 1, in] rows, `experts`: matching expert ids.
@@ -285,29 +239,12 @@ impl SwitchGlu {
         let bytes = || self.dequantized_bytes(x.item_size());
         let mut mode = Gather::for_step(indices.size(), self.down_proj.experts() as usize, bytes);
         if mode == Gather::SortedDequantized {
-            mode = self.long_prompts.choose(|| self.time_long_forms(x, indices))?;
+            let form = |mode| move || -> Result<Vec<Array>> { Ok(vec![self.forward_with(x, indices, mode)?]) };
+            let (sorted, dequantized) = (form(Gather::Sorted), form(Gather::SortedDequantized));
+            let forms: [(Gather, &dyn Fn() -> Result<Vec<Array>>); 2] = [(Gather::Sorted, &sorted), (Gather::SortedDequantized, &dequantized)];
+            mode = self.long_prompts.choose("long prompts' experts, one layer", &forms)?;
         }
         self.forward_with(x, indices, mode)
-    }
-
-    /// This step's rows through the experts both long-prompt ways (inputs evaluated first,
-    /// so only the experts are timed). A dequantized form that fails (the backend out of
-    /// memory for the bf16 copy, say) counts as never faster: the model keeps its experts
-    /// quantized rather than failing the prompt.
-    pub fn time_long_forms(&self, x: &Array, indices: &Array) -> Result<GatherTiming> {
-        mlx_rs::transforms::eval([x, indices])?;
-        let time = |mode: Gather| -> Result<f64> {
-            self.forward_with(x, indices, mode)?.eval()?;
-            let started = Instant::now();
-            self.forward_with(x, indices, mode)?.eval()?;
-            Ok(started.elapsed().as_secs_f64() * 1e3)
-        };
-        let sorted_ms = time(Gather::Sorted)?;
-        let dequantized_ms = time(Gather::SortedDequantized).unwrap_or_else(|e| {
-            tracing::warn!("long prompts' experts: the dequantized form failed ({e}); keeping them quantized");
-            f64::INFINITY
-        });
-        Ok(GatherTiming { pairs: indices.size(), sorted_ms, dequantized_ms })
     }
 
     /// Bytes of every expert projection dequantized to elements of `element_bytes`.
@@ -390,29 +327,5 @@ mod tests {
         assert_eq!(Gather::for_step(128 * 8, 256, one_layer), Gather::Sorted);
         // Experts too big to dequantize beside the model: never.
         assert_eq!(Gather::for_step(2048 * 8, 256, || usize::MAX / 2), Gather::Sorted);
-    }
-
-    #[test]
-    fn a_model_times_its_long_prompt_forms_once_for_all_layers() {
-        let timing = |sorted_ms, dequantized_ms| move || Ok(GatherTiming { pairs: 4096, sorted_ms, dequantized_ms });
-        let model = LongPromptGather::default();
-        let other_layer = model.clone();
-        assert_eq!(model.choose(timing(21.8, 4.7)).unwrap(), Gather::SortedDequantized);
-        // Settled: another layer of the same model neither times again nor changes its mind.
-        let not_again = || -> Result<GatherTiming> { panic!("timed twice") };
-        assert_eq!(other_layer.choose(not_again).unwrap(), Gather::SortedDequantized);
-        assert_eq!(LongPromptGather::default().choose(timing(3.0, 5.0)).unwrap(), Gather::Sorted);
-        // A dequantized form that failed to run is never the faster.
-        assert_eq!(LongPromptGather::default().choose(timing(30.0, f64::INFINITY)).unwrap(), Gather::Sorted);
-    }
-
-    #[test]
-    fn timing_the_long_prompt_forms_runs_both() {
-        let glu = glu();
-        let x = random::normal::<f32>(&[1, 300, 64], None, None, Some(&random::key(6).unwrap())).unwrap();
-        let ids = random::randint::<_, u32>(0, 8, &[1, 300, 2], Some(&random::key(7).unwrap())).unwrap();
-        let t = glu.time_long_forms(&x, &ids).unwrap();
-        assert_eq!(t.pairs, 600);
-        assert!(t.sorted_ms > 0.0 && t.dequantized_ms > 0.0, "{t:?}");
     }
 }

@@ -5,7 +5,7 @@
 use mlx_rs::{ops, Array};
 
 use super::linear::Packed;
-use super::measured::{gpu, Measured};
+use super::measured::{gpu, Form, Measured};
 use super::moe::SharedExpert;
 use super::{swiglu, Linear, Mlp, Projections};
 use crate::error::Result;
@@ -241,7 +241,7 @@ impl SwitchGlu {
         if mode == Gather::SortedDequantized {
             let form = |mode| move || -> Result<Vec<Array>> { Ok(vec![self.forward_with(x, indices, mode)?]) };
             let (sorted, dequantized) = (form(Gather::Sorted), form(Gather::SortedDequantized));
-            let forms: [(Gather, &dyn Fn() -> Result<Vec<Array>>); 2] = [(Gather::Sorted, &sorted), (Gather::SortedDequantized, &dequantized)];
+            let forms: [Form<Gather>; 2] = [(Gather::Sorted, &sorted), (Gather::SortedDequantized, &dequantized)];
             mode = self.long_prompts.choose("long prompts' experts, one layer", &forms)?;
         }
         self.forward_with(x, indices, mode)

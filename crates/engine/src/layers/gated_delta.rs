@@ -13,6 +13,7 @@ use mlx_rs::transforms::compile::compile;
 use mlx_rs::{fast, ops, Array, Dtype};
 
 use super::delta_chunked::delta_rule_chunked;
+use super::measured::Measured;
 use super::{Linear, Projections, RmsNorm};
 use crate::cache::LinearState;
 use crate::error::Result;
@@ -51,6 +52,20 @@ pub struct GatedDeltaNet {
     pub head_k_dim: i32,
     pub head_v_dim: i32,
     pub kernel: i32,
+    /// How this model's long prompts run the conv, settled by its first long prompt.
+    pub long_conv: Measured<ConvForm>,
+}
+
+/// How a long prompt's causal depthwise conv runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ConvForm {
+    /// MLX's grouped conv1d with one group per channel, as mlx-lm (and every decode step) runs it.
+    Conv1d,
+    /// The kernel's taps as shifted views of the input, multiplied and summed in f32 in one
+    /// compiled element-wise kernel: all a depthwise conv is. Backends run grouped convs as
+    /// general convolutions (MLX's CUDA fallback unfolds the input and runs one tiny matmul
+    /// per channel), so this may well be faster; measured, not assumed ([`Measured`]).
+    Taps,
 }
 
 /// Sequences at least this long use the chunked delta rule.
@@ -87,7 +102,12 @@ impl GatedDeltaNet {
         if state.record {
             state.conv_window = Some(conv_input.clone());
         }
-        let (q, k, v) = conv_qkv(&conv_input, &self.conv_weight, s, [nk, dk, nv, dv])?;
+        let input = &conv_input;
+        let form = |form| move || -> Result<Vec<Array>> { Ok(vec![depthwise_conv(input, &self.conv_weight, form)?]) };
+        let (conv1d, taps) = (form(ConvForm::Conv1d), form(ConvForm::Taps));
+        let form = self.long_conv.choose("long prompts' conv, one layer", &[(ConvForm::Conv1d, &conv1d), (ConvForm::Taps, &taps)])?;
+        let conv = depthwise_conv(&conv_input, &self.conv_weight, form)?;
+        let (q, k, v) = conv_qkv(&conv, s, [nk, dk, nv, dv])?;
 
         let beta = ops::sigmoid(&beta_logits)?;
         let g = DECAY.with_borrow_mut(|f| f((&self.a_log, &a, &self.dt_bias)))?;
@@ -200,7 +220,7 @@ fn short_core(args: &[Array], record: bool) -> std::result::Result<Vec<Array>, E
     let nk = (channels - nv * dv) / (2 * dk);
     let conv_input = ops::concatenate(&[tail, qkv], 1)?;
     let new_tail = conv_input.index((.., s.., ..));
-    let (q, k, v) = conv_qkv(&conv_input, conv_weight, s, [nk, dk, nv, dv])?;
+    let (q, k, v) = conv_qkv(&depthwise_conv(&conv_input, conv_weight, ConvForm::Conv1d)?, s, [nk, dk, nv, dv])?;
     // The gates are computed per position, in the value heads' groups, inside the step: so
     // MLX fuses them into the step's element-wise kernels instead of running them apart.
     let r = nv / nk;
@@ -235,14 +255,32 @@ fn short_core(args: &[Array], record: bool) -> std::result::Result<Vec<Array>, E
     Ok(outputs)
 }
 
-/// The causal depthwise conv over the cached tail and `s` new positions, SiLU, then q, k, v
-/// split into heads ([Hk, Dk], [Hk, Dk], [Hv, Dv]) with q and k L2-normalised and the dk^-0.5
-/// readout scale folded into q, as mlx-lm does.
-fn conv_qkv(conv_input: &Array, conv_weight: &Array, s: i32, [nk, dk, nv, dv]: [i32; 4]) -> std::result::Result<(Array, Array, Array), Exception> {
-    let b = conv_input.dim(0);
-    let channels = conv_weight.dim(0);
-    let conv = ops::conv1d(conv_input, conv_weight, 1, 0, 1, channels)?;
-    let conv = conv.multiply(ops::sigmoid(&conv)?)?;
+/// The causal depthwise conv of `conv_input` [B, S + K - 1, C] (the cached tail, then the new
+/// positions) with weights [C, K, 1] → [B, S, C].
+fn depthwise_conv(conv_input: &Array, conv_weight: &Array, form: ConvForm) -> std::result::Result<Array, Exception> {
+    match form {
+        ConvForm::Conv1d => ops::conv1d(conv_input, conv_weight, 1, 0, 1, conv_weight.dim(0)),
+        ConvForm::Taps => TAPS.with_borrow_mut(|f| f((conv_input, conv_weight))),
+    }
+}
+
+/// [`ConvForm::Taps`]: `y[t] = sum_j x[t + j] * w[:, j]` in f32, rounded once.
+fn taps_graph((x, w): (&Array, &Array)) -> std::result::Result<Array, Exception> {
+    let (taps, s) = (w.dim(1), x.dim(1) - w.dim(1) + 1);
+    let (x32, w32) = (x.as_dtype(Dtype::Float32)?, w.as_dtype(Dtype::Float32)?);
+    let mut sum = x32.index((.., 0..s, ..)).multiply(w32.index((.., 0, 0)))?;
+    for j in 1..taps {
+        sum = sum.add(x32.index((.., j..j + s, ..)).multiply(w32.index((.., j, 0)))?)?;
+    }
+    sum.as_dtype(x.dtype())
+}
+
+/// The conv's output over `s` positions, SiLU, then q, k, v split into heads ([Hk, Dk],
+/// [Hk, Dk], [Hv, Dv]) with q and k L2-normalised and the dk^-0.5 readout scale folded into
+/// q, as mlx-lm does.
+fn conv_qkv(conv: &Array, s: i32, [nk, dk, nv, dv]: [i32; 4]) -> std::result::Result<(Array, Array, Array), Exception> {
+    let b = conv.dim(0);
+    let conv = conv.multiply(ops::sigmoid(conv)?)?;
     let p = conv.split_at_indices(&[2 * nk * dk], -1)?;
     let v = p[1].reshape(&[b, s, nv, dv])?;
     let inv_scale = (dk as f64).powf(-0.5);
@@ -286,10 +324,13 @@ fn stack_positions(ys: &[Array]) -> std::result::Result<Array, Exception> {
     }
 }
 
+type Unary2 = Box<dyn for<'a> FnMut((&'a Array, &'a Array)) -> std::result::Result<Array, Exception>>;
 type Unary3 = Box<dyn for<'a> FnMut((&'a Array, &'a Array, &'a Array)) -> std::result::Result<Array, Exception>>;
 type Step = Box<dyn for<'a> FnMut(&'a [Array]) -> std::result::Result<Vec<Array>, Exception>>;
 
 thread_local! {
+    /// [`ConvForm::Taps`], one fused kernel (traced per shape: slices need their sizes).
+    static TAPS: RefCell<Unary2> = RefCell::new(Box::new(compile(taps_graph, false)));
     /// Per-position decay `exp(-exp(A_log) * softplus(a + dt_bias))`, as mlx-lm's `compute_g`.
     static DECAY: RefCell<Unary3> = RefCell::new(Box::new(compile(decay_graph, true)));
     /// `silu(z) * norm(y)` in f32, as mlx-lm's `precise_swiglu`.
@@ -340,4 +381,29 @@ fn grouped_delta_step(q: &Array, k: &Array, v: &Array, g: &Array, beta: &Array, 
     let state = state.add(k_row.multiply(delta.index((.., .., .., .., NewAxis)))?)?;
     let y = state.multiply(q.reshape(&[b, hk, 1, 1, dk])?)?.sum_axis(-1, false)?;
     Ok(vec![y.reshape(&[b, hv, dv])?.as_dtype(q.dtype())?, state.reshape(&[b, hv, dv, dk])?])
+}
+
+#[cfg(test)]
+mod conv_tests {
+    use mlx_rs::random;
+
+    use super::*;
+
+    #[test]
+    fn the_conv_taps_give_the_grouped_conv() {
+        let key = |i| random::key(i).unwrap();
+        for dtype in [Dtype::Float32, Dtype::Bfloat16] {
+            let x = random::normal::<f32>(&[2, 70 + 3, 24][..], None, None, &key(1)).unwrap().as_dtype(dtype).unwrap();
+            let w = random::normal::<f32>(&[24, 4, 1][..], None, None, &key(2)).unwrap().as_dtype(dtype).unwrap();
+            let conv = depthwise_conv(&x, &w, ConvForm::Conv1d).unwrap();
+            let taps = depthwise_conv(&x, &w, ConvForm::Taps).unwrap();
+            assert_eq!((taps.shape(), taps.dtype()), (conv.shape(), conv.dtype()));
+            let f32 = |a: &Array| a.as_dtype(Dtype::Float32).unwrap();
+            let diff = f32(&taps).subtract(f32(&conv)).unwrap().abs().unwrap().max(None).unwrap().item_cast::<f32>();
+            let scale = f32(&conv).abs().unwrap().max(None).unwrap().item_cast::<f32>();
+            // Identical on the CPU backend; a GPU's conv may sum the taps in another order.
+            let ulp = if dtype == Dtype::Float32 { 1e-6 } else { 1.0 / 128.0 };
+            assert!(diff <= ulp * scale, "{dtype:?}: max |taps - conv1d| {diff:e}");
+        }
+    }
 }

@@ -83,6 +83,7 @@ pub fn load(dir: &Path) -> Result<Box<dyn LanguageModel>> {
             config_path: config.path.clone(),
             joins: joins_for(&config)?,
             long_prompt_gather: Default::default(),
+            long_conv: Default::default(),
         };
         match config.model_type.as_str() {
             "qwen3" => qwen3::build(&config, &mut loader)?,

@@ -105,7 +105,13 @@ impl GatedDeltaNet {
         let input = &conv_input;
         let form = |form| move || -> Result<Vec<Array>> { Ok(vec![depthwise_conv(input, &self.conv_weight, form)?]) };
         let (conv1d, taps) = (form(ConvForm::Conv1d), form(ConvForm::Taps));
-        let form = self.long_conv.choose("long prompts' conv, one layer", &[(ConvForm::Conv1d, &conv1d), (ConvForm::Taps, &taps)])?;
+        // Only a long prompt settles (and uses) the model's conv form: this path also serves
+        // short steps of models whose norm the compiled step does not fit.
+        let form = if s >= CHUNKED_FROM {
+            self.long_conv.choose("long prompts' conv, one layer", &[(ConvForm::Conv1d, &conv1d), (ConvForm::Taps, &taps)])?
+        } else {
+            ConvForm::Conv1d
+        };
         let conv = depthwise_conv(&conv_input, &self.conv_weight, form)?;
         let (q, k, v) = conv_qkv(&conv, s, [nk, dk, nv, dv])?;
 

@@ -102,17 +102,7 @@ impl GatedDeltaNet {
         if state.record {
             state.conv_window = Some(conv_input.clone());
         }
-        let input = &conv_input;
-        let form = |form| move || -> Result<Vec<Array>> { Ok(vec![depthwise_conv(input, &self.conv_weight, form)?]) };
-        let (conv1d, taps) = (form(ConvForm::Conv1d), form(ConvForm::Taps));
-        // Only a long prompt settles (and uses) the model's conv form: this path also serves
-        // short steps of models whose norm the compiled step does not fit.
-        let form = if s >= CHUNKED_FROM {
-            self.long_conv.choose("long prompts' conv, one layer", &[(ConvForm::Conv1d, &conv1d), (ConvForm::Taps, &taps)])?
-        } else {
-            ConvForm::Conv1d
-        };
-        let conv = depthwise_conv(&conv_input, &self.conv_weight, form)?;
+        let conv = depthwise_conv(&conv_input, &self.conv_weight, self.conv_form(&conv_input, s)?)?;
         let (q, k, v) = conv_qkv(&conv, s, [nk, dk, nv, dv])?;
 
         let beta = ops::sigmoid(&beta_logits)?;
@@ -149,6 +139,18 @@ impl GatedDeltaNet {
 }
 
 impl GatedDeltaNet {
+    /// The conv's form for `s` positions: a long prompt's is the model's measured one (the
+    /// first long prompt settles it on this input); shorter steps on this general path (those
+    /// of models whose norm the compiled step does not fit) keep conv1d.
+    fn conv_form(&self, conv_input: &Array, s: i32) -> Result<ConvForm> {
+        if s < CHUNKED_FROM {
+            return Ok(ConvForm::Conv1d);
+        }
+        let form = |form| move || -> Result<Vec<Array>> { Ok(vec![depthwise_conv(conv_input, &self.conv_weight, form)?]) };
+        let (conv1d, taps) = (form(ConvForm::Conv1d), form(ConvForm::Taps));
+        self.long_conv.choose("long prompts' conv, one layer", &[(ConvForm::Conv1d, &conv1d), (ConvForm::Taps, &taps)])
+    }
+
     /// A few positions (a decode step, a verify pass, a short prompt): everything between the
     /// input projections and the output projection as one compiled graph (the same
     /// operations as the general path, fused by MLX), so a step builds and dispatches a

@@ -33,6 +33,12 @@ pub fn backend() -> Backend {
     }
 }
 
+/// Whether MLX computes on a GPU in this process (asked once).
+pub fn on_gpu() -> bool {
+    static GPU: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *GPU.get_or_init(|| backend() != Backend::Cpu)
+}
+
 /// The version of the MLX library this process runs on (e.g. "0.32.2").
 pub fn mlx_version() -> String {
     // SAFETY: mlx_version fills a string we own; its data is read before the string is freed.

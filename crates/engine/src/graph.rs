@@ -108,12 +108,18 @@ pub fn prefill_times(engine: &Engine, tokens: usize) -> Result<PrefillTimes> {
         let mut peaks = BTreeMap::new();
         let mb = |bytes: usize| bytes as f64 / 1e6;
         let before_mb = mb(mlx_rs::memory::active_memory()?);
-        // The highest peak of `part` so far, counting from the last reset.
-        let mut peak = |part: &str| -> Result<()> {
+        // One layer part, evaluated: its time since `started`, and MLX's peak since the last
+        // part (the highest any layer's part of this kind reached is kept).
+        let mut record = |part: &str, started: Instant| -> Result<()> {
+            *by_part.entry(part.to_string()).or_insert(0.0) += started.elapsed().as_secs_f64() * 1e3;
             let seen = peaks.entry(part.to_string()).or_insert(0.0f64);
             *seen = seen.max(mb(mlx_rs::memory::peak_memory()?));
             mlx_rs::memory::reset_peak_memory()?;
             Ok(())
+        };
+        let start_part = || {
+            crate::laps::restart();
+            Instant::now()
         };
         crate::laps::start();
         let started = Instant::now();
@@ -121,26 +127,26 @@ pub fn prefill_times(engine: &Engine, tokens: usize) -> Result<PrefillTimes> {
         h.eval()?;
         mlx_rs::memory::reset_peak_memory()?;
         for (layer, state) in model.layers().iter().zip(cache.layers.iter_mut()) {
-            let t = Instant::now();
-            crate::laps::restart();
+            let started = start_part();
             h = h.add(layer.mixer.forward(&layer.input_layernorm.forward(&h)?, state)?)?;
             h.eval()?;
-            let mixer = match layer.mixer {
-                crate::layers::Mixer::Attention(_) => "attention",
-                crate::layers::Mixer::Linear(_) => "gated delta",
-            };
-            *by_part.entry(mixer.to_string()).or_insert(0.0) += t.elapsed().as_secs_f64() * 1e3;
-            peak(mixer)?;
-            let t = Instant::now();
-            crate::laps::restart();
+            record(
+                match layer.mixer {
+                    crate::layers::Mixer::Attention(_) => "attention",
+                    crate::layers::Mixer::Linear(_) => "gated delta",
+                },
+                started,
+            )?;
+            let started = start_part();
             h = layer.mlp.forward_plus(&layer.post_attention_layernorm.forward(&h)?, &h)?;
             h.eval()?;
-            let ffn = match layer.mlp {
-                crate::layers::FeedForward::Dense(_) => "mlp",
-                crate::layers::FeedForward::Moe(_) => "moe",
-            };
-            *by_part.entry(ffn.to_string()).or_insert(0.0) += t.elapsed().as_secs_f64() * 1e3;
-            peak(ffn)?;
+            record(
+                match layer.mlp {
+                    crate::layers::FeedForward::Dense(_) => "mlp",
+                    crate::layers::FeedForward::Moe(_) => "moe",
+                },
+                started,
+            )?;
         }
         let laps = crate::laps::finish();
         if pass == 1 {

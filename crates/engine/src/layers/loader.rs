@@ -154,7 +154,7 @@ impl Loader<'_> {
             None => {
                 let mut weight = self.weights.take(&format!("{path}.weight"), Some(&[experts, out, inp]))?;
                 // MLX's CPU gather_mm supports only float32 (mlx-lm fails there).
-                if weight.dtype() != mlx_rs::Dtype::Float32 && crate::device::backend() == crate::device::Backend::Cpu {
+                if weight.dtype() != mlx_rs::Dtype::Float32 && !crate::device::on_gpu() {
                     weight = weight.as_dtype(mlx_rs::Dtype::Float32)?;
                 }
                 SwitchLinear::Dense { weight }

@@ -11,6 +11,7 @@ use std::time::Instant;
 use mlx_rs::error::Exception;
 use mlx_rs::Array;
 
+use crate::device::on_gpu;
 use crate::error::Result;
 
 /// One loaded model's choice of form, shared by its layers.
@@ -37,7 +38,7 @@ impl<T: Copy + Debug> Measured<T> {
         let Some(&(first, _)) = forms.first() else {
             return Err(Exception::custom(format!("{what}: no form to choose from")).into());
         };
-        if !gpu() {
+        if !on_gpu() {
             return Ok(first);
         }
         let times: Vec<(T, f64)> = forms
@@ -70,12 +71,6 @@ fn time(run: &dyn Fn() -> Result<Vec<Array>>) -> Result<f64> {
     let started = Instant::now();
     mlx_rs::transforms::eval(&run()?)?;
     Ok(started.elapsed().as_secs_f64() * 1e3)
-}
-
-/// Whether MLX computes on a GPU here (only there are forms timed).
-pub fn gpu() -> bool {
-    static GPU: OnceLock<bool> = OnceLock::new();
-    *GPU.get_or_init(|| crate::device::backend() != crate::device::Backend::Cpu)
 }
 
 #[cfg(test)]
@@ -113,7 +108,7 @@ mod tests {
             Ok(vec![Array::from_f32(1.0).add(Array::from_f32(2.0))?])
         };
         let chosen = Measured::default().choose("test", &[(Form::A, &run), (Form::B, &run)]).unwrap();
-        if gpu() {
+        if on_gpu() {
             assert_eq!(runs.get(), 4, "each form once untimed, once timed");
         } else {
             assert_eq!((chosen, runs.get()), (Form::A, 0), "the CPU keeps the first form untimed");

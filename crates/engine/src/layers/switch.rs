@@ -5,9 +5,10 @@
 use mlx_rs::{ops, Array};
 
 use super::linear::Packed;
-use super::measured::{gpu, Form, Measured};
+use super::measured::{Form, Measured};
 use super::moe::SharedExpert;
 use super::{swiglu, Linear, Mlp, Projections};
+use crate::device::on_gpu;
 use crate::error::Result;
 
 /// From this many (token, expert) pairs on, the gathered matmuls group rows by expert.
@@ -51,7 +52,7 @@ impl Gather {
         if pairs < SORT_FROM {
             return Gather::Unsorted;
         }
-        let long = pairs >= DEQUANTIZE_FROM_ROWS_PER_EXPERT * experts && gpu();
+        let long = pairs >= DEQUANTIZE_FROM_ROWS_PER_EXPERT * experts && on_gpu();
         if long && dequantized_bytes() <= mlx_rs::memory::memory_limit().unwrap_or(0) / DEQUANTIZE_AT_MOST_LIMIT_PART {
             Gather::SortedDequantized
         } else {
@@ -323,7 +324,7 @@ mod tests {
         let one_layer = || 1 << 30;
         assert_eq!(Gather::for_step(8, 256, one_layer), Gather::Unsorted);
         let long = Gather::for_step(2048 * 8, 256, one_layer);
-        assert_eq!(long, if gpu() { Gather::SortedDequantized } else { Gather::Sorted });
+        assert_eq!(long, if on_gpu() { Gather::SortedDequantized } else { Gather::Sorted });
         assert_eq!(Gather::for_step(128 * 8, 256, one_layer), Gather::Sorted);
         // Experts too big to dequantize beside the model: never.
         assert_eq!(Gather::for_step(2048 * 8, 256, || usize::MAX / 2), Gather::Sorted);

@@ -146,6 +146,9 @@ pub struct MakeArgs {
     /// Tie (true) or untie (false) input and output embeddings, overriding the preset.
     #[arg(long)]
     tie: Option<bool>,
+    /// Decoder layers, overriding the preset's.
+    #[arg(long)]
+    layers: Option<i32>,
     #[arg(long, default_value_t = 0)]
     seed: u64,
     /// Hybrid models: also write a multi-token-prediction head (mtp.*).
@@ -179,6 +182,7 @@ pub fn run(cmd: Command) -> Result<()> {
     opts.group_size = a.group_size;
     opts.dtype = dtype;
     opts.tie_embeddings = a.tie;
+    opts.layers = a.layers;
     opts.seed = a.seed;
     opts.shard_bytes = a.shard_mib.max(1) << 20;
     opts.mtp = a.mtp;

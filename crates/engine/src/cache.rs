@@ -152,7 +152,7 @@ impl LayerCache {
         }
     }
 
-    fn state(&self) -> Vec<&Array> {
+    pub fn state(&self) -> Vec<&Array> {
         match self {
             LayerCache::Kv(kv) => kv.state(),
             LayerCache::Linear(l) => l.state(),

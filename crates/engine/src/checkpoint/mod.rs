@@ -30,6 +30,9 @@ pub struct MakeOptions {
     pub dtype: Dtype,
     /// Overrides the preset's `tie_word_embeddings`.
     pub tie_embeddings: Option<bool>,
+    /// Overrides the preset's number of decoder layers (a deeper or shallower model of the
+    /// same shapes).
+    pub layers: Option<i32>,
     pub seed: u64,
     /// A new shard starts once one holds this many bytes.
     pub shard_bytes: usize,
@@ -47,6 +50,7 @@ impl MakeOptions {
             group_size: 64,
             dtype: Dtype::Bfloat16,
             tie_embeddings: None,
+            layers: None,
             seed: 0,
             shard_bytes: 4 << 30,
             layout: Layout::Mlx,
@@ -88,6 +92,12 @@ pub fn make(opts: &MakeOptions, out: &Path) -> Result<Made> {
     let mut config = presets::config(opts.arch, &opts.preset)?;
     if let Some(tie) = opts.tie_embeddings {
         config["tie_word_embeddings"] = json!(tie);
+    }
+    if let Some(layers) = opts.layers {
+        if layers < 1 {
+            return Err(Error::Request(format!("a checkpoint needs at least one layer (asked for {layers})")));
+        }
+        config["num_hidden_layers"] = json!(layers);
     }
     if opts.mtp {
         presets::add_mtp_head(&mut config, opts.arch)?;

@@ -28,6 +28,16 @@ impl<T> Default for Measured<T> {
 pub type Form<'a, T> = (T, &'a dyn Fn() -> Result<Vec<Array>>);
 
 impl<T: Copy + Debug> Measured<T> {
+    /// A choice made beforehand (a benchmark's override): nothing is timed.
+    pub fn kept(form: T) -> Self {
+        Measured(Arc::new(OnceLock::from(form)))
+    }
+
+    /// The kept form, if settled.
+    pub fn get(&self) -> Option<T> {
+        self.0.get().copied()
+    }
+
     /// The kept form; else, on a GPU, the fastest of `forms` on this input (each run once
     /// untimed so its kernels compile, then once timed; a form that fails counts as never
     /// fastest), kept from now on; on the CPU the first form, not kept (nothing is timed).

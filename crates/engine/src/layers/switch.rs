@@ -8,7 +8,6 @@ use super::linear::Packed;
 use super::measured::{Form, Measured};
 use super::moe::SharedExpert;
 use super::{swiglu, Linear, Mlp, Projections};
-use crate::device::on_gpu;
 use crate::error::Result;
 
 /// From this many (token, expert) pairs on, the gathered matmuls group rows by expert.
@@ -45,14 +44,15 @@ pub enum Gather {
 pub type LongPromptGather = Measured<Gather>;
 
 impl Gather {
-    /// The mode for `pairs` (token, expert) pairs over `experts` experts on this backend,
-    /// where dequantizing the layer's experts would take `dequantized_bytes()` for the step
-    /// (asked, with MLX's memory limit, only for long prompts: decode steps skip both).
+    /// The mode for `pairs` (token, expert) pairs over `experts` experts, where dequantizing
+    /// the layer's experts would take `dequantized_bytes()` for the step (asked, with MLX's
+    /// memory limit, only for long prompts: decode steps skip both). `SortedDequantized` is
+    /// only offered: the model's [`LongPromptGather`] decides (on the CPU it keeps `Sorted`).
     pub fn for_step(pairs: usize, experts: usize, dequantized_bytes: impl FnOnce() -> usize) -> Gather {
         if pairs < SORT_FROM {
             return Gather::Unsorted;
         }
-        let long = pairs >= DEQUANTIZE_FROM_ROWS_PER_EXPERT * experts && on_gpu();
+        let long = pairs >= DEQUANTIZE_FROM_ROWS_PER_EXPERT * experts;
         if long && dequantized_bytes() <= mlx_rs::memory::memory_limit().unwrap_or(0) / DEQUANTIZE_AT_MOST_LIMIT_PART {
             Gather::SortedDequantized
         } else {
@@ -61,11 +61,25 @@ impl Gather {
     }
 }
 
+/// A benchmark's override of how long prompts run their experts (`FERRITE_LONG_EXPERTS`):
+/// `measure` (the default: timed on a GPU's first long prompt, `quantized` on the CPU),
+/// `quantized` or `dequantized`. Dequantized experts on the CPU backend need a float32
+/// checkpoint (its gathered matmuls are float32-only).
+pub fn long_prompt_gather(text: &str) -> std::result::Result<LongPromptGather, String> {
+    match text.trim() {
+        "" | "measure" => Ok(LongPromptGather::default()),
+        "quantized" => Ok(LongPromptGather::kept(Gather::Sorted)),
+        "dequantized" => Ok(LongPromptGather::kept(Gather::SortedDequantized)),
+        other => Err(format!("unknown form `{other}` (known: measure, quantized, dequantized)")),
+    }
+}
+
 /// Average rows per expert from which a long prompt's experts may be dequantized (measured
-/// crossover on the H200: about 12; CPU gathered matmuls are float32-only, so GPUs only).
+/// crossover on the H200: about 12).
 const DEQUANTIZE_FROM_ROWS_PER_EXPERT: usize = 16;
 
-/// The dequantized experts live for one layer of one prompt chunk; they are made only while
+/// The dequantized experts live for one layer of one prompt chunk (the trunk evaluates long
+/// inputs layer by layer for this: see `models::transformer`); they are made only while
 /// they take at most this part of MLX's memory limit (a 35B-A3B layer's 1.6 GB passes on a
 /// 64 GB Mac, an 80B-A3B layer's 3.2 GB does not), so a long prompt never pushes a machine
 /// that holds its model comfortably into swap.
@@ -292,6 +306,7 @@ impl SwitchGlu {
 mod tests {
     use super::*;
     use crate::config::QuantSpec;
+    use crate::device::on_gpu;
     use mlx_rs::random;
 
     fn experts(e: i32, out: i32, inp: i32, seed: u64) -> SwitchLinear {
@@ -320,13 +335,29 @@ mod tests {
     }
 
     #[test]
-    fn long_prompts_sort_and_only_gpus_dequantize() {
+    fn long_prompts_sort_and_may_dequantize() {
         let one_layer = || 1 << 30;
         assert_eq!(Gather::for_step(8, 256, one_layer), Gather::Unsorted);
-        let long = Gather::for_step(2048 * 8, 256, one_layer);
-        assert_eq!(long, if on_gpu() { Gather::SortedDequantized } else { Gather::Sorted });
+        assert_eq!(Gather::for_step(2048 * 8, 256, one_layer), Gather::SortedDequantized);
         assert_eq!(Gather::for_step(128 * 8, 256, one_layer), Gather::Sorted);
         // Experts too big to dequantize beside the model: never.
         assert_eq!(Gather::for_step(2048 * 8, 256, || usize::MAX / 2), Gather::Sorted);
+    }
+
+    #[test]
+    fn the_cpu_keeps_quantized_experts_unless_told() {
+        let glu = glu();
+        let x = random::normal::<f32>(&[1, 200, 64], None, None, Some(&random::key(4).unwrap())).unwrap();
+        let ids = random::randint::<_, u32>(0, 8, &[1, 200, 2], Some(&random::key(5).unwrap())).unwrap();
+        glu.forward(&x, &ids).unwrap().eval().unwrap();
+        if !on_gpu() {
+            // Offered (400 pairs over 8 experts) but never timed on the CPU, so not kept.
+            assert_eq!(glu.long_prompts.get(), None);
+        }
+        let told = long_prompt_gather("dequantized").unwrap();
+        assert_eq!(told.get(), Some(Gather::SortedDequantized));
+        assert_eq!(long_prompt_gather("quantized").unwrap().get(), Some(Gather::Sorted));
+        let err = long_prompt_gather("fast").unwrap_err();
+        assert!(err.contains("`fast`") && err.contains("dequantized"), "{err}");
     }
 }

@@ -15,6 +15,7 @@ use mlx_rs::Array;
 use crate::cache::Cache;
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};
+use crate::layers::switch::LongPromptGather;
 use crate::layers::{Joins, Loader};
 use crate::weights::Weights;
 
@@ -63,6 +64,17 @@ fn joins_for(config: &ModelConfig) -> Result<Joins> {
     }
 }
 
+/// How the model's MoE layers run long prompts: measured, or `FERRITE_LONG_EXPERTS`'s choice
+/// (a probe for benchmarks, see `bench/README.md`).
+fn long_prompt_gather() -> Result<LongPromptGather> {
+    let text = std::env::var("FERRITE_LONG_EXPERTS").unwrap_or_default();
+    crate::layers::switch::long_prompt_gather(&text).map_err(|message| Error::Config {
+        path: "environment".into(),
+        field: "FERRITE_LONG_EXPERTS".into(),
+        message,
+    })
+}
+
 /// Loads the model in `dir` (config.json + safetensors), dispatching on `model_type`.
 pub fn load(dir: &Path) -> Result<Box<dyn LanguageModel>> {
     let mut config = ModelConfig::load(dir)?;
@@ -82,7 +94,7 @@ pub fn load(dir: &Path) -> Result<Box<dyn LanguageModel>> {
             quant: config.quant.as_ref(),
             config_path: config.path.clone(),
             joins: joins_for(&config)?,
-            long_prompt_gather: Default::default(),
+            long_prompt_gather: long_prompt_gather()?,
             long_conv: Default::default(),
         };
         match config.model_type.as_str() {

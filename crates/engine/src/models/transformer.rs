@@ -1,6 +1,7 @@
 //! The decoder-only trunk of the Qwen3 family: embeddings, pre-norm decoder layers, final
 //! norm and the output projection (or the tied embedding table).
 
+use mlx_rs::transforms::async_eval;
 use mlx_rs::Array;
 
 use super::{LanguageModel, MtpHead};
@@ -8,6 +9,7 @@ use crate::cache::Cache;
 use crate::config::ModelConfig;
 use crate::error::Result;
 use crate::layers::attention::Rope;
+use crate::layers::switch::SORT_FROM;
 use crate::layers::{Attention, DecoderLayer, Embedding, FeedForward, JoinGroup, Linear, Loader, Mixer, RmsNorm};
 
 pub struct Transformer {
@@ -84,11 +86,33 @@ pub fn attention(c: &ModelConfig, ld: &mut Loader, path: &str, output_gate: bool
     })
 }
 
+/// From this many positions on, a model with MoE layers evaluates its input layer by layer.
+const EACH_LAYER_FROM: i32 = SORT_FROM as i32;
+
+impl Transformer {
+    fn has_moe(&self) -> bool {
+        self.layers.iter().any(|l| matches!(l.mlp, FeedForward::Moe(_)))
+    }
+}
+
 impl LanguageModel for Transformer {
     fn hidden(&self, tokens: &Array, cache: &mut Cache) -> Result<Array> {
         let mut h = self.embed_tokens.forward(tokens)?;
+        // A long input's MoE layers may dequantize their experts (`Gather::SortedDequantized`).
+        // Left in one graph, MLX schedules those weight-only dequantizations ahead of the
+        // activations that wait for them: ten of the 35B-A3B's 40 layers' (16 GB) were alive
+        // at once on a 2048-token chunk. Evaluated layer by layer instead, one layer running
+        // while the next is built, at most two layers' exist.
+        let layerwise = tokens.dim(-1) >= EACH_LAYER_FROM && self.has_moe();
+        let mut running: Option<Array> = None;
         for (layer, state) in self.layers.iter().zip(cache.layers.iter_mut()) {
             h = layer.forward(&h, state)?;
+            if layerwise {
+                async_eval(std::iter::once(&h).chain(state.state()))?;
+                if let Some(previous) = running.replace(h.clone()) {
+                    previous.eval()?; // scheduled already: this waits for it
+                }
+            }
         }
         self.norm.forward(&h)
     }

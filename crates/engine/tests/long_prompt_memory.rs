@@ -1,0 +1,39 @@
+//! A long prompt's dequantized experts live one or two layers at a time (`FERRITE_LONG_EXPERTS`
+//! forces the form: this file is its own test process, and its one test sets the variable).
+
+mod common;
+
+use engine::checkpoint::{Arch, Dtype};
+use engine::{Engine, GenerateRequest};
+
+/// Highest MLX memory above the loaded model's while a `tokens`-long prompt is read.
+fn prompt_peak_above_model(dir: &std::path::Path, experts: &str, tokens: u32) -> (f64, String) {
+    std::env::set_var("FERRITE_LONG_EXPERTS", experts);
+    let engine = Engine::load(dir).unwrap();
+    mlx_rs::memory::clear_cache().unwrap();
+    let model = mlx_rs::memory::active_memory().unwrap() as f64;
+    let prompt: Vec<u32> = (0..tokens).map(|i| (i * 37 + 11) % 2000).collect();
+    let (text, summary) = engine.generate_text(GenerateRequest { ignore_eos: true, ..GenerateRequest::greedy(prompt, 2) }).unwrap();
+    (summary.timings.peak_memory_bytes as f64 - model, text)
+}
+
+#[test]
+fn dequantized_experts_exist_for_at_most_two_layers_at_once_and_unknown_forms_are_named() {
+    // qwen3_moe "small" 16 layers deep: MoE layers of 16 experts (256 wide, 128 inner),
+    // float32 (the CPU's gathered matmuls are float32-only).
+    let mut options = common::options(Arch::Qwen3Moe, "small", Some(4), 32, Dtype::Float32);
+    options.layers = Some(16);
+    let dir = common::make(&options);
+    let one_layer = 16.0 * (2.0 * 128.0 * 256.0 + 256.0 * 128.0) * 4.0;
+    let (quantized, text_q) = prompt_peak_above_model(dir.path(), "quantized", 128);
+    let (dequantized, text_d) = prompt_peak_above_model(dir.path(), "dequantized", 128);
+    assert_eq!(text_q, text_d, "the same tokens either way");
+    let extra_layers = (dequantized - quantized) / one_layer;
+    eprintln!("peak above the model: quantized {:.1} MB, dequantized {:.1} MB ({extra_layers:.2} layers' experts more)", quantized / 1e6, dequantized / 1e6);
+    assert!(extra_layers <= 2.5, "{extra_layers:.2} layers' dequantized experts at once");
+
+    // (In this test too: the variable is the process's.)
+    std::env::set_var("FERRITE_LONG_EXPERTS", "fastest");
+    let err = Engine::load(dir.path()).err().expect("an unknown form is refused").to_string();
+    assert!(err.contains("FERRITE_LONG_EXPERTS") && err.contains("`fastest`"), "{err}");
+}

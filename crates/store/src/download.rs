@@ -158,12 +158,15 @@ impl Download {
     }
 }
 
+/// The running downloads by (repository, revision).
+type Running = HashMap<(String, String), Arc<Download>>;
+
 /// The downloads of one models folder.
 #[derive(Clone)]
 pub struct Downloader {
     models_dir: PathBuf,
     options: Options,
-    running: Arc<Mutex<HashMap<(String, String), Arc<Download>>>>,
+    running: Arc<Mutex<Running>>,
 }
 
 impl Downloader {

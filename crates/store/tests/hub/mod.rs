@@ -35,9 +35,12 @@ pub struct Faults {
     pub slow: Option<Duration>,
 }
 
+/// A repository's commit hash and files.
+type Repo = (String, Vec<Arc<File>>);
+
 #[derive(Default)]
 pub struct Hub {
-    pub repos: Mutex<HashMap<String, (String, Vec<Arc<File>>)>>,
+    pub repos: Mutex<HashMap<String, Repo>>,
     pub faults: Mutex<Faults>,
     /// `(repo, file, first byte)` of every body request.
     pub ranges: Mutex<Vec<(String, String, u64)>>,

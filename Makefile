@@ -38,7 +38,7 @@ test:
 	$(CARGO) build -p ferrite-cli
 	$(CARGO) build -p ferrite-store --example test_hub
 	tests/app/window.sh
-	third_party/venv/bin/python -m pytest tests/sdk -q
+	third_party/venv/bin/python -m pytest tests/sdk tests/bench -q
 	@if [ -d tests/ui/node_modules/playwright-core ]; then cd tests/ui && node --test ui.test.mjs; \
 	else echo "tests/ui skipped: no Node.js here (scripts/setup.sh --tests installs it on Debian)"; fi
 

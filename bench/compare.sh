@@ -9,10 +9,13 @@
 # Environment: SIZES (prompt tokens, default "128 2048 8192"), GEN_TOKENS (256), RUNS (timed
 # runs after one warm-up, median; default 1), PROFILE (ferrite's runtime profile, sustained:
 # 2048-token prefill chunks like mlx-lm's default), BANDWIDTH_GBS (the device's memory
-# bandwidth; found for NVIDIA H100/H200 via nvidia-smi), DTYPE, FERRITE, PYTHON, BENCH_DIR.
+# bandwidth; found for NVIDIA H100/H200 via nvidia-smi), PROCESSES (fresh processes per engine
+# and size, alternating; the table shows medians and the decode range; default 1), DTYPE,
+# FERRITE, PYTHON, BENCH_DIR.
 set -euo pipefail
 GEN_TOKENS=${GEN_TOKENS:-256}
 RUNS=${RUNS:-1}
+PROCESSES=${PROCESSES:-1}
 SIZES=${SIZES:-128 2048 8192}
 PROFILE=${PROFILE:-sustained}
 . "$(dirname "$0")/lib.sh"
@@ -33,11 +36,14 @@ for c in "${cases[@]}"; do
   for n in $SIZES; do
     PROMPT_TOKENS=$n
     ids=$(prompt_ids)
-    # Ferrite first, then mlx-lm: each loads the model, warms up once, then times RUNS runs.
-    RUST_LOG=warn "$FERRITE" bench --model "$dir" --prompt-ids "$ids" --gen-tokens "$GEN_TOKENS" --runs "$RUNS" --profile "$PROFILE" \
-      | "$PYTHON" -c 'import json,sys; r=json.load(sys.stdin); r["case"]=sys.argv[1]; print(json.dumps(r))' "$c" >> "$rows"
-    "$PYTHON" "$root/bench/mlx_lm_decode.py" --model "$dir" --prompt-ids "$ids" --gen-tokens "$GEN_TOKENS" --runs "$RUNS" \
-      | "$PYTHON" -c 'import json,sys; r=json.load(sys.stdin); r["case"]=sys.argv[1]; print(json.dumps(r))' "$c" >> "$rows"
+    # Ferrite first, then mlx-lm: each loads the model, warms up once, then times RUNS runs;
+    # PROCESSES > 1 repeats the pair in fresh processes (a host-bound decode varies by process).
+    for _ in $(seq "$PROCESSES"); do
+      RUST_LOG=warn "$FERRITE" bench --model "$dir" --prompt-ids "$ids" --gen-tokens "$GEN_TOKENS" --runs "$RUNS" --profile "$PROFILE" \
+        | "$PYTHON" -c 'import json,sys; r=json.load(sys.stdin); r["case"]=sys.argv[1]; print(json.dumps(r))' "$c" >> "$rows"
+      "$PYTHON" "$root/bench/mlx_lm_decode.py" --model "$dir" --prompt-ids "$ids" --gen-tokens "$GEN_TOKENS" --runs "$RUNS" \
+        | "$PYTHON" -c 'import json,sys; r=json.load(sys.stdin); r["case"]=sys.argv[1]; print(json.dumps(r))' "$c" >> "$rows"
+    done
     tail -n 2 "$rows" >&2
   done
 done

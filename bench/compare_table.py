@@ -8,11 +8,16 @@ embedding counts only when tied to the output head; the MTP head is not read by 
 decoding), plus the KV cache of the full-attention layers at the mean context of the decode
 (prompt + half the new tokens), plus the recurrent state of the linear-attention layers
 (read and written, f32).
+
+With several rows per engine and prompt (`PROCESSES=N`: each engine run in N fresh processes,
+alternating), decode and TTFT are medians, decode also shows its range, and peak memory is the
+highest.
 """
 
 import argparse
 import json
 import os
+import statistics
 import struct
 import sys
 from pathlib import Path
@@ -70,9 +75,10 @@ def main():
     a = p.parse_args()
 
     rows = [json.loads(l) for l in Path(a.rows).read_text().splitlines() if l.strip()]
-    pairs = {}
+    runs = {}
     for r in rows:
-        pairs.setdefault((r["case"], r["prompt_tokens"]), {})[r["engine"]] = r
+        runs.setdefault((r["case"], r["prompt_tokens"]), {}).setdefault(r["engine"], []).append(r)
+    pairs = {key: {engine: merged(rs) for engine, rs in by_engine.items()} for key, by_engine in runs.items()}
     bandwidth = float(os.environ.get("BANDWIDTH_GBS") or 0) * 1e9
     act_bytes = 4 if a.dtype == "f32" else 2
     backend = next((r["backend"] for r in rows if r["engine"] == "ferrite"), "?")
@@ -89,12 +95,30 @@ def main():
         per_token = bytes_per_token(Path(a.checkpoints) / f"{case}-{a.dtype}", n + f["gen_tokens"] / 2, act_bytes)
         bound = lambda tps: f"{100 * tps * per_token / bandwidth:.1f}" if bandwidth else "n/a"
         print(
-            f"| {case} | {n} | {f['decode_tps']:.1f} | {m['decode_tps']:.1f} | {f['decode_tps'] / m['decode_tps']:.2f} "
+            f"| {case} | {n} | {decode(f)} | {decode(m)} | {f['decode_tps'] / m['decode_tps']:.2f} "
             f"| {f['ttft_s']:.3f} | {m['ttft_s']:.3f} | {m['ttft_s'] / f['ttft_s']:.2f} "
             f"| {f['peak_memory_bytes'] / 1e6:.1f} | {m['peak_memory_bytes'] / 1e6:.1f} | {per_token / 1e6:.1f} "
             f"| {bound(f['decode_tps'])} | {bound(m['decode_tps'])} |"
         )
     print("\nratio: ferrite / mlx-lm for decode, mlx-lm / ferrite for TTFT (> 1 = ferrite better).")
+
+
+def merged(rs):
+    """One engine's runs at one prompt size as one row: medians, the decode range, the highest peak."""
+    row = dict(rs[0])
+    row["decode_tps"] = statistics.median(r["decode_tps"] for r in rs)
+    row["ttft_s"] = statistics.median(r["ttft_s"] for r in rs)
+    row["peak_memory_bytes"] = max(r["peak_memory_bytes"] for r in rs)
+    row["decode_range"] = (min(r["decode_tps"] for r in rs), max(r["decode_tps"] for r in rs)) if len(rs) > 1 else None
+    return row
+
+
+def decode(row):
+    text = f"{row['decode_tps']:.1f}"
+    if row["decode_range"]:
+        low, high = row["decode_range"]
+        text += f" ({low:.1f}–{high:.1f})"
+    return text
 
 
 if __name__ == "__main__":

@@ -13,7 +13,6 @@ use mlx_rs::transforms::compile::compile;
 use mlx_rs::{fast, ops, Array, Dtype};
 
 use super::delta_chunked::delta_rule_chunked;
-use super::measured::Measured;
 use super::{Linear, Projections, RmsNorm};
 use crate::cache::LinearState;
 use crate::error::Result;
@@ -52,20 +51,6 @@ pub struct GatedDeltaNet {
     pub head_k_dim: i32,
     pub head_v_dim: i32,
     pub kernel: i32,
-    /// How this model's long prompts run the conv, settled by its first long prompt.
-    pub long_conv: Measured<ConvForm>,
-}
-
-/// How a long prompt's causal depthwise conv runs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ConvForm {
-    /// MLX's grouped conv1d with one group per channel, as mlx-lm (and every decode step) runs it.
-    Conv1d,
-    /// The kernel's taps as shifted views of the input, multiplied and summed in f32 in one
-    /// compiled element-wise kernel: all a depthwise conv is. Backends run grouped convs as
-    /// general convolutions (MLX's CUDA fallback unfolds the input and runs one tiny matmul
-    /// per channel), so this may well be faster; measured, not assumed ([`Measured`]).
-    Taps,
 }
 
 /// Sequences at least this long use the chunked delta rule.
@@ -102,7 +87,7 @@ impl GatedDeltaNet {
         if state.record {
             state.conv_window = Some(conv_input.clone());
         }
-        let conv = depthwise_conv(&conv_input, &self.conv_weight, self.conv_form(&conv_input, s)?)?;
+        let conv = depthwise_conv(&conv_input, &self.conv_weight)?;
         let (q, k, v) = conv_qkv(&conv, s, [nk, dk, nv, dv])?;
 
         let beta = ops::sigmoid(&beta_logits)?;
@@ -139,18 +124,6 @@ impl GatedDeltaNet {
 }
 
 impl GatedDeltaNet {
-    /// The conv's form for `s` positions: a long prompt's is the model's measured one (the
-    /// first long prompt settles it on this input); shorter steps on this general path (those
-    /// of models whose norm the compiled step does not fit) keep conv1d.
-    fn conv_form(&self, conv_input: &Array, s: i32) -> Result<ConvForm> {
-        if s < CHUNKED_FROM {
-            return Ok(ConvForm::Conv1d);
-        }
-        let form = |form| move || -> Result<Vec<Array>> { Ok(vec![depthwise_conv(conv_input, &self.conv_weight, form)?]) };
-        let (conv1d, taps) = (form(ConvForm::Conv1d), form(ConvForm::Taps));
-        self.long_conv.choose("long prompts' conv, one layer", &[(ConvForm::Conv1d, &conv1d), (ConvForm::Taps, &taps)])
-    }
-
     /// A few positions (a decode step, a verify pass, a short prompt): everything between the
     /// input projections and the output projection as one compiled graph (the same
     /// operations as the general path, fused by MLX), so a step builds and dispatches a
@@ -228,7 +201,7 @@ fn short_core(args: &[Array], record: bool) -> std::result::Result<Vec<Array>, E
     let nk = (channels - nv * dv) / (2 * dk);
     let conv_input = ops::concatenate(&[tail, qkv], 1)?;
     let new_tail = conv_input.index((.., s.., ..));
-    let (q, k, v) = conv_qkv(&depthwise_conv(&conv_input, conv_weight, ConvForm::Conv1d)?, s, [nk, dk, nv, dv])?;
+    let (q, k, v) = conv_qkv(&depthwise_conv(&conv_input, conv_weight)?, s, [nk, dk, nv, dv])?;
     // The gates are computed per position, in the value heads' groups, inside the step: so
     // MLX fuses them into the step's element-wise kernels instead of running them apart.
     let r = nv / nk;
@@ -264,23 +237,9 @@ fn short_core(args: &[Array], record: bool) -> std::result::Result<Vec<Array>, E
 }
 
 /// The causal depthwise conv of `conv_input` [B, S + K - 1, C] (the cached tail, then the new
-/// positions) with weights [C, K, 1] → [B, S, C].
-fn depthwise_conv(conv_input: &Array, conv_weight: &Array, form: ConvForm) -> std::result::Result<Array, Exception> {
-    match form {
-        ConvForm::Conv1d => ops::conv1d(conv_input, conv_weight, 1, 0, 1, conv_weight.dim(0)),
-        ConvForm::Taps => TAPS.with_borrow_mut(|f| f((conv_input, conv_weight))),
-    }
-}
-
-/// [`ConvForm::Taps`]: `y[t] = sum_j x[t + j] * w[:, j]` in f32, rounded once.
-fn taps_graph((x, w): (&Array, &Array)) -> std::result::Result<Array, Exception> {
-    let (taps, s) = (w.dim(1), x.dim(1) - w.dim(1) + 1);
-    let (x32, w32) = (x.as_dtype(Dtype::Float32)?, w.as_dtype(Dtype::Float32)?);
-    let mut sum = x32.index((.., 0..s, ..)).multiply(w32.index((.., 0, 0)))?;
-    for j in 1..taps {
-        sum = sum.add(x32.index((.., j..j + s, ..)).multiply(w32.index((.., j, 0)))?)?;
-    }
-    sum.as_dtype(x.dtype())
+/// positions) with weights [C, K, 1] → [B, S, C]: MLX's grouped conv1d, one group per channel.
+fn depthwise_conv(conv_input: &Array, conv_weight: &Array) -> std::result::Result<Array, Exception> {
+    ops::conv1d(conv_input, conv_weight, 1, 0, 1, conv_weight.dim(0))
 }
 
 /// The conv's output over `s` positions, SiLU, then q, k, v split into heads ([Hk, Dk],
@@ -332,13 +291,10 @@ fn stack_positions(ys: &[Array]) -> std::result::Result<Array, Exception> {
     }
 }
 
-type Unary2 = Box<dyn for<'a> FnMut((&'a Array, &'a Array)) -> std::result::Result<Array, Exception>>;
 type Unary3 = Box<dyn for<'a> FnMut((&'a Array, &'a Array, &'a Array)) -> std::result::Result<Array, Exception>>;
 type Step = Box<dyn for<'a> FnMut(&'a [Array]) -> std::result::Result<Vec<Array>, Exception>>;
 
 thread_local! {
-    /// [`ConvForm::Taps`], one fused kernel (traced per shape: slices need their sizes).
-    static TAPS: RefCell<Unary2> = RefCell::new(Box::new(compile(taps_graph, false)));
     /// Per-position decay `exp(-exp(A_log) * softplus(a + dt_bias))`, as mlx-lm's `compute_g`.
     static DECAY: RefCell<Unary3> = RefCell::new(Box::new(compile(decay_graph, true)));
     /// `silu(z) * norm(y)` in f32, as mlx-lm's `precise_swiglu`.
@@ -391,27 +347,3 @@ fn grouped_delta_step(q: &Array, k: &Array, v: &Array, g: &Array, beta: &Array, 
     Ok(vec![y.reshape(&[b, hv, dv])?.as_dtype(q.dtype())?, state.reshape(&[b, hv, dv, dk])?])
 }
 
-#[cfg(test)]
-mod conv_tests {
-    use mlx_rs::random;
-
-    use super::*;
-
-    #[test]
-    fn the_conv_taps_give_the_grouped_conv() {
-        let key = |i| random::key(i).unwrap();
-        for dtype in [Dtype::Float32, Dtype::Bfloat16] {
-            let x = random::normal::<f32>(&[2, 70 + 3, 24][..], None, None, &key(1)).unwrap().as_dtype(dtype).unwrap();
-            let w = random::normal::<f32>(&[24, 4, 1][..], None, None, &key(2)).unwrap().as_dtype(dtype).unwrap();
-            let conv = depthwise_conv(&x, &w, ConvForm::Conv1d).unwrap();
-            let taps = depthwise_conv(&x, &w, ConvForm::Taps).unwrap();
-            assert_eq!((taps.shape(), taps.dtype()), (conv.shape(), conv.dtype()));
-            let f32 = |a: &Array| a.as_dtype(Dtype::Float32).unwrap();
-            let diff = f32(&taps).subtract(f32(&conv)).unwrap().abs().unwrap().max(None).unwrap().item_cast::<f32>();
-            let scale = f32(&conv).abs().unwrap().max(None).unwrap().item_cast::<f32>();
-            // Identical on the CPU backend; a GPU's conv may sum the taps in another order.
-            let ulp = if dtype == Dtype::Float32 { 1e-6 } else { 1.0 / 128.0 };
-            assert!(diff <= ulp * scale, "{dtype:?}: max |taps - conv1d| {diff:e}");
-        }
-    }
-}

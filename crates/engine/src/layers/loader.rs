@@ -3,8 +3,6 @@
 //! group size of the config's `quantization` block or its per-layer override.
 
 use super::linear::Packed;
-use super::gated_delta::ConvForm;
-use super::measured::Measured;
 use super::switch::{LongPromptGather, SwitchLinear};
 use super::{Embedding, Linear, Projections, RmsNorm};
 use crate::config::{QuantSpec, Quantization};
@@ -19,8 +17,6 @@ pub struct Loader<'a> {
     pub joins: Joins,
     /// How this model's MoE layers run long prompts, settled by the first one.
     pub long_prompt_gather: LongPromptGather,
-    /// How this model's Gated DeltaNet layers run a long prompt's conv, settled likewise.
-    pub long_conv: Measured<ConvForm>,
 }
 
 /// Projections that read one input, by where they sit.

@@ -82,7 +82,6 @@ fn gated_delta(c: &ModelConfig, ld: &mut Loader, p: &str, layout: InputLayout) -
         head_k_dim: dk,
         head_v_dim: dv,
         kernel,
-        long_conv: ld.long_conv.clone(),
     })
 }
 

@@ -15,7 +15,6 @@ use mlx_rs::Array;
 use crate::cache::Cache;
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};
-use crate::layers::switch::LongPromptGather;
 use crate::layers::{Joins, Loader};
 use crate::weights::Weights;
 
@@ -54,25 +53,14 @@ pub use mtp::MtpHead;
 /// for benchmarks, see `bench/README.md`).
 fn joins_for(config: &ModelConfig) -> Result<Joins> {
     let auto = Joins::for_model(config.is_hybrid() || config.num_experts > 0);
-    match std::env::var("FERRITE_JOIN") {
-        Ok(text) => Joins::parse(&text, auto).map_err(|message| Error::Config {
-            path: "environment".into(),
-            field: "FERRITE_JOIN".into(),
-            message,
-        }),
-        Err(_) => Ok(auto),
-    }
+    from_env("FERRITE_JOIN", |text| Joins::parse(text, auto))
 }
 
-/// How the model's MoE layers run long prompts: measured, or `FERRITE_LONG_EXPERTS`'s choice
-/// (a probe for benchmarks, see `bench/README.md`).
-fn long_prompt_gather() -> Result<LongPromptGather> {
-    let text = std::env::var("FERRITE_LONG_EXPERTS").unwrap_or_default();
-    crate::layers::switch::long_prompt_gather(&text).map_err(|message| Error::Config {
-        path: "environment".into(),
-        field: "FERRITE_LONG_EXPERTS".into(),
-        message,
-    })
+/// A benchmark's override read from the environment variable `name` (unset reads as empty),
+/// parsed by `parse`; what it refuses is a config error naming the variable.
+fn from_env<T>(name: &str, parse: impl FnOnce(&str) -> std::result::Result<T, String>) -> Result<T> {
+    let text = std::env::var(name).unwrap_or_default();
+    parse(&text).map_err(|message| Error::Config { path: "environment".into(), field: name.into(), message })
 }
 
 /// Loads the model in `dir` (config.json + safetensors), dispatching on `model_type`.
@@ -94,8 +82,7 @@ pub fn load(dir: &Path) -> Result<Box<dyn LanguageModel>> {
             quant: config.quant.as_ref(),
             config_path: config.path.clone(),
             joins: joins_for(&config)?,
-            long_prompt_gather: long_prompt_gather()?,
-            long_conv: Default::default(),
+            long_prompt_gather: from_env("FERRITE_LONG_EXPERTS", crate::layers::switch::long_prompt_gather)?,
         };
         match config.model_type.as_str() {
             "qwen3" => qwen3::build(&config, &mut loader)?,

@@ -23,6 +23,13 @@ esac
 
 say() { printf '\033[1msetup:\033[0m %s\n' "$*"; }
 
+# A first build and `make test` write about 4 GB under target/ and third_party/: say so up front
+# rather than let a linker stop halfway with "No space left on device".
+free_mb=$(df -Pk "$root" 2>/dev/null | awk 'NR == 2 { print int($4 / 1024) }')
+if [ -n "$free_mb" ] && [ "$free_mb" -lt 5120 ] && [ ! -d "$root/target" ]; then
+  say "warning: only $free_mb MB free on the disk that holds $root; a first build and test run need about 5 GB"
+fi
+
 case "$(uname -s)" in
   Darwin)
     # On a Mac mlx-sys builds MLX with Metal from source: no patch, no wheel needed.

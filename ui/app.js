@@ -188,6 +188,9 @@ function onUpdate(u) {
     refreshStatus();
   }
   $("model").textContent = u.model;
+  // What the app could not do at launch (its model would not start), until another starts.
+  $("notice").textContent = u.notice || "";
+  $("notice").hidden = !u.notice;
   showDownloads(u.downloads);
   const [text, cls] = stateText(u);
   $("state").textContent = u.queue_depth ? `${text} · ${u.queue_depth} queued` : text;

@@ -3,9 +3,10 @@
 //! window's page talks to the server over loopback like any browser, so the app adds no
 //! second way of doing things: the tray's actions call the same functions as the HTTP API.
 //!
-//! Settings (environment): `FERRITE_MODEL` (the model started at launch, default `default`),
-//! `FERRITE_PORT` (default 8080; another free port if taken), `FERRITE_PROFILE`,
-//! `FERRITE_APP_HIDDEN=1` (start in the tray only).
+//! Settings (environment): `FERRITE_MODEL` (the model started at launch; else the one last
+//! started from the app, else `default`: see [`launch`]), `FERRITE_PORT` (default 8080;
+//! another free port if taken), `FERRITE_PROFILE`, `FERRITE_APP_HIDDEN=1` (start in the tray
+//! only).
 
 pub mod commands;
 pub mod launch;

@@ -35,8 +35,12 @@ fn http_get(base: &str, path: &str) -> String {
     response
 }
 
+/// Both tests set `FERRITE_CONFIG_DIR`, which the app reads: one at a time.
+static ENV: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 #[test]
 fn the_apps_commands_answer_through_the_ipc() {
+    let _env = ENV.lock().unwrap_or_else(|e| e.into_inner());
     let config = tempfile::tempdir().unwrap();
     std::env::set_var("FERRITE_CONFIG_DIR", config.path());
     let model = tempfile::tempdir().unwrap();
@@ -45,7 +49,7 @@ fn the_apps_commands_answer_through_the_ipc() {
     o.group_size = 32;
     checkpoint::make(&o, model.path()).unwrap();
 
-    let settings = app::launch::Settings { model: model.path().to_string_lossy().into_owned(), port: 0, profile: Default::default(), hidden: true };
+    let settings = app::launch::Settings { model: model.path().to_string_lossy().into_owned(), port: 0, profile: Default::default(), hidden: true, notice: None };
     let (state, listener) = tauri::async_runtime::block_on(app::launch::start(&settings)).unwrap();
     let api_base = format!("http://{}", listener.local_addr().unwrap());
     let stop = Arc::new(tokio::sync::Notify::new());
@@ -94,4 +98,64 @@ fn the_apps_commands_answer_through_the_ipc() {
     // Quit's path: the server stops and the engine thread ends before the process does.
     stop.notify_one();
     tauri::async_runtime::block_on(served).unwrap().unwrap();
+}
+
+#[test]
+fn a_model_that_cannot_start_leaves_the_default_running_and_says_why() {
+    let _env = ENV.lock().unwrap_or_else(|e| e.into_inner());
+    let config = tempfile::tempdir().unwrap();
+    std::env::set_var("FERRITE_CONFIG_DIR", config.path());
+    std::env::remove_var("FERRITE_MODEL");
+    std::env::remove_var("FERRITE_PROFILE");
+    let model = tempfile::tempdir().unwrap();
+    let mut o = MakeOptions::new(Arch::Qwen3, "tiny");
+    o.bits = Some(4);
+    o.group_size = 32;
+    checkpoint::make(&o, model.path()).unwrap();
+    let tiny = model.path().to_string_lossy().into_owned();
+
+    // What the app started last is what its next launch starts; here it has gone since.
+    store::config::Config::update(config.path(), |c| {
+        c.app.model = Some("/no/such/model".into());
+        c.app.profile = Some("turbo".into());
+    })
+    .unwrap();
+    let settings = app::launch::Settings::from_env().unwrap();
+    assert_eq!((settings.model.as_str(), settings.profile), ("/no/such/model", engine::ProfileName::Turbo));
+    assert_eq!(settings.notice, None);
+    let (state, _listener) = tauri::async_runtime::block_on(app::launch::start(&settings)).unwrap();
+    assert_eq!(state.loaded().worker.info.id, "ferrite-code-20m", "the default model runs");
+    assert_eq!(state.loaded().worker.info.profile.name, engine::ProfileName::Turbo, "with the remembered profile");
+    let notice = state.notice().expect("a notice says what happened");
+    assert!(notice.contains("/no/such/model") && notice.contains("default model"), "{notice}");
+    assert_eq!(server::status_json(&state)["notice"], json!(notice));
+    // The choice is kept (an unplugged volume comes back), not replaced by the fallback.
+    assert_eq!(store::config::Config::load(config.path()).unwrap().app.model.as_deref(), Some("/no/such/model"));
+
+    // A model started from the tray or the window clears the notice and is remembered.
+    let started = tauri::async_runtime::block_on(server::models::load_model(&state, Some(tiny.clone()), Some(engine::ProfileName::Sustained)));
+    started.unwrap();
+    assert_eq!(state.notice(), None);
+    let remembered = store::config::Config::load(config.path()).unwrap().app;
+    assert_eq!((remembered.model.as_deref(), remembered.profile.as_deref()), (Some(tiny.as_str()), Some("sustained")));
+    let next = app::launch::Settings::from_env().unwrap();
+    assert_eq!((next.model.as_str(), next.profile), (tiny.as_str(), engine::ProfileName::Sustained));
+
+    // The environment still wins over what was remembered; a remembered profile that no longer
+    // reads is said, and the default profile used.
+    std::env::set_var("FERRITE_MODEL", "default");
+    store::config::Config::update(config.path(), |c| c.app.profile = Some("fastest".into())).unwrap();
+    let next = app::launch::Settings::from_env().unwrap();
+    std::env::remove_var("FERRITE_MODEL");
+    assert_eq!((next.model.as_str(), next.profile), ("default", engine::ProfileName::Sustained));
+    let notice = next.notice.unwrap();
+    assert!(notice.contains("config.toml") && notice.contains("fastest"), "{notice}");
+
+    // The default model itself failing is an error naming both failures.
+    std::env::set_var("FERRITE_ASSETS", config.path().join("no-assets"));
+    let broken = app::launch::Settings { model: "/no/such/model".into(), port: 0, profile: Default::default(), hidden: true, notice: None };
+    let e = tauri::async_runtime::block_on(app::launch::start(&broken)).err().expect("nothing can start");
+    std::env::remove_var("FERRITE_ASSETS");
+    let e = format!("{e:#}");
+    assert!(e.contains("default model") && e.contains("/no/such/model"), "{e}");
 }

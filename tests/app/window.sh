@@ -29,6 +29,10 @@ inner() {
     sleep 0.5
   done
   curl -fs "http://127.0.0.1:$port/v1/models" | grep -q ferrite-code-20m || { echo "the app does not serve the default model"; return 1; }
+  # The model remembered from the last launch (written below, before this one) cannot start:
+  # the app runs the default instead and its window says why.
+  curl -fs "http://127.0.0.1:$port/v1/status" | grep -q '"notice":"Ferrite could not start `gone-model`' \
+    || { echo "no notice about the remembered model that cannot start:"; curl -s "http://127.0.0.1:$port/v1/status"; return 1; }
   # The window, titled Ferrite, and the page inside it talking to the server.
   # Up to 90 s: a loaded machine is slow to map it. One search can fail on its own when
   # another window (the desktop portal's) vanishes mid-search (X BadWindow), so the verdict
@@ -38,6 +42,10 @@ inner() {
   [ -n "$found" ] || { echo "no window titled Ferrite"; xwininfo -root -tree | head -40; return 1; }
   sleep 4
   import -window root "$OUT/window.png"
+  # A model started from the window (or tray) is remembered for the next launch.
+  curl -fs -X POST "http://127.0.0.1:$port/v1/models/load" -H 'content-type: application/json' -d '{"model": "default"}' >/dev/null \
+    || { echo "starting the default model from the API failed"; return 1; }
+  grep -q '^model = "default"' "$config/config.toml" || { echo "the started model was not remembered:"; cat "$config/config.toml"; return 1; }
   # The tray icon: trayer embeds it as a child window of its panel.
   # trayer's panel: its largest mapped window (it also owns small hidden ones).
   tray=$(for w in $(xdotool search --onlyvisible --class trayer); do xwininfo -id "$w" | awk -v w="$w" '/Width/{a=$2} /Height/{b=$2} END{print a*b, w}'; done | sort -n | tail -1 | cut -d' ' -f2)
@@ -81,6 +89,7 @@ if [ -n "${INSIDE:-}" ]; then
 fi
 config=$(mktemp -d)
 trap 'rm -rf "$config"' EXIT
+printf '[app]\nmodel = "gone-model"\n' > "$config/config.toml"
 export port config APP OUT
 # A display and a session bus of our own; the script runs again inside them.
 xvfb-run -a -s "-screen 0 1280x860x24" dbus-run-session -- "$0" --inside 2> >(grep -v "Failed to set fd limit" >&2)

@@ -78,6 +78,7 @@ test("the page shows the running model, its API URLs and memory", async () => {
   await page.waitForSelector("#memory dt");
   assert.match(await page.textContent("#memory"), /This process\d/);
   assert.match(await page.textContent("#thermal"), /not available|rpm|°C/);
+  assert.equal(await page.isHidden("#notice"), true, "no notice without one from the server");
   await page.screenshot({ path: join(shots, "ready.png"), fullPage: true });
 });
 
@@ -150,4 +151,24 @@ test("errors are shown, not swallowed", async () => {
   await page.waitForFunction(() => document.getElementById("models-error").textContent.length > 0);
   assert.match(await page.textContent("#models-error"), /not-a-folder/);
   await page.screenshot({ path: join(shots, "error.png"), fullPage: true });
+});
+
+test("a notice from the app (its launch model could not start) is shown", async () => {
+  // A real status update from this server, with the notice the app adds when the model it
+  // was to start could not (tests/app/window.sh sees the app set it).
+  const stream = (await fetch(`${base}/v1/events`)).body.getReader();
+  let text = "";
+  while (!text.includes("\n\n")) text += new TextDecoder().decode((await stream.read()).value);
+  await stream.cancel();
+  const update = JSON.parse(text.split("\n").find((l) => l.startsWith("data: ")).slice(6));
+  update.notice = "Ferrite could not start `gone-model`: no such model. It started the default model instead.";
+  const other = await browser.newPage({ viewport: { width: 1200, height: 1000 } });
+  await other.route("**/v1/events", (route) => route.fulfill({
+    status: 200, headers: { "content-type": "text/event-stream" }, body: `event: status\ndata: ${JSON.stringify(update)}\n\n`,
+  }));
+  await other.goto(base);
+  await other.waitForSelector("#notice:not([hidden])");
+  assert.match(await other.textContent("#notice"), /could not start `gone-model`/);
+  await other.screenshot({ path: join(shots, "notice.png") });
+  await other.close();
 });

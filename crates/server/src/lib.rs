@@ -86,6 +86,11 @@ pub struct ModelSpec {
 /// embeds the server (the CLI and the app resolve names through the store).
 pub type Resolver = Arc<dyn Fn(&str, engine::ProfileName) -> anyhow::Result<ModelSpec> + Send + Sync>;
 
+/// Told after `/v1/models/load` (the UI's Start buttons, the app's tray) has started a model:
+/// the name it was asked for, what that name resolved to, and the profile. The app remembers
+/// it for its next launch. Runs on a blocking thread: it may write a file.
+pub type OnLoad = Arc<dyn Fn(&str, &ModelSpec, engine::ProfileName) + Send + Sync>;
+
 #[derive(Clone)]
 pub struct AppState {
     model: Arc<std::sync::RwLock<Arc<Loaded>>>,
@@ -94,6 +99,12 @@ pub struct AppState {
     pub worker_options: WorkerOptions,
     /// The model being loaded by `/v1/models/load`, if one is.
     pub loading: Arc<std::sync::Mutex<Option<String>>>,
+    /// See [`OnLoad`] (`None`: nobody is told).
+    pub on_load: Option<OnLoad>,
+    /// Something the person at the UI should read, from the program that started the server
+    /// (the app's "could not start X, so it started Y"); shown in `/v1/status` and the page
+    /// until another model starts.
+    pub notice: Arc<std::sync::Mutex<Option<String>>>,
     /// The model store the UI acts on, and its downloads.
     pub store: models::StoreAccess,
     pub api_key: Option<String>,
@@ -117,6 +128,8 @@ impl AppState {
             resolver: None,
             worker_options: WorkerOptions::default(),
             loading: Default::default(),
+            on_load: None,
+            notice: Default::default(),
             store: Default::default(),
             api_key,
             telemetry: Arc::new(telemetry::Sampler::start(std::time::Duration::from_secs(1))),
@@ -135,6 +148,14 @@ impl AppState {
     /// Serves `loaded` from now on; the previous model goes once its last request ends.
     pub fn replace(&self, loaded: Loaded) {
         *self.model.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(loaded);
+    }
+
+    pub fn set_notice(&self, notice: Option<String>) {
+        *self.notice.lock().unwrap_or_else(|e| e.into_inner()) = notice;
+    }
+
+    pub fn notice(&self) -> Option<String> {
+        self.notice.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
     pub fn next_id(&self) -> u64 {
@@ -234,6 +255,7 @@ pub fn status_json(s: &AppState) -> serde_json::Value {
         "model": i.id, "model_type": i.model_type, "dir": i.dir, "device": i.backend,
         "context": i.context, "mtp_head": i.has_mtp, "draft_depth": loaded.draft_depth, "draft_depth_source": loaded.draft_depth_source,
         "loading": s.loading.lock().ok().and_then(|l| l.clone()),
+        "notice": s.notice(),
         "queue_depth": w.queue_depth.load(Ordering::SeqCst),
         "uptime_s": s.started.elapsed().as_secs(),
         "loaded": w.lifecycle.loaded.load(Ordering::SeqCst),

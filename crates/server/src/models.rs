@@ -231,5 +231,13 @@ pub async fn load_model(s: &AppState, model: Option<String>, profile: Option<eng
     let (spec, worker) = started.map_err(|e| ApiError::bad_request(format!("cannot start `{model}`: {e:#}")).with_param("model"))?;
     tracing::info!("now serving `{}` from {} ({profile} profile)", spec.id, spec.dir.display());
     s.replace(Loaded { worker: Arc::new(worker), aliases: spec.aliases.clone(), draft_depth: spec.draft_depth, draft_depth_source: spec.draft_depth_source.clone() });
+    s.set_notice(None);
+    if let Some(on_load) = s.on_load.clone() {
+        let spec = spec.clone();
+        let told = tokio::task::spawn_blocking(move || on_load(&model, &spec, profile)).await;
+        if let Err(e) = told {
+            tracing::warn!("telling the embedding program about the new model failed: {e}");
+        }
+    }
     Ok(json!({"model": spec.id, "aliases": spec.aliases, "dir": spec.dir, "draft_depth": spec.draft_depth, "profile": profile}))
 }

@@ -344,16 +344,35 @@ async fn a_click_starts_another_model() {
         anyhow::ensure!(name == "hybrid", "`{name}` is not a model here");
         Ok(server::ModelSpec { dir: dir.clone(), id: "hybrid".into(), aliases: vec!["h".into()], draft_depth: 2, draft_depth_source: "test".into() })
     });
-    let s = common::start_resolving(None, Default::default(), Some(resolver)).await;
+    // The embedding program is told of each model started, with the name it was asked for;
+    // its notice (the app's "could not start …") stays until another model starts.
+    let told: std::sync::Arc<std::sync::Mutex<Vec<(String, String, String)>>> = Default::default();
+    let on_load: server::OnLoad = {
+        let told = told.clone();
+        std::sync::Arc::new(move |name: &str, spec: &server::ModelSpec, profile: engine::ProfileName| {
+            told.lock().unwrap().push((name.to_string(), spec.id.clone(), profile.to_string()));
+        })
+    };
+    let s = common::start_configured(None, Default::default(), move |state| {
+        state.resolver = Some(resolver);
+        state.on_load = Some(on_load);
+        state.set_notice(Some("could not start `gone`".into()));
+    })
+    .await;
     let (code, v) = post(&s, "/v1/models/load", &json!({"model": "nope"})).await;
     assert_eq!(code, 400, "{v}");
     assert!(v["error"]["message"].as_str().unwrap().contains("`nope` is not a model here"), "{v}");
     assert_eq!(v["error"]["param"], "model");
+    let status: Value = reqwest::get(format!("{}/v1/status", s.base)).await.unwrap().json().await.unwrap();
+    assert_eq!(status["notice"], "could not start `gone`", "a failed load keeps the notice");
+    assert!(told.lock().unwrap().is_empty(), "a failed load is not told");
     let (code, v) = post(&s, "/v1/models/load", &json!({"model": "hybrid"})).await;
     assert_eq!(code, 200, "{v}");
     assert_eq!(v["model"], "hybrid");
     let status: Value = reqwest::get(format!("{}/v1/status", s.base)).await.unwrap().json().await.unwrap();
     assert_eq!(status["model"], "hybrid");
+    assert_eq!(status["notice"], Value::Null);
+    assert_eq!(told.lock().unwrap().as_slice(), [("hybrid".to_string(), "hybrid".to_string(), "sustained".to_string())]);
     assert_eq!(status["draft_depth"], 2);
     assert_eq!(status["mtp_head"], true);
     // The old names are gone, the new ones answer (with speculation, as configured).
@@ -372,6 +391,7 @@ async fn a_click_starts_another_model() {
     assert_eq!(status["profile_knobs"]["prefill_chunk"], 8192);
     let r = reqwest::Client::new().post(format!("{}/v1/chat/completions", s.base)).json(&chat(json!({"model": "h"}))).send().await.unwrap();
     assert_eq!(r.headers()["x-ferrite-profile"], "turbo");
+    assert_eq!(told.lock().unwrap().last().unwrap().2, "turbo");
     let (code, v) = post(&s, "/v1/models/load", &json!({"profile": "fast"})).await;
     assert_eq!(code, 400, "{v}");
     assert_eq!(v["error"]["param"], "profile");

@@ -15,6 +15,28 @@ pub struct Config {
     /// MLX model folders used where they are, not copied.
     #[serde(default, rename = "local", skip_serializing_if = "Vec::is_empty")]
     pub local_models: Vec<LocalModel>,
+    /// What the menu-bar app served last, so that its next launch starts it again.
+    #[serde(default, skip_serializing_if = "AppChoice::is_empty")]
+    pub app: AppChoice,
+}
+
+/// The `[app]` table: the model and profile the person last started from the app (its tray
+/// menu or its window), as they were named then.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AppChoice {
+    /// A name the store resolves: catalog id or alias, registered id, repository or folder.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    /// `sustained` or `turbo`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub profile: Option<String>,
+}
+
+impl AppChoice {
+    pub fn is_empty(&self) -> bool {
+        self.model.is_none() && self.profile.is_none()
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -61,6 +83,15 @@ impl Config {
         })
     }
 
+    /// Reads the config, changes it and writes it back (read fresh, so that what another
+    /// process saved meanwhile is kept).
+    pub fn update(config_dir: &Path, change: impl FnOnce(&mut Config)) -> Result<Config, ConfigError> {
+        let mut config = Config::load(config_dir)?;
+        change(&mut config);
+        config.save(config_dir)?;
+        Ok(config)
+    }
+
     /// Writes the config atomically (a crash never leaves half a file).
     pub fn save(&self, config_dir: &Path) -> Result<(), ConfigError> {
         let path = Self::path(config_dir);
@@ -81,9 +112,23 @@ mod tests {
     fn round_trips_and_reports_bad_files() {
         let dir = tempfile::tempdir().unwrap();
         assert_eq!(Config::load(dir.path()).unwrap(), Config::default());
-        let c = Config { models_dir: Some("/Volumes/External/models".into()), local_models: vec![LocalModel { id: "mine".into(), path: "/m".into() }] };
+        let c = Config {
+            models_dir: Some("/Volumes/External/models".into()),
+            local_models: vec![LocalModel { id: "mine".into(), path: "/m".into() }],
+            app: AppChoice { model: Some("qwen3-8b".into()), profile: Some("turbo".into()) },
+        };
         c.save(dir.path()).unwrap();
         assert_eq!(Config::load(dir.path()).unwrap(), c);
+        // An update keeps what it does not touch.
+        let updated = Config::update(dir.path(), |c| c.app.model = Some("default".into())).unwrap();
+        assert_eq!(updated.local_models, c.local_models);
+        assert_eq!(Config::load(dir.path()).unwrap().app, AppChoice { model: Some("default".into()), profile: Some("turbo".into()) });
+        // A config without an [app] table (every file before it existed) reads as before.
+        std::fs::write(Config::path(dir.path()), "models_dir = \"/m\"\n").unwrap();
+        assert!(Config::load(dir.path()).unwrap().app.is_empty());
+        std::fs::write(Config::path(dir.path()), "[app]\nmodle = \"x\"\n").unwrap();
+        let e = Config::load(dir.path()).unwrap_err().to_string();
+        assert!(e.contains("line 2") && e.contains("modle"), "{e}");
         std::fs::write(Config::path(dir.path()), "models_dir = 3\n").unwrap();
         let e = Config::load(dir.path()).unwrap_err().to_string();
         assert!(e.contains("config.toml") && e.contains("line 1"), "{e}");

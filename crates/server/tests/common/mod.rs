@@ -35,12 +35,7 @@ pub async fn start_opts(options: WorkerOptions) -> Server {
 }
 
 async fn start_full(api_key: Option<&str>, options: WorkerOptions) -> Server {
-    start_resolving(api_key, options, None).await
-}
-
-/// A server that can switch models through `resolver` (`/v1/models/load`).
-pub async fn start_resolving(api_key: Option<&str>, options: WorkerOptions, resolver: Option<server::Resolver>) -> Server {
-    start_configured(api_key, options, move |state| state.resolver = resolver).await
+    start_configured(api_key, options, |_| {}).await
 }
 
 /// A server whose state `configure` adjusts before it serves.

@@ -35,19 +35,24 @@ pub fn run() -> anyhow::Result<()> {
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
         .init();
     let settings = launch::Settings::from_env()?;
-    let (state, listener) = tauri::async_runtime::block_on(launch::start(&settings)).context("starting the server")?;
-    let api_base = format!("http://{}", listener.local_addr()?);
-    let stop = Arc::new(tokio::sync::Notify::new());
-    let served = {
-        let (state, stop) = (state.clone(), stop.clone());
-        let origins: Vec<String> = server::APP_ORIGINS.iter().map(|o| o.to_string()).collect();
-        tauri::async_runtime::spawn(async move { server::serve_until(listener, state, &origins, async move { stop.notified().await }).await })
-    };
-    let ferrite = Ferrite { state, api_base, stop, quitting: Default::default(), stopped: std::sync::Mutex::new(Some(served)) };
     let hidden = settings.hidden;
-
-    let app = builder(tauri::Builder::default(), ferrite)
+    // The single-instance plugin comes first: a second launch ends in it, before it loads a
+    // model, and the running app shows its window instead of a second server and tray icon.
+    let base = tauri::Builder::default().plugin(tauri_plugin_single_instance::init(|app, _argv, _cwd| {
+        tracing::info!("launched again: showing the window");
+        if let Err(e) = open_window(app) {
+            tracing::warn!("could not show the window: {e}");
+        }
+    }));
+    let app = commands_on(base)
         .setup(move |app| {
+            match serve(&settings) {
+                Ok(ferrite) => app.manage(ferrite),
+                Err(e) => {
+                    cannot_start(app.handle(), e);
+                    return Ok(());
+                }
+            };
             // A menu-bar app: no Dock icon, no app menu; the tray is its face.
             #[cfg(target_os = "macos")]
             app.set_activation_policy(tauri::ActivationPolicy::Accessory);
@@ -58,7 +63,7 @@ pub fn run() -> anyhow::Result<()> {
             Ok(())
         })
         .build(tauri::generate_context!())
-        .context("building the app")?;
+        .context("starting the app")?;
     app.run(|app, event| match event {
         // Closing the window keeps Ferrite in the tray; only Quit ends it.
         RunEvent::ExitRequested { api, code: None, .. } => api.prevent_exit(),
@@ -68,22 +73,55 @@ pub fn run() -> anyhow::Result<()> {
                 let _ = w.hide();
             }
         }
+        // Opened again from Finder, Spotlight or `open -a` while it runs: show the window.
+        #[cfg(target_os = "macos")]
+        RunEvent::Reopen { .. } => {
+            if let Err(e) = open_window(app) {
+                tracing::warn!("could not show the window: {e}");
+            }
+        }
         _ => {}
     });
     Ok(())
 }
 
+/// Loads the launch model and serves it on loopback in this process until Quit.
+fn serve(settings: &launch::Settings) -> anyhow::Result<Ferrite> {
+    let (state, listener) = tauri::async_runtime::block_on(launch::start(settings)).context("starting the server")?;
+    let api_base = format!("http://{}", listener.local_addr()?);
+    let stop = Arc::new(tokio::sync::Notify::new());
+    let served = {
+        let (state, stop) = (state.clone(), stop.clone());
+        let origins: Vec<String> = server::APP_ORIGINS.iter().map(|o| o.to_string()).collect();
+        tauri::async_runtime::spawn(async move { server::serve_until(listener, state, &origins, async move { stop.notified().await }).await })
+    };
+    Ok(Ferrite { state, api_base, stop, quitting: Default::default(), stopped: std::sync::Mutex::new(Some(served)) })
+}
+
+/// Not even the default model would start: say why — on stderr, and in a dialog, as an app
+/// opened from Finder has no terminal — and exit once the dialog is closed.
+fn cannot_start<R: tauri::Runtime>(app: &tauri::AppHandle<R>, e: anyhow::Error) {
+    use tauri_plugin_dialog::{DialogExt, MessageDialogKind};
+    let message = format!("{e:#}");
+    eprintln!("ferrite-app: {message}");
+    let handle = app.clone();
+    app.dialog().message(message).title("Ferrite could not start").kind(MessageDialogKind::Error).show(move |_| handle.exit(1));
+}
+
 /// The app's commands and state on `base`, without a window or tray (tests pass tauri's
 /// mock builder).
 pub fn builder<R: tauri::Runtime>(base: tauri::Builder<R>, ferrite: Ferrite) -> tauri::Builder<R> {
-    base.plugin(tauri_plugin_dialog::init())
-        .manage(ferrite)
-        .invoke_handler(tauri::generate_handler![
-            commands::api_base,
-            commands::status_lines,
-            commands::set_models_folder,
-            commands::choose_models_folder,
-        ])
+    commands_on(base).manage(ferrite)
+}
+
+/// The plugins and commands the window's page uses.
+fn commands_on<R: tauri::Runtime>(base: tauri::Builder<R>) -> tauri::Builder<R> {
+    base.plugin(tauri_plugin_dialog::init()).invoke_handler(tauri::generate_handler![
+        commands::api_base,
+        commands::status_lines,
+        commands::set_models_folder,
+        commands::choose_models_folder,
+    ])
 }
 
 /// Shows the window (creating it the first time): the web UI, told where the API is.
@@ -92,7 +130,9 @@ pub fn open_window<R: tauri::Runtime>(app: &tauri::AppHandle<R>) -> tauri::Resul
         w.show()?;
         return w.set_focus();
     }
-    let api = app.state::<Ferrite>().api_base.clone();
+    // Nothing to show when the launch failed (the dialog saying why is open).
+    let Some(ferrite) = app.try_state::<Ferrite>() else { return Ok(()) };
+    let api = ferrite.api_base.clone();
     let window = WebviewWindowBuilder::new(app, "main", WebviewUrl::App("index.html".into()))
         .title("Ferrite")
         .inner_size(1000.0, 780.0)

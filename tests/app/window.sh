@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The real app under Xvfb: it starts on the embedded default model, shows its window and its
-# tray icon (in trayer, a system tray host), serves the API, and quits cleanly from its tray
-# menu. Screenshots for a person to look at: target/app-screenshots/{window,tray,menu}.png.
+# tray icon (in trayer, a system tray host), serves the API, shows its window when launched
+# again, and quits cleanly from its tray menu; a launch where nothing can start shows a dialog.
+# Screenshots for a person to look at: target/app-screenshots/{window,tray,menu,cannot-start}.png.
 #
 #   tests/app/window.sh [path/to/ferrite-app]      (default: target/debug/ferrite-app)
 # Needs xvfb, trayer, imagemagick, x11-utils, xdotool (scripts/setup.sh --tests installs them).
@@ -42,6 +43,13 @@ inner() {
   [ -n "$found" ] || { echo "no window titled Ferrite"; xwininfo -root -tree | head -40; return 1; }
   sleep 4
   import -window root "$OUT/window.png"
+  # Launched again, Ferrite shows the running app's window: the second process loads no model,
+  # serves nothing and ends.
+  FERRITE_PORT=$((port + 1)) FERRITE_CONFIG_DIR=$config RUST_LOG=info timeout 60 "$APP" > "$OUT/second.log" 2>&1 \
+    || { echo "the second launch failed or hung:"; cat "$OUT/second.log"; return 1; }
+  if grep -q "serving\|loaded" "$OUT/second.log"; then echo "the second launch started a server:"; cat "$OUT/second.log"; return 1; fi
+  for _ in $(seq 20); do grep -q "launched again" "$OUT/app.log" && break; sleep 0.5; done
+  grep -q "launched again" "$OUT/app.log" || { echo "the running app was not told of the second launch"; tail -5 "$OUT/app.log"; return 1; }
   # A model started from the window (or tray) is remembered for the next launch.
   curl -fs -X POST "http://127.0.0.1:$port/v1/models/load" -H 'content-type: application/json' -d '{"model": "default"}' >/dev/null \
     || { echo "starting the default model from the API failed"; return 1; }
@@ -81,7 +89,24 @@ inner() {
   fi
   wait $app || { echo "the app exited with an error:"; tail -20 "$OUT/app.log"; return 1; }
   grep -q "server and engine stopped" "$OUT/app.log" || { echo "Quit did not stop the engine cleanly:"; tail -20 "$OUT/app.log"; return 1; }
-  echo "window, tray and Quit: ok (screenshots in $OUT)"
+  # When not even the default model can start, a dialog says why and the app exits (1) once
+  # it is closed: no panic, no app without a server.
+  FERRITE_ASSETS=/nonexistent FERRITE_MODEL=gone-model FERRITE_PORT=$port FERRITE_CONFIG_DIR=$config "$APP" > "$OUT/broken.log" 2>&1 &
+  app=$!
+  dialog=
+  for _ in $(seq 120); do dialog=$(xdotool search --onlyvisible --name '^Ferrite could not start$' 2>/dev/null | head -1 || true); [ -n "$dialog" ] && break; sleep 0.5; done
+  [ -n "$dialog" ] || { echo "no dialog when nothing can start:"; cat "$OUT/broken.log"; kill $app; return 1; }
+  sleep 1
+  import -window root "$OUT/cannot-start.png"
+  eval "$(xwininfo -id "$dialog" | awk '/Absolute upper-left X/{print "dx="$4} /Absolute upper-left Y/{print "dy="$4} /Width/{print "dw="$2} /Height/{print "dh="$2}')"
+  xdotool mousemove $((dx + dw / 2)) $((dy + dh - 16)) sleep 0.3 click 1
+  for _ in $(seq 40); do kill -0 $app 2>/dev/null || break; sleep 0.5; done
+  kill -0 $app 2>/dev/null && { echo "the app did not exit when its dialog was closed"; kill $app; return 1; }
+  code=0; wait $app || code=$?
+  [ "$code" = 1 ] || { echo "the app exited with $code, not 1, when nothing could start:"; cat "$OUT/broken.log"; return 1; }
+  grep -q "ferrite-app: .*gone-model.*default.* is not usable" "$OUT/broken.log" || { echo "stderr does not say why:"; cat "$OUT/broken.log"; return 1; }
+  if grep -q "panicked" "$OUT/broken.log"; then echo "the app panicked:"; cat "$OUT/broken.log"; return 1; fi
+  echo "window, tray, second launch, Quit and a launch that cannot start: ok (screenshots in $OUT)"
 }
 if [ -n "${INSIDE:-}" ]; then
   inner

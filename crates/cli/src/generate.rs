@@ -34,6 +34,16 @@ pub struct Args {
     min_p: f32,
     #[arg(long)]
     seed: Option<u64>,
+    /// Divide repeated tokens' positive logits by this, multiply negative ones (1 = off; as
+    /// mlx-lm, over the last 20 tokens). Penalised requests decode without speculation.
+    #[arg(long, default_value_t = 1.0)]
+    repetition_penalty: f32,
+    /// Subtract this from the logit of each token among the last 20 (0 = off).
+    #[arg(long, default_value_t = 0.0)]
+    presence_penalty: f32,
+    /// Subtract this from a token's logit for each time it is among the last 20 (0 = off).
+    #[arg(long, default_value_t = 0.0)]
+    frequency_penalty: f32,
     /// Stop before this string (repeatable).
     #[arg(long)]
     stop: Vec<String>,
@@ -68,6 +78,7 @@ pub fn run(args: Args) -> Result<()> {
             top_k: args.top_k,
             min_p: args.min_p,
             seed: args.seed,
+            penalties: engine::Penalties { repetition: args.repetition_penalty, presence: args.presence_penalty, frequency: args.frequency_penalty },
         },
         stop: args.stop,
         ignore_eos: false,

@@ -20,6 +20,7 @@ use crate::cache::Cache;
 use crate::device::{self, Backend};
 use crate::error::{Error, Result};
 use crate::models::{self, LanguageModel};
+use crate::penalties::Recent;
 use crate::profile::Profile;
 use crate::sampling::{Sampler, SamplingParams};
 use crate::speculative::{SpecStats, Speculator};
@@ -186,7 +187,14 @@ impl Engine {
             return Err(Error::Request("a stop string is empty".into()));
         }
         let sampler = Sampler::new(request.sampling.clone())?;
-        let spec = match request.draft_depth {
+        let penalties = request.sampling.penalties;
+        // A penalised token's distribution depends on every token before it, drafted ones
+        // included, which verification does not follow: such requests decode plainly.
+        let draft_depth = if penalties.is_off() { request.draft_depth } else { 0 };
+        if draft_depth != request.draft_depth {
+            tracing::debug!("penalties: decoding without speculation (draft depth {} unused)", request.draft_depth);
+        }
+        let spec = match draft_depth {
             0 => None,
             depth => {
                 let seed = request.sampling.seed.unwrap_or(0);
@@ -206,6 +214,7 @@ impl Engine {
             engine: self,
             cache: self.model.new_cache(),
             sampler,
+            recent: (!penalties.is_off()).then(|| Recent::new(penalties, &request.prompt)),
             stops: StopMatcher::new(request.stop.clone()),
             request,
             cancel,
@@ -260,6 +269,8 @@ pub struct Generation<'a> {
     cancel: CancelToken,
     cache: Cache,
     sampler: Sampler,
+    /// The tokens the penalties look at, when the request has any.
+    recent: Option<Recent>,
     decoder: StreamDecoder,
     stops: StopMatcher,
     /// The next token, scheduled on the device but not read back yet.
@@ -283,7 +294,12 @@ impl Generation<'_> {
     fn step(&mut self, tokens: &Array) -> Result<Array> {
         let logits = self.engine.model.forward(tokens, &mut self.cache)?;
         let last = logits.index((.., -1, ..));
-        self.sampler.sample(&last)
+        let Some(recent) = &mut self.recent else {
+            return self.sampler.sample(&last);
+        };
+        let token = self.sampler.sample(&recent.apply(&last)?)?;
+        recent.push(&token)?;
+        Ok(token)
     }
 
     fn prefill(&mut self) -> Result<Array> {

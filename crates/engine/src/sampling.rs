@@ -5,6 +5,7 @@ use mlx_rs::ops::indexing::{Ellipsis, TryIndexOp};
 use mlx_rs::{ops, random, Array};
 
 use crate::error::{Error, Result};
+use crate::penalties::Penalties;
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct SamplingParams {
@@ -16,11 +17,13 @@ pub struct SamplingParams {
     /// Drop tokens less likely than `min_p` times the most likely one (0 = off).
     pub min_p: f32,
     pub seed: Option<u64>,
+    /// Repetition, presence and frequency penalties (off by default).
+    pub penalties: Penalties,
 }
 
 impl Default for SamplingParams {
     fn default() -> Self {
-        SamplingParams { temperature: 0.0, top_p: 1.0, top_k: 0, min_p: 0.0, seed: None }
+        SamplingParams { temperature: 0.0, top_p: 1.0, top_k: 0, min_p: 0.0, seed: None, penalties: Penalties::default() }
     }
 }
 
@@ -43,7 +46,7 @@ impl SamplingParams {
         if !(0.0..=1.0).contains(&self.min_p) {
             return bad(format!("min_p must be in [0, 1], got {}", self.min_p));
         }
-        Ok(())
+        self.penalties.validate()
     }
 }
 

@@ -108,7 +108,7 @@ fn bad_requests_are_refused() {
 #[test]
 fn seeded_sampling_reproduces() {
     let (_d, e) = engine(Arch::Qwen3Moe, Dtype::Bfloat16);
-    let sampling = SamplingParams { temperature: 1.0, top_p: 0.9, top_k: 50, min_p: 0.02, seed: Some(42) };
+    let sampling = SamplingParams { temperature: 1.0, top_p: 0.9, top_k: 50, min_p: 0.02, seed: Some(42), ..Default::default() };
     let req = GenerateRequest { sampling, ignore_eos: true, ..GenerateRequest::greedy(prompt(&e), 30) };
     let (a, _) = e.generate_text(req.clone()).unwrap();
     let (b, _) = e.generate_text(req.clone()).unwrap();

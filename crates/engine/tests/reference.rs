@@ -213,3 +213,43 @@ fn qwen3_next_long_prompt_chunked_prefill() {
 fn qwen3_5_moe_long_prompt_chunked_prefill() {
     check_with_prompt("qwen3_5_moe f32, 130-token prompt", hybrid(Arch::Qwen35Moe, None, Dtype::Float32, Layout::Transformers), CHUNKED_F32_TOL, 130);
 }
+
+// Repetition, presence and frequency penalties: Ferrite's generation loop against mlx-lm's own
+// (`generate_step` with its logits processors), greedy, from a prompt that ends in a repeat.
+
+fn penalised(name: &str, opts: MakeOptions, penalties: engine::Penalties) {
+    let dir = common::make(&opts);
+    let engine = engine::Engine::load(dir.path()).unwrap();
+    let vocab = engine.model.config().vocab_size as u32;
+    let ids: Vec<u32> = prompt(vocab, 12).into_iter().chain(prompt(vocab, 12)).collect();
+    let request = |penalties| engine::GenerateRequest {
+        sampling: engine::SamplingParams { penalties, ..Default::default() },
+        ignore_eos: true,
+        ..engine::GenerateRequest::greedy(ids.clone(), 24)
+    };
+    let ours = engine.generate(request(penalties), Default::default()).unwrap().token_ids().unwrap();
+    let plain = engine.generate(request(Default::default()), Default::default()).unwrap().token_ids().unwrap();
+    let ids_arg = ids.iter().map(|t| t.to_string()).collect::<Vec<_>>().join(",");
+    let out = std::process::Command::new(common::reference_python())
+        .arg(common::repo_root().join("tests/reference/mlx_lm_penalties.py"))
+        .args(["--model", dir.path().to_str().unwrap(), "--prompt-ids", &ids_arg, "--steps", "24"])
+        .args(["--repetition", &penalties.repetition.to_string(), "--presence", &penalties.presence.to_string()])
+        .args(["--frequency", &penalties.frequency.to_string()])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{name}: mlx-lm failed: {}", String::from_utf8_lossy(&out.stderr));
+    let reference: Vec<u32> = String::from_utf8_lossy(&out.stdout).trim().split(',').map(|t| t.parse().unwrap()).collect();
+    println!("{name}: {ours:?}\n  plain {plain:?}");
+    assert_eq!(ours, reference, "{name}: penalised greedy tokens differ from mlx-lm's");
+    assert_ne!(ours, plain, "{name}: the penalties changed nothing, so this checks nothing");
+}
+
+#[test]
+fn penalties_follow_mlx_lm() {
+    let penalties = |repetition, presence, frequency| engine::Penalties { repetition, presence, frequency };
+    let dense = common::options(Arch::Qwen3, "tiny", None, 64, Dtype::Float32);
+    penalised("qwen3 f32, repetition 1.5", dense.clone(), penalties(1.5, 0.0, 0.0));
+    penalised("qwen3 f32, presence 1 + frequency 0.5", dense, penalties(1.0, 1.0, 0.5));
+    let hybrid = hybrid(Arch::Qwen35, Some(4), Dtype::Bfloat16, Layout::Mlx);
+    penalised("qwen3_5 4-bit bf16, all three", hybrid, penalties(1.3, 0.5, 0.25));
+}

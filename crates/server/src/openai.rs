@@ -120,6 +120,23 @@ struct Common {
     /// Extension (as vLLM has it): keep generating past end-of-sequence, for benchmarks.
     #[serde(default)]
     ignore_eos: bool,
+    /// OpenAI's penalties, and the repetition penalty of mlx-lm's and vLLM's servers, applied
+    /// as mlx-lm applies them (over the last 20 tokens); see `engine::penalties`.
+    #[serde(default)]
+    presence_penalty: Option<f32>,
+    #[serde(default)]
+    frequency_penalty: Option<f32>,
+    #[serde(default)]
+    repetition_penalty: Option<f32>,
+    /// Choices per request: only 1 is served, and anything else is refused rather than ignored.
+    #[serde(default)]
+    n: Option<u32>,
+    /// Log-probabilities are not served: asking for them is refused rather than ignored
+    /// (`true` or a count for chat, a count for text completions).
+    #[serde(default)]
+    logprobs: Option<Value>,
+    #[serde(default)]
+    top_logprobs: Option<u32>,
 }
 
 /// Chat-only fields (read from the same body as [`Common`]: serde's `flatten` would lose the
@@ -168,14 +185,39 @@ impl Common {
         if max_tokens >= context {
             return Err(ApiError::bad_request(format!("max_tokens ({max_tokens}) must be below the model's context of {context} tokens")).with_param("max_tokens"));
         }
+        if self.n.is_some_and(|n| n != 1) {
+            return Err(ApiError::bad_request("n: Ferrite returns one choice per request; send several requests for more").with_param("n"));
+        }
+        let wants_logprobs = match &self.logprobs {
+            Some(Value::Bool(b)) => *b,
+            Some(Value::Number(n)) => n.as_u64() != Some(0),
+            _ => false,
+        };
+        if wants_logprobs || self.top_logprobs.is_some_and(|n| n > 0) {
+            return Err(ApiError::bad_request("logprobs: Ferrite does not return log-probabilities").with_param("logprobs"));
+        }
         let sampling = SamplingParams {
             temperature: self.temperature.unwrap_or(0.0),
             top_p: self.top_p.unwrap_or(1.0),
             top_k: self.top_k.unwrap_or(0),
             min_p: self.min_p.unwrap_or(0.0),
             seed: self.seed,
+            penalties: engine::Penalties {
+                repetition: self.repetition_penalty.unwrap_or(1.0),
+                presence: self.presence_penalty.unwrap_or(0.0),
+                frequency: self.frequency_penalty.unwrap_or(0.0),
+            },
         };
-        sampling.validate().map_err(|e| ApiError::bad_request(e.to_string()))?;
+        sampling.validate().map_err(|e| {
+            let message = e.to_string();
+            let fields = ["temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty"];
+            let field = fields.into_iter().find(|f| message.contains(&format!("{f} must")));
+            let error = ApiError::bad_request(message.clone());
+            match field {
+                Some(f) => error.with_param(f),
+                None => error,
+            }
+        })?;
         let stop = match &self.stop {
             None => vec![],
             Some(Stop::One(s)) => vec![s.clone()],

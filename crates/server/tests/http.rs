@@ -81,13 +81,34 @@ async fn bad_input_gets_openai_errors() {
         (chat(json!({"max_tokens": 10_000_000})), 400, "max_tokens"),
         (chat(json!({"temperature": -1})), 400, "temperature"),
         (chat(json!({"stop": [""]})), 400, "stop"),
+        // Asked for and not served: refused, never silently dropped.
+        (chat(json!({"n": 2})), 400, "n"),
+        (chat(json!({"logprobs": true})), 400, "logprobs"),
+        (chat(json!({"top_logprobs": 3})), 400, "logprobs"),
+        (chat(json!({"presence_penalty": 3})), 400, "presence_penalty"),
+        (chat(json!({"frequency_penalty": -2.5})), 400, "frequency_penalty"),
+        (chat(json!({"repetition_penalty": 0})), 400, "repetition_penalty"),
     ];
     for (body, status, word) in cases {
         let (got, v) = post(&s, "/v1/chat/completions", &body).await;
         assert_eq!(got, status, "{body} -> {v}");
         assert!(v["error"]["message"].as_str().unwrap().contains(word), "{v}");
         assert!(v["error"]["type"].is_string());
+        if status == 400 && word != "messages" && word != "stop" {
+            assert_eq!(v["error"]["param"], word, "{v}");
+        }
     }
+    // n = 1, logprobs off and penalties within range are served; the penalties change the text
+    // (this random model repeats itself).
+    let text = |v: &Value| v["choices"][0]["message"]["content"].as_str().unwrap_or_default().to_string();
+    let (code, plain) = post(&s, "/v1/chat/completions", &chat(json!({"max_tokens": 24, "n": 1, "logprobs": false}))).await;
+    assert_eq!(code, 200, "{plain}");
+    let penalised = chat(json!({"max_tokens": 24, "presence_penalty": 2, "frequency_penalty": 1, "repetition_penalty": 1.5}));
+    let (code, v) = post(&s, "/v1/chat/completions", &penalised).await;
+    assert_eq!(code, 200, "{v}");
+    assert_ne!(text(&v), text(&plain), "penalties changed nothing");
+    let (code, completion) = post(&s, "/v1/completions", &json!({"model": "tiny", "prompt": "a b a b", "max_tokens": 4, "logprobs": 2})).await;
+    assert_eq!((code, completion["error"]["param"].as_str()), (400, Some("logprobs")), "{completion}");
     let big = "x".repeat(server::MAX_BODY_BYTES + 10);
     let r = client.post(format!("{}/v1/chat/completions", s.base)).header("content-type", "application/json").body(big).send().await.unwrap();
     assert_eq!(r.status(), 413);
@@ -381,6 +402,10 @@ async fn a_click_starts_another_model() {
     let (code, v) = post(&s, "/v1/chat/completions", &chat(json!({"model": "h"}))).await;
     assert_eq!(code, 200, "{v}");
     assert_eq!(v["timings"]["draft_depth"], 2);
+    // A penalised token depends on every drafted one before it: such requests decode plainly.
+    let (code, v) = post(&s, "/v1/chat/completions", &chat(json!({"model": "h", "presence_penalty": 0.5}))).await;
+    assert_eq!(code, 200, "{v}");
+    assert_eq!(v["timings"]["draft_depth"], Value::Null, "{v}");
 
     // The same model with the other profile: status, knobs and headers all say so.
     let (code, v) = post(&s, "/v1/models/load", &json!({"profile": "turbo"})).await;

@@ -35,7 +35,7 @@ pub struct Args {
     #[arg(long)]
     seed: Option<u64>,
     /// Divide repeated tokens' positive logits by this, multiply negative ones (1 = off; as
-    /// mlx-lm, over the last 20 tokens). Penalised requests decode without speculation.
+    /// mlx-lm, over the last 20 tokens).
     #[arg(long, default_value_t = 1.0)]
     repetition_penalty: f32,
     /// Subtract this from the logit of each token among the last 20 (0 = off).

@@ -188,19 +188,14 @@ impl Engine {
         }
         let sampler = Sampler::new(request.sampling.clone())?;
         let penalties = request.sampling.penalties;
-        // A penalised token's distribution depends on every token before it, drafted ones
-        // included, which verification does not follow: such requests decode plainly.
-        let draft_depth = if penalties.is_off() { request.draft_depth } else { 0 };
-        if draft_depth != request.draft_depth {
-            tracing::debug!("penalties: decoding without speculation (draft depth {} unused)", request.draft_depth);
-        }
-        let spec = match draft_depth {
+        let spec = match request.draft_depth {
             0 => None,
             depth => {
                 let seed = request.sampling.seed.unwrap_or(0);
                 let mut spec = Speculator::new(self.model.as_ref(), depth, seed)?;
                 if let Some(s) = &mut spec {
                     s.draft_script = request.draft_script.clone();
+                    s.penalise(penalties, &request.prompt);
                 }
                 if spec.is_none() {
                     tracing::warn!("{}: no MTP head, decoding without speculation", self.dir.display());
@@ -324,8 +319,14 @@ impl Generation<'_> {
         };
         let hidden = model.hidden(&Array::from_slice(last, &[1, 1]), &mut self.cache)?;
         spec.observe(last, &hidden)?;
-        let logits = model.logits(&hidden)?;
-        self.sampler.sample(&logits.index((.., -1, ..)))
+        let last = model.logits(&hidden)?.index((.., -1, ..));
+        // The first token's penalties look at the prompt alone (the speculator's cycles keep
+        // their own window from here on).
+        let last = match &self.recent {
+            Some(recent) => recent.apply(&last)?,
+            None => last,
+        };
+        self.sampler.sample(&last)
     }
 
     /// The next token of a speculative generation: from the last cycle's commits, or a new cycle.

@@ -3,7 +3,9 @@
 //! the output so far, and changes those tokens' logits before sampling.
 //!
 //! The window lives on the device, so a decode step's penalty is built from the previous
-//! token before that token is read back: the decode loop stays pipelined.
+//! token before that token is read back: the decode loop stays pipelined. Speculative
+//! decoding penalises each drafted and verified position with the drafts before it in its
+//! window (`speculative.rs`), so its output stays exactly the plain output.
 
 use mlx_rs::ops::indexing::{put_along_axis, scatter_add_single, take_axis, TryIndexOp};
 use mlx_rs::{ops, Array, Dtype};

@@ -21,6 +21,7 @@ use serde::Serialize;
 
 use crate::cache::Cache;
 use crate::error::{Error, Result};
+use crate::penalties::{Penalties, Recent, WINDOW};
 use crate::models::{LanguageModel, MtpHead};
 use crate::sampling::Sampler;
 
@@ -84,6 +85,8 @@ pub struct Speculator<'m> {
     /// Greedy only: replaces the head's drafts with these tokens (indexed by output
     /// position), so tests can drive the accept / partial-accept / rollback paths.
     pub draft_script: Option<Vec<u32>>,
+    /// The request's penalties and the latest committed tokens they look at (prompt first).
+    penalties: Option<(Penalties, Vec<u32>)>,
 }
 
 impl<'m> Speculator<'m> {
@@ -106,7 +109,25 @@ impl<'m> Speculator<'m> {
             rng: StdRng::seed_from_u64(seed ^ 0x9e37_79b9_7f4a_7c15),
             stats: SpecStats { depth, drafted: vec![0; depth], accepted: vec![0; depth], ..Default::default() },
             draft_script: None,
+            penalties: None,
         }))
+    }
+
+    /// Penalises drafts and verification alike: each position's window holds the tokens
+    /// before it, drafted ones included, so the output is what plain penalised decoding gives.
+    pub fn penalise(&mut self, penalties: Penalties, prompt: &[u32]) {
+        if !penalties.is_off() {
+            self.penalties = Some((penalties, prompt[prompt.len().saturating_sub(WINDOW)..].to_vec()));
+        }
+    }
+
+    /// Adds committed tokens to the penalties' window.
+    fn remember(&mut self, tokens: &[u32]) {
+        if let Some((_, recent)) = &mut self.penalties {
+            recent.extend(tokens);
+            let cut = recent.len().saturating_sub(WINDOW);
+            recent.drain(..cut);
+        }
     }
 
     /// Feeds the head what a prefill chunk taught: `tokens` were just processed by the trunk,
@@ -133,6 +154,7 @@ impl<'m> Speculator<'m> {
     pub fn start(&mut self, first: u32, trunk_cache: &mut Cache) {
         self.pending_hidden = self.last_hidden.take();
         self.pending_tokens = vec![first];
+        self.remember(&[first]);
         trunk_cache.set_record(true);
     }
 
@@ -148,8 +170,13 @@ impl<'m> Speculator<'m> {
         let x = self.head.forward(self.model, &hidden, &ids, &mut self.mtp_cache)?;
         let mut g = x.index((.., -1.., ..));
         let (mut drafts, mut draft_scaled) = (Vec::with_capacity(d), Vec::with_capacity(d));
+        let mut draft_window = self.penalties.as_ref().map(|(p, recent)| Recent::new(*p, recent));
         for i in 0..d {
             let logits = self.head.logits(self.model, &g)?.index((.., -1, ..));
+            let logits = match &draft_window {
+                Some(window) => window.apply(&logits)?,
+                None => logits,
+            };
             let token = if sampler.is_greedy() {
                 ops::indexing::argmax_axis(&logits, -1, None)?
             } else {
@@ -160,6 +187,9 @@ impl<'m> Speculator<'m> {
             };
             if i + 1 < d {
                 g = self.head.forward(self.model, &g, &token.reshape(&[1, 1])?, &mut self.mtp_cache)?;
+            }
+            if let Some(window) = &mut draft_window {
+                window.push(&token)?;
             }
             drafts.push(token.as_dtype(Dtype::Uint32)?);
         }
@@ -178,6 +208,19 @@ impl<'m> Speculator<'m> {
         input.extend(&draft_ids);
         let h = self.model.hidden(&Array::from_slice(&input, &[1, d as i32 + 1]), cache)?;
         let logits = self.model.logits(&h)?.index(0);
+        let logits = match &self.penalties {
+            // Row j predicts the token after input[j]: its window ends with drafts 1..=j.
+            Some((p, recent)) => {
+                let rows = (0..=d)
+                    .map(|j| {
+                        let context: Vec<u32> = recent.iter().chain(&draft_ids[..j]).copied().collect();
+                        Recent::new(*p, &context).apply(&logits.index(j as i32..j as i32 + 1))
+                    })
+                    .collect::<Result<Vec<_>>>()?;
+                ops::concatenate(&rows, 0)?
+            }
+            None => logits,
+        };
         let (accepted, next) = if sampler.is_greedy() {
             let target = ops::indexing::argmax_axis(&logits, -1, None)?.as_dtype(Dtype::Uint32)?;
             eval([&target, &h])?;
@@ -200,6 +243,7 @@ impl<'m> Speculator<'m> {
         committed.push(next);
         self.pending_hidden = Some(h.index((.., ..accepted as i32 + 1, ..)));
         self.pending_tokens = committed.clone();
+        self.remember(&committed);
 
         let s = &mut self.stats;
         s.cycles += 1;

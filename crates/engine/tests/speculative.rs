@@ -66,6 +66,40 @@ fn greedy_speculation_equals_plain_decoding_at_every_depth() {
 }
 
 #[test]
+fn penalised_speculation_equals_penalised_plain_decoding() {
+    // Each position's penalties look at the tokens before it, drafted ones included: greedy
+    // output stays token for token the plain output, with the head's drafts or scripted ones.
+    // These random models seldom repeat a token, so the penalties here are negative (they
+    // favour recent tokens): then a draft's own tokens decide the next position's winner,
+    // and a window that missed them would show.
+    let penalties = engine::Penalties { repetition: 1.0, presence: -2.0, frequency: -1.0 };
+    for (arch, dtype) in [(Arch::Qwen3Next, Dtype::Float32), (Arch::Qwen35, Dtype::Bfloat16)] {
+        let (_d, e) = with_mtp(arch, dtype);
+        let mut changed = 0;
+        for prompt in prompts() {
+            let sampling = SamplingParams { penalties, ..Default::default() };
+            let plain = GenerateRequest { sampling, ignore_eos: true, ..GenerateRequest::greedy(prompt.clone(), 33) };
+            let expected = e.generate(plain.clone(), Default::default()).unwrap().token_ids().unwrap();
+            let unpenalised = GenerateRequest { sampling: SamplingParams::greedy(), ..plain.clone() };
+            changed += usize::from(expected != e.generate(unpenalised, Default::default()).unwrap().token_ids().unwrap());
+            // Scripted drafts: the true continuation with every third token wrong.
+            let script: Vec<u32> = expected.iter().enumerate().map(|(i, &t)| if i % 3 == 2 { (t + 1) % 490 } else { t }).collect();
+            for depth in 1..=4 {
+                for draft_script in [None, Some(script.clone())] {
+                    let scripted = draft_script.is_some();
+                    let req = GenerateRequest { draft_depth: depth, draft_script, ..plain.clone() };
+                    let before = e.spec_totals.lock().unwrap().committed;
+                    let ids = e.generate(req, Default::default()).unwrap().token_ids().unwrap();
+                    assert_eq!(ids, expected, "{arch:?} depth {depth} scripted {scripted} prompt of {}", prompt.len());
+                    assert!(e.spec_totals.lock().unwrap().committed - before >= 32, "speculation ran");
+                }
+            }
+        }
+        assert!(changed > 0, "{arch:?}: the penalties changed no output, so this checks nothing");
+    }
+}
+
+#[test]
 fn accepted_and_rejected_drafts_keep_the_output_exact() {
     // Drafts from a script: the true continuation with every third token wrong, so cycles
     // accept all, some or none of their drafts, and each rolls back a different amount.
@@ -172,10 +206,10 @@ fn sampled_speculation_has_the_plain_distribution() {
     let prompt = prompts()[0].clone();
     let vocab = e.model.config().vocab_size as usize;
     // Histograms of the 2nd and 3rd generated tokens (the ones speculation produces).
-    let histogram = |depth: usize| {
+    let histogram = |depth: usize, penalties: engine::Penalties| {
         let mut h = vec![vec![0usize; vocab]; 2];
         for seed in 0..400u64 {
-            let sampling = SamplingParams { temperature: 1.0, top_k: 6, seed: Some(seed), ..Default::default() };
+            let sampling = SamplingParams { temperature: 1.0, top_k: 6, seed: Some(seed), penalties, ..Default::default() };
             let req = GenerateRequest { sampling, ignore_eos: true, draft_depth: depth, ..GenerateRequest::greedy(prompt.clone(), 3) };
             let ids = e.generate(req, Default::default()).unwrap().token_ids().unwrap();
             for (pos, &t) in ids[1..3].iter().enumerate() {
@@ -184,7 +218,17 @@ fn sampled_speculation_has_the_plain_distribution() {
         }
         h
     };
-    let (plain, spec) = (histogram(0), histogram(2));
+    let (plain, spec) = (histogram(0, Default::default()), histogram(2, Default::default()));
+    check(&plain, &spec);
+    // With penalties the drafts and the verification are penalised alike (the window holds
+    // the drafted tokens), so the distribution is still the plain one. Negative presence and
+    // frequency favour recent tokens, so the drafted token matters to the next one's odds.
+    let penalties = engine::Penalties { repetition: 1.3, presence: -2.0, frequency: -1.0 };
+    let (plain, spec) = (histogram(0, penalties), histogram(2, penalties));
+    check(&plain, &spec);
+}
+
+fn check(plain: &[Vec<usize>], spec: &[Vec<usize>]) {
     for pos in 0..2 {
         let (stat, dof) = chi_square(&plain[pos], &spec[pos]);
         // 99.9% quantile of chi-square: below ~ dof + 3.1 * sqrt(2 dof) + 10 for these sizes.

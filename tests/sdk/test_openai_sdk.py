@@ -55,6 +55,19 @@ def test_alias_seed_and_thinking_off(client):
     assert off.usage.prompt_tokens > a.usage.prompt_tokens  # the template closed the think block
 
 
+def test_penalties_and_refused_options(client):
+    plain = ask(client, max_tokens=24).choices[0].message.content
+    # OpenAI's two penalties as the SDK sends them; mlx-lm's repetition penalty as an extra.
+    penalised = ask(client, max_tokens=24, presence_penalty=2, frequency_penalty=1, extra_body={"repetition_penalty": 1.5})
+    assert penalised.choices[0].message.content != plain
+    with pytest.raises(openai.BadRequestError) as e:
+        ask(client, n=2)
+    assert "n:" in str(e.value)
+    with pytest.raises(openai.BadRequestError) as e:
+        ask(client, logprobs=True, top_logprobs=2)
+    assert "logprobs" in str(e.value)
+
+
 def test_text_completion(client):
     r = client.completions.create(model="tiny", prompt="fn main() {", max_tokens=5)
     assert r.usage.completion_tokens == 5

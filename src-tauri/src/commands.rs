@@ -77,6 +77,9 @@ pub fn lines(state: &server::AppState) -> Vec<String> {
         "Generating…".to_string()
     } else if live.last_decode_tps > 0.0 {
         format!("Last request: {:.1} tok/s decode, {:.0} tok/s prompt", live.last_decode_tps, live.last_prompt_tps)
+    } else if state.notice().is_some() {
+        // The launch model could not start (the default runs instead): the window says why.
+        "A model could not start: Open Ferrite says why".to_string()
     } else {
         "No request yet".to_string()
     };

@@ -129,6 +129,7 @@ fn a_model_that_cannot_start_leaves_the_default_running_and_says_why() {
     let notice = state.notice().expect("a notice says what happened");
     assert!(notice.contains("/no/such/model") && notice.contains("default model"), "{notice}");
     assert_eq!(server::status_json(&state)["notice"], json!(notice));
+    assert_eq!(app::commands::lines(&state)[1], "A model could not start: Open Ferrite says why", "the tray says so too");
     // The choice is kept (an unplugged volume comes back), not replaced by the fallback.
     assert_eq!(store::config::Config::load(config.path()).unwrap().app.model.as_deref(), Some("/no/such/model"));
 

@@ -191,8 +191,20 @@ fn profiles_change_knobs_not_answers() {
     let (a, _) = sustained.generate_text(req.clone()).unwrap();
     let (b, _) = turbo.generate_text(req).unwrap();
     assert_eq!(a, b);
-    sustained.after_request(100_000);
-    assert_eq!(mlx_rs::memory::cache_memory().unwrap(), 0, "a long request's cache goes back");
+    let before = mlx_rs::memory::cache_memory().unwrap();
+    // MLX's buffer cache is the whole process's: a test on another thread may free a buffer
+    // into it right after the clear (580 bytes once in CI), so the best of three clears must
+    // come under a small bound.
+    let after = (0..3)
+        .map(|_| {
+            sustained.after_request(100_000);
+            mlx_rs::memory::cache_memory().unwrap()
+        })
+        .min()
+        .unwrap();
+    println!("buffer cache {before} -> {after} bytes");
+    assert!(before > 64 << 10, "the requests left a cache to give back ({before} bytes)");
+    assert!(after < 64 << 10, "a long request's cache goes back: {before} -> {after} bytes");
 }
 
 #[test]

@@ -30,12 +30,13 @@ impl Settings {
         let var = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
         // A config file that does not read is reported when the store opens; here it only
         // means nothing is remembered.
-        let remembered = Config::load(&config_dir()).map(|c| c.app).unwrap_or_default();
+        let config = config_dir();
+        let remembered = Config::load(&config).map(|c| c.app).unwrap_or_default();
         let mut notice = None;
         let profile = match (var("FERRITE_PROFILE"), remembered.profile) {
             (Some(p), _) => p.parse().map_err(|e| anyhow::anyhow!("FERRITE_PROFILE: {e}"))?,
             (None, Some(p)) => p.parse().unwrap_or_else(|e| {
-                let message = format!("The profile remembered in {} does not read ({e}); using the default.", Config::path(&config_dir()).display());
+                let message = format!("The profile remembered in {} does not read ({e}); using the default.", Config::path(&config).display());
                 tracing::warn!("{message}");
                 notice = Some(message);
                 engine::ProfileName::default()

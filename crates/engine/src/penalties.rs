@@ -52,6 +52,11 @@ impl Penalties {
     }
 }
 
+/// The part of `tokens` the penalties look at: the last [`WINDOW`].
+pub fn window_of(tokens: &[u32]) -> &[u32] {
+    &tokens[tokens.len().saturating_sub(WINDOW)..]
+}
+
 /// The tokens the penalties look at: the prompt's last [`WINDOW`], then each new token.
 pub struct Recent {
     penalties: Penalties,
@@ -61,7 +66,7 @@ pub struct Recent {
 
 impl Recent {
     pub fn new(penalties: Penalties, prompt: &[u32]) -> Self {
-        let tail = &prompt[prompt.len().saturating_sub(WINDOW)..];
+        let tail = window_of(prompt);
         Recent { penalties, window: Array::from_slice(tail, &[tail.len() as i32]) }
     }
 

@@ -21,7 +21,7 @@ use serde::Serialize;
 
 use crate::cache::Cache;
 use crate::error::{Error, Result};
-use crate::penalties::{Penalties, Recent, WINDOW};
+use crate::penalties::{window_of, Penalties, Recent};
 use crate::models::{LanguageModel, MtpHead};
 use crate::sampling::Sampler;
 
@@ -117,7 +117,7 @@ impl<'m> Speculator<'m> {
     /// before it, drafted ones included, so the output is what plain penalised decoding gives.
     pub fn penalise(&mut self, penalties: Penalties, prompt: &[u32]) {
         if !penalties.is_off() {
-            self.penalties = Some((penalties, prompt[prompt.len().saturating_sub(WINDOW)..].to_vec()));
+            self.penalties = Some((penalties, window_of(prompt).to_vec()));
         }
     }
 
@@ -125,8 +125,7 @@ impl<'m> Speculator<'m> {
     fn remember(&mut self, tokens: &[u32]) {
         if let Some((_, recent)) = &mut self.penalties {
             recent.extend(tokens);
-            let cut = recent.len().saturating_sub(WINDOW);
-            recent.drain(..cut);
+            *recent = window_of(recent).to_vec();
         }
     }
 

@@ -210,11 +210,11 @@ impl Common {
         };
         sampling.validate().map_err(|e| {
             let message = e.to_string();
-            let fields = ["temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty"];
-            let field = fields.into_iter().find(|f| message.contains(&format!("{f} must")));
+            // The engine names the field first: "request: top_p must be in (0, 1], got 0".
+            let field = message.trim_start_matches("request: ").split_once(" must").map(|(f, _)| f.to_string());
             let error = ApiError::bad_request(message.clone());
             match field {
-                Some(f) => error.with_param(f),
+                Some(f) => error.with_param(&f),
                 None => error,
             }
         })?;

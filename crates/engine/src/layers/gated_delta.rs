@@ -346,4 +346,3 @@ fn grouped_delta_step(q: &Array, k: &Array, v: &Array, g: &Array, beta: &Array, 
     let y = state.multiply(q.reshape(&[b, hk, 1, 1, dk])?)?.sum_axis(-1, false)?;
     Ok(vec![y.reshape(&[b, hv, dv])?.as_dtype(q.dtype())?, state.reshape(&[b, hv, dv, dk])?])
 }
-

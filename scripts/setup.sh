@@ -23,6 +23,13 @@ esac
 
 say() { printf '\033[1msetup:\033[0m %s\n' "$*"; }
 
+# The folder of OpenBLAS's drop-in libblas.so.3 / liblapack.so.3 (Debian's pthread build).
+find_openblas() {
+  local blas
+  blas=$(dpkg -L libopenblas0-pthread 2>/dev/null | grep '/openblas-pthread/libblas\.so\.3$' | head -n1)
+  [ -n "$blas" ] && [ -e "$blas" ] && dirname "$blas"
+}
+
 # A first build and `make test` write about 4 GB under target/ and third_party/: say so up front
 # rather than let a linker stop halfway with "No space left on device".
 free_mb=$(df -Pk "$root" 2>/dev/null | awk 'NR == 2 { print int($4 / 1024) }')
@@ -45,6 +52,11 @@ case "$(uname -s)" in
       [ -n "$(ls /usr/lib/llvm-*/lib/libclang.so* /usr/lib64/libclang.so* 2>/dev/null)" ] || need+=(libclang-dev)
     fi
     command -v patch >/dev/null || need+=(patch)
+    # MLX's CPU matmuls go through BLAS: the wheel bundles the reference (netlib) one, ~10x
+    # slower than OpenBLAS here (bench/results/cpu.md); step 1b points MLX at this one.
+    if command -v dpkg >/dev/null; then
+      dpkg -s libopenblas0-pthread >/dev/null 2>&1 || need+=(libopenblas0-pthread)
+    fi
     command -v g++ >/dev/null || need+=(g++)
     $PY -c 'import venv, ensurepip' 2>/dev/null || need+=(python3-venv)
     # The web UI's browser tests drive Debian's chromium with node's playwright-core.
@@ -76,6 +88,25 @@ case "$(uname -s)" in
       say "installing mlx-cpu==$MLX_VERSION into third_party/mlx-cpu"
       rm -rf "$tp/mlx-cpu"
       $PY -m pip install -q --disable-pip-version-check --no-deps --target "$tp/mlx-cpu" "mlx-cpu==$MLX_VERSION"
+    fi
+
+    # 1b. An optimised BLAS under MLX: the wheel's libmlx.so finds its BLAS and LAPACK through
+    #     its rpath in mlx_cpu.libs, by their mangled file names; those names become links to
+    #     OpenBLAS, so the ferrite binary, the app, the tests and the benchmarks all get it
+    #     whatever their environment. The reference venv keeps the stock wheel (the peer).
+    openblas_dir=$(find_openblas || true)
+    if [ -n "$openblas_dir" ]; then
+      for lib in blas lapack; do
+        for bundled in "$tp"/mlx-cpu/mlx_cpu.libs/lib$lib-*.so*; do
+          [ -e "$bundled" ] || [ -L "$bundled" ] || continue
+          if [ "$(readlink "$bundled")" != "$openblas_dir/lib$lib.so.3" ]; then
+            say "MLX's ${lib^^}: $openblas_dir/lib$lib.so.3 (OpenBLAS) in place of the wheel's reference one"
+            ln -sfn "$openblas_dir/lib$lib.so.3" "$bundled"
+          fi
+        done
+      done
+    else
+      say "warning: no OpenBLAS found (Debian: libopenblas0-pthread); MLX keeps the wheel's slow reference BLAS"
     fi
 
     # 2. mlx-sys from cargo's registry, with the Linux build branch patched in.

@@ -239,6 +239,7 @@ async function refreshStatus() {
     const k = s.profile_knobs || {};
     $("profile-knobs").textContent = `prefill chunks of ${k.prefill_chunk}${k.warmup ? ", warm-up at load" : ""}`;
     $("device").textContent = `${s.device}, context ${s.context} tokens${s.mtp_head ? ", MTP head" : ""}`;
+    $("compute").textContent = `${s.blas}; weights ${s.weights}`;
   } catch (e) {
     $("state").textContent = "error: " + e.message;
   }

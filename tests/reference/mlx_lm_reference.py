@@ -2,7 +2,10 @@
 reference tests compare against: the logits of every prompt position and a greedy
 continuation with the logits of each of its steps.
 
-    python mlx_lm_reference.py --model DIR --prompt-ids 1,2,3 --steps 32 --out ref.safetensors
+    python mlx_lm_reference.py --model DIR --prompt-ids 1,2,3 --steps 32 --out ref.safetensors [--dequantize]
+
+--dequantize runs the model as mlx-lm's own `dequantize_model` leaves it, in float32: the form
+Ferrite's CPU backend loads small quantized models in.
 """
 
 import argparse
@@ -10,7 +13,7 @@ from pathlib import Path
 
 import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
-from mlx_lm.utils import load_model
+from mlx_lm.utils import dequantize_model, load_model
 
 
 def main():
@@ -19,10 +22,14 @@ def main():
     p.add_argument("--prompt-ids", required=True, help="comma-separated token ids")
     p.add_argument("--steps", type=int, default=32)
     p.add_argument("--out", required=True)
+    p.add_argument("--dequantize", action="store_true")
     a = p.parse_args()
 
     # strict=False: checkpoints that carry an MTP head keep mtp.* tensors mlx-lm does not use.
     model, _ = load_model(Path(a.model), strict=False)
+    if a.dequantize:
+        model = dequantize_model(model)
+        model.set_dtype(mx.float32)
     cache = make_prompt_cache(model)
     prompt = mx.array([[int(t) for t in a.prompt_ids.split(",")]])
 

@@ -25,6 +25,7 @@ use crate::profile::Profile;
 use crate::sampling::{Sampler, SamplingParams};
 use crate::speculative::{SpecStats, Speculator};
 use crate::tokenizer::{StreamDecoder, Tokenizer};
+use crate::weight_form::{self, WeightChoice};
 
 #[derive(Debug, Clone)]
 pub struct GenerateRequest {
@@ -112,6 +113,8 @@ pub struct Engine {
     pub tokenizer: Tokenizer,
     pub dir: PathBuf,
     pub backend: Backend,
+    /// The form its quantized matrices were loaded in, and why.
+    pub weight_form: WeightChoice,
     pub prefill_chunk: usize,
     /// The runtime profile this engine was loaded with (its prefill chunk is `prefill_chunk`).
     pub profile: Profile,
@@ -127,16 +130,26 @@ impl Engine {
 
     /// Loads and applies `profile`: its memory settings, and its warm-up when it has one.
     pub fn load_with(dir: &Path, profile: Profile) -> Result<Self> {
+        Self::load_as(dir, profile, weight_form::Override::from_env()?)
+    }
+
+    /// As [`Engine::load_with`], with the quantized weights' form decided by `weights` instead
+    /// of `FERRITE_CPU_WEIGHTS` ([`crate::weight_form`]).
+    pub fn load_as(dir: &Path, profile: Profile, weights: weight_form::Override) -> Result<Self> {
         let backend = device::backend();
-        let model = models::load(dir)?;
+        let (model, weight_form) = models::load_with_form(dir, weights)?;
         let tokenizer = Tokenizer::load(dir)?;
         tracing::info!("loaded {} from {} on {backend} ({} profile)", model.config().model_type, dir.display(), profile.name);
+        if backend == Backend::Cpu {
+            tracing::info!("CPU matmuls run on {}", crate::blas::describe());
+        }
         profile.apply_memory_settings(weight_bytes(dir));
         let engine = Engine {
             model,
             tokenizer,
             dir: dir.to_path_buf(),
             backend,
+            weight_form,
             prefill_chunk: profile.prefill_chunk,
             profile,
             spec_totals: Default::default(),

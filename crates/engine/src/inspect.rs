@@ -26,6 +26,11 @@ pub struct Report {
     pub mtp: Option<std::result::Result<(), String>>,
     pub bytes_on_disk: u64,
     pub files: usize,
+    /// Where it would run here: MLX's backend, the BLAS under its CPU matmuls, and the form
+    /// its quantized matrices would load in.
+    pub device: String,
+    pub blas: String,
+    pub weights: String,
 }
 
 pub fn inspect(dir: &Path) -> Result<Report> {
@@ -93,6 +98,9 @@ pub fn inspect(dir: &Path) -> Result<Report> {
         mtp: mtp_status,
         bytes_on_disk: bytes,
         files: files.len(),
+        device: crate::device::backend().to_string(),
+        blas: crate::blas::describe(),
+        weights: crate::weight_form::for_checkpoint(dir)?.to_string(),
     })
 }
 
@@ -124,6 +132,9 @@ impl fmt::Display for Report {
             Some(Err(why)) => format!("present but unusable: {why}"),
         };
         writeln!(f, "MTP head       {mtp}")?;
-        write!(f, "on disk        {:.1} MB in {} file(s)", self.bytes_on_disk as f64 / 1e6, self.files)
+        writeln!(f, "on disk        {:.1} MB in {} file(s)", self.bytes_on_disk as f64 / 1e6, self.files)?;
+        writeln!(f, "device         {}", self.device)?;
+        writeln!(f, "BLAS           {}", self.blas)?;
+        write!(f, "weights        {}", self.weights)
     }
 }

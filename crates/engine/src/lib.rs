@@ -1,6 +1,7 @@
 //! Ferrite's inference engine: MLX-format checkpoints of the Qwen3 family run through
 //! mlx-rs, with caches, sampling and a streaming generation API. It knows nothing of HTTP.
 
+pub mod blas;
 pub mod cache;
 pub mod checkpoint;
 pub mod config;
@@ -19,6 +20,7 @@ pub mod sampling;
 pub mod speculative;
 pub mod tokenizer;
 pub mod tune;
+pub mod weight_form;
 pub mod weights;
 
 pub use error::{Error, Result};

@@ -40,6 +40,16 @@ impl Weights {
         &self.dir
     }
 
+    /// Every tensor not taken yet, by name.
+    pub fn arrays(&self) -> impl Iterator<Item = (&str, &Array)> {
+        self.tensors.iter().map(|(name, (array, _))| (name.as_str(), array))
+    }
+
+    /// The tensor `name`, if present and not taken yet.
+    pub fn array(&self, name: &str) -> Option<&Array> {
+        self.tensors.get(name).map(|(array, _)| array)
+    }
+
     pub fn contains(&self, name: &str) -> bool {
         self.tensors.contains_key(name)
     }

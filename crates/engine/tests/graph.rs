@@ -3,12 +3,31 @@
 mod common;
 
 use engine::checkpoint::{Arch, Dtype};
-use engine::Engine;
+use engine::weight_form::Override;
+use engine::{Engine, Profile};
 
+/// One decode step's operations with the checkpoint's quantized weights kept as stored (the
+/// CPU backend would otherwise dequantize them at load).
 fn step_ops(arch: Arch, bits: Option<i32>) -> engine::graph::StepOps {
+    step_ops_as(arch, bits, Override::Quantized)
+}
+
+fn step_ops_as(arch: Arch, bits: Option<i32>, weights: Override) -> engine::graph::StepOps {
     let dir = common::make(&common::options(arch, "tiny", bits, 32, Dtype::Float32));
-    let engine = Engine::load(dir.path()).unwrap();
+    let engine = Engine::load_as(dir.path(), Profile::default(), weights).unwrap();
     engine::graph::decode_step_ops(&engine, 20).unwrap()
+}
+
+#[test]
+fn dequantized_weights_run_the_same_projections_as_plain_matmuls() {
+    for arch in [Arch::Qwen3, Arch::Qwen3Next] {
+        let quantized = step_ops(arch, Some(4));
+        let dense = step_ops_as(arch, Some(4), Override::Dequantized(mlx_rs::Dtype::Float32));
+        let count = |ops: &engine::graph::StepOps, kind: &str| ops.by_kind.get(kind).copied().unwrap_or(0);
+        assert_eq!(count(&dense, "QuantizedMatmul") + count(&dense, "GatherQMM"), 0, "{:?}", dense.by_kind);
+        assert_eq!(count(&dense, "Matmul"), count(&quantized, "Matmul") + count(&quantized, "QuantizedMatmul"), "{arch:?}");
+        assert_eq!(count(&dense, "GatherMM"), count(&quantized, "GatherMM") + count(&quantized, "GatherQMM"), "{arch:?}");
+    }
 }
 
 #[test]

@@ -1,15 +1,23 @@
 //! Ferrite against mlx-lm on the same project-made checkpoints: logits of every prompt
 //! position and of 32 greedy steps within a per-dtype tolerance, and the same 32 tokens.
 //!
-//! Tolerances (max |Δlogit|, logits are O(1..10)): f32 1e-4; bf16 and quantized models
+//! Tolerances (max |Δlogit|, logits are O(1..10)): f32 5e-4; bf16 and quantized models
 //! computed in bf16: 0.05 (a few bf16 ulps at these magnitudes). Both sides run the same MLX
-//! kernels, so larger gaps mean a modelling difference, not rounding.
+//! kernels and BLAS (mlx-lm is given the BLAS Ferrite loaded), so larger gaps mean a modelling
+//! difference, not rounding. f32 is not bitwise equal: where Ferrite joins projections into
+//! one matrix (q/k/v, gate/up), an optimised BLAS tiles and sums the joined product in
+//! another order than the separate ones.
+//!
+//! Quantized checkpoints are compared twice: as stored (the form a GPU runs) against mlx-lm as
+//! it loads them, and dequantized to f32 at load (the form the CPU backend runs, see
+//! `engine::weight_form`) against mlx-lm's own `dequantize_model` in f32, within 2e-3.
 
 mod common;
 
 use engine::cache::Cache;
 use engine::checkpoint::{Arch, Dtype, Layout, MakeOptions};
 use engine::models::{self, LanguageModel};
+use engine::weight_form::Override;
 use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::{ops, Array};
 
@@ -51,17 +59,28 @@ fn check(name: &str, opts: MakeOptions, tolerance: f32) {
 
 fn check_with_prompt(name: &str, opts: MakeOptions, tolerance: f32, prompt_len: u32) {
     let dir = common::make(&opts);
-    let model = models::load(dir.path()).unwrap();
+    compare(name, dir.path(), Override::Quantized, tolerance, prompt_len);
+    if opts.bits.is_some() {
+        let name = format!("{name}, dequantized to f32");
+        compare(&name, dir.path(), Override::Dequantized(Dtype::Float32), DEQUANTIZED_TOL, prompt_len);
+    }
+}
+
+/// Ferrite with its weights in the form `weights` against mlx-lm (dequantized in f32 when they
+/// are), within `tolerance`, with the same greedy tokens.
+fn compare(name: &str, dir: &std::path::Path, weights: Override, tolerance: f32, prompt_len: u32) {
+    let (model, _) = models::load_with_form(dir, weights).unwrap();
     let ids = prompt(model.config().vocab_size as u32, prompt_len);
-    let ref_file = dir.path().join("reference.safetensors");
+    let out = tempfile::tempdir().unwrap();
+    let ref_file = out.path().join("reference.safetensors");
     let ids_arg = ids.iter().map(|t| t.to_string()).collect::<Vec<_>>().join(",");
-    let status = std::process::Command::new(common::reference_python())
-        .arg(common::repo_root().join("tests/reference/mlx_lm_reference.py"))
-        .args(["--model", dir.path().to_str().unwrap(), "--prompt-ids", &ids_arg])
-        .args(["--steps", &STEPS.to_string(), "--out", ref_file.to_str().unwrap()])
-        .status()
-        .unwrap();
-    assert!(status.success(), "{name}: mlx-lm reference run failed");
+    let mut command = common::reference_command("mlx_lm_reference.py");
+    command.args(["--model", dir.to_str().unwrap(), "--prompt-ids", &ids_arg]);
+    command.args(["--steps", &STEPS.to_string(), "--out", ref_file.to_str().unwrap()]);
+    if weights != Override::Quantized {
+        command.arg("--dequantize");
+    }
+    assert!(command.status().unwrap().success(), "{name}: mlx-lm reference run failed");
     let reference = Array::load_safetensors(&ref_file).unwrap();
 
     let (logits, tokens, steps) = ferrite_run(model.as_ref(), &ids);
@@ -79,7 +98,10 @@ fn check_with_prompt(name: &str, opts: MakeOptions, tolerance: f32, prompt_len: 
     assert!(d_steps <= tolerance, "{name}: step logits differ by {d_steps} > {tolerance}");
 }
 
-const F32_TOL: f32 = 1e-4;
+const F32_TOL: f32 = 5e-4;
+/// Dequantized to f32 against mlx-lm's dequantized model in f32 (observed: up to 1.1e-3, on
+/// the Qwen3-Next MoE, whose joined expert products sum in another order than mlx-lm's).
+const DEQUANTIZED_TOL: f32 = 2e-3;
 const BF16_TOL: f32 = 0.05;
 
 #[test]
@@ -219,7 +241,7 @@ fn qwen3_5_moe_long_prompt_chunked_prefill() {
 
 fn penalised(name: &str, opts: MakeOptions, penalties: engine::Penalties) {
     let dir = common::make(&opts);
-    let engine = engine::Engine::load(dir.path()).unwrap();
+    let engine = engine::Engine::load_as(dir.path(), engine::Profile::default(), Override::Quantized).unwrap();
     let vocab = engine.model.config().vocab_size as u32;
     let ids: Vec<u32> = prompt(vocab, 12).into_iter().chain(prompt(vocab, 12)).collect();
     let request = |penalties| engine::GenerateRequest {
@@ -230,8 +252,7 @@ fn penalised(name: &str, opts: MakeOptions, penalties: engine::Penalties) {
     let ours = engine.generate(request(penalties), Default::default()).unwrap().token_ids().unwrap();
     let plain = engine.generate(request(Default::default()), Default::default()).unwrap().token_ids().unwrap();
     let ids_arg = ids.iter().map(|t| t.to_string()).collect::<Vec<_>>().join(",");
-    let out = std::process::Command::new(common::reference_python())
-        .arg(common::repo_root().join("tests/reference/mlx_lm_penalties.py"))
+    let out = common::reference_command("mlx_lm_penalties.py")
         .args(["--model", dir.path().to_str().unwrap(), "--prompt-ids", &ids_arg, "--steps", "24"])
         .args(["--repetition", &penalties.repetition.to_string(), "--presence", &penalties.presence.to_string()])
         .args(["--frequency", &penalties.frequency.to_string()])

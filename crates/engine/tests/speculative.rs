@@ -153,7 +153,10 @@ fn rollback_restores_linear_attention_and_kv_state_exactly() {
     let lb = run(&mut b, &[300, 301]);
     assert_eq!(a.offset(), b.offset());
     let diff = la.subtract(&lb).unwrap().abs().unwrap().max(None).unwrap().item_cast::<f32>();
-    assert!(diff == 0.0, "logits after rollback differ by {diff}");
+    // Equal to f32 rounding: an optimised BLAS may tile the 5-position pass's products
+    // differently from the 2-position one, so their last bits can differ (a rollback that kept
+    // or lost a position would move the logits by tenths).
+    assert!(diff <= 1e-5, "logits after rollback differ by {diff}");
 }
 
 #[test]

@@ -253,6 +253,7 @@ pub fn status_json(s: &AppState) -> serde_json::Value {
     let i = &w.info;
     json!({
         "model": i.id, "model_type": i.model_type, "dir": i.dir, "device": i.backend,
+        "blas": i.blas, "weights": i.weight_form,
         "context": i.context, "mtp_head": i.has_mtp, "draft_depth": loaded.draft_depth, "draft_depth_source": loaded.draft_depth_source,
         "loading": s.loading.lock().ok().and_then(|l| l.clone()),
         "notice": s.notice(),

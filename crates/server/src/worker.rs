@@ -56,6 +56,10 @@ pub struct ModelInfo {
     pub model_type: String,
     pub context: usize,
     pub backend: String,
+    /// The BLAS library the CPU's matmuls run on.
+    pub blas: String,
+    /// How the quantized weights were loaded, and why (e.g. dequantized on the CPU).
+    pub weight_form: String,
     pub has_mtp: bool,
     pub profile: Profile,
 }
@@ -206,6 +210,8 @@ impl Worker {
                 model_type: c.model_type.clone(),
                 context: c.max_position_embeddings.unwrap_or(32768).max(1) as usize,
                 backend: engine.backend.to_string(),
+                blas: engine::blas::describe(),
+                weight_form: engine.weight_form.to_string(),
                 has_mtp: engine.model.mtp().is_some(),
                 profile: profile.clone(),
             };

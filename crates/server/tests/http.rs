@@ -286,6 +286,12 @@ async fn profile_is_shown_in_status_and_headers() {
     assert_eq!(status["profile"], "sustained");
     assert_eq!(status["profile_knobs"]["prefill_chunk"], 2048);
     assert_eq!(status["idle_action"], "unload");
+    // What the CPU's matmuls run on, and the form the weights were loaded in.
+    let (blas, weights) = (status["blas"].as_str().unwrap(), status["weights"].as_str().unwrap());
+    assert!(blas.contains("BLAS") || blas == "Accelerate", "{blas}");
+    if status["device"] == "cpu" {
+        assert!(weights.starts_with("dequantized to f32 at load") || weights.starts_with("as stored"), "{weights}");
+    }
     let r = reqwest::Client::new().post(format!("{}/v1/chat/completions", s.base)).json(&chat(json!({}))).send().await.unwrap();
     assert_eq!(r.headers()["x-ferrite-profile"], "sustained");
 }

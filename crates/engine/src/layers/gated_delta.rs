@@ -15,6 +15,7 @@ use mlx_rs::{fast, ops, Array, Dtype};
 use super::delta_chunked::delta_rule_chunked;
 use super::{Linear, Projections, RmsNorm};
 use crate::cache::LinearState;
+use crate::device::on_gpu;
 use crate::error::Result;
 use crate::laps;
 
@@ -202,16 +203,24 @@ fn short_core(args: &[Array], record: bool) -> std::result::Result<Vec<Array>, E
     let conv_input = ops::concatenate(&[tail, qkv], 1)?;
     let new_tail = conv_input.index((.., s.., ..));
     let (q, k, v) = conv_qkv(&depthwise_conv(&conv_input, conv_weight)?, s, [nk, dk, nv, dv])?;
-    // The gates are computed per position, in the value heads' groups, inside the step: so
-    // MLX fuses them into the step's element-wise kernels instead of running them apart.
+    // On a GPU the gates are computed per position, in the value heads' groups, inside the
+    // step: so MLX fuses them into the step's element-wise kernels instead of running them
+    // apart. A fused kernel recomputes its element-wise inputs per output element, which on
+    // the CPU would run the decay's exp and log1p once per state element (Dv x Dk of them)
+    // with scalar libm calls; there the decays of all positions are computed first, per head,
+    // and the slice and reshape between (not element-wise) keep them out of the state's kernel.
     let r = nv / nk;
+    let decays = if on_gpu() { None } else { Some(decay_graph((a_log, a, dt_bias))?) };
     let (a_log, dt_bias) = (a_log.reshape(&[nk, r, 1, 1])?, dt_bias.reshape(&[nk, r, 1, 1])?);
     let mut state = recurrent.clone();
     let mut ys = Vec::with_capacity(s as usize);
     let mut states = Vec::new();
     for t in 0..s {
         let at = |x: &Array| x.index((.., t));
-        let g = decay_graph((&a_log, &at(a).reshape(&[b, nk, r, 1, 1])?, &dt_bias))?;
+        let g = match &decays {
+            Some(all) => at(all).reshape(&[b, nk, r, 1, 1])?,
+            None => decay_graph((&a_log, &at(a).reshape(&[b, nk, r, 1, 1])?, &dt_bias))?,
+        };
         let beta = ops::sigmoid(&at(beta_logits).reshape(&[b, nk, r, 1])?)?;
         let mut step = grouped_delta_step(&at(&q), &at(&k), &at(&v), &g, &beta, state)?;
         let (Some(next), Some(y)) = (step.pop(), step.pop()) else {

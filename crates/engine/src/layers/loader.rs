@@ -17,6 +17,9 @@ pub struct Loader<'a> {
     pub joins: Joins,
     /// How this model's MoE layers run long prompts, settled by the first one.
     pub long_prompt_gather: LongPromptGather,
+    /// The dtype quantized matrices are dequantized to at load, if they are
+    /// ([`crate::weight_form`]).
+    pub dequantize: Option<mlx_rs::Dtype>,
 }
 
 /// Projections that read one input, by where they sit.
@@ -132,21 +135,31 @@ impl Loader<'_> {
             None
         };
         Ok(match self.spec(path)? {
-            Some(spec) => Linear::Quantized { packed: self.packed(path, &[], out, inp, spec)?, bias },
+            Some(spec) => match held(self.dequantize, self.packed(path, &[], out, inp, spec)?, false)? {
+                Held::Dense(weight) => Linear::Dense { weight, bias },
+                Held::Packed(packed) => Linear::Quantized { packed, bias },
+            },
             None => Linear::Dense { weight: self.weights.take(&format!("{path}.weight"), Some(&[out, inp]))?, bias },
         })
     }
 
     pub fn embedding(&mut self, path: &str, vocab: i32, dim: i32) -> Result<Embedding> {
         Ok(match self.spec(path)? {
-            Some(spec) => Embedding::Quantized { packed: self.packed(path, &[], vocab, dim, spec)? },
+            Some(spec) => match held(self.dequantize, self.packed(path, &[], vocab, dim, spec)?, false)? {
+                Held::Dense(weight) => Embedding::Dense { weight },
+                Held::Packed(packed) => Embedding::Quantized { packed },
+            },
             None => Embedding::Dense { weight: self.weights.take(&format!("{path}.weight"), Some(&[vocab, dim]))? },
         })
     }
 
     pub fn switch_linear(&mut self, path: &str, experts: i32, inp: i32, out: i32) -> Result<SwitchLinear> {
         Ok(match self.spec(path)? {
-            Some(spec) => SwitchLinear::Quantized { packed: self.packed(path, &[experts], out, inp, spec)? },
+            // MLX's CPU gather_mm supports only float32.
+            Some(spec) => match held(self.dequantize, self.packed(path, &[experts], out, inp, spec)?, !crate::device::on_gpu())? {
+                Held::Dense(weight) => SwitchLinear::Dense { weight },
+                Held::Packed(packed) => SwitchLinear::Quantized { packed },
+            },
             None => {
                 let mut weight = self.weights.take(&format!("{path}.weight"), Some(&[experts, out, inp]))?;
                 // MLX's CPU gather_mm supports only float32 (mlx-lm fails there).
@@ -161,6 +174,24 @@ impl Loader<'_> {
     pub fn rms_norm(&mut self, path: &str, dim: i32, eps: f32) -> Result<RmsNorm> {
         Ok(RmsNorm { weight: self.weights.take(&format!("{path}.weight"), Some(&[dim]))?, eps })
     }
+}
+
+/// A quantized matrix as the model holds it.
+enum Held {
+    Dense(mlx_rs::Array),
+    Packed(Packed),
+}
+
+/// `packed` dequantized to `dequantize` when the model dequantizes at load (to f32 when
+/// `f32_only`), evaluated now so that the packed form is dropped instead of being dequantized
+/// again by every forward pass; else as stored.
+fn held(dequantize: Option<mlx_rs::Dtype>, packed: Packed, f32_only: bool) -> Result<Held> {
+    let Some(dtype) = dequantize else { return Ok(Held::Packed(packed)) };
+    let dtype = if f32_only { mlx_rs::Dtype::Float32 } else { dtype };
+    let p = &packed;
+    let weight = mlx_rs::ops::dequantize(&p.weight, &p.scales, &p.biases, p.spec.group_size, p.spec.bits)?.as_dtype(dtype)?;
+    weight.eval()?;
+    Ok(Held::Dense(weight))
 }
 
 #[cfg(test)]

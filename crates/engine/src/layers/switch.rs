@@ -328,9 +328,12 @@ mod tests {
         let dequantized = glu.forward_with(&x, &ids, Gather::SortedDequantized).unwrap();
         let unsorted = glu.forward_with(&x, &ids, Gather::Unsorted).unwrap();
         assert_eq!(sorted.shape(), &[1, 40, 2, 64]);
+        // The dequantized form multiplies through BLAS, which sums in its own order: equal up
+        // to f32 rounding, relative to the outputs' size.
+        let scale = sorted.abs().unwrap().max(None).unwrap().item_cast::<f32>();
         for other in [&dequantized, &unsorted] {
             let diff = sorted.subtract(other).unwrap().abs().unwrap().max(None).unwrap().item_cast::<f32>();
-            assert!(diff <= 1e-4, "max |Δ| {diff}");
+            assert!(diff <= 1e-5 * scale.max(1.0), "max |Δ| {diff} for outputs up to {scale}");
         }
     }
 

@@ -16,6 +16,7 @@ use crate::cache::Cache;
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};
 use crate::layers::{Joins, Loader};
+use crate::weight_form::{self, WeightChoice};
 use crate::weights::Weights;
 
 pub use transformer::Transformer;
@@ -65,6 +66,12 @@ fn from_env<T>(name: &str, parse: impl FnOnce(&str) -> std::result::Result<T, St
 
 /// Loads the model in `dir` (config.json + safetensors), dispatching on `model_type`.
 pub fn load(dir: &Path) -> Result<Box<dyn LanguageModel>> {
+    load_with_form(dir, weight_form::Override::from_env()?).map(|(model, _)| model)
+}
+
+/// Loads the model in `dir` with the weight form this backend and machine call for, or the
+/// one `wanted` names ([`crate::weight_form`]), and says which it is.
+pub fn load_with_form(dir: &Path, wanted: weight_form::Override) -> Result<(Box<dyn LanguageModel>, WeightChoice)> {
     let mut config = ModelConfig::load(dir)?;
     let mut weights = Weights::load(dir)?;
     if config.is_hybrid() {
@@ -76,6 +83,8 @@ pub fn load(dir: &Path) -> Result<Box<dyn LanguageModel>> {
             tracing::info!("{}: ignoring {dropped} mtp.* tensors (no MTP head for {})", dir.display(), config.model_type);
         }
     }
+    let weight_choice = weight_form::decide(weight_form::facts(&weights, config.quant.as_ref(), crate::device::on_gpu()), wanted);
+    tracing::info!("{}: weights {weight_choice}", dir.display());
     let model = {
         let mut loader = Loader {
             weights: &mut weights,
@@ -83,6 +92,7 @@ pub fn load(dir: &Path) -> Result<Box<dyn LanguageModel>> {
             config_path: config.path.clone(),
             joins: joins_for(&config)?,
             long_prompt_gather: from_env("FERRITE_LONG_EXPERTS", crate::layers::switch::long_prompt_gather)?,
+            dequantize: weight_choice.form.dequantize_to(),
         };
         match config.model_type.as_str() {
             "qwen3" => qwen3::build(&config, &mut loader)?,
@@ -93,5 +103,5 @@ pub fn load(dir: &Path) -> Result<Box<dyn LanguageModel>> {
         }
     };
     weights.finish()?;
-    Ok(Box::new(model))
+    Ok((Box::new(model), weight_choice))
 }

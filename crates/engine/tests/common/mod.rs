@@ -16,6 +16,20 @@ pub fn reference_python() -> PathBuf {
     python
 }
 
+/// A run of `script` in the reference venv, multiplying with the BLAS this process loaded and
+/// its kernels (OPENBLAS_CORETYPE, when the engine chose them, is inherited): then mlx-lm and
+/// Ferrite sum f32 products in the same order, as on a Mac where both use Accelerate.
+pub fn reference_command(script: &str) -> std::process::Command {
+    let mut command = std::process::Command::new(reference_python());
+    command.arg(repo_root().join("tests/reference").join(script));
+    // Any MLX work maps libmlx and its BLAS before the path is read.
+    mlx_rs::Array::from_int(1).eval().unwrap();
+    if let Some(blas) = engine::blas::library().filter(|_| cfg!(target_os = "linux")) {
+        command.env("LD_PRELOAD", blas);
+    }
+    command
+}
+
 pub fn options(arch: Arch, preset: &str, bits: Option<i32>, group_size: i32, dtype: Dtype) -> MakeOptions {
     let mut o = MakeOptions::new(arch, preset);
     o.bits = bits;

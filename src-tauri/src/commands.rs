@@ -28,7 +28,10 @@ pub async fn set_models_folder(ferrite: State<'_, Ferrite>, dir: String) -> Resu
 /// Asks for the models folder with the system's folder picker, then uses it; `None` when
 /// the person cancels.
 #[tauri::command]
-pub async fn choose_models_folder<R: tauri::Runtime>(app: tauri::AppHandle<R>, ferrite: State<'_, Ferrite>) -> Result<Option<String>, String> {
+pub async fn choose_models_folder<R: tauri::Runtime>(
+    app: tauri::AppHandle<R>,
+    ferrite: State<'_, Ferrite>,
+) -> Result<Option<String>, String> {
     use tauri_plugin_dialog::DialogExt;
     let (tx, rx) = tokio::sync::oneshot::channel();
     app.dialog().file().set_title("Where Ferrite keeps models").pick_folder(move |picked| {
@@ -37,7 +40,8 @@ pub async fn choose_models_folder<R: tauri::Runtime>(app: tauri::AppHandle<R>, f
     let Some(picked) = rx.await.map_err(|_| "the folder picker closed without an answer".to_string())? else {
         return Ok(None);
     };
-    let path = picked.into_path().map_err(|e| format!("the folder picker returned something that is not a folder: {e}"))?;
+    let path =
+        picked.into_path().map_err(|e| format!("the folder picker returned something that is not a folder: {e}"))?;
     apply_models_folder(&ferrite.state, path.to_string_lossy().into_owned()).await.map(Some)
 }
 

@@ -36,7 +36,10 @@ impl Settings {
         let profile = match (var("FERRITE_PROFILE"), remembered.profile) {
             (Some(p), _) => p.parse().map_err(|e| anyhow::anyhow!("FERRITE_PROFILE: {e}"))?,
             (None, Some(p)) => p.parse().unwrap_or_else(|e| {
-                let message = format!("The profile remembered in {} does not read ({e}); using the default.", Config::path(&config).display());
+                let message = format!(
+                    "The profile remembered in {} does not read ({e}); using the default.",
+                    Config::path(&config).display()
+                );
                 tracing::warn!("{message}");
                 notice = Some(message);
                 engine::ProfileName::default()
@@ -66,9 +69,9 @@ pub async fn start(settings: &Settings) -> anyhow::Result<(server::AppState, tok
         Ok(state) => (state, settings.notice.clone()),
         Err(e) if settings.model != DEFAULT_MODEL => {
             tracing::warn!("could not start `{}`: {e:#}; starting the default model instead", settings.model);
-            let state = serve(DEFAULT_MODEL, settings.profile, addr)
-                .await
-                .with_context(|| format!("starting the default model, after `{}` could not start ({e:#})", settings.model))?;
+            let state = serve(DEFAULT_MODEL, settings.profile, addr).await.with_context(|| {
+                format!("starting the default model, after `{}` could not start ({e:#})", settings.model)
+            })?;
             (state, Some(format!("Ferrite could not start `{}`: {e:#}. It started the default model instead; start another from the models list.", settings.model)))
         }
         Err(e) => return Err(e),

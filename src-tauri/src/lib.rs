@@ -93,7 +93,9 @@ fn serve(settings: &launch::Settings) -> anyhow::Result<Ferrite> {
     let served = {
         let (state, stop) = (state.clone(), stop.clone());
         let origins: Vec<String> = server::APP_ORIGINS.iter().map(|o| o.to_string()).collect();
-        tauri::async_runtime::spawn(async move { server::serve_until(listener, state, &origins, async move { stop.notified().await }).await })
+        tauri::async_runtime::spawn(async move {
+            server::serve_until(listener, state, &origins, async move { stop.notified().await }).await
+        })
     };
     Ok(Ferrite { state, api_base, stop, quitting: Default::default(), stopped: std::sync::Mutex::new(Some(served)) })
 }
@@ -105,7 +107,11 @@ fn cannot_start<R: tauri::Runtime>(app: &tauri::AppHandle<R>, e: anyhow::Error) 
     let message = format!("{e:#}");
     eprintln!("ferrite-app: {message}");
     let handle = app.clone();
-    app.dialog().message(message).title("Ferrite could not start").kind(MessageDialogKind::Error).show(move |_| handle.exit(1));
+    app.dialog()
+        .message(message)
+        .title("Ferrite could not start")
+        .kind(MessageDialogKind::Error)
+        .show(move |_| handle.exit(1));
 }
 
 /// The app's commands and state on `base`, without a window or tray (tests pass tauri's

@@ -47,7 +47,11 @@ pub fn installed_models(state: &server::AppState) -> Vec<String> {
 }
 
 /// The menu, and its status lines (updated in place, so an open menu stays open).
-fn build_menu<R: Runtime>(app: &AppHandle<R>, f: &MenuFacts, status: &[String]) -> tauri::Result<(Menu<R>, Vec<MenuItem<R>>)> {
+fn build_menu<R: Runtime>(
+    app: &AppHandle<R>,
+    f: &MenuFacts,
+    status: &[String],
+) -> tauri::Result<(Menu<R>, Vec<MenuItem<R>>)> {
     let menu = Menu::new(app)?;
     let mut lines = Vec::new();
     for (i, line) in status.iter().enumerate() {
@@ -120,7 +124,11 @@ async fn refresh<R: Runtime>(app: AppHandle<R>, mut shown: MenuFacts, mut lines:
         }
         let Some(tray) = app.tray_by_id(TRAY_ID) else { return };
         let status = crate::commands::lines(&ferrite.state);
-        let now = if tick % 5 == 0 { facts(&ferrite) } else { MenuFacts { models: shown.models.clone(), ..running(&ferrite) } };
+        let now = if tick % 5 == 0 {
+            facts(&ferrite)
+        } else {
+            MenuFacts { models: shown.models.clone(), ..running(&ferrite) }
+        };
         if now != shown {
             match build_menu(&app, &now, &status) {
                 Ok((menu, items)) => {
@@ -141,5 +149,9 @@ async fn refresh<R: Runtime>(app: AppHandle<R>, mut shown: MenuFacts, mut lines:
 /// The running model and whether it is in memory, without listing the models folder.
 fn running(ferrite: &Ferrite) -> MenuFacts {
     let loaded = ferrite.state.loaded();
-    MenuFacts { models: vec![], running: loaded.worker.info.id.clone(), loaded: loaded.worker.lifecycle.loaded.load(Ordering::SeqCst) }
+    MenuFacts {
+        models: vec![],
+        running: loaded.worker.info.id.clone(),
+        loaded: loaded.worker.lifecycle.loaded.load(Ordering::SeqCst),
+    }
 }

@@ -49,21 +49,38 @@ fn the_apps_commands_answer_through_the_ipc() {
     o.group_size = 32;
     checkpoint::make(&o, model.path()).unwrap();
 
-    let settings = app::launch::Settings { model: model.path().to_string_lossy().into_owned(), port: 0, profile: Default::default(), hidden: true, notice: None };
+    let settings = app::launch::Settings {
+        model: model.path().to_string_lossy().into_owned(),
+        port: 0,
+        profile: Default::default(),
+        hidden: true,
+        notice: None,
+    };
     let (state, listener) = tauri::async_runtime::block_on(app::launch::start(&settings)).unwrap();
     let api_base = format!("http://{}", listener.local_addr().unwrap());
     let stop = Arc::new(tokio::sync::Notify::new());
     let served = {
         let (state, stop) = (state.clone(), stop.clone());
-        tauri::async_runtime::spawn(async move { server::serve_until(listener, state, &[], async move { stop.notified().await }).await })
+        tauri::async_runtime::spawn(async move {
+            server::serve_until(listener, state, &[], async move { stop.notified().await }).await
+        })
     };
-    let ferrite = app::Ferrite { state: state.clone(), api_base: api_base.clone(), stop: stop.clone(), quitting: Default::default(), stopped: Default::default() };
+    let ferrite = app::Ferrite {
+        state: state.clone(),
+        api_base: api_base.clone(),
+        stop: stop.clone(),
+        quitting: Default::default(),
+        stopped: Default::default(),
+    };
     let app = app::builder(mock_builder(), ferrite).build(mock_context(noop_assets())).unwrap();
     let window = WebviewWindowBuilder::new(&app, "main", Default::default()).build().unwrap();
 
     // Where the page's fetches go, and the server really answers there.
     assert_eq!(invoke(&window, "api_base", json!({})).unwrap(), json!(api_base));
-    assert!(http_get(&api_base, "/health").starts_with("HTTP/1.0 200") || http_get(&api_base, "/health").starts_with("HTTP/1.1 200"));
+    assert!(
+        http_get(&api_base, "/health").starts_with("HTTP/1.0 200")
+            || http_get(&api_base, "/health").starts_with("HTTP/1.1 200")
+    );
 
     // The tray's status lines: the model, no request yet, memory with MLX's figure.
     let lines = invoke(&window, "status_lines", json!({})).unwrap();
@@ -129,12 +146,20 @@ fn a_model_that_cannot_start_leaves_the_default_running_and_says_why() {
     let notice = state.notice().expect("a notice says what happened");
     assert!(notice.contains("/no/such/model") && notice.contains("default model"), "{notice}");
     assert_eq!(server::status_json(&state)["notice"], json!(notice));
-    assert_eq!(app::commands::lines(&state)[1], "A model could not start: Open Ferrite says why", "the tray says so too");
+    assert_eq!(
+        app::commands::lines(&state)[1],
+        "A model could not start: Open Ferrite says why",
+        "the tray says so too"
+    );
     // The choice is kept (an unplugged volume comes back), not replaced by the fallback.
     assert_eq!(store::config::Config::load(config.path()).unwrap().app.model.as_deref(), Some("/no/such/model"));
 
     // A model started from the tray or the window clears the notice and is remembered.
-    let started = tauri::async_runtime::block_on(server::models::load_model(&state, Some(tiny.clone()), Some(engine::ProfileName::Sustained)));
+    let started = tauri::async_runtime::block_on(server::models::load_model(
+        &state,
+        Some(tiny.clone()),
+        Some(engine::ProfileName::Sustained),
+    ));
     started.unwrap();
     assert_eq!(state.notice(), None);
     let remembered = store::config::Config::load(config.path()).unwrap().app;
@@ -154,7 +179,13 @@ fn a_model_that_cannot_start_leaves_the_default_running_and_says_why() {
 
     // The default model itself failing is an error naming both failures.
     std::env::set_var("FERRITE_ASSETS", config.path().join("no-assets"));
-    let broken = app::launch::Settings { model: "/no/such/model".into(), port: 0, profile: Default::default(), hidden: true, notice: None };
+    let broken = app::launch::Settings {
+        model: "/no/such/model".into(),
+        port: 0,
+        profile: Default::default(),
+        hidden: true,
+        notice: None,
+    };
     let e = tauri::async_runtime::block_on(app::launch::start(&broken)).err().expect("nothing can start");
     std::env::remove_var("FERRITE_ASSETS");
     let e = format!("{e:#}");

@@ -33,11 +33,14 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> Result<()> {
-    let text = std::fs::read_to_string(&args.prompt_ids).with_context(|| format!("reading {}", args.prompt_ids.display()))?;
+    let text =
+        std::fs::read_to_string(&args.prompt_ids).with_context(|| format!("reading {}", args.prompt_ids.display()))?;
     // One prompt, or several (`--spec` pools them; plain timing uses the first).
     let prompts: Vec<Vec<u32>> = serde_json::from_str::<Vec<Vec<u32>>>(&text)
         .or_else(|_| serde_json::from_str::<Vec<u32>>(&text).map(|p| vec![p]))
-        .with_context(|| format!("{}: expected a JSON array of token ids, or an array of such arrays", args.prompt_ids.display()))?;
+        .with_context(|| {
+            format!("{}: expected a JSON array of token ids, or an array of such arrays", args.prompt_ids.display())
+        })?;
     anyhow::ensure!(!prompts.is_empty(), "{}: no prompt", args.prompt_ids.display());
     let engine = Engine::load_with(&args.model, engine::Profile::named(args.profile))?;
     let request = GenerateRequest { ignore_eos: true, ..GenerateRequest::greedy(prompts[0].clone(), args.gen_tokens) };
@@ -56,7 +59,12 @@ pub fn run(args: Args) -> Result<()> {
             cpu_start = cpu_seconds();
         }
         let (_, summary) = engine.generate_text(request.clone())?;
-        anyhow::ensure!(summary.usage.completion_tokens == args.gen_tokens, "generated {} tokens, wanted {}", summary.usage.completion_tokens, args.gen_tokens);
+        anyhow::ensure!(
+            summary.usage.completion_tokens == args.gen_tokens,
+            "generated {} tokens, wanted {}",
+            summary.usage.completion_tokens,
+            args.gen_tokens
+        );
         if run > 0 {
             decode.push(summary.timings.decode_tps);
             prefill.push(summary.timings.prompt_tps);
@@ -67,7 +75,8 @@ pub fn run(args: Args) -> Result<()> {
         v.sort_by(|a, b| a.total_cmp(b));
         v[v.len() / 2]
     };
-    let cpu_per_token = (cpu_seconds() - cpu_start) / (args.runs.max(1) * (request.prompt.len() + args.gen_tokens)) as f64;
+    let cpu_per_token =
+        (cpu_seconds() - cpu_start) / (args.runs.max(1) * (request.prompt.len() + args.gen_tokens)) as f64;
     let report = serde_json::json!({
         "engine": "ferrite",
         "backend": engine.backend.to_string(),
@@ -83,7 +92,6 @@ pub fn run(args: Args) -> Result<()> {
     println!("{report}");
     Ok(())
 }
-
 
 /// User plus system CPU time of this process so far.
 fn cpu_seconds() -> f64 {
@@ -119,8 +127,16 @@ fn speculative(engine: &Engine, request: &GenerateRequest, prompts: &[Vec<u32>],
         Ok((if seconds > 0.0 { tokens as f64 / seconds } else { 0.0 }, pooled))
     };
     let (plain_tps, _) = decode(0)?;
-    eprintln!("plain decode {plain_tps:.1} tok/s; plain step {:.3} ms, draft step {:.3} ms ({:.2}x a plain step)", costs.plain_step_s * 1e3, costs.draft_step_s * 1e3, costs.draft_ratio());
-    eprintln!("{:>5} {:>12} {:>22} {:>10} {:>10} {:>16} {:>14}", "depth", "verify cost", "acceptance by position", "tok/cycle", "tok/s", "bound (measured)", "bound (all ok)");
+    eprintln!(
+        "plain decode {plain_tps:.1} tok/s; plain step {:.3} ms, draft step {:.3} ms ({:.2}x a plain step)",
+        costs.plain_step_s * 1e3,
+        costs.draft_step_s * 1e3,
+        costs.draft_ratio()
+    );
+    eprintln!(
+        "{:>5} {:>12} {:>22} {:>10} {:>10} {:>16} {:>14}",
+        "depth", "verify cost", "acceptance by position", "tok/cycle", "tok/s", "bound (measured)", "bound (all ok)"
+    );
     let mut rows = Vec::new();
     for depth in 1..=engine::speculative::MAX_DRAFT_DEPTH {
         let (tps, stats) = decode(depth)?;
@@ -128,18 +144,26 @@ fn speculative(engine: &Engine, request: &GenerateRequest, prompts: &[Vec<u32>],
         let acceptance = stats.acceptance();
         let acc_text: Vec<String> = acceptance.iter().map(|a| format!("{:.0}%", a * 100.0)).collect();
         let (bound, best) = (costs.speedup_bound(depth, &acceptance), costs.speedup_bound(depth, &vec![1.0; depth]));
-        eprintln!("{depth:>5} {:>11.2}x {:>22} {:>10.2} {tps:>10.1} {bound:>16.2} {best:>14.2}", costs.verify_ratio(depth), acc_text.join(" "), stats.tokens_per_cycle());
+        eprintln!(
+            "{depth:>5} {:>11.2}x {:>22} {:>10.2} {tps:>10.1} {bound:>16.2} {best:>14.2}",
+            costs.verify_ratio(depth),
+            acc_text.join(" "),
+            stats.tokens_per_cycle()
+        );
         rows.push(serde_json::json!({
             "depth": depth, "verify_cost": costs.verify_ratio(depth), "acceptance": acceptance,
             "tokens_per_cycle": stats.tokens_per_cycle(), "decode_tps": tps,
             "speedup_bound": bound, "speedup_bound_full_acceptance": best,
         }));
     }
-    println!("{}", serde_json::json!({
-        "engine": "ferrite", "backend": engine.backend.to_string(), "temperature": request.sampling.temperature,
-        "prompts": prompts.len(), "gen_tokens": request.max_tokens, "plain_decode_tps": plain_tps,
-        "plain_step_s": costs.plain_step_s, "draft_step_s": costs.draft_step_s, "draft_cost": costs.draft_ratio(),
-        "depths": rows,
-    }));
+    println!(
+        "{}",
+        serde_json::json!({
+            "engine": "ferrite", "backend": engine.backend.to_string(), "temperature": request.sampling.temperature,
+            "prompts": prompts.len(), "gen_tokens": request.max_tokens, "plain_decode_tps": plain_tps,
+            "plain_step_s": costs.plain_step_s, "draft_step_s": costs.draft_step_s, "draft_cost": costs.draft_ratio(),
+            "depths": rows,
+        })
+    );
     Ok(())
 }

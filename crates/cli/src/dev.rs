@@ -55,8 +55,12 @@ fn read_docs(path: &std::path::Path) -> Result<Vec<String>> {
         .enumerate()
         .filter(|(_, l)| !l.trim().is_empty())
         .map(|(i, l)| {
-            let v: serde_json::Value = serde_json::from_str(l).with_context(|| format!("{}:{}: not JSON", path.display(), i + 1))?;
-            v.get("text").and_then(|t| t.as_str()).map(str::to_string).with_context(|| format!("{}:{}: no string `text`", path.display(), i + 1))
+            let v: serde_json::Value =
+                serde_json::from_str(l).with_context(|| format!("{}:{}: not JSON", path.display(), i + 1))?;
+            v.get("text")
+                .and_then(|t| t.as_str())
+                .map(str::to_string)
+                .with_context(|| format!("{}:{}: no string `text`", path.display(), i + 1))
         })
         .collect()
 }
@@ -93,9 +97,18 @@ fn ops(model: &std::path::Path, contexts: &[usize], prefill: Option<usize>, json
     if let Some(tokens) = prefill {
         let t = engine::graph::prefill_times(&engine, tokens)?;
         if json {
-            println!("{}", serde_json::json!({"engine": "ferrite", "prefill_tokens": t.tokens, "total_ms": t.total_ms, "by_part": t.by_part, "before_mb": t.before_mb, "peak_mb_by_part": t.peak_mb_by_part, "laps": t.laps}));
+            println!(
+                "{}",
+                serde_json::json!({"engine": "ferrite", "prefill_tokens": t.tokens, "total_ms": t.total_ms, "by_part": t.by_part, "before_mb": t.before_mb, "peak_mb_by_part": t.peak_mb_by_part, "laps": t.laps})
+            );
         } else {
-            println!("{}: a {}-token prompt in one pass, each layer part waited for: {:.1} ms ({:.0} MB in use before it)", model.display(), t.tokens, t.total_ms, t.before_mb);
+            println!(
+                "{}: a {}-token prompt in one pass, each layer part waited for: {:.1} ms ({:.0} MB in use before it)",
+                model.display(),
+                t.tokens,
+                t.total_ms,
+                t.before_mb
+            );
             for (part, ms) in &t.by_part {
                 let peak = t.peak_mb_by_part.get(part).copied().unwrap_or(0.0);
                 println!("  {ms:>9.1} ms  peak {peak:>9.0} MB  {part}");
@@ -108,7 +121,10 @@ fn ops(model: &std::path::Path, contexts: &[usize], prefill: Option<usize>, json
     for &context in contexts {
         let ops = engine::graph::decode_step_ops(&engine, context)?;
         if json {
-            println!("{}", serde_json::json!({"engine": "ferrite", "context": context, "total": ops.total, "by_kind": ops.by_kind, "build_ms": ops.build_ms, "step_ms": ops.step_ms}));
+            println!(
+                "{}",
+                serde_json::json!({"engine": "ferrite", "context": context, "total": ops.total, "by_kind": ops.by_kind, "build_ms": ops.build_ms, "step_ms": ops.step_ms})
+            );
             continue;
         }
         println!(
@@ -201,4 +217,3 @@ pub fn run(cmd: Command) -> Result<()> {
     );
     Ok(())
 }
-

@@ -59,7 +59,8 @@ pub struct Args {
 pub fn run(args: Args) -> Result<()> {
     let spec = server::launch::spec(&args.model, &args.draft_depth, args.profile)?;
     let (dir, draft_depth) = (spec.dir, spec.draft_depth);
-    let engine = Engine::load_with(&dir, engine::Profile::named(args.profile)).with_context(|| format!("loading {}", dir.display()))?;
+    let engine = Engine::load_with(&dir, engine::Profile::named(args.profile))
+        .with_context(|| format!("loading {}", dir.display()))?;
     let text = if args.chat {
         let mut extra = serde_json::Map::new();
         if args.no_think {
@@ -78,7 +79,11 @@ pub fn run(args: Args) -> Result<()> {
             top_k: args.top_k,
             min_p: args.min_p,
             seed: args.seed,
-            penalties: engine::Penalties { repetition: args.repetition_penalty, presence: args.presence_penalty, frequency: args.frequency_penalty },
+            penalties: engine::Penalties {
+                repetition: args.repetition_penalty,
+                presence: args.presence_penalty,
+                frequency: args.frequency_penalty,
+            },
         },
         stop: args.stop,
         ignore_eos: false,
@@ -107,7 +112,8 @@ pub fn run(args: Args) -> Result<()> {
                     engine.backend,
                 );
                 if let Some(spec) = &s.speculative {
-                    let per_position: Vec<String> = spec.acceptance().iter().map(|a| format!("{:.0}%", a * 100.0)).collect();
+                    let per_position: Vec<String> =
+                        spec.acceptance().iter().map(|a| format!("{:.0}%", a * 100.0)).collect();
                     eprintln!(
                         "[MTP depth {}: {} cycles, {:.2} tokens/cycle, acceptance by position {} | draft {:.2} ms, verify {:.2} ms per cycle]",
                         spec.depth,

@@ -44,9 +44,11 @@ pub fn pull(name: &str) -> Result<()> {
         let download = downloader.pull(Request { repo: repo.clone(), revision, expect_mtp });
         let bar = indicatif::ProgressBar::new(0);
         bar.set_style(
-            indicatif::ProgressStyle::with_template("{msg:30!} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec} ETA {eta}")
-                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
-                .progress_chars("=> "),
+            indicatif::ProgressStyle::with_template(
+                "{msg:30!} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec} ETA {eta}",
+            )
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
+            .progress_chars("=> "),
         );
         let mut progress = download.progress();
         let stop = tokio::signal::ctrl_c();
@@ -89,7 +91,14 @@ pub fn ls() -> Result<()> {
         println!("  (none)");
     }
     for m in &listing.installed {
-        println!("  {:<28} {:>10}  {:<12} mtp:{:<3}  {}", m.id, gib(m.bytes), m.model_type, if m.has_mtp { "yes" } else { "no" }, m.dir.display());
+        println!(
+            "  {:<28} {:>10}  {:<12} mtp:{:<3}  {}",
+            m.id,
+            gib(m.bytes),
+            m.model_type,
+            if m.has_mtp { "yes" } else { "no" },
+            m.dir.display()
+        );
     }
     if !listing.incomplete.is_empty() {
         println!("\nnot usable (unfinished or damaged; `ferrite pull` resumes):");
@@ -100,8 +109,16 @@ pub fn ls() -> Result<()> {
     println!("\navailable (models.toml):");
     for e in &store.catalog.entries {
         let size = e.size_bytes.value().map(|b| gib(*b)).unwrap_or_else(|| "size unknown".into());
-        let aliases = if e.aliases.is_empty() { String::new() } else { format!(" (aliases: {})", e.aliases.join(", ")) };
-        println!("  {:<28} {:>12}  {:<12} mtp:{:<3}  {}{aliases}", e.id, size, e.architecture, if e.mtp { "yes" } else { "no" }, if e.repo.is_empty() { "(ships with Ferrite)" } else { e.repo.as_str() });
+        let aliases =
+            if e.aliases.is_empty() { String::new() } else { format!(" (aliases: {})", e.aliases.join(", ")) };
+        println!(
+            "  {:<28} {:>12}  {:<12} mtp:{:<3}  {}{aliases}",
+            e.id,
+            size,
+            e.architecture,
+            if e.mtp { "yes" } else { "no" },
+            if e.repo.is_empty() { "(ships with Ferrite)" } else { e.repo.as_str() }
+        );
     }
     Ok(())
 }
@@ -131,7 +148,13 @@ pub fn store_command(cmd: StoreCommand) -> Result<()> {
         }
         StoreCommand::Add { id, dir } => {
             let facts = store.register_local(&id, &dir)?;
-            println!("{id}: {} ({}, {} tensors, MTP head: {}) used in place", dir.display(), facts.model_type, facts.tensors, facts.has_mtp);
+            println!(
+                "{id}: {} ({}, {} tensors, MTP head: {}) used in place",
+                dir.display(),
+                facts.model_type,
+                facts.tensors,
+                facts.has_mtp
+            );
         }
     }
     Ok(())

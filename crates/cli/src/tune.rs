@@ -51,7 +51,13 @@ pub fn run(args: Args) -> Result<()> {
     }
     let model = server::launch::resolve(&args.model)?;
     let engine = Engine::load_with(&model.dir, Profile::named(args.profile))?;
-    let options = TuneOptions { gen_tokens: args.tokens, reps: args.reps, prompts: args.prompts, max_spread: args.max_spread / 100.0, ..TuneOptions::default() };
+    let options = TuneOptions {
+        gen_tokens: args.tokens,
+        reps: args.reps,
+        prompts: args.prompts,
+        max_spread: args.max_spread / 100.0,
+        ..TuneOptions::default()
+    };
     let key = server::launch::tuning_key(&model.dir, args.profile);
     eprintln!("tuning {} ({}) with the {} profile on {}", model.id, key.model, args.profile, key.machine);
     let mut busy = telemetry::machine::BusyCheck::new(args.busy_percent);
@@ -61,28 +67,51 @@ pub fn run(args: Args) -> Result<()> {
             .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
             .progress_chars("=> "),
     );
-    let measurement = tune::measure(&engine, &options, || busy.check(), |p| {
-        bar.set_length(p.steps as u64);
-        bar.set_position(p.step as u64);
-        bar.set_prefix(p.phase);
-        let rep = if p.repetition > 0 { format!(", repetition {}/{}", p.repetition, p.repetitions) } else { String::new() };
-        let last = p.last_tps.map(|t| format!(" (last: {t:.1} tok/s)")).unwrap_or_default();
-        bar.set_message(format!("depth {}, temperature {}{rep}{last}", p.depth, p.temperature));
-        true
-    })?;
+    let measurement = tune::measure(
+        &engine,
+        &options,
+        || busy.check(),
+        |p| {
+            bar.set_length(p.steps as u64);
+            bar.set_position(p.step as u64);
+            bar.set_prefix(p.phase);
+            let rep = if p.repetition > 0 {
+                format!(", repetition {}/{}", p.repetition, p.repetitions)
+            } else {
+                String::new()
+            };
+            let last = p.last_tps.map(|t| format!(" (last: {t:.1} tok/s)")).unwrap_or_default();
+            bar.set_message(format!("depth {}, temperature {}{rep}{last}", p.depth, p.temperature));
+            true
+        },
+    )?;
     bar.finish_and_clear();
-    println!("{:>5} {:>5} {:>10} {:>8} {:>24} {:>10} {:>8}", "depth", "temp", "tok/s", "spread", "acceptance by position", "tok/cycle", "vs plain");
+    println!(
+        "{:>5} {:>5} {:>10} {:>8} {:>24} {:>10} {:>8}",
+        "depth", "temp", "tok/s", "spread", "acceptance by position", "tok/cycle", "vs plain"
+    );
     for c in &measurement.candidates {
         let acc: Vec<String> = c.acceptance.iter().map(|a| format!("{:.0}%", a * 100.0)).collect();
         let plain = measurement.get(0, c.temperature).map(|p| p.median_tps).unwrap_or(c.median_tps);
-        println!("{:>5} {:>5} {:>10.1} {:>7.1}% {:>24} {:>10.2} {:>7.2}x", c.depth, c.temperature, c.median_tps, c.spread * 100.0, acc.join(" "), c.tokens_per_cycle, c.median_tps / plain.max(1e-9));
+        println!(
+            "{:>5} {:>5} {:>10.1} {:>7.1}% {:>24} {:>10.2} {:>7.2}x",
+            c.depth,
+            c.temperature,
+            c.median_tps,
+            c.spread * 100.0,
+            acc.join(" "),
+            c.tokens_per_cycle,
+            c.median_tps / plain.max(1e-9)
+        );
     }
     match server::launch::judge_and_store(&config_dir, key, &measurement, &options)? {
         (Verdict::Refuse { why }, _) => {
             eprintln!("not stored: {why}");
             std::process::exit(2);
         }
-        (Verdict::Store { depth, why, .. }, path) => println!("stored draft depth {depth} in {}: {why}", path.display()),
+        (Verdict::Store { depth, why, .. }, path) => {
+            println!("stored draft depth {depth} in {}: {why}", path.display())
+        }
     }
     Ok(())
 }

@@ -32,7 +32,21 @@ fn tune_stores_shows_serves_and_survives_a_corrupt_file() {
     checkpoint::make(&o, &model).unwrap();
 
     let out = ferrite(&config)
-        .args(["tune", "--model", model.to_str().unwrap(), "--prompts", "1", "--tokens", "8", "--reps", "2", "--max-spread", "1000", "--busy-percent", "100000"])
+        .args([
+            "tune",
+            "--model",
+            model.to_str().unwrap(),
+            "--prompts",
+            "1",
+            "--tokens",
+            "8",
+            "--reps",
+            "2",
+            "--max-spread",
+            "1000",
+            "--busy-percent",
+            "100000",
+        ])
         .output()
         .unwrap();
     let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
@@ -40,7 +54,10 @@ fn tune_stores_shows_serves_and_survives_a_corrupt_file() {
     // Random weights accept no drafts: plain decoding is what gets stored.
     assert!(stdout.contains("stored draft depth 0"), "{stdout}");
     for depth in 0..=4 {
-        assert!(stdout.lines().any(|l| l.trim_start().starts_with(&format!("{depth} "))), "no row for depth {depth}: {stdout}");
+        assert!(
+            stdout.lines().any(|l| l.trim_start().starts_with(&format!("{depth} "))),
+            "no row for depth {depth}: {stdout}"
+        );
     }
     let show = ferrite(&config).args(["tune", "--show"]).output().unwrap();
     let show = String::from_utf8_lossy(&show.stdout);

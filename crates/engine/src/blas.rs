@@ -50,7 +50,11 @@ fn core_for_this_cpu() -> Option<&'static str> {
 }
 
 #[cfg(all(target_os = "linux", target_arch = "x86_64"))]
-extern "C" fn choose_openblas_kernels(_argc: libc::c_int, _argv: *const *const libc::c_char, _env: *const *const libc::c_char) {
+extern "C" fn choose_openblas_kernels(
+    _argc: libc::c_int,
+    _argv: *const *const libc::c_char,
+    _env: *const *const libc::c_char,
+) {
     type Call = unsafe extern "C" fn();
     // SAFETY: this runs before main, while the program has one thread and nothing has called
     // BLAS yet, so no thread reads the environment or OpenBLAS's kernel table meanwhile. The
@@ -144,7 +148,11 @@ fn openblas_config() -> Option<OpenBlas> {
         let text = |f: *mut libc::c_void| {
             let f: GetText = std::mem::transmute(f);
             let p = f();
-            if p.is_null() { String::new() } else { std::ffi::CStr::from_ptr(p).to_string_lossy().into_owned() }
+            if p.is_null() {
+                String::new()
+            } else {
+                std::ffi::CStr::from_ptr(p).to_string_lossy().into_owned()
+            }
         };
         let threads: GetThreads = std::mem::transmute(threads);
         Some(OpenBlas { config: text(config), core: text(core), threads: threads() })
@@ -182,7 +190,11 @@ mod tests {
         if std::env::var_os("OPENBLAS_CORETYPE").is_some() && CHOSEN_CORE.get().is_none() {
             return; // the user's choice
         }
-        assert!(openblas.core.eq_ignore_ascii_case(wanted) || CHOSEN_CORE.get().is_none(), "asked for {wanted}: {}", describe());
+        assert!(
+            openblas.core.eq_ignore_ascii_case(wanted) || CHOSEN_CORE.get().is_none(),
+            "asked for {wanted}: {}",
+            describe()
+        );
         assert!(!openblas.core.eq_ignore_ascii_case("prescott"), "{}", describe());
     }
 }

@@ -59,10 +59,7 @@ impl KvCache {
             return Err(crate::error::Error::Request("the KV cache lost its buffers".into()));
         };
         if self.offset < k.dim(2) {
-            Ok((
-                k.index((Ellipsis, ..self.offset, ..)),
-                v.index((Ellipsis, ..self.offset, ..)),
-            ))
+            Ok((k.index((Ellipsis, ..self.offset, ..)), v.index((Ellipsis, ..self.offset, ..))))
         } else {
             Ok((k.clone(), v.clone()))
         }
@@ -106,7 +103,9 @@ impl LinearState {
             return Ok(());
         }
         let (Some(window), false) = (&self.conv_window, self.steps.is_empty()) else {
-            return Err(crate::error::Error::Request("rollback of a linear-attention state that was not recorded".into()));
+            return Err(crate::error::Error::Request(
+                "rollback of a linear-attention state that was not recorded".into(),
+            ));
         };
         let len = self.steps.len() as i32;
         if n > len {
@@ -168,9 +167,7 @@ pub struct Cache {
 
 impl Cache {
     pub fn kv(n_layers: usize) -> Self {
-        Cache {
-            layers: (0..n_layers).map(|_| LayerCache::Kv(KvCache::default())).collect(),
-        }
+        Cache { layers: (0..n_layers).map(|_| LayerCache::Kv(KvCache::default())).collect() }
     }
 
     /// Positions processed so far.

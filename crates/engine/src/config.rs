@@ -164,8 +164,8 @@ impl ModelConfig {
     }
 
     pub fn parse(text: &str, path: &Path) -> Result<Self> {
-        let value: serde_json::Value = serde_json::from_str(text)
-            .map_err(|e| Error::malformed(path, format!("not valid JSON: {e}")))?;
+        let value: serde_json::Value =
+            serde_json::from_str(text).map_err(|e| Error::malformed(path, format!("not valid JSON: {e}")))?;
         let (value, prefix) = flatten_text_config(value);
         let mut config: ModelConfig = serde_path_to_error::deserialize(value).map_err(|e| {
             let field = format!("{prefix}{}", e.path());
@@ -190,8 +190,7 @@ impl ModelConfig {
     }
 
     pub fn head_dim(&self) -> i32 {
-        self.head_dim
-            .unwrap_or(self.hidden_size / self.num_attention_heads.max(1))
+        self.head_dim.unwrap_or(self.hidden_size / self.num_attention_heads.max(1))
     }
 
     pub fn rope_theta(&self) -> f32 {
@@ -201,7 +200,8 @@ impl ModelConfig {
 
     /// Rotary dimensions per head (all of them unless `partial_rotary_factor` says less).
     pub fn rope_dims(&self) -> i32 {
-        let nested = self.rope_parameters.as_ref().and_then(|p| p.get("partial_rotary_factor")).and_then(|f| f.as_f64());
+        let nested =
+            self.rope_parameters.as_ref().and_then(|p| p.get("partial_rotary_factor")).and_then(|f| f.as_f64());
         let factor = self.partial_rotary_factor.or(nested.map(|f| f as f32)).unwrap_or(1.0);
         (self.head_dim() as f32 * factor) as i32
     }
@@ -290,11 +290,19 @@ impl ModelConfig {
                 }
             }
             if self.linear_num_value_heads % self.linear_num_key_heads != 0 {
-                return Err(Error::config(&self.path, "linear_num_value_heads", "must be a multiple of linear_num_key_heads"));
+                return Err(Error::config(
+                    &self.path,
+                    "linear_num_value_heads",
+                    "must be a multiple of linear_num_key_heads",
+                ));
             }
             if let Some(types) = &self.layer_types {
                 if types.len() != self.num_hidden_layers as usize {
-                    return Err(Error::config(&self.path, "layer_types", format!("has {} entries for {} layers", types.len(), self.num_hidden_layers)));
+                    return Err(Error::config(
+                        &self.path,
+                        "layer_types",
+                        format!("has {} entries for {} layers", types.len(), self.num_hidden_layers),
+                    ));
                 }
             }
         }
@@ -340,14 +348,8 @@ fn flatten_text_config(value: serde_json::Value) -> (serde_json::Value, &'static
     (serde_json::Value::Object(text), "text_config.")
 }
 
-fn parse_quantization(
-    block: &serde_json::Map<String, serde_json::Value>,
-    path: &Path,
-) -> Result<Quantization> {
-    let unsupported = |detail: String| Error::UnsupportedQuantization {
-        path: path.to_path_buf(),
-        detail,
-    };
+fn parse_quantization(block: &serde_json::Map<String, serde_json::Value>, path: &Path) -> Result<Quantization> {
+    let unsupported = |detail: String| Error::UnsupportedQuantization { path: path.to_path_buf(), detail };
     if let Some(mode) = block.get("mode").and_then(|m| m.as_str()) {
         if mode != "affine" {
             return Err(unsupported(format!("mode `{mode}` (only affine is supported)")));
@@ -360,18 +362,12 @@ fn parse_quantization(
                 .and_then(|v| v.as_i64())
                 .ok_or_else(|| Error::config(path, format!("{at}.{name}"), "missing or not an integer"))
         };
-        let spec = QuantSpec {
-            group_size: field("group_size")? as i32,
-            bits: field("bits")? as i32,
-        };
+        let spec = QuantSpec { group_size: field("group_size")? as i32, bits: field("bits")? as i32 };
         if ![2, 3, 4, 5, 6, 8].contains(&spec.bits) {
             return Err(unsupported(format!("{at}: {} bits (supported: 2, 3, 4, 5, 6, 8)", spec.bits)));
         }
         if ![32, 64, 128].contains(&spec.group_size) {
-            return Err(unsupported(format!(
-                "{at}: group size {} (supported: 32, 64, 128)",
-                spec.group_size
-            )));
+            return Err(unsupported(format!("{at}: group size {} (supported: 32, 64, 128)", spec.group_size)));
         }
         Ok(spec)
     };

@@ -46,12 +46,20 @@ pub fn mlx_version() -> String {
         let mut s = mlx_sys::mlx_string_new();
         let version = if mlx_sys::mlx_version(&mut s) == 0 {
             let data = mlx_sys::mlx_string_data(s);
-            if data.is_null() { String::new() } else { std::ffi::CStr::from_ptr(data).to_string_lossy().into_owned() }
+            if data.is_null() {
+                String::new()
+            } else {
+                std::ffi::CStr::from_ptr(data).to_string_lossy().into_owned()
+            }
         } else {
             String::new()
         };
         mlx_sys::mlx_string_free(s);
-        if version.is_empty() { "unknown".into() } else { version }
+        if version.is_empty() {
+            "unknown".into()
+        } else {
+            version
+        }
     }
 }
 

@@ -8,41 +8,21 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[error("{path}: {source}")]
-    Io {
-        path: PathBuf,
-        source: std::io::Error,
-    },
+    Io { path: PathBuf, source: std::io::Error },
     #[error("{path}: field `{field}`: {message}")]
-    Config {
-        path: PathBuf,
-        field: String,
-        message: String,
-    },
+    Config { path: PathBuf, field: String, message: String },
     #[error("{path}: {message}")]
     Malformed { path: PathBuf, message: String },
     #[error("{path}: unknown architecture `{model_type}` (supported: {supported})")]
-    UnknownArchitecture {
-        path: PathBuf,
-        model_type: String,
-        supported: String,
-    },
+    UnknownArchitecture { path: PathBuf, model_type: String, supported: String },
     #[error("{path}: unsupported quantization: {detail}")]
     UnsupportedQuantization { path: PathBuf, detail: String },
     #[error("{dir}: tensor `{name}` is missing from the checkpoint")]
     MissingTensor { dir: PathBuf, name: String },
     #[error("{file}: tensor `{name}` has shape {found:?}, expected {expected:?}")]
-    Shape {
-        file: PathBuf,
-        name: String,
-        expected: Vec<i32>,
-        found: Vec<i32>,
-    },
+    Shape { file: PathBuf, name: String, expected: Vec<i32>, found: Vec<i32> },
     #[error("{dir}: {count} tensor(s) not used by the model, e.g. `{example}`")]
-    UnusedTensors {
-        dir: PathBuf,
-        count: usize,
-        example: String,
-    },
+    UnusedTensors { dir: PathBuf, count: usize, example: String },
     #[error("tokenizer {path}: {message}")]
     Tokenizer { path: PathBuf, message: String },
     #[error("chat template: {0}")]
@@ -58,29 +38,15 @@ pub enum Error {
 
 impl Error {
     pub(crate) fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
-        Error::Io {
-            path: path.into(),
-            source,
-        }
+        Error::Io { path: path.into(), source }
     }
 
-    pub(crate) fn config(
-        path: impl Into<PathBuf>,
-        field: impl Into<String>,
-        message: impl Into<String>,
-    ) -> Self {
-        Error::Config {
-            path: path.into(),
-            field: field.into(),
-            message: message.into(),
-        }
+    pub(crate) fn config(path: impl Into<PathBuf>, field: impl Into<String>, message: impl Into<String>) -> Self {
+        Error::Config { path: path.into(), field: field.into(), message: message.into() }
     }
 
     pub(crate) fn malformed(path: impl Into<PathBuf>, message: impl Into<String>) -> Self {
-        Error::Malformed {
-            path: path.into(),
-            message: message.into(),
-        }
+        Error::Malformed { path: path.into(), message: message.into() }
     }
 }
 

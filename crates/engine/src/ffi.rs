@@ -46,7 +46,8 @@ pub fn pending_primitives(outputs: &[Array]) -> Result<Vec<String>, Exception> {
     static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
     let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let path = std::env::temp_dir().join(format!("ferrite-graph-{}-{n}.dot", std::process::id()));
-    let c_path = std::ffi::CString::new(path.to_string_lossy().as_bytes()).map_err(|e| Exception::custom(e.to_string()))?;
+    let c_path =
+        std::ffi::CString::new(path.to_string_lossy().as_bytes()).map_err(|e| Exception::custom(e.to_string()))?;
     // SAFETY: the vector and namer are created and freed here; each array handle is valid
     // for the call (the vector keeps its own references); the FILE is opened and closed here.
     let rc = unsafe {

@@ -45,7 +45,15 @@ pub struct GenerateRequest {
 
 impl GenerateRequest {
     pub fn greedy(prompt: Vec<u32>, max_tokens: usize) -> Self {
-        GenerateRequest { prompt, max_tokens, sampling: SamplingParams::greedy(), stop: vec![], ignore_eos: false, draft_depth: 0, draft_script: None }
+        GenerateRequest {
+            prompt,
+            max_tokens,
+            sampling: SamplingParams::greedy(),
+            stop: vec![],
+            ignore_eos: false,
+            draft_depth: 0,
+            draft_script: None,
+        }
     }
 }
 
@@ -139,7 +147,12 @@ impl Engine {
         let backend = device::backend();
         let (model, weight_form) = models::load_with_form(dir, weights)?;
         let tokenizer = Tokenizer::load(dir)?;
-        tracing::info!("loaded {} from {} on {backend} ({} profile)", model.config().model_type, dir.display(), profile.name);
+        tracing::info!(
+            "loaded {} from {} on {backend} ({} profile)",
+            model.config().model_type,
+            dir.display(),
+            profile.name
+        );
         if backend == Backend::Cpu {
             tracing::info!("CPU matmuls run on {}", crate::blas::describe());
         }
@@ -486,7 +499,9 @@ impl StopMatcher {
     /// Returns the text that is safe to emit, and whether a stop string was found.
     fn push(&mut self, delta: &str) -> (String, bool) {
         self.held.push_str(delta);
-        if let Some((at, stop)) = self.stops.iter().filter_map(|s| self.held.find(s.as_str()).map(|at| (at, s))).min_by_key(|(at, _)| *at) {
+        if let Some((at, stop)) =
+            self.stops.iter().filter_map(|s| self.held.find(s.as_str()).map(|at| (at, s))).min_by_key(|(at, _)| *at)
+        {
             let out = self.held[..at].to_string();
             self.matched = Some(stop.clone());
             self.held.clear();
@@ -531,4 +546,3 @@ mod tests {
         assert_eq!(m.flush(), "");
     }
 }
-

@@ -118,7 +118,11 @@ impl fmt::Display for Report {
         writeln!(f, "architecture   {}", self.model_type)?;
         let mut layers = format!("{}", self.layers);
         if self.linear_layers > 0 {
-            layers.push_str(&format!(" ({} Gated DeltaNet, {} full attention)", self.linear_layers, self.layers - self.linear_layers));
+            layers.push_str(&format!(
+                " ({} Gated DeltaNet, {} full attention)",
+                self.linear_layers,
+                self.layers - self.linear_layers
+            ));
         }
         writeln!(f, "layers         {layers}")?;
         if let Some((e, k)) = self.experts {
@@ -128,7 +132,10 @@ impl fmt::Display for Report {
         writeln!(f, "quantization   {}", self.quantization)?;
         let mtp = match &self.mtp {
             None => "none (plain decoding)".to_string(),
-            Some(Ok(())) => format!("present and complete ({} parameters): speculative decoding available", human(self.mtp_parameters)),
+            Some(Ok(())) => format!(
+                "present and complete ({} parameters): speculative decoding available",
+                human(self.mtp_parameters)
+            ),
             Some(Err(why)) => format!("present but unusable: {why}"),
         };
         writeln!(f, "MTP head       {mtp}")?;

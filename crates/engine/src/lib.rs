@@ -25,6 +25,6 @@ pub mod weights;
 
 pub use error::{Error, Result};
 pub use generate::{CancelToken, Engine, Event, FinishReason, GenerateRequest, Summary};
-pub use profile::{Profile, ProfileName};
 pub use penalties::Penalties;
+pub use profile::{Profile, ProfileName};
 pub use sampling::SamplingParams;

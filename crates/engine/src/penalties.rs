@@ -93,7 +93,11 @@ impl Recent {
         if p.repetition != 1.0 {
             // Each repeated id gets the same new value, however often it appears.
             let picked = take_axis(&logits, &self.window, -1)?;
-            let scaled = ops::select(&picked.lt(scalar(0.0)?)?, &picked.multiply(scalar(p.repetition)?)?, &picked.divide(scalar(p.repetition)?)?)?;
+            let scaled = ops::select(
+                &picked.lt(scalar(0.0)?)?,
+                &picked.multiply(scalar(p.repetition)?)?,
+                &picked.divide(scalar(p.repetition)?)?,
+            )?;
             logits = put_along_axis(&logits, &columns, &scaled, -1)?;
         }
         if p.presence != 0.0 {

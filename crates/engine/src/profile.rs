@@ -131,7 +131,9 @@ mod tests {
     #[test]
     fn knobs_show_every_field() {
         let k = Profile::named(ProfileName::Turbo).knobs();
-        for field in ["name", "prefill_chunk", "warmup", "cache_limit_fraction", "trim_cache_after_tokens", "wire_weights"] {
+        for field in
+            ["name", "prefill_chunk", "warmup", "cache_limit_fraction", "trim_cache_after_tokens", "wire_weights"]
+        {
             assert!(k.get(field).is_some(), "{field} missing from {k}");
         }
         assert_eq!(k["name"], "turbo");

@@ -21,8 +21,8 @@ use serde::Serialize;
 
 use crate::cache::Cache;
 use crate::error::{Error, Result};
-use crate::penalties::{window_of, Penalties, Recent};
 use crate::models::{LanguageModel, MtpHead};
+use crate::penalties::{window_of, Penalties, Recent};
 use crate::sampling::Sampler;
 
 pub const MAX_DRAFT_DEPTH: usize = 4;
@@ -65,7 +65,11 @@ impl SpecStats {
 
     /// Mean tokens committed per cycle (1 = nothing accepted).
     pub fn tokens_per_cycle(&self) -> f64 {
-        if self.cycles == 0 { 0.0 } else { self.committed as f64 / self.cycles as f64 }
+        if self.cycles == 0 {
+            0.0
+        } else {
+            self.committed as f64 / self.cycles as f64
+        }
     }
 }
 
@@ -161,7 +165,8 @@ impl<'m> Speculator<'m> {
     pub fn cycle(&mut self, cache: &mut Cache, sampler: &mut Sampler) -> Result<Vec<u32>> {
         let d = self.depth;
         let hidden = self.pending_hidden.take().ok_or_else(|| Error::Request("speculator used before start".into()))?;
-        let last_token = *self.pending_tokens.last().ok_or_else(|| Error::Request("speculator used before start".into()))?;
+        let last_token =
+            *self.pending_tokens.last().ok_or_else(|| Error::Request("speculator used before start".into()))?;
 
         // Draft: the head first catches up on the pending positions, then runs on its own output.
         let started = Instant::now();
@@ -193,7 +198,8 @@ impl<'m> Speculator<'m> {
             drafts.push(token.as_dtype(Dtype::Uint32)?);
         }
         eval(drafts.iter().chain(draft_scaled.iter()))?;
-        let mut draft_ids: Vec<u32> = drafts.iter().map(|t| t.try_item_exact::<u32>()).collect::<std::result::Result<_, _>>()?;
+        let mut draft_ids: Vec<u32> =
+            drafts.iter().map(|t| t.try_item_exact::<u32>()).collect::<std::result::Result<_, _>>()?;
         if let (Some(script), true) = (&self.draft_script, sampler.is_greedy()) {
             let at = 1 + self.stats.committed;
             for (i, id) in draft_ids.iter_mut().enumerate() {
@@ -228,7 +234,8 @@ impl<'m> Speculator<'m> {
             (k, target[k])
         } else {
             let p = ops::softmax_axis(sampler.scaled_logits(&logits)?, -1, None)?;
-            let q: Vec<Array> = draft_scaled.iter().map(|s| ops::softmax_axis(s, -1, None)).collect::<std::result::Result<_, _>>()?;
+            let q: Vec<Array> =
+                draft_scaled.iter().map(|s| ops::softmax_axis(s, -1, None)).collect::<std::result::Result<_, _>>()?;
             eval(q.iter().chain([&p, &h]))?;
             self.rejection_sample(&draft_ids, &p, &q)?
         };

@@ -64,9 +64,7 @@ fn read_json(path: &Path) -> Result<Option<serde_json::Value>> {
         return Ok(None);
     }
     let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
-    serde_json::from_str(&text)
-        .map(Some)
-        .map_err(|e| Error::malformed(path, format!("not valid JSON: {e}")))
+    serde_json::from_str(&text).map(Some).map_err(|e| Error::malformed(path, format!("not valid JSON: {e}")))
 }
 
 /// A token given as a string or as `{"content": ...}` (both occur in tokenizer_config.json).
@@ -106,13 +104,17 @@ impl Tokenizer {
         let templates = match chat_template.map(template_env) {
             Some(Ok(env)) => Ok(env),
             Some(Err(e)) => {
-                tracing::warn!("{}: the chat template does not parse ({e}); plain-text prompts still work", dir.display());
+                tracing::warn!(
+                    "{}: the chat template does not parse ({e}); plain-text prompts still work",
+                    dir.display()
+                );
                 Err(e.to_string())
             }
             None => Err(format!("{}: the model has no chat_template", dir.display())),
         };
 
-        let mut eos_ids = ids(read_json(&dir.join("generation_config.json"))?.as_ref().and_then(|g| g.get("eos_token_id")));
+        let mut eos_ids =
+            ids(read_json(&dir.join("generation_config.json"))?.as_ref().and_then(|g| g.get("eos_token_id")));
         eos_ids.extend(ids(read_json(&dir.join("config.json"))?.as_ref().and_then(|c| c.get("eos_token_id"))));
         if let Some(id) = eos_token.as_deref().and_then(|t| inner.token_to_id(t)) {
             eos_ids.push(id);
@@ -138,9 +140,7 @@ impl Tokenizer {
     }
 
     pub fn decode(&self, ids: &[u32]) -> Result<String> {
-        self.inner
-            .decode(ids, true)
-            .map_err(|e| Error::Tokenizer { path: self.path.clone(), message: e.to_string() })
+        self.inner.decode(ids, true).map_err(|e| Error::Tokenizer { path: self.path.clone(), message: e.to_string() })
     }
 
     pub fn vocab_size(&self) -> usize {

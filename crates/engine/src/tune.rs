@@ -35,7 +35,14 @@ pub struct TuneOptions {
 
 impl Default for TuneOptions {
     fn default() -> Self {
-        TuneOptions { gen_tokens: 96, reps: 5, temperatures: vec![0.0, 0.7], max_spread: 0.15, margin: 0.05, prompts: CODE_PROMPTS.len() }
+        TuneOptions {
+            gen_tokens: 96,
+            reps: 5,
+            temperatures: vec![0.0, 0.7],
+            max_spread: 0.15,
+            margin: 0.05,
+            prompts: CODE_PROMPTS.len(),
+        }
     }
 }
 
@@ -73,12 +80,20 @@ impl Measurement {
             .filter(|c| c.depth == depth)
             .filter_map(|c| self.get(0, c.temperature).map(|p| c.median_tps / p.median_tps.max(1e-9)))
             .collect();
-        if ratios.is_empty() { 0.0 } else { ratios.iter().sum::<f64>() / ratios.len() as f64 }
+        if ratios.is_empty() {
+            0.0
+        } else {
+            ratios.iter().sum::<f64>() / ratios.len() as f64
+        }
     }
 
     /// First-position acceptance at each temperature (what a later run is compared with).
     pub fn first_acceptance(&self) -> Vec<(f32, f64)> {
-        self.candidates.iter().filter(|c| c.depth == 1).map(|c| (c.temperature, c.acceptance.first().copied().unwrap_or(0.0))).collect()
+        self.candidates
+            .iter()
+            .filter(|c| c.depth == 1)
+            .map(|c| (c.temperature, c.acceptance.first().copied().unwrap_or(0.0)))
+            .collect()
     }
 }
 
@@ -157,8 +172,15 @@ pub fn measure(
     let max_depth = if engine.model.mtp().is_some() { MAX_DRAFT_DEPTH } else { 0 };
     let reps = options.reps.max(1);
     let candidates = options.temperatures.len() * (max_depth + 1);
-    let mut at = Progress { phase: "warm-up", repetitions: reps, steps: candidates * (reps + 1), ..Progress::default() };
-    let mut report = |at: &Progress| if progress(at) { Ok(()) } else { Err(crate::Error::Cancelled("tuning stopped; nothing stored".into())) };
+    let mut at =
+        Progress { phase: "warm-up", repetitions: reps, steps: candidates * (reps + 1), ..Progress::default() };
+    let mut report = |at: &Progress| {
+        if progress(at) {
+            Ok(())
+        } else {
+            Err(crate::Error::Cancelled("tuning stopped; nothing stored".into()))
+        }
+    };
     let run = |depth: usize, temperature: f32, prompt: &[u32]| -> Result<(usize, f64, Option<SpecStats>)> {
         let mut req = GenerateRequest::greedy(prompt.to_vec(), options.gen_tokens);
         req.ignore_eos = true;
@@ -220,7 +242,15 @@ pub fn measure(
             let m = median(&tps);
             let spread = spread(&tps, m);
             let stats = stats.unwrap_or_default();
-            Candidate { depth, temperature, median_tps: m, spread, runs: tps, acceptance: stats.acceptance(), tokens_per_cycle: stats.tokens_per_cycle() }
+            Candidate {
+                depth,
+                temperature,
+                median_tps: m,
+                spread,
+                runs: tps,
+                acceptance: stats.acceptance(),
+                tokens_per_cycle: stats.tokens_per_cycle(),
+            }
         })
         .collect();
     report(&at)?;
@@ -231,9 +261,13 @@ pub fn measure(
 /// the result stored earlier for the same machine, model and profile.
 pub fn decide(m: &Measurement, previous: Option<&[(f32, f64)]>, options: &TuneOptions) -> Verdict {
     if let Some(why) = &m.busy {
-        return Verdict::Refuse { why: format!("the machine was busy while measuring ({why}); close it and tune again") };
+        return Verdict::Refuse {
+            why: format!("the machine was busy while measuring ({why}); close it and tune again"),
+        };
     }
-    if let Some(c) = m.candidates.iter().filter(|c| c.spread > options.max_spread).max_by(|a, b| a.spread.total_cmp(&b.spread)) {
+    if let Some(c) =
+        m.candidates.iter().filter(|c| c.spread > options.max_spread).max_by(|a, b| a.spread.total_cmp(&b.spread))
+    {
         return Verdict::Refuse {
             why: format!(
                 "depth {} at temperature {} varied by {:.0}% between repetitions (more than {:.0}%): something else was using the machine, or it throttled",
@@ -253,15 +287,22 @@ pub fn decide(m: &Measurement, previous: Option<&[(f32, f64)]>, options: &TuneOp
             };
         }
     }
-    let best = m.candidates.iter().map(|c| c.depth).filter(|d| *d > 0).max_by(|a, b| m.speedup(*a).total_cmp(&m.speedup(*b)));
+    let best =
+        m.candidates.iter().map(|c| c.depth).filter(|d| *d > 0).max_by(|a, b| m.speedup(*a).total_cmp(&m.speedup(*b)));
     match best {
-        Some(d) if m.speedup(d) >= 1.0 + options.margin => {
-            Verdict::Store { depth: d, speedup: m.speedup(d), why: format!("depth {d} decodes {:.2}x as fast as plain decoding", m.speedup(d)) }
-        }
+        Some(d) if m.speedup(d) >= 1.0 + options.margin => Verdict::Store {
+            depth: d,
+            speedup: m.speedup(d),
+            why: format!("depth {d} decodes {:.2}x as fast as plain decoding", m.speedup(d)),
+        },
         Some(d) => Verdict::Store {
             depth: 0,
             speedup: 1.0,
-            why: format!("no depth beats plain decoding by {:.0}% (best: depth {d} at {:.2}x): plain decoding", options.margin * 100.0, m.speedup(d)),
+            why: format!(
+                "no depth beats plain decoding by {:.0}% (best: depth {d} at {:.2}x): plain decoding",
+                options.margin * 100.0,
+                m.speedup(d)
+            ),
         },
         None => Verdict::Store { depth: 0, speedup: 1.0, why: "the model has no MTP head: plain decoding".into() },
     }
@@ -274,11 +315,26 @@ mod tests {
     fn cand(depth: usize, t: f32, runs: &[f64], acc: f64) -> Candidate {
         let m = median(runs);
         let spread = spread(runs, m);
-        Candidate { depth, temperature: t, runs: runs.to_vec(), median_tps: m, spread, acceptance: if depth > 0 { vec![acc; depth] } else { vec![] }, tokens_per_cycle: 1.0 }
+        Candidate {
+            depth,
+            temperature: t,
+            runs: runs.to_vec(),
+            median_tps: m,
+            spread,
+            acceptance: if depth > 0 { vec![acc; depth] } else { vec![] },
+            tokens_per_cycle: 1.0,
+        }
     }
 
     fn measurement(d1: f64, acc: f64) -> Measurement {
-        Measurement { candidates: vec![cand(0, 0.0, &[100.0, 101.0, 99.0], 0.0), cand(1, 0.0, &[d1, d1 + 1.0, d1 - 1.0], acc), cand(2, 0.0, &[d1 - 10.0; 3], acc)], busy: None }
+        Measurement {
+            candidates: vec![
+                cand(0, 0.0, &[100.0, 101.0, 99.0], 0.0),
+                cand(1, 0.0, &[d1, d1 + 1.0, d1 - 1.0], acc),
+                cand(2, 0.0, &[d1 - 10.0; 3], acc),
+            ],
+            busy: None,
+        }
     }
 
     #[test]
@@ -305,7 +361,9 @@ mod tests {
         assert!(matches!(decide(&busy, None, &o), Verdict::Refuse { ref why } if why.contains("busy")));
         // Acceptance near 0 where the stored run had 85%: the accelerator was shared.
         let collapsed = measurement(60.0, 0.02);
-        assert!(matches!(decide(&collapsed, Some(&[(0.0, 0.85)]), &o), Verdict::Refuse { ref why } if why.contains("collapsed")));
+        assert!(
+            matches!(decide(&collapsed, Some(&[(0.0, 0.85)]), &o), Verdict::Refuse { ref why } if why.contains("collapsed"))
+        );
         // Without an earlier run there is nothing to compare with: plain decoding is stored.
         assert!(matches!(decide(&collapsed, None, &o), Verdict::Store { depth: 0, .. }));
     }

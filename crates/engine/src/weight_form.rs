@@ -70,8 +70,9 @@ impl Override {
     /// `FERRITE_CPU_WEIGHTS` (unset reads as `auto`); a value it refuses is a config error
     /// naming the variable.
     pub fn from_env() -> crate::Result<Override> {
-        Override::parse(&std::env::var("FERRITE_CPU_WEIGHTS").unwrap_or_default())
-            .map_err(|message| crate::Error::Config { path: "environment".into(), field: "FERRITE_CPU_WEIGHTS".into(), message })
+        Override::parse(&std::env::var("FERRITE_CPU_WEIGHTS").unwrap_or_default()).map_err(|message| {
+            crate::Error::Config { path: "environment".into(), field: "FERRITE_CPU_WEIGHTS".into(), message }
+        })
     }
 }
 
@@ -101,7 +102,10 @@ pub fn decide(facts: Facts, wanted: Override) -> WeightChoice {
         Override::Quantized => return chosen(WeightForm::AsStored, "FERRITE_CPU_WEIGHTS=quantized".into()),
         Override::Dequantized(dtype) => {
             let bytes = facts.f32_bytes / if dtype == Dtype::Float32 { 1 } else { 2 };
-            return chosen(WeightForm::Dequantized(dtype), format!("{}, FERRITE_CPU_WEIGHTS={}", mb(bytes), dtype_name(dtype)));
+            return chosen(
+                WeightForm::Dequantized(dtype),
+                format!("{}, FERRITE_CPU_WEIGHTS={}", mb(bytes), dtype_name(dtype)),
+            );
         }
         Override::Auto => {}
     }
@@ -110,10 +114,15 @@ pub fn decide(facts: Facts, wanted: Override) -> WeightChoice {
     }
     let budget = facts.total_memory / BUDGET_SHARE;
     if facts.f32_bytes <= budget {
-        let why = format!("{} in f32, within the CPU budget of {} (a quarter of memory)", mb(facts.f32_bytes), mb(budget));
+        let why =
+            format!("{} in f32, within the CPU budget of {} (a quarter of memory)", mb(facts.f32_bytes), mb(budget));
         chosen(WeightForm::Dequantized(Dtype::Float32), why)
     } else {
-        let why = format!("{} in f32 would exceed the CPU budget of {} (a quarter of memory)", mb(facts.f32_bytes), mb(budget));
+        let why = format!(
+            "{} in f32 would exceed the CPU budget of {} (a quarter of memory)",
+            mb(facts.f32_bytes),
+            mb(budget)
+        );
         chosen(WeightForm::AsStored, why)
     }
 }

@@ -30,10 +30,7 @@ impl Weights {
                 tensors.insert(name, (array, file.clone()));
             }
         }
-        Ok(Weights {
-            dir: dir.to_path_buf(),
-            tensors,
-        })
+        Ok(Weights { dir: dir.to_path_buf(), tensors })
     }
 
     pub fn dir(&self) -> &Path {
@@ -56,10 +53,10 @@ impl Weights {
 
     /// Removes and returns `name`, checking its shape when `shape` is given.
     pub fn take(&mut self, name: &str, shape: Option<&[i32]>) -> Result<Array> {
-        let (array, file) = self.tensors.remove(name).ok_or_else(|| Error::MissingTensor {
-            dir: self.dir.clone(),
-            name: name.to_string(),
-        })?;
+        let (array, file) = self
+            .tensors
+            .remove(name)
+            .ok_or_else(|| Error::MissingTensor { dir: self.dir.clone(), name: name.to_string() })?;
         if let Some(expected) = shape {
             if array.shape() != expected {
                 return Err(Error::Shape {
@@ -123,11 +120,9 @@ impl Weights {
         let unused: BTreeSet<&String> = self.tensors.keys().collect();
         match unused.iter().next() {
             None => Ok(()),
-            Some(example) => Err(Error::UnusedTensors {
-                dir: self.dir.clone(),
-                count: unused.len(),
-                example: example.to_string(),
-            }),
+            Some(example) => {
+                Err(Error::UnusedTensors { dir: self.dir.clone(), count: unused.len(), example: example.to_string() })
+            }
         }
     }
 }
@@ -138,17 +133,17 @@ pub fn weight_files(dir: &Path) -> Result<Vec<PathBuf>> {
     let index = dir.join("model.safetensors.index.json");
     if index.exists() {
         let text = std::fs::read_to_string(&index).map_err(|e| Error::io(&index, e))?;
-        let value: serde_json::Value = serde_json::from_str(&text)
-            .map_err(|e| Error::malformed(&index, format!("not valid JSON: {e}")))?;
+        let value: serde_json::Value =
+            serde_json::from_str(&text).map_err(|e| Error::malformed(&index, format!("not valid JSON: {e}")))?;
         let map = value
             .get("weight_map")
             .and_then(|m| m.as_object())
             .ok_or_else(|| Error::config(&index, "weight_map", "missing or not an object"))?;
         let mut files = BTreeSet::new();
         for (tensor, file) in map {
-            let file = file.as_str().ok_or_else(|| {
-                Error::config(&index, format!("weight_map.{tensor}"), "not a file name")
-            })?;
+            let file = file
+                .as_str()
+                .ok_or_else(|| Error::config(&index, format!("weight_map.{tensor}"), "not a file name"))?;
             files.insert(file.to_string());
         }
         return files
@@ -192,19 +187,17 @@ fn read_header(file: &Path) -> Result<safetensors::tensor::Metadata> {
     let mut handle = std::fs::File::open(file).map_err(|e| Error::io(file, e))?;
     let file_len = handle.metadata().map_err(|e| Error::io(file, e))?.len();
     let mut len_bytes = [0u8; 8];
-    handle
-        .read_exact(&mut len_bytes)
-        .map_err(|_| bad("truncated: shorter than a safetensors header".into()))?;
+    handle.read_exact(&mut len_bytes).map_err(|_| bad("truncated: shorter than a safetensors header".into()))?;
     let header_len = u64::from_le_bytes(len_bytes);
     if header_len > 100_000_000 || 8 + header_len > file_len {
-        return Err(bad(format!("truncated or not safetensors: header of {header_len} bytes in a {file_len}-byte file")));
+        return Err(bad(format!(
+            "truncated or not safetensors: header of {header_len} bytes in a {file_len}-byte file"
+        )));
     }
     let mut header = vec![0u8; header_len as usize];
-    handle
-        .read_exact(&mut header)
-        .map_err(|e| bad(format!("reading the header: {e}")))?;
-    let metadata: safetensors::tensor::Metadata = serde_json::from_slice(&header)
-        .map_err(|e| bad(format!("invalid safetensors header: {e}")))?;
+    handle.read_exact(&mut header).map_err(|e| bad(format!("reading the header: {e}")))?;
+    let metadata: safetensors::tensor::Metadata =
+        serde_json::from_slice(&header).map_err(|e| bad(format!("invalid safetensors header: {e}")))?;
     let tensors = metadata.tensors();
     let data_end = tensors.values().map(|t| t.data_offsets.1).max().unwrap_or(0) as u64;
     let have = file_len - 8 - header_len;

@@ -102,7 +102,11 @@ fn missing_shard_and_missing_tensor() {
     let mut o = common::options(Arch::Qwen3, "tiny", None, 64, Dtype::Float32);
     o.shard_bytes = 100_000;
     let d = common::make(&o);
-    let mut shards: Vec<_> = std::fs::read_dir(d.path()).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).filter(|n| n.starts_with("model-")).collect();
+    let mut shards: Vec<_> = std::fs::read_dir(d.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter(|n| n.starts_with("model-"))
+        .collect();
     shards.sort();
     assert!(shards.len() >= 3 && shards[1].starts_with("model-00002-of-"), "{shards:?}");
     let shard = d.path().join(&shards[1]);
@@ -164,7 +168,11 @@ fn broken_chat_template_fails_chat_requests_only() {
     std::fs::write(&path, c.to_string()).unwrap();
     let e = Engine::load(d.path()).unwrap();
     assert!(!e.tokenizer.has_chat_template());
-    let err = e.tokenizer.apply_chat_template(&[engine::tokenizer::ChatMessage::new("user", "hi")], true, &Default::default()).unwrap_err().to_string();
+    let err = e
+        .tokenizer
+        .apply_chat_template(&[engine::tokenizer::ChatMessage::new("user", "hi")], true, &Default::default())
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("chat template"), "{err}");
     assert!(!e.tokenizer.encode("plain text still works").unwrap().is_empty());
 }

@@ -108,7 +108,8 @@ fn bad_requests_are_refused() {
 #[test]
 fn seeded_sampling_reproduces() {
     let (_d, e) = engine(Arch::Qwen3Moe, Dtype::Bfloat16);
-    let sampling = SamplingParams { temperature: 1.0, top_p: 0.9, top_k: 50, min_p: 0.02, seed: Some(42), ..Default::default() };
+    let sampling =
+        SamplingParams { temperature: 1.0, top_p: 0.9, top_k: 50, min_p: 0.02, seed: Some(42), ..Default::default() };
     let req = GenerateRequest { sampling, ignore_eos: true, ..GenerateRequest::greedy(prompt(&e), 30) };
     let (a, _) = e.generate_text(req.clone()).unwrap();
     let (b, _) = e.generate_text(req.clone()).unwrap();
@@ -166,7 +167,12 @@ fn chat_template_renders_tools_calls_and_results() {
     assert!(text.starts_with("<|im_start|>system\nBe brief.\n\n# Tools"), "{text}");
     assert!(text.contains("\"name\":\"read_file\""), "{text}");
     assert!(text.contains("<|im_start|>assistant\n<tool_call>\n{\"name\": \"read_file\", \"arguments\": {\"path\":\"a.rs\"}}\n</tool_call><|im_end|>"), "{text}");
-    assert!(text.contains("<|im_start|>user\n<tool_response>\nfn main() {}\n</tool_response><|im_end|>\n<|im_start|>assistant\n"), "{text}");
+    assert!(
+        text.contains(
+            "<|im_start|>user\n<tool_response>\nfn main() {}\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+        ),
+        "{text}"
+    );
 }
 
 /// A tiny Qwen3.5-style hybrid with an MTP head, in f32.
@@ -211,12 +217,18 @@ fn profiles_change_knobs_not_answers() {
 fn tuning_reports_progress_and_stops_when_asked() {
     let d = hybrid_with_mtp();
     let e = Engine::load(d.path()).unwrap();
-    let options = engine::tune::TuneOptions { gen_tokens: 4, reps: 2, prompts: 1, temperatures: vec![0.0], ..Default::default() };
+    let options =
+        engine::tune::TuneOptions { gen_tokens: 4, reps: 2, prompts: 1, temperatures: vec![0.0], ..Default::default() };
     let mut seen = Vec::new();
-    let m = engine::tune::measure(&e, &options, || None, |p| {
-        seen.push(p.clone());
-        true
-    })
+    let m = engine::tune::measure(
+        &e,
+        &options,
+        || None,
+        |p| {
+            seen.push(p.clone());
+            true
+        },
+    )
     .unwrap();
     // 5 candidates (depth 0..4) warmed up, then measured twice each.
     let last = seen.last().unwrap();
@@ -227,10 +239,15 @@ fn tuning_reports_progress_and_stops_when_asked() {
     assert_eq!(m.candidates.len(), 5);
     // Stopped mid-way: an error, no half-made measurement.
     let mut calls = 0;
-    let stopped = engine::tune::measure(&e, &options, || None, |_| {
-        calls += 1;
-        calls < 7
-    });
+    let stopped = engine::tune::measure(
+        &e,
+        &options,
+        || None,
+        |_| {
+            calls += 1;
+            calls < 7
+        },
+    );
     assert!(matches!(stopped, Err(engine::Error::Cancelled(_))), "{stopped:?}");
     assert_eq!(calls, 7);
 }

@@ -25,8 +25,16 @@ fn dequantized_weights_run_the_same_projections_as_plain_matmuls() {
         let dense = step_ops_as(arch, Some(4), Override::Dequantized(mlx_rs::Dtype::Float32));
         let count = |ops: &engine::graph::StepOps, kind: &str| ops.by_kind.get(kind).copied().unwrap_or(0);
         assert_eq!(count(&dense, "QuantizedMatmul") + count(&dense, "GatherQMM"), 0, "{:?}", dense.by_kind);
-        assert_eq!(count(&dense, "Matmul"), count(&quantized, "Matmul") + count(&quantized, "QuantizedMatmul"), "{arch:?}");
-        assert_eq!(count(&dense, "GatherMM"), count(&quantized, "GatherMM") + count(&quantized, "GatherQMM"), "{arch:?}");
+        assert_eq!(
+            count(&dense, "Matmul"),
+            count(&quantized, "Matmul") + count(&quantized, "QuantizedMatmul"),
+            "{arch:?}"
+        );
+        assert_eq!(
+            count(&dense, "GatherMM"),
+            count(&quantized, "GatherMM") + count(&quantized, "GatherQMM"),
+            "{arch:?}"
+        );
     }
 }
 

@@ -7,7 +7,9 @@ use engine::inspect::inspect;
 
 #[test]
 fn reports_parameters_quantization_and_mtp() {
-    for (arch, bits, mtp) in [(Arch::Qwen3, Some(4), false), (Arch::Qwen3Moe, None, false), (Arch::Qwen3Next, Some(8), true)] {
+    for (arch, bits, mtp) in
+        [(Arch::Qwen3, Some(4), false), (Arch::Qwen3Moe, None, false), (Arch::Qwen3Next, Some(8), true)]
+    {
         let mut o = common::options(arch, "tiny", bits, 32, Dtype::Bfloat16);
         o.mtp = mtp;
         let d = tempfile::tempdir().unwrap();

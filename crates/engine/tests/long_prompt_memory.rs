@@ -13,7 +13,8 @@ fn prompt_peak_above_model(dir: &std::path::Path, experts: &str, tokens: u32) ->
     mlx_rs::memory::clear_cache().unwrap();
     let model = mlx_rs::memory::active_memory().unwrap() as f64;
     let prompt: Vec<u32> = (0..tokens).map(|i| (i * 37 + 11) % 2000).collect();
-    let (text, summary) = engine.generate_text(GenerateRequest { ignore_eos: true, ..GenerateRequest::greedy(prompt, 2) }).unwrap();
+    let (text, summary) =
+        engine.generate_text(GenerateRequest { ignore_eos: true, ..GenerateRequest::greedy(prompt, 2) }).unwrap();
     (summary.timings.peak_memory_bytes as f64 - model, text)
 }
 
@@ -29,7 +30,11 @@ fn dequantized_experts_exist_for_at_most_two_layers_at_once_and_unknown_forms_ar
     let (dequantized, text_d) = prompt_peak_above_model(dir.path(), "dequantized", 128);
     assert_eq!(text_q, text_d, "the same tokens either way");
     let extra_layers = (dequantized - quantized) / one_layer;
-    eprintln!("peak above the model: quantized {:.1} MB, dequantized {:.1} MB ({extra_layers:.2} layers' experts more)", quantized / 1e6, dequantized / 1e6);
+    eprintln!(
+        "peak above the model: quantized {:.1} MB, dequantized {:.1} MB ({extra_layers:.2} layers' experts more)",
+        quantized / 1e6,
+        dequantized / 1e6
+    );
     assert!(extra_layers <= 2.5, "{extra_layers:.2} layers' dequantized experts at once");
 
     // (In this test too: the variable is the process's.)

@@ -169,7 +169,11 @@ fn qwen3_next_4bit() {
 
 #[test]
 fn qwen3_next_transformers_layout() {
-    check("qwen3_next f32 transformers layout", hybrid(Arch::Qwen3Next, None, Dtype::Float32, Layout::Transformers), F32_TOL);
+    check(
+        "qwen3_next f32 transformers layout",
+        hybrid(Arch::Qwen3Next, None, Dtype::Float32, Layout::Transformers),
+        F32_TOL,
+    );
 }
 
 #[test]
@@ -179,7 +183,11 @@ fn qwen3_5_f32() {
 
 #[test]
 fn qwen3_5_bf16_transformers_layout() {
-    check("qwen3_5 bf16 transformers layout", hybrid(Arch::Qwen35, None, Dtype::Bfloat16, Layout::Transformers), BF16_TOL);
+    check(
+        "qwen3_5 bf16 transformers layout",
+        hybrid(Arch::Qwen35, None, Dtype::Bfloat16, Layout::Transformers),
+        BF16_TOL,
+    );
 }
 
 #[test]
@@ -194,7 +202,11 @@ fn qwen3_5_moe_f32() {
 
 #[test]
 fn qwen3_5_moe_transformers_layout() {
-    check("qwen3_5_moe f32 transformers layout", hybrid(Arch::Qwen35Moe, None, Dtype::Float32, Layout::Transformers), F32_TOL);
+    check(
+        "qwen3_5_moe f32 transformers layout",
+        hybrid(Arch::Qwen35Moe, None, Dtype::Float32, Layout::Transformers),
+        F32_TOL,
+    );
 }
 
 #[test]
@@ -228,12 +240,22 @@ const CHUNKED_F32_TOL: f32 = 1e-3;
 
 #[test]
 fn qwen3_next_long_prompt_chunked_prefill() {
-    check_with_prompt("qwen3_next f32, 200-token prompt", hybrid(Arch::Qwen3Next, None, Dtype::Float32, Layout::Mlx), CHUNKED_F32_TOL, 200);
+    check_with_prompt(
+        "qwen3_next f32, 200-token prompt",
+        hybrid(Arch::Qwen3Next, None, Dtype::Float32, Layout::Mlx),
+        CHUNKED_F32_TOL,
+        200,
+    );
 }
 
 #[test]
 fn qwen3_5_moe_long_prompt_chunked_prefill() {
-    check_with_prompt("qwen3_5_moe f32, 130-token prompt", hybrid(Arch::Qwen35Moe, None, Dtype::Float32, Layout::Transformers), CHUNKED_F32_TOL, 130);
+    check_with_prompt(
+        "qwen3_5_moe f32, 130-token prompt",
+        hybrid(Arch::Qwen35Moe, None, Dtype::Float32, Layout::Transformers),
+        CHUNKED_F32_TOL,
+        130,
+    );
 }
 
 // Repetition, presence and frequency penalties: Ferrite's generation loop against mlx-lm's own
@@ -259,7 +281,8 @@ fn penalised(name: &str, opts: MakeOptions, penalties: engine::Penalties) {
         .output()
         .unwrap();
     assert!(out.status.success(), "{name}: mlx-lm failed: {}", String::from_utf8_lossy(&out.stderr));
-    let reference: Vec<u32> = String::from_utf8_lossy(&out.stdout).trim().split(',').map(|t| t.parse().unwrap()).collect();
+    let reference: Vec<u32> =
+        String::from_utf8_lossy(&out.stdout).trim().split(',').map(|t| t.parse().unwrap()).collect();
     println!("{name}: {ours:?}\n  plain {plain:?}");
     assert_eq!(ours, reference, "{name}: penalised greedy tokens differ from mlx-lm's");
     assert_ne!(ours, plain, "{name}: the penalties changed nothing, so this checks nothing");

@@ -42,7 +42,9 @@ fn greedy_tokens(e: &Engine, prompt: &[u32], n: usize) -> Vec<u32> {
 
 #[test]
 fn greedy_speculation_equals_plain_decoding_at_every_depth() {
-    for (arch, dtype) in [(Arch::Qwen3Next, Dtype::Float32), (Arch::Qwen35, Dtype::Bfloat16), (Arch::Qwen35Moe, Dtype::Float32)] {
+    for (arch, dtype) in
+        [(Arch::Qwen3Next, Dtype::Float32), (Arch::Qwen35, Dtype::Bfloat16), (Arch::Qwen35Moe, Dtype::Float32)]
+    {
         let (_d, mut e) = with_mtp(arch, dtype);
         e.prefill_chunk = 16; // the longer prompts span several chunks
         for prompt in prompts() {
@@ -81,9 +83,11 @@ fn penalised_speculation_equals_penalised_plain_decoding() {
             let plain = GenerateRequest { sampling, ignore_eos: true, ..GenerateRequest::greedy(prompt.clone(), 33) };
             let expected = e.generate(plain.clone(), Default::default()).unwrap().token_ids().unwrap();
             let unpenalised = GenerateRequest { sampling: SamplingParams::greedy(), ..plain.clone() };
-            changed += usize::from(expected != e.generate(unpenalised, Default::default()).unwrap().token_ids().unwrap());
+            changed +=
+                usize::from(expected != e.generate(unpenalised, Default::default()).unwrap().token_ids().unwrap());
             // Scripted drafts: the true continuation with every third token wrong.
-            let script: Vec<u32> = expected.iter().enumerate().map(|(i, &t)| if i % 3 == 2 { (t + 1) % 490 } else { t }).collect();
+            let script: Vec<u32> =
+                expected.iter().enumerate().map(|(i, &t)| if i % 3 == 2 { (t + 1) % 490 } else { t }).collect();
             for depth in 1..=4 {
                 for draft_script in [None, Some(script.clone())] {
                     let scripted = draft_script.is_some();
@@ -107,7 +111,8 @@ fn accepted_and_rejected_drafts_keep_the_output_exact() {
         let (_d, e) = with_mtp(arch, Dtype::Float32);
         let prompt = prompts()[1].clone();
         let truth = greedy_tokens(&e, &prompt, 40);
-        let script: Vec<u32> = truth.iter().enumerate().map(|(i, &t)| if i % 3 == 2 { (t + 1) % 490 } else { t }).collect();
+        let script: Vec<u32> =
+            truth.iter().enumerate().map(|(i, &t)| if i % 3 == 2 { (t + 1) % 490 } else { t }).collect();
         let plain = GenerateRequest { ignore_eos: true, ..GenerateRequest::greedy(prompt, 40) };
         let (expected, _) = e.generate_text(plain.clone()).unwrap();
         for depth in 1..=4 {
@@ -115,7 +120,11 @@ fn accepted_and_rejected_drafts_keep_the_output_exact() {
             let (text, s) = e.generate_text(req).unwrap();
             assert_eq!(text, expected, "{arch:?} depth {depth}");
             let spec = s.speculative.unwrap();
-            assert!(spec.tokens_per_cycle() > 1.3, "{arch:?} depth {depth}: {:.2} tokens/cycle", spec.tokens_per_cycle());
+            assert!(
+                spec.tokens_per_cycle() > 1.3,
+                "{arch:?} depth {depth}: {:.2} tokens/cycle",
+                spec.tokens_per_cycle()
+            );
             let (accepted, drafted): (usize, usize) = (spec.accepted.iter().sum(), spec.drafted.iter().sum());
             assert!(accepted > 0 && accepted < drafted, "{arch:?} depth {depth}: {accepted} of {drafted}");
             // Every third scripted token is wrong, so no cycle accepts three in a row.
@@ -137,7 +146,8 @@ fn accepted_and_rejected_drafts_keep_the_output_exact() {
 fn rollback_restores_linear_attention_and_kv_state_exactly() {
     let (_d, e) = with_mtp(Arch::Qwen3Next, Dtype::Float32);
     let m = e.model.as_ref();
-    let run = |cache: &mut Cache, ids: &[u32]| m.forward(&Array::from_slice(ids, &[1, ids.len() as i32]), cache).unwrap();
+    let run =
+        |cache: &mut Cache, ids: &[u32]| m.forward(&Array::from_slice(ids, &[1, ids.len() as i32]), cache).unwrap();
     let prefix = [5u32, 17, 230, 99, 4, 61];
     // Verify-style: 5 more positions recorded, then all but 2 rolled back.
     let mut a = m.new_cache();
@@ -169,7 +179,8 @@ fn depth_limits_and_checkpoints_without_a_head() {
     let d = common::make(&common::options(Arch::Qwen3Next, "tiny", None, 32, Dtype::Float32));
     let plain = Engine::load(d.path()).unwrap();
     assert!(plain.model.mtp().is_none());
-    let (_, s) = plain.generate_text(GenerateRequest { draft_depth: 2, ..GenerateRequest::greedy(vec![1, 2], 4) }).unwrap();
+    let (_, s) =
+        plain.generate_text(GenerateRequest { draft_depth: 2, ..GenerateRequest::greedy(vec![1, 2], 4) }).unwrap();
     assert!(s.speculative.is_none());
 }
 
@@ -212,8 +223,14 @@ fn sampled_speculation_has_the_plain_distribution() {
     let histogram = |depth: usize, penalties: engine::Penalties| {
         let mut h = vec![vec![0usize; vocab]; 2];
         for seed in 0..400u64 {
-            let sampling = SamplingParams { temperature: 1.0, top_k: 6, seed: Some(seed), penalties, ..Default::default() };
-            let req = GenerateRequest { sampling, ignore_eos: true, draft_depth: depth, ..GenerateRequest::greedy(prompt.clone(), 3) };
+            let sampling =
+                SamplingParams { temperature: 1.0, top_k: 6, seed: Some(seed), penalties, ..Default::default() };
+            let req = GenerateRequest {
+                sampling,
+                ignore_eos: true,
+                draft_depth: depth,
+                ..GenerateRequest::greedy(prompt.clone(), 3)
+            };
             let ids = e.generate(req, Default::default()).unwrap().token_ids().unwrap();
             for (pos, &t) in ids[1..3].iter().enumerate() {
                 h[pos][t as usize] += 1;

@@ -22,7 +22,10 @@ fn max_abs(a: &Array, b: &Array) -> f32 {
 }
 
 fn agree(a: &Array, b: &Array) -> f32 {
-    let same = mlx_rs::ops::indexing::argmax_axis(a, -1, None).unwrap().eq(mlx_rs::ops::indexing::argmax_axis(b, -1, None).unwrap()).unwrap();
+    let same = mlx_rs::ops::indexing::argmax_axis(a, -1, None)
+        .unwrap()
+        .eq(mlx_rs::ops::indexing::argmax_axis(b, -1, None).unwrap())
+        .unwrap();
     same.as_dtype(mlx_rs::Dtype::Float32).unwrap().mean(None).unwrap().item_cast::<f32>()
 }
 
@@ -88,13 +91,19 @@ fn unquantized_export_matches_exactly() {
 fn embedded_model_chunked_prefill_equals_step_by_step() {
     let (dir, _) = embedded().expect("assets/models/ferrite-code-20m ships with the repository");
     let mut engine = Engine::load(&dir).unwrap();
-    let prompts: Vec<Vec<u32>> = serde_json::from_str(&std::fs::read_to_string(common::repo_root().join("bench/prompts/heldout-code.json")).unwrap()).unwrap();
+    let prompts: Vec<Vec<u32>> = serde_json::from_str(
+        &std::fs::read_to_string(common::repo_root().join("bench/prompts/heldout-code.json")).unwrap(),
+    )
+    .unwrap();
     let prompt: Vec<u32> = prompts.concat().into_iter().take(300).collect();
     let model = engine.model.as_ref();
     let ids = Array::from_slice(&prompt, &[1, prompt.len() as i32]);
     let whole = model.hidden(&ids, &mut model.new_cache()).unwrap();
     let mut cache = model.new_cache();
-    let parts: Vec<Array> = prompt.chunks(50).map(|c| model.hidden(&Array::from_slice(c, &[1, c.len() as i32]), &mut cache).unwrap()).collect();
+    let parts: Vec<Array> = prompt
+        .chunks(50)
+        .map(|c| model.hidden(&Array::from_slice(c, &[1, c.len() as i32]), &mut cache).unwrap())
+        .collect();
     let stepped = mlx_rs::ops::concatenate(&parts, 1).unwrap();
     assert!(!whole.max(None).unwrap().item_cast::<f32>().is_nan(), "NaN in the chunked prefill");
     let d = max_abs(&whole, &stepped);

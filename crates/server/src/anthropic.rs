@@ -120,7 +120,10 @@ fn prompt(state: &AppState, p: &PromptPart) -> Result<Prompt, ApiError> {
     }
     for (i, m) in p.messages.iter().enumerate() {
         if m.role != "user" && m.role != "assistant" {
-            return Err(ApiError::bad_request(format!("messages.{i}.role: must be `user` or `assistant`, got `{}`", m.role)));
+            return Err(ApiError::bad_request(format!(
+                "messages.{i}.role: must be `user` or `assistant`, got `{}`",
+                m.role
+            )));
         }
         let Content::Blocks(blocks) = &m.content else {
             messages.push(ChatMessage::new(&m.role, &text_of(&m.content)));
@@ -131,7 +134,9 @@ fn prompt(state: &AppState, p: &PromptPart) -> Result<Prompt, ApiError> {
         let mut turn = ChatMessage::new(&m.role, &text);
         for b in blocks {
             match b.kind.as_str() {
-                "tool_use" => turn.tool_calls.push(ToolCall::new(b.name.as_deref().unwrap_or_default(), b.input.clone().unwrap_or(json!({})))),
+                "tool_use" => turn
+                    .tool_calls
+                    .push(ToolCall::new(b.name.as_deref().unwrap_or_default(), b.input.clone().unwrap_or(json!({})))),
                 "tool_result" => {
                     let mut result = ChatMessage::new("tool", &b.content.as_deref().map(text_of).unwrap_or_default());
                     result.tool_call_id = b.tool_use_id.clone();
@@ -146,8 +151,14 @@ fn prompt(state: &AppState, p: &PromptPart) -> Result<Prompt, ApiError> {
     }
     let mut vars = serde_json::Map::new();
     if !p.tools.is_empty() {
-        let tools: Vec<Value> = p.tools.iter().map(|t| json!({"type": "function", "function": {"name": t.name, "description": t.description,
-            "parameters": t.input_schema.clone().unwrap_or(json!({"type": "object", "properties": {}}))}})).collect();
+        let tools: Vec<Value> = p
+            .tools
+            .iter()
+            .map(|t| {
+                json!({"type": "function", "function": {"name": t.name, "description": t.description,
+            "parameters": t.input_schema.clone().unwrap_or(json!({"type": "object", "properties": {}}))}})
+            })
+            .collect();
         vars.insert("tools".into(), Value::Array(tools));
     }
     if let Some(t) = &p.thinking {
@@ -300,8 +311,15 @@ impl BlockState {
         let mut out = vec![];
         if self.open != Some(kind) {
             out.extend(self.close());
-            let block = if kind == "thinking" { json!({"type": "thinking", "thinking": "", "signature": ""}) } else { json!({"type": "text", "text": ""}) };
-            out.push(("content_block_start", json!({"type": "content_block_start", "index": self.index, "content_block": block})));
+            let block = if kind == "thinking" {
+                json!({"type": "thinking", "thinking": "", "signature": ""})
+            } else {
+                json!({"type": "text", "text": ""})
+            };
+            out.push((
+                "content_block_start",
+                json!({"type": "content_block_start", "index": self.index, "content_block": block}),
+            ));
             self.open = Some(kind);
         }
         out.push(("content_block_delta", json!({"type": "content_block_delta", "index": self.index, "delta": delta})));

@@ -74,7 +74,6 @@ pub fn parse<T: serde::de::DeserializeOwned>(body: &Bytes) -> Result<T, ApiError
     })
 }
 
-
 /// The same error in Anthropic's shape: `{"type": "error", "error": {"type", "message"}}`.
 pub struct AnthropicError(pub ApiError);
 
@@ -100,6 +99,7 @@ impl IntoResponse for AnthropicError {
             400..=499 => "invalid_request_error",
             _ => "api_error",
         };
-        (e.status, Json(serde_json::json!({"type": "error", "error": {"type": kind, "message": e.message}}))).into_response()
+        (e.status, Json(serde_json::json!({"type": "error", "error": {"type": kind, "message": e.message}})))
+            .into_response()
     }
 }

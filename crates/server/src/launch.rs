@@ -57,8 +57,13 @@ pub fn draft_depth(arg: &str, dir: &Path, profile: ProfileName) -> Result<(usize
     if arg == "auto" {
         return Ok(stored_depth(dir, profile));
     }
-    let depth: usize = arg.parse().map_err(|_| anyhow::anyhow!("--draft-depth: `{arg}` is neither a number nor `auto`"))?;
-    anyhow::ensure!(depth <= engine::speculative::MAX_DRAFT_DEPTH, "--draft-depth: at most {}", engine::speculative::MAX_DRAFT_DEPTH);
+    let depth: usize =
+        arg.parse().map_err(|_| anyhow::anyhow!("--draft-depth: `{arg}` is neither a number nor `auto`"))?;
+    anyhow::ensure!(
+        depth <= engine::speculative::MAX_DRAFT_DEPTH,
+        "--draft-depth: at most {}",
+        engine::speculative::MAX_DRAFT_DEPTH
+    );
     Ok((depth, "given on the command line".into()))
 }
 
@@ -95,7 +100,10 @@ pub fn judge_and_store(
             depth: *depth,
             speedup: *speedup,
             why: why.clone(),
-            measured_at: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
+            measured_at: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_secs())
+                .unwrap_or(0),
             first_acceptance: measurement.first_acceptance(),
             measurement: serde_json::to_value(measurement)?,
         };
@@ -106,7 +114,9 @@ pub fn judge_and_store(
 
 /// A Unix time as its UTC date, `YYYY-MM-DD`.
 pub fn date(unix_seconds: u64) -> String {
-    chrono::DateTime::from_timestamp(unix_seconds as i64, 0).map(|d| d.format("%Y-%m-%d").to_string()).unwrap_or_else(|| "an unknown date".into())
+    chrono::DateTime::from_timestamp(unix_seconds as i64, 0)
+        .map(|d| d.format("%Y-%m-%d").to_string())
+        .unwrap_or_else(|| "an unknown date".into())
 }
 
 #[cfg(test)]

@@ -119,7 +119,15 @@ pub struct AppState {
 
 impl AppState {
     pub fn new(worker: Worker, aliases: Vec<String>, draft_depth: usize, api_key: Option<String>) -> Self {
-        Self::serving(Loaded { worker: Arc::new(worker), aliases, draft_depth, draft_depth_source: "set by the embedding program".into() }, api_key)
+        Self::serving(
+            Loaded {
+                worker: Arc::new(worker),
+                aliases,
+                draft_depth,
+                draft_depth_source: "set by the embedding program".into(),
+            },
+            api_key,
+        )
     }
 
     pub fn serving(loaded: Loaded, api_key: Option<String>) -> Self {
@@ -135,7 +143,10 @@ impl AppState {
             telemetry: Arc::new(telemetry::Sampler::start(std::time::Duration::from_secs(1))),
             tuning: Default::default(),
             started: Instant::now(),
-            started_unix: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
+            started_unix: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_secs())
+                .unwrap_or(0),
             next_id: Arc::new(AtomicU64::new(1)),
         }
     }
@@ -168,7 +179,8 @@ impl AppState {
         if name == loaded.worker.info.id || loaded.aliases.iter().any(|a| a == name) {
             Ok(loaded)
         } else {
-            Err(ApiError::not_found(format!("model `{name}` is not loaded (loaded: `{}`)", loaded.worker.info.id)).with_param("model"))
+            Err(ApiError::not_found(format!("model `{name}` is not loaded (loaded: `{}`)", loaded.worker.info.id))
+                .with_param("model"))
         }
     }
 
@@ -282,7 +294,12 @@ async fn auth(State(s): State<AppState>, req: Request, next: Next) -> Response {
         let bearer = h.get("authorization").and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
         let x_key = h.get("x-api-key").and_then(|v| v.to_str().ok());
         if bearer != Some(key.as_str()) && x_key != Some(key.as_str()) {
-            return ApiError { status: axum::http::StatusCode::UNAUTHORIZED, message: "missing or wrong API key".into(), param: None }.into_response();
+            return ApiError {
+                status: axum::http::StatusCode::UNAUTHORIZED,
+                message: "missing or wrong API key".into(),
+                param: None,
+            }
+            .into_response();
         }
     }
     next.run(req).await
@@ -293,7 +310,9 @@ async fn auth(State(s): State<AppState>, req: Request, next: Next) -> Response {
 async fn json_errors(req: Request, next: Next) -> Response {
     let anthropic = req.uri().path().starts_with("/v1/messages");
     let res = next.run(req).await;
-    let is_json = res.headers().get("content-type").is_some_and(|v| v.as_bytes().starts_with(b"application/json") || v.as_bytes().starts_with(b"text/event-stream"));
+    let is_json = res.headers().get("content-type").is_some_and(|v| {
+        v.as_bytes().starts_with(b"application/json") || v.as_bytes().starts_with(b"text/event-stream")
+    });
     if res.status().is_success() || is_json {
         return res;
     }
@@ -321,7 +340,12 @@ pub async fn start(config: &ServerConfig) -> anyhow::Result<AppState> {
     let dir = config.model_dir.clone();
     let options = config.worker.clone();
     let worker = tokio::task::spawn_blocking(move || Worker::start(dir, id, options)).await??;
-    let loaded = Loaded { worker: Arc::new(worker), aliases: config.aliases.clone(), draft_depth: config.draft_depth, draft_depth_source: config.draft_depth_source.clone() };
+    let loaded = Loaded {
+        worker: Arc::new(worker),
+        aliases: config.aliases.clone(),
+        draft_depth: config.draft_depth,
+        draft_depth_source: config.draft_depth_source.clone(),
+    };
     let mut state = AppState::serving(loaded, config.api_key.clone());
     state.worker_options = config.worker.clone();
     state.resolver = config.resolver.clone();

@@ -57,7 +57,11 @@ pub async fn events(State(s): State<AppState>) -> Sse<impl Stream<Item = Result<
         let downloads = s.store.progress();
         // A model switched since the last look has a counter of its own: start over from it.
         let now_tokens = s.loaded().worker.metrics.tokens.load(Ordering::Relaxed);
-        let rate = if first || now_tokens < tokens { 0.0 } else { (now_tokens - tokens) as f64 / at.elapsed().as_secs_f64().max(1e-3) };
+        let rate = if first || now_tokens < tokens {
+            0.0
+        } else {
+            (now_tokens - tokens) as f64 / at.elapsed().as_secs_f64().max(1e-3)
+        };
         let event = Event::default().event("status").data(update(&s, rate, downloads).to_string());
         Some((Ok(event), (s, now_tokens, Instant::now(), false)))
     });

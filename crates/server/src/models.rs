@@ -67,7 +67,9 @@ fn store_error(e: store::StoreError) -> ApiError {
     use store::StoreError as E;
     match e {
         E::UnknownModel(_) | E::NotInstalled(_) => ApiError::not_found(e.to_string()).with_param("model"),
-        E::Embedded(_) | E::NameTaken(_) | E::Folder { .. } | E::Unusable { .. } => ApiError::bad_request(e.to_string()),
+        E::Embedded(_) | E::NameTaken(_) | E::Folder { .. } | E::Unusable { .. } => {
+            ApiError::bad_request(e.to_string())
+        }
         other => ApiError::internal(other.to_string()),
     }
 }
@@ -88,10 +90,17 @@ pub async fn pull(State(s): State<AppState>, body: Bytes) -> Result<(StatusCode,
     let access = s.store.clone();
     let st = blocking(move || access.open()).await?;
     let (repo, revision, expect_mtp) = match st.catalog.find(&model) {
-        Some(e) if e.embedded.is_some() => return Err(ApiError::bad_request(format!("`{}` ships with Ferrite: nothing to download", e.id))),
+        Some(e) if e.embedded.is_some() => {
+            return Err(ApiError::bad_request(format!("`{}` ships with Ferrite: nothing to download", e.id)))
+        }
         Some(e) => (e.repo.clone(), e.revision.clone(), e.mtp),
         None if model.split('/').count() == 2 => (model.clone(), "main".to_string(), false),
-        None => return Err(ApiError::not_found(format!("`{model}` is neither a catalog model nor a repository (org/name)")).with_param("model")),
+        None => {
+            return Err(ApiError::not_found(format!(
+                "`{model}` is neither a catalog model nor a repository (org/name)"
+            ))
+            .with_param("model"))
+        }
     };
     let download = s.store.downloader(&st.models_dir).pull(store::download::Request { repo, revision, expect_mtp });
     if let Ok(mut list) = s.store.downloads.lock() {
@@ -113,7 +122,13 @@ pub async fn cancel(State(s): State<AppState>, body: Bytes) -> Result<Json<Value
     let st = blocking(move || access.open()).await?;
     let repo = st.catalog.find(&model).map(|e| e.repo.clone()).unwrap_or(model.clone());
     let list = s.store.downloads.lock().map(|l| l.clone()).unwrap_or_default();
-    let running: Vec<_> = list.iter().filter(|d| { let p = d.progress().borrow().clone(); p.repo == repo && !p.state.is_final() }).collect();
+    let running: Vec<_> = list
+        .iter()
+        .filter(|d| {
+            let p = d.progress().borrow().clone();
+            p.repo == repo && !p.state.is_final()
+        })
+        .collect();
     if running.is_empty() {
         return Err(ApiError::not_found(format!("no download of `{model}` is running")).with_param("model"));
     }
@@ -202,7 +217,11 @@ pub async fn load(State(s): State<AppState>, body: Bytes) -> Result<Json<Value>,
 
 /// Starts `model` (default: the one served) with `profile` (default: the one in use) and
 /// serves it from then on; the UI's Start buttons and the app's tray menu both come here.
-pub async fn load_model(s: &AppState, model: Option<String>, profile: Option<engine::ProfileName>) -> Result<Value, ApiError> {
+pub async fn load_model(
+    s: &AppState,
+    model: Option<String>,
+    profile: Option<engine::ProfileName>,
+) -> Result<Value, ApiError> {
     let current = s.loaded().worker.info.clone();
     let model = model.unwrap_or_else(|| current.id.clone());
     let profile = profile.unwrap_or(current.profile.name);
@@ -214,7 +233,11 @@ pub async fn load_model(s: &AppState, model: Option<String>, profile: Option<eng
     {
         let mut loading = s.loading.lock().map_err(|_| ApiError::internal("loading state poisoned"))?;
         if let Some(other) = loading.as_ref() {
-            return Err(ApiError { status: StatusCode::CONFLICT, message: format!("`{other}` is loading; try again when it is ready"), param: None });
+            return Err(ApiError {
+                status: StatusCode::CONFLICT,
+                message: format!("`{other}` is loading; try again when it is ready"),
+                param: None,
+            });
         }
         *loading = Some(model.clone());
     }
@@ -228,9 +251,15 @@ pub async fn load_model(s: &AppState, model: Option<String>, profile: Option<eng
     })
     .await
     .map_err(|e| ApiError::internal(e.to_string()))?;
-    let (spec, worker) = started.map_err(|e| ApiError::bad_request(format!("cannot start `{model}`: {e:#}")).with_param("model"))?;
+    let (spec, worker) =
+        started.map_err(|e| ApiError::bad_request(format!("cannot start `{model}`: {e:#}")).with_param("model"))?;
     tracing::info!("now serving `{}` from {} ({profile} profile)", spec.id, spec.dir.display());
-    s.replace(Loaded { worker: Arc::new(worker), aliases: spec.aliases.clone(), draft_depth: spec.draft_depth, draft_depth_source: spec.draft_depth_source.clone() });
+    s.replace(Loaded {
+        worker: Arc::new(worker),
+        aliases: spec.aliases.clone(),
+        draft_depth: spec.draft_depth,
+        draft_depth_source: spec.draft_depth_source.clone(),
+    });
     s.set_notice(None);
     if let Some(on_load) = s.on_load.clone() {
         let spec = spec.clone();
@@ -239,5 +268,7 @@ pub async fn load_model(s: &AppState, model: Option<String>, profile: Option<eng
             tracing::warn!("telling the embedding program about the new model failed: {e}");
         }
     }
-    Ok(json!({"model": spec.id, "aliases": spec.aliases, "dir": spec.dir, "draft_depth": spec.draft_depth, "profile": profile}))
+    Ok(
+        json!({"model": spec.id, "aliases": spec.aliases, "dir": spec.dir, "draft_depth": spec.draft_depth, "profile": profile}),
+    )
 }

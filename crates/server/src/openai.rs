@@ -183,10 +183,16 @@ impl Common {
         }
         let context = loaded.worker.info.context;
         if max_tokens >= context {
-            return Err(ApiError::bad_request(format!("max_tokens ({max_tokens}) must be below the model's context of {context} tokens")).with_param("max_tokens"));
+            return Err(ApiError::bad_request(format!(
+                "max_tokens ({max_tokens}) must be below the model's context of {context} tokens"
+            ))
+            .with_param("max_tokens"));
         }
         if self.n.is_some_and(|n| n != 1) {
-            return Err(ApiError::bad_request("n: Ferrite returns one choice per request; send several requests for more").with_param("n"));
+            return Err(ApiError::bad_request(
+                "n: Ferrite returns one choice per request; send several requests for more",
+            )
+            .with_param("n"));
         }
         let wants_logprobs = match &self.logprobs {
             Some(Value::Bool(b)) => *b,
@@ -194,7 +200,9 @@ impl Common {
             _ => false,
         };
         if wants_logprobs || self.top_logprobs.is_some_and(|n| n > 0) {
-            return Err(ApiError::bad_request("logprobs: Ferrite does not return log-probabilities").with_param("logprobs"));
+            return Err(
+                ApiError::bad_request("logprobs: Ferrite does not return log-probabilities").with_param("logprobs")
+            );
         }
         let sampling = SamplingParams {
             temperature: self.temperature.unwrap_or(0.0),
@@ -245,18 +253,23 @@ fn chat_prompt(req: &ChatRequest) -> Result<Prompt, ApiError> {
     let mut messages = Vec::with_capacity(req.messages.len());
     for (i, m) in req.messages.iter().enumerate() {
         if !matches!(m.role.as_str(), "system" | "developer" | "user" | "assistant" | "tool") {
-            return Err(ApiError::bad_request(format!("messages[{i}].role: unknown role `{}`", m.role)).with_param("messages"));
+            return Err(
+                ApiError::bad_request(format!("messages[{i}].role: unknown role `{}`", m.role)).with_param("messages")
+            );
         }
         let content = match &m.content {
             None => String::new(),
             Some(Content::Text(t)) => t.clone(),
-            Some(Content::Parts(parts)) => parts.iter().filter(|p| p.kind == "text").filter_map(|p| p.text.clone()).collect::<Vec<_>>().join(""),
+            Some(Content::Parts(parts)) => {
+                parts.iter().filter(|p| p.kind == "text").filter_map(|p| p.text.clone()).collect::<Vec<_>>().join("")
+            }
         };
         let role = if m.role == "developer" { "system" } else { m.role.as_str() };
         let mut message = ChatMessage::new(role, &content);
         message.tool_call_id = m.tool_call_id.clone();
         for call in &m.tool_calls {
-            let args = serde_json::from_str(&call.function.arguments).unwrap_or_else(|_| Value::String(call.function.arguments.clone()));
+            let args = serde_json::from_str(&call.function.arguments)
+                .unwrap_or_else(|_| Value::String(call.function.arguments.clone()));
             message.tool_calls.push(ToolCall::new(&call.function.name, args));
         }
         messages.push(message);
@@ -267,7 +280,8 @@ fn chat_prompt(req: &ChatRequest) -> Result<Prompt, ApiError> {
         let mut tools = Vec::new();
         for (i, t) in req.tools.iter().enumerate() {
             if t.kind != "function" || t.function.name.is_empty() {
-                return Err(ApiError::bad_request(format!("tools[{i}]: only named functions are supported")).with_param("tools"));
+                return Err(ApiError::bad_request(format!("tools[{i}]: only named functions are supported"))
+                    .with_param("tools"));
             }
             tools.push(json!({"type": "function", "function": {"name": t.function.name, "description": t.function.description,
                               "parameters": t.function.parameters.clone().unwrap_or(json!({"type": "object", "properties": {}}))}}));
@@ -302,7 +316,8 @@ pub async fn completions(State(state): State<AppState>, body: Bytes) -> Result<R
 pub async fn models(State(state): State<AppState>) -> Json<Value> {
     let loaded = state.loaded();
     let info = &loaded.worker.info;
-    let mut data = vec![json!({"id": info.id, "object": "model", "created": state.started_unix, "owned_by": "ferrite"})];
+    let mut data =
+        vec![json!({"id": info.id, "object": "model", "created": state.started_unix, "owned_by": "ferrite"})];
     for alias in &loaded.aliases {
         data.push(json!({"id": alias, "object": "model", "created": state.started_unix, "owned_by": "ferrite"}));
     }
@@ -318,7 +333,15 @@ enum Kind {
 /// Runs the request and answers it, whole or as server-sent events. With a `response_format`,
 /// the answer's check goes beside it (`response_format_check`, and a header when not streaming).
 #[allow(clippy::too_many_arguments)]
-async fn respond(state: AppState, loaded: Arc<Loaded>, prompt: Prompt, request: GenerateRequest, common: &Common, kind: Kind, expect: Option<Expect>) -> Result<Response, ApiError> {
+async fn respond(
+    state: AppState,
+    loaded: Arc<Loaded>,
+    prompt: Prompt,
+    request: GenerateRequest,
+    common: &Common,
+    kind: Kind,
+    expect: Option<Expect>,
+) -> Result<Response, ApiError> {
     let Running { events: mut rx, prompt_tokens, guard } = loaded.worker.run(prompt, request, false).await?;
     let id = format!("{}-{}", if kind == Kind::Chat { "chatcmpl" } else { "cmpl" }, state.next_id());
     let model = common.model.clone();
@@ -344,7 +367,9 @@ async fn respond(state: AppState, loaded: Arc<Loaded>, prompt: Prompt, request: 
                             }
                             if !calls.is_empty() {
                                 let base = id.clone();
-                                message["tool_calls"] = Value::Array(calls.iter().enumerate().map(|(i, c)| out_call(&base, i, c)).collect());
+                                message["tool_calls"] = Value::Array(
+                                    calls.iter().enumerate().map(|(i, c)| out_call(&base, i, c)).collect(),
+                                );
                                 if content.is_empty() {
                                     message["content"] = Value::Null;
                                 }
@@ -362,7 +387,10 @@ async fn respond(state: AppState, loaded: Arc<Loaded>, prompt: Prompt, request: 
                     if let Some(expect) = &expect {
                         let check = expect.report(&content);
                         let valid = check["valid"] == json!(true);
-                        headers.insert("x-ferrite-response-format", axum::http::HeaderValue::from_static(if valid { "valid" } else { "invalid" }));
+                        headers.insert(
+                            "x-ferrite-response-format",
+                            axum::http::HeaderValue::from_static(if valid { "valid" } else { "invalid" }),
+                        );
                         body["response_format_check"] = check;
                     }
                     return Ok((headers, Json(body)).into_response());
@@ -405,12 +433,15 @@ async fn respond(state: AppState, loaded: Arc<Loaded>, prompt: Prompt, request: 
                         delta["reasoning_content"] = json!(reasoning);
                     }
                     if !tool_calls.is_empty() {
-                        let calls: Vec<Value> = tool_calls.iter().map(|c| {
-                            let mut v = out_call(&call_base, calls_sent, c);
-                            v["index"] = json!(calls_sent);
-                            calls_sent += 1;
-                            v
-                        }).collect();
+                        let calls: Vec<Value> = tool_calls
+                            .iter()
+                            .map(|c| {
+                                let mut v = out_call(&call_base, calls_sent, c);
+                                v["index"] = json!(calls_sent);
+                                calls_sent += 1;
+                                v
+                            })
+                            .collect();
                         delta["tool_calls"] = Value::Array(calls);
                     }
                     vec![chunk(delta, None)]

@@ -37,13 +37,26 @@ impl ResponseFormat {
             "json_object" => Ok(Some(Expect::JsonObject)),
             "json_schema" => {
                 let param = "response_format.json_schema";
-                let spec = self.json_schema.as_ref().ok_or_else(|| ApiError::bad_request("response_format of type json_schema needs a `json_schema` object").with_param(param))?;
-                let schema = spec.schema.as_ref().ok_or_else(|| ApiError::bad_request("response_format.json_schema needs a `schema`").with_param(param))?;
-                let validator = jsonschema::validator_for(schema)
-                    .map_err(|e| ApiError::bad_request(format!("response_format.json_schema.schema is not a valid JSON Schema: {e}")).with_param(param))?;
-                Ok(Some(Expect::Schema { name: spec.name.clone().unwrap_or_else(|| "schema".into()), validator: Box::new(validator) }))
+                let spec = self.json_schema.as_ref().ok_or_else(|| {
+                    ApiError::bad_request("response_format of type json_schema needs a `json_schema` object")
+                        .with_param(param)
+                })?;
+                let schema = spec.schema.as_ref().ok_or_else(|| {
+                    ApiError::bad_request("response_format.json_schema needs a `schema`").with_param(param)
+                })?;
+                let validator = jsonschema::validator_for(schema).map_err(|e| {
+                    ApiError::bad_request(format!("response_format.json_schema.schema is not a valid JSON Schema: {e}"))
+                        .with_param(param)
+                })?;
+                Ok(Some(Expect::Schema {
+                    name: spec.name.clone().unwrap_or_else(|| "schema".into()),
+                    validator: Box::new(validator),
+                }))
             }
-            other => Err(ApiError::bad_request(format!("response_format.type `{other}` is not one of text, json_object, json_schema")).with_param("response_format.type")),
+            other => Err(ApiError::bad_request(format!(
+                "response_format.type `{other}` is not one of text, json_object, json_schema"
+            ))
+            .with_param("response_format.type")),
         }
     }
 }
@@ -51,15 +64,20 @@ impl ResponseFormat {
 impl Expect {
     /// `Ok(())` when the answer is what was asked for, else why not.
     pub fn check(&self, answer: &str) -> Result<(), String> {
-        let value: Value = serde_json::from_str(answer.trim()).map_err(|e| format!("the answer is not a JSON document: {e}"))?;
+        let value: Value =
+            serde_json::from_str(answer.trim()).map_err(|e| format!("the answer is not a JSON document: {e}"))?;
         match self {
             Expect::JsonObject if value.is_object() => Ok(()),
             Expect::JsonObject => Err("the answer is JSON but not an object".into()),
             Expect::Schema { name, validator } => {
-                let errors: Vec<String> = validator.iter_errors(&value).take(5).map(|e| {
-                    let at = e.instance_path().to_string();
-                    format!("{}: {e}", if at.is_empty() { "/".to_string() } else { at })
-                }).collect();
+                let errors: Vec<String> = validator
+                    .iter_errors(&value)
+                    .take(5)
+                    .map(|e| {
+                        let at = e.instance_path().to_string();
+                        format!("{}: {e}", if at.is_empty() { "/".to_string() } else { at })
+                    })
+                    .collect();
                 if errors.is_empty() {
                     Ok(())
                 } else {
@@ -97,7 +115,9 @@ mod tests {
     #[test]
     fn schemas_are_checked_and_name_the_failing_place() {
         let schema = json!({"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]});
-        let e = expect(json!({"type": "json_schema", "json_schema": {"name": "count", "schema": schema}})).unwrap().unwrap();
+        let e = expect(json!({"type": "json_schema", "json_schema": {"name": "count", "schema": schema}}))
+            .unwrap()
+            .unwrap();
         assert!(e.check("{\"n\": 3}").is_ok());
         let err = e.check("{\"n\": \"three\"}").unwrap_err();
         assert!(err.contains("count") && err.contains("/n"), "{err}");

@@ -30,7 +30,11 @@ pub struct Split {
 impl ThinkSplitter {
     /// `thinking`: the prompt already opened a think block (the template ended in `<think>`).
     pub fn new(thinking: bool) -> Self {
-        ThinkSplitter { mode: if thinking { Mode::Thinking } else { Mode::Start }, held: String::new(), trim_next: false }
+        ThinkSplitter {
+            mode: if thinking { Mode::Thinking } else { Mode::Start },
+            held: String::new(),
+            trim_next: false,
+        }
     }
 
     pub fn push(&mut self, text: &str) -> Split {

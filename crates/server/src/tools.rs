@@ -89,7 +89,12 @@ mod tests {
 
     #[test]
     fn parses_calls_split_anywhere() {
-        let (text, calls) = run(&["Let me look.\n<tool", "_call>\n{\"name\": \"read_file\", \"argu", "ments\": {\"path\": \"a.rs\"}}\n</tool_", "call>"]);
+        let (text, calls) = run(&[
+            "Let me look.\n<tool",
+            "_call>\n{\"name\": \"read_file\", \"argu",
+            "ments\": {\"path\": \"a.rs\"}}\n</tool_",
+            "call>",
+        ]);
         assert_eq!(text, "Let me look.\n");
         assert_eq!(calls, vec![ParsedCall { name: "read_file".into(), arguments: json!({"path": "a.rs"}) }]);
         let (_, calls) = run(&["<tool_call>{\"name\":\"a\",\"arguments\":\"{\\\"x\\\":1}\"}</tool_call><tool_call>{\"name\":\"b\"}</tool_call>"]);
@@ -100,7 +105,10 @@ mod tests {
 
     #[test]
     fn keeps_what_is_not_a_call() {
-        assert_eq!(run(&["a < b and <tool_call>not json</tool_call> end"]), ("a < b and <tool_call>not json</tool_call> end".into(), vec![]));
+        assert_eq!(
+            run(&["a < b and <tool_call>not json</tool_call> end"]),
+            ("a < b and <tool_call>not json</tool_call> end".into(), vec![])
+        );
         assert_eq!(run(&["<tool_call>{\"name\": \"x\""]), ("<tool_call>{\"name\": \"x\"".into(), vec![]));
         assert_eq!(run(&["plain <tool"]), ("plain <tool".into(), vec![]));
     }

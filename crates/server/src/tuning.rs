@@ -87,9 +87,19 @@ pub async fn start(State(s): State<AppState>, body: Bytes) -> Result<(StatusCode
     {
         let mut t = s.tuning.lock().map_err(|_| ApiError::internal("tuning state poisoned"))?;
         if t.running {
-            return Err(ApiError { status: StatusCode::CONFLICT, message: "a tune is running already (POST /v1/tune/cancel stops it)".into(), param: None });
+            return Err(ApiError {
+                status: StatusCode::CONFLICT,
+                message: "a tune is running already (POST /v1/tune/cancel stops it)".into(),
+                param: None,
+            });
         }
-        *t = TuneState { running: true, model: Some(info.id.clone()), profile: Some(info.profile.name.to_string()), cancel: cancel.clone(), ..Default::default() };
+        *t = TuneState {
+            running: true,
+            model: Some(info.id.clone()),
+            profile: Some(info.profile.name.to_string()),
+            cancel: cancel.clone(),
+            ..Default::default()
+        };
     }
     let (reply, answer) = tokio::sync::oneshot::channel();
     let shared = s.tuning.clone();
@@ -102,7 +112,12 @@ pub async fn start(State(s): State<AppState>, body: Bytes) -> Result<(StatusCode
             !cancel.load(Ordering::SeqCst)
         })
     };
-    let job = TuneJob { options: options.clone(), progress, busy_percent: request.busy_percent.unwrap_or(telemetry::machine::DEFAULT_BUSY_PERCENT), reply };
+    let job = TuneJob {
+        options: options.clone(),
+        progress,
+        busy_percent: request.busy_percent.unwrap_or(telemetry::machine::DEFAULT_BUSY_PERCENT),
+        reply,
+    };
     if let Err(e) = loaded.worker.tune(job) {
         let e = ApiError::from(e);
         finish(&shared, None, None, Some(e.message.clone()));
@@ -119,7 +134,12 @@ pub async fn start(State(s): State<AppState>, body: Bytes) -> Result<(StatusCode
         let config_dir = state.store.config_dir.clone().unwrap_or_else(store::config::config_dir);
         let candidates = measurement.candidates.clone();
         let judged = tokio::task::spawn_blocking(move || {
-            crate::launch::judge_and_store(&config_dir, crate::launch::tuning_key(&dir, profile), &measurement, &options)
+            crate::launch::judge_and_store(
+                &config_dir,
+                crate::launch::tuning_key(&dir, profile),
+                &measurement,
+                &options,
+            )
         })
         .await;
         match judged {

@@ -4,8 +4,8 @@
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::time::Duration;
 use std::sync::{mpsc, Arc};
+use std::time::Duration;
 
 use engine::tokenizer::ChatMessage;
 use engine::{CancelToken, Engine, Event, GenerateRequest, Profile, Summary};
@@ -248,7 +248,8 @@ impl Worker {
                 };
                 let reload = |engine: &mut Option<Engine>| -> Result<(), String> {
                     if engine.is_none() {
-                        let e = Engine::load_with(&dir, profile.clone()).map_err(|e| format!("reloading the model: {e}"))?;
+                        let e = Engine::load_with(&dir, profile.clone())
+                            .map_err(|e| format!("reloading the model: {e}"))?;
                         tracing::info!("reloaded {} for a new request", info.id);
                         life.loaded.store(true, Ordering::SeqCst);
                         life.reloads.fetch_add(1, Ordering::SeqCst);
@@ -447,7 +448,11 @@ fn run_job(engine: &Engine, info: &ModelInfo, metrics: &Metrics, mut job: Job) -
                     send(e);
                 }
                 metrics.record(&summary);
-                let reasoning_tokens = if answer.reasoning.is_empty() { 0 } else { engine.tokenizer.encode(&answer.reasoning).map(|v| v.len()).unwrap_or(0) };
+                let reasoning_tokens = if answer.reasoning.is_empty() {
+                    0
+                } else {
+                    engine.tokenizer.encode(&answer.reasoning).map(|v| v.len()).unwrap_or(0)
+                };
                 let used = prompt_tokens + summary.usage.completion_tokens;
                 send(JobEvent::Finished { summary, reasoning_tokens });
                 return used;
@@ -496,7 +501,11 @@ struct AnswerStream {
 
 impl AnswerStream {
     fn new(thinking: bool, tools: bool) -> Self {
-        AnswerStream { splitter: ThinkSplitter::new(thinking), tools: tools.then(ToolCallParser::default), reasoning: String::new() }
+        AnswerStream {
+            splitter: ThinkSplitter::new(thinking),
+            tools: tools.then(ToolCallParser::default),
+            reasoning: String::new(),
+        }
     }
 
     /// The delta for more text, if it adds anything.

@@ -22,11 +22,13 @@ async fn chat_completion_and_its_usage() {
     let prompt = v["usage"]["prompt_tokens"].as_u64().unwrap();
     assert_eq!(v["usage"]["total_tokens"].as_u64().unwrap(), prompt + 12);
     // The alias names the same model; thinking off adds the empty think block to the prompt.
-    let (status, v2) = post(&s, "/v1/chat/completions", &chat(json!({"model": "ferrite-tiny", "reasoning_effort": "none"}))).await;
+    let (status, v2) =
+        post(&s, "/v1/chat/completions", &chat(json!({"model": "ferrite-tiny", "reasoning_effort": "none"}))).await;
     assert_eq!(status, 200);
     assert!(v2["usage"]["prompt_tokens"].as_u64().unwrap() > prompt);
     // Text completions too.
-    let (status, v) = post(&s, "/v1/completions", &json!({"model": "tiny", "prompt": "fn main() {", "max_tokens": 5})).await;
+    let (status, v) =
+        post(&s, "/v1/completions", &json!({"model": "tiny", "prompt": "fn main() {", "max_tokens": 5})).await;
     assert_eq!(status, 200, "{v}");
     assert_eq!(v["usage"]["completion_tokens"], 5);
     assert!(v["choices"][0]["text"].is_string());
@@ -58,7 +60,12 @@ async fn stop_strings_and_speed_headers() {
     let (_, v) = post(&s, "/v1/chat/completions", &chat(json!({"max_tokens": 30, "stop": [stop.clone()]}))).await;
     assert_eq!(v["choices"][0]["message"]["content"].as_str().unwrap(), &text[..text.find(&stop).unwrap()]);
     assert_eq!(v["choices"][0]["finish_reason"], "stop");
-    let r = reqwest::Client::new().post(format!("{}/v1/chat/completions", s.base)).json(&chat(json!({}))).send().await.unwrap();
+    let r = reqwest::Client::new()
+        .post(format!("{}/v1/chat/completions", s.base))
+        .json(&chat(json!({})))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.headers()["x-ferrite-draft-depth"], "0");
     assert_eq!(r.headers()["x-ferrite-model"], "tiny");
 }
@@ -67,7 +74,13 @@ async fn stop_strings_and_speed_headers() {
 async fn bad_input_gets_openai_errors() {
     let s = start(None).await;
     let client = reqwest::Client::new();
-    let raw = |body: &'static str| client.post(format!("{}/v1/chat/completions", s.base)).header("content-type", "application/json").body(body).send();
+    let raw = |body: &'static str| {
+        client
+            .post(format!("{}/v1/chat/completions", s.base))
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
+    };
     let r = raw("{not json").await.unwrap();
     assert_eq!(r.status(), 400);
     let v: Value = r.json().await.unwrap();
@@ -101,16 +114,26 @@ async fn bad_input_gets_openai_errors() {
     // n = 1, logprobs off and penalties within range are served; the penalties change the text
     // (this random model repeats itself).
     let text = |v: &Value| v["choices"][0]["message"]["content"].as_str().unwrap_or_default().to_string();
-    let (code, plain) = post(&s, "/v1/chat/completions", &chat(json!({"max_tokens": 24, "n": 1, "logprobs": false}))).await;
+    let (code, plain) =
+        post(&s, "/v1/chat/completions", &chat(json!({"max_tokens": 24, "n": 1, "logprobs": false}))).await;
     assert_eq!(code, 200, "{plain}");
-    let penalised = chat(json!({"max_tokens": 24, "presence_penalty": 2, "frequency_penalty": 1, "repetition_penalty": 1.5}));
+    let penalised =
+        chat(json!({"max_tokens": 24, "presence_penalty": 2, "frequency_penalty": 1, "repetition_penalty": 1.5}));
     let (code, v) = post(&s, "/v1/chat/completions", &penalised).await;
     assert_eq!(code, 200, "{v}");
     assert_ne!(text(&v), text(&plain), "penalties changed nothing");
-    let (code, completion) = post(&s, "/v1/completions", &json!({"model": "tiny", "prompt": "a b a b", "max_tokens": 4, "logprobs": 2})).await;
+    let (code, completion) =
+        post(&s, "/v1/completions", &json!({"model": "tiny", "prompt": "a b a b", "max_tokens": 4, "logprobs": 2}))
+            .await;
     assert_eq!((code, completion["error"]["param"].as_str()), (400, Some("logprobs")), "{completion}");
     let big = "x".repeat(server::MAX_BODY_BYTES + 10);
-    let r = client.post(format!("{}/v1/chat/completions", s.base)).header("content-type", "application/json").body(big).send().await.unwrap();
+    let r = client
+        .post(format!("{}/v1/chat/completions", s.base))
+        .header("content-type", "application/json")
+        .body(big)
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 413);
     let v: Value = r.json().await.unwrap();
     assert!(v["error"]["message"].is_string());
@@ -129,7 +152,8 @@ async fn concurrent_clients_some_disconnecting() {
         let base = s.base.clone();
         tasks.push(tokio::spawn(async move {
             let body = chat(json!({"stream": true, "max_tokens": 200}));
-            let r = reqwest::Client::new().post(format!("{base}/v1/chat/completions")).json(&body).send().await.unwrap();
+            let r =
+                reqwest::Client::new().post(format!("{base}/v1/chat/completions")).json(&body).send().await.unwrap();
             let mut stream = r.bytes_stream();
             if i % 2 == 0 {
                 // Read one chunk and hang up.
@@ -143,7 +167,9 @@ async fn concurrent_clients_some_disconnecting() {
             Some(text)
         }));
     }
-    let results = tokio::time::timeout(Duration::from_secs(120), futures_util::future::join_all(tasks)).await.expect("no client hangs");
+    let results = tokio::time::timeout(Duration::from_secs(120), futures_util::future::join_all(tasks))
+        .await
+        .expect("no client hangs");
     let finished: Vec<String> = results.into_iter().filter_map(|r| r.unwrap()).collect();
     assert_eq!(finished.len(), 3);
     for text in &finished {
@@ -185,24 +211,49 @@ async fn anthropic_errors_have_anthropic_shape() {
     let r = client.post(&url).header("content-type", "application/json").body("{oops").send().await.unwrap();
     assert_eq!(r.status(), 400);
     check(&r.json().await.unwrap(), "invalid_request_error");
-    let r = client.post(&url).json(&json!({"model": "tiny", "messages": [{"role": "user", "content": "x"}]})).send().await.unwrap();
+    let r = client
+        .post(&url)
+        .json(&json!({"model": "tiny", "messages": [{"role": "user", "content": "x"}]}))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 400, "max_tokens is required");
     check(&r.json().await.unwrap(), "invalid_request_error");
-    let r = client.post(&url).json(&json!({"model": "tiny", "max_tokens": 5, "messages": [{"role": "system", "content": "x"}]})).send().await.unwrap();
+    let r = client
+        .post(&url)
+        .json(&json!({"model": "tiny", "max_tokens": 5, "messages": [{"role": "system", "content": "x"}]}))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 400);
     check(&r.json().await.unwrap(), "invalid_request_error");
-    let r = client.post(&url).json(&json!({"model": "other", "max_tokens": 5, "messages": [{"role": "user", "content": "x"}]})).send().await.unwrap();
+    let r = client
+        .post(&url)
+        .json(&json!({"model": "other", "max_tokens": 5, "messages": [{"role": "user", "content": "x"}]}))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 404);
     check(&r.json().await.unwrap(), "not_found_error");
-    let r = client.post(&url).header("content-type", "application/json").body("x".repeat(server::MAX_BODY_BYTES + 1)).send().await.unwrap();
+    let r = client
+        .post(&url)
+        .header("content-type", "application/json")
+        .body("x".repeat(server::MAX_BODY_BYTES + 1))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 413);
     check(&r.json().await.unwrap(), "request_too_large");
-    let r = client.post(&url).json(&json!({"model": "tiny", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]})).send().await.unwrap();
+    let r = client
+        .post(&url)
+        .json(&json!({"model": "tiny", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]}))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 200);
     let v: Value = r.json().await.unwrap();
     assert!(v["usage"]["output_tokens"].as_u64().unwrap() <= 5);
 }
-
 
 #[tokio::test(flavor = "multi_thread")]
 async fn metrics_count_what_was_served() {
@@ -215,7 +266,10 @@ async fn metrics_count_what_was_served() {
     assert!(r.headers()["content-type"].to_str().unwrap().starts_with("text/plain"));
     let text = r.text().await.unwrap();
     let value = |name: &str| -> f64 {
-        text.lines().find(|l| l.starts_with(name)).and_then(|l| l.rsplit(' ').next()).and_then(|v| v.parse().ok())
+        text.lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse().ok())
             .unwrap_or_else(|| panic!("{name} missing in\n{text}"))
     };
     assert_eq!(value("ferrite_requests_total"), 2.0);
@@ -247,7 +301,11 @@ async fn response_format_is_checked_and_reported() {
     let schema = json!({"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]});
     let format = json!({"type": "json_schema", "json_schema": {"name": "count", "schema": schema}});
     let data = sse(&s, &chat(json!({"stream": true, "response_format": format}))).await;
-    let finish: Value = data.iter().filter_map(|d| serde_json::from_str::<Value>(d).ok()).find(|c| c["choices"][0]["finish_reason"].is_string()).unwrap();
+    let finish: Value = data
+        .iter()
+        .filter_map(|d| serde_json::from_str::<Value>(d).ok())
+        .find(|c| c["choices"][0]["finish_reason"].is_string())
+        .unwrap();
     assert_eq!(finish["response_format_check"]["valid"], false, "{finish}");
     // A schema that is not one, or an unknown type, is refused before generating.
     let bad = json!({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": 5}}});
@@ -292,7 +350,12 @@ async fn profile_is_shown_in_status_and_headers() {
     if status["device"] == "cpu" {
         assert!(weights.starts_with("dequantized to f32 at load") || weights.starts_with("as stored"), "{weights}");
     }
-    let r = reqwest::Client::new().post(format!("{}/v1/chat/completions", s.base)).json(&chat(json!({}))).send().await.unwrap();
+    let r = reqwest::Client::new()
+        .post(format!("{}/v1/chat/completions", s.base))
+        .json(&chat(json!({})))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.headers()["x-ferrite-profile"], "sustained");
 }
 
@@ -305,7 +368,9 @@ async fn idle_action_stop_asks_the_server_to_stop() {
     })
     .await;
     let stop = s.state.loaded().worker.lifecycle.clone();
-    tokio::time::timeout(Duration::from_secs(10), stop.stop_requested.notified()).await.expect("the watchdog asked for a stop");
+    tokio::time::timeout(Duration::from_secs(10), stop.stop_requested.notified())
+        .await
+        .expect("the watchdog asked for a stop");
     assert_eq!(stop.unloads.load(std::sync::atomic::Ordering::SeqCst), 1);
 }
 
@@ -324,7 +389,9 @@ async fn the_ui_telemetry_and_live_events() {
     // tok/s must show up there.
     let body = chat(json!({"max_tokens": 20000, "ignore_eos": true, "stream": true}));
     let url = format!("{}/v1/chat/completions", s.base);
-    let generation = tokio::spawn(async move { reqwest::Client::new().post(url).json(&body).send().await.unwrap().text().await.unwrap() });
+    let generation = tokio::spawn(async move {
+        reqwest::Client::new().post(url).json(&body).send().await.unwrap().text().await.unwrap()
+    });
     let started = async {
         while !s.state.loaded().worker.metrics.generating.load(std::sync::atomic::Ordering::SeqCst) {
             tokio::time::sleep(Duration::from_millis(20)).await;
@@ -369,7 +436,13 @@ async fn a_click_starts_another_model() {
     let dir = second.path().to_path_buf();
     let resolver: server::Resolver = std::sync::Arc::new(move |name: &str, _profile: engine::ProfileName| {
         anyhow::ensure!(name == "hybrid", "`{name}` is not a model here");
-        Ok(server::ModelSpec { dir: dir.clone(), id: "hybrid".into(), aliases: vec!["h".into()], draft_depth: 2, draft_depth_source: "test".into() })
+        Ok(server::ModelSpec {
+            dir: dir.clone(),
+            id: "hybrid".into(),
+            aliases: vec!["h".into()],
+            draft_depth: 2,
+            draft_depth_source: "test".into(),
+        })
     });
     // The embedding program is told of each model started, with the name it was asked for;
     // its notice (the app's "could not start …") stays until another model starts.
@@ -399,7 +472,10 @@ async fn a_click_starts_another_model() {
     let status: Value = reqwest::get(format!("{}/v1/status", s.base)).await.unwrap().json().await.unwrap();
     assert_eq!(status["model"], "hybrid");
     assert_eq!(status["notice"], Value::Null);
-    assert_eq!(told.lock().unwrap().as_slice(), [("hybrid".to_string(), "hybrid".to_string(), "sustained".to_string())]);
+    assert_eq!(
+        told.lock().unwrap().as_slice(),
+        [("hybrid".to_string(), "hybrid".to_string(), "sustained".to_string())]
+    );
     assert_eq!(status["draft_depth"], 2);
     assert_eq!(status["mtp_head"], true);
     // The old names are gone, the new ones answer (with speculation, as configured).
@@ -420,7 +496,12 @@ async fn a_click_starts_another_model() {
     let status: Value = reqwest::get(format!("{}/v1/status", s.base)).await.unwrap().json().await.unwrap();
     assert_eq!((status["model"].as_str(), status["profile"].as_str()), (Some("hybrid"), Some("turbo")));
     assert_eq!(status["profile_knobs"]["prefill_chunk"], 8192);
-    let r = reqwest::Client::new().post(format!("{}/v1/chat/completions", s.base)).json(&chat(json!({"model": "h"}))).send().await.unwrap();
+    let r = reqwest::Client::new()
+        .post(format!("{}/v1/chat/completions", s.base))
+        .json(&chat(json!({"model": "h"})))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.headers()["x-ferrite-profile"], "turbo");
     assert_eq!(told.lock().unwrap().last().unwrap().2, "turbo");
     let (code, v) = post(&s, "/v1/models/load", &json!({"profile": "fast"})).await;

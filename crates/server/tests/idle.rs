@@ -11,7 +11,8 @@ use serde_json::{json, Value};
 async fn idle_watchdog_unloads_and_memory_returns() {
     let s = start_with(None, Some(Duration::from_millis(400))).await;
     let client = reqwest::Client::new();
-    let status = || async { client.get(format!("{}/v1/status", s.base)).send().await.unwrap().json::<Value>().await.unwrap() };
+    let status =
+        || async { client.get(format!("{}/v1/status", s.base)).send().await.unwrap().json::<Value>().await.unwrap() };
     assert_eq!(post(&s, "/v1/chat/completions", &chat(json!({}))).await.0, 200);
     let loaded = status().await;
     assert_eq!(loaded["loaded"], true);

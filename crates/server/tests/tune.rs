@@ -42,7 +42,11 @@ async fn a_tune_reports_progress_stores_and_takes_effect() {
     assert!(again == 409 || again == 202, "{busy}");
 
     let seen = wait_for_end(&s).await;
-    assert!(seen.iter().any(|t| t["progress"]["steps"].as_u64() == Some(30)), "5 depths x 2 temperatures x (1 warm-up + 2 timed) passes: {:?}", seen.last());
+    assert!(
+        seen.iter().any(|t| t["progress"]["steps"].as_u64() == Some(30)),
+        "5 depths x 2 temperatures x (1 warm-up + 2 timed) passes: {:?}",
+        seen.last()
+    );
     let done = seen.last().unwrap();
     assert!(done["error"].is_null(), "{done}");
     assert_eq!(done["candidates"].as_array().unwrap().len(), 10, "{done}");
@@ -50,7 +54,8 @@ async fn a_tune_reports_progress_stores_and_takes_effect() {
     let depth = done["verdict"]["depth"].as_u64().unwrap();
 
     // Stored in the tuning file and used by the served model now.
-    let file: Value = serde_json::from_str(&std::fs::read_to_string(config.path().join("tuning.json")).unwrap()).unwrap();
+    let file: Value =
+        serde_json::from_str(&std::fs::read_to_string(config.path().join("tuning.json")).unwrap()).unwrap();
     assert!(file.to_string().contains(&format!("\"depth\":{depth}")), "{file}");
     let status = get(&s, "/v1/status").await;
     assert_eq!(status["draft_depth"].as_u64(), Some(depth));

@@ -31,7 +31,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let running = hub::start().await;
     running.hub.publish(&repo, source.path());
     if slow_ms > 0 {
-        running.hub.faults.lock().map_err(|_| "test_hub: the fault settings are poisoned")?.slow = Some(Duration::from_millis(slow_ms));
+        running.hub.faults.lock().map_err(|_| "test_hub: the fault settings are poisoned")?.slow =
+            Some(Duration::from_millis(slow_ms));
     }
     println!("{}", running.endpoint);
     std::io::stdout().flush()?;

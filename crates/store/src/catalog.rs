@@ -100,8 +100,11 @@ impl Catalog {
         let mut catalog = Catalog::default();
         catalog.add(BUILTIN_NAME, BUILTIN)?;
         if let Some(path) = user_file.filter(|p| p.exists()) {
-            let text = std::fs::read_to_string(path)
-                .map_err(|e| CatalogError { file: path.display().to_string(), line: 0, message: format!("cannot read: {e}") })?;
+            let text = std::fs::read_to_string(path).map_err(|e| CatalogError {
+                file: path.display().to_string(),
+                line: 0,
+                message: format!("cannot read: {e}"),
+            })?;
             catalog.add(&path.display().to_string(), &text)?;
         }
         Ok(catalog)
@@ -134,7 +137,9 @@ impl Catalog {
                 ("params_b", entry.params_b.unknown_text()),
                 ("active_params_b", entry.active_params_b.unknown_text()),
             ];
-            if let Some((field, text)) = figures.into_iter().find_map(|(f, t)| t.filter(|t| *t != "unknown").map(|t| (f, t))) {
+            if let Some((field, text)) =
+                figures.into_iter().find_map(|(f, t)| t.filter(|t| *t != "unknown").map(|t| (f, t)))
+            {
                 return Err(bad(field, &format!("`{text}` is neither a number nor \"unknown\"")));
             }
             for name in std::iter::once(&entry.id).chain(&entry.aliases) {
@@ -149,7 +154,9 @@ impl Catalog {
 
     /// The entry named by id, alias or repository.
     pub fn find(&self, name: &str) -> Option<&Entry> {
-        self.entries.iter().find(|e| e.id == name || e.aliases.iter().any(|a| a == name) || (!e.repo.is_empty() && e.repo == name))
+        self.entries
+            .iter()
+            .find(|e| e.id == name || e.aliases.iter().any(|a| a == name) || (!e.repo.is_empty() && e.repo == name))
     }
 }
 

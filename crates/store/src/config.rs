@@ -97,7 +97,8 @@ impl Config {
         let path = Self::path(config_dir);
         let io = |source| ConfigError::Io { path: path.clone(), source };
         std::fs::create_dir_all(config_dir).map_err(io)?;
-        let text = toml::to_string_pretty(self).map_err(|e| ConfigError::Invalid { path: path.clone(), message: e.to_string() })?;
+        let text = toml::to_string_pretty(self)
+            .map_err(|e| ConfigError::Invalid { path: path.clone(), message: e.to_string() })?;
         let tmp = path.with_extension("toml.tmp");
         std::fs::write(&tmp, text).map_err(io)?;
         std::fs::rename(&tmp, &path).map_err(io)
@@ -122,7 +123,10 @@ mod tests {
         // An update keeps what it does not touch.
         let updated = Config::update(dir.path(), |c| c.app.model = Some("default".into())).unwrap();
         assert_eq!(updated.local_models, c.local_models);
-        assert_eq!(Config::load(dir.path()).unwrap().app, AppChoice { model: Some("default".into()), profile: Some("turbo".into()) });
+        assert_eq!(
+            Config::load(dir.path()).unwrap().app,
+            AppChoice { model: Some("default".into()), profile: Some("turbo".into()) }
+        );
         // A config without an [app] table (every file before it existed) reads as before.
         std::fs::write(Config::path(dir.path()), "models_dir = \"/m\"\n").unwrap();
         assert!(Config::load(dir.path()).unwrap().app.is_empty());

@@ -103,7 +103,10 @@ pub struct Options {
 impl Default for Options {
     fn default() -> Self {
         Options {
-            endpoint: std::env::var("HF_ENDPOINT").ok().filter(|e| !e.is_empty()).unwrap_or_else(|| "https://huggingface.co".into()),
+            endpoint: std::env::var("HF_ENDPOINT")
+                .ok()
+                .filter(|e| !e.is_empty())
+                .unwrap_or_else(|| "https://huggingface.co".into()),
             token: std::env::var("HF_TOKEN").ok().filter(|t| !t.is_empty()),
             space: Arc::new(|p: &Path| free_space(p)),
             margin_bytes: 512 << 20,
@@ -121,7 +124,8 @@ pub fn free_space(dir: &Path) -> std::io::Result<u64> {
 
 /// True when the user asked hub tools to stay offline.
 pub fn offline() -> bool {
-    std::env::var("HF_HUB_OFFLINE").is_ok_and(|v| matches!(v.to_ascii_lowercase().as_str(), "1" | "true" | "yes" | "on"))
+    std::env::var("HF_HUB_OFFLINE")
+        .is_ok_and(|v| matches!(v.to_ascii_lowercase().as_str(), "1" | "true" | "yes" | "on"))
 }
 
 /// One running download; every pull of the same model gets the same one.
@@ -195,7 +199,8 @@ impl Downloader {
         let (cancel_tx, cancel_rx) = watch::channel(false);
         let download = Arc::new(Download { progress: rx, cancel: cancel_tx });
         running.insert(key, download.clone());
-        let job = Job { models_dir: self.models_dir.clone(), options: self.options.clone(), request, tx, cancel: cancel_rx };
+        let job =
+            Job { models_dir: self.models_dir.clone(), options: self.options.clone(), request, tx, cancel: cancel_rx };
         tokio::spawn(job.run());
         download
     }
@@ -226,7 +231,8 @@ struct RepoInfo {
 /// Files a model needs (weights, configs, tokenizer, template); not other formats' weights.
 fn wanted(name: &str) -> bool {
     let base = name.rsplit('/').next().unwrap_or(name);
-    !name.contains('/') && [".safetensors", ".json", ".jinja", ".txt", ".model", ".tiktoken", ".md"].iter().any(|x| base.ends_with(x))
+    !name.contains('/')
+        && [".safetensors", ".json", ".jinja", ".txt", ".model", ".tiktoken", ".md"].iter().any(|x| base.ends_with(x))
 }
 
 struct Job {
@@ -286,7 +292,13 @@ impl Job {
             let mut attempt = 0;
             loop {
                 let before = done.load(Ordering::Relaxed);
-                let counter = Counter { done: done.clone(), tx: self.tx.clone(), started, from: already, last: Arc::new(Mutex::new(Instant::now())) };
+                let counter = Counter {
+                    done: done.clone(),
+                    tx: self.tx.clone(),
+                    started,
+                    from: already,
+                    last: Arc::new(Mutex::new(Instant::now())),
+                };
                 let mut cancel = self.cancel.clone();
                 let result = tokio::select! {
                     r = api_repo.download_with_progress(&file.rfilename, counter) => r,
@@ -325,7 +337,8 @@ impl Job {
     async fn repo_info(&self, endpoint: &str) -> Result<RepoInfo, DownloadError> {
         let Request { repo, revision, .. } = &self.request;
         let url = format!("{endpoint}/api/models/{repo}/revision/{revision}?blobs=true");
-        let network = |e: reqwest::Error| DownloadError::Network { endpoint: endpoint.to_string(), message: e.to_string() };
+        let network =
+            |e: reqwest::Error| DownloadError::Network { endpoint: endpoint.to_string(), message: e.to_string() };
         let mut req = reqwest::Client::new().get(&url);
         if let Some(token) = &self.options.token {
             req = req.bearer_auth(token);
@@ -341,10 +354,16 @@ impl Job {
         std::fs::create_dir_all(repo_dir).map_err(|_| DownloadError::FolderGone { dir: self.models_dir.clone() })?;
         // Bytes already in unfinished files need no new space.
         let needed = missing_bytes.saturating_sub(layout::partial_bytes(repo_dir));
-        let available = (self.options.space)(repo_dir).map_err(|_| DownloadError::FolderGone { dir: self.models_dir.clone() })?;
+        let available =
+            (self.options.space)(repo_dir).map_err(|_| DownloadError::FolderGone { dir: self.models_dir.clone() })?;
         let margin = self.options.margin_bytes;
         if available < needed + margin {
-            return Err(DownloadError::NoSpace { dir: repo_dir.to_path_buf(), needed: needed + margin, available, margin });
+            return Err(DownloadError::NoSpace {
+                dir: repo_dir.to_path_buf(),
+                needed: needed + margin,
+                available,
+                margin,
+            });
         }
         Ok(())
     }
@@ -364,7 +383,13 @@ impl Job {
         };
         if let Some(io) = io {
             if io.raw_os_error() == Some(28) || io.kind() == std::io::ErrorKind::StorageFull {
-                let kept = std::fs::read_dir(repo_dir.join("blobs")).into_iter().flatten().flatten().filter_map(|e| e.metadata().ok()).map(|m| m.len()).sum();
+                let kept = std::fs::read_dir(repo_dir.join("blobs"))
+                    .into_iter()
+                    .flatten()
+                    .flatten()
+                    .filter_map(|e| e.metadata().ok())
+                    .map(|m| m.len())
+                    .sum();
                 return DownloadError::DiskFull { dir: repo_dir.to_path_buf(), kept };
             }
         }
@@ -379,8 +404,17 @@ impl Job {
             let blob = link.canonicalize().map_err(|e| DownloadError::Corrupt(format!("{}: {e}", link.display())))?;
             let etag = blob.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
             let expected = file.lfs.as_ref().map(|l| l.sha256.clone()).unwrap_or(etag);
-            let size_ok = file.lfs.as_ref().map(|l| l.size).or(file.size).is_none_or(|s| blob.metadata().is_ok_and(|m| m.len() == s));
-            let check = if size_ok { verify::check_hash(&blob, &expected).map_err(|e| e.to_string()) } else { Err(format!("{}: wrong size", file.rfilename)) };
+            let size_ok = file
+                .lfs
+                .as_ref()
+                .map(|l| l.size)
+                .or(file.size)
+                .is_none_or(|s| blob.metadata().is_ok_and(|m| m.len() == s));
+            let check = if size_ok {
+                verify::check_hash(&blob, &expected).map_err(|e| e.to_string())
+            } else {
+                Err(format!("{}: wrong size", file.rfilename))
+            };
             if let Err(why) = check {
                 let _ = std::fs::remove_file(&blob);
                 let _ = std::fs::remove_file(&link);

@@ -47,7 +47,9 @@ pub enum StoreError {
     Verify(#[from] verify::VerifyError),
     #[error("{}: {message}", dir.display())]
     Folder { dir: std::path::PathBuf, message: String },
-    #[error("`{0}` is neither a catalog model, an alias, a registered model, a repository (org/name) nor a model folder")]
+    #[error(
+        "`{0}` is neither a catalog model, an alias, a registered model, a repository (org/name) nor a model folder"
+    )]
     UnknownModel(String),
     #[error("`{0}` is not installed: `ferrite pull {0}` downloads it")]
     NotInstalled(String),

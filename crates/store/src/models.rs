@@ -92,7 +92,8 @@ impl Store {
         std::fs::create_dir_all(dir).map_err(io)?;
         let dir = dir.canonicalize().map_err(io)?;
         let probe = dir.join(".ferrite-write-test");
-        std::fs::write(&probe, b"").map_err(|e| StoreError::Folder { dir: dir.clone(), message: format!("not writable: {e}") })?;
+        std::fs::write(&probe, b"")
+            .map_err(|e| StoreError::Folder { dir: dir.clone(), message: format!("not writable: {e}") })?;
         let _ = std::fs::remove_file(probe);
         self.config.models_dir = Some(dir.clone());
         self.config.save(&self.config_dir)?;
@@ -102,7 +103,8 @@ impl Store {
 
     /// Registers an MLX model folder where it is (after checking it loads).
     pub fn register_local(&mut self, id: &str, path: &Path) -> Result<ModelFacts, StoreError> {
-        let path = path.canonicalize().map_err(|e| StoreError::Folder { dir: path.to_path_buf(), message: e.to_string() })?;
+        let path =
+            path.canonicalize().map_err(|e| StoreError::Folder { dir: path.to_path_buf(), message: e.to_string() })?;
         let facts = verify::check_model_dir(&path, false)?;
         if self.catalog.find(id).is_some() || self.config.local_models.iter().any(|m| m.id == id) {
             return Err(StoreError::NameTaken(id.to_string()));
@@ -135,11 +137,21 @@ impl Store {
                         bytes: facts.bytes,
                         has_mtp: facts.has_mtp,
                     }),
-                    Err(e) => listing.incomplete.push(Incomplete { repo: repo.clone(), dir, reason: e.to_string(), partial_bytes: partial }),
+                    Err(e) => listing.incomplete.push(Incomplete {
+                        repo: repo.clone(),
+                        dir,
+                        reason: e.to_string(),
+                        partial_bytes: partial,
+                    }),
                 }
             }
             if !seen_snapshot && partial > 0 {
-                listing.incomplete.push(Incomplete { repo, dir: repo_dir, reason: "download not finished".into(), partial_bytes: partial });
+                listing.incomplete.push(Incomplete {
+                    repo,
+                    dir: repo_dir,
+                    reason: "download not finished".into(),
+                    partial_bytes: partial,
+                });
             }
         }
         for entry in &self.catalog.entries {
@@ -168,7 +180,12 @@ impl Store {
                     bytes: facts.bytes,
                     has_mtp: facts.has_mtp,
                 }),
-                Err(e) => listing.incomplete.push(Incomplete { repo: local.id.clone(), dir: local.path.clone(), reason: e.to_string(), partial_bytes: 0 }),
+                Err(e) => listing.incomplete.push(Incomplete {
+                    repo: local.id.clone(),
+                    dir: local.path.clone(),
+                    reason: e.to_string(),
+                    partial_bytes: 0,
+                }),
             }
         }
         listing
@@ -198,7 +215,8 @@ impl Store {
         let entry = self.catalog.find(name).cloned();
         if let Some((e, rel)) = entry.as_ref().and_then(|e| e.embedded.as_ref().map(|rel| (e, rel))) {
             let dir = self.assets_dir.join(rel);
-            verify::check_model_dir(&dir, e.mtp).map_err(|err| StoreError::Unusable { name: name.to_string(), reason: err.to_string() })?;
+            verify::check_model_dir(&dir, e.mtp)
+                .map_err(|err| StoreError::Unusable { name: name.to_string(), reason: err.to_string() })?;
             return Ok(Resolved { dir, id: e.id.clone(), aliases: e.aliases.clone(), entry: entry.clone() });
         }
         let (repo, revision) = match &entry {
@@ -207,9 +225,11 @@ impl Store {
             None => return Err(StoreError::UnknownModel(name.to_string())),
         };
         let repo_dir = self.models_dir.join(layout::repo_folder(&repo));
-        let commit = layout::resolve_ref(&repo_dir, &revision).ok_or_else(|| StoreError::NotInstalled(name.to_string()))?;
+        let commit =
+            layout::resolve_ref(&repo_dir, &revision).ok_or_else(|| StoreError::NotInstalled(name.to_string()))?;
         let dir = repo_dir.join("snapshots").join(commit);
-        verify::check_model_dir(&dir, entry.as_ref().is_some_and(|e| e.mtp)).map_err(|e| StoreError::Unusable { name: name.to_string(), reason: e.to_string() })?;
+        verify::check_model_dir(&dir, entry.as_ref().is_some_and(|e| e.mtp))
+            .map_err(|e| StoreError::Unusable { name: name.to_string(), reason: e.to_string() })?;
         let id = entry.as_ref().map(|e| e.id.clone()).unwrap_or_else(|| repo.clone());
         let aliases = entry.as_ref().map(|e| e.aliases.clone()).unwrap_or_default();
         Ok(Resolved { dir, id, aliases, entry })
@@ -233,7 +253,8 @@ impl Store {
         if !repo_dir.exists() {
             return Err(StoreError::NotInstalled(name.to_string()));
         }
-        let folder_error = |dir: &Path, e: std::io::Error| StoreError::Folder { dir: dir.to_path_buf(), message: e.to_string() };
+        let folder_error =
+            |dir: &Path, e: std::io::Error| StoreError::Folder { dir: dir.to_path_buf(), message: e.to_string() };
         let mut freed = 0;
         if let Some(commit) = layout::resolve_ref(&repo_dir, &revision) {
             let snapshot = repo_dir.join("snapshots").join(&commit);
@@ -284,7 +305,12 @@ pub fn folder_model(path: &Path, catalog: &Catalog) -> Option<Resolved> {
     let name = path.canonicalize().ok().and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()));
     let id = name.unwrap_or_else(|| path.display().to_string());
     let entry = catalog.find(&id).cloned();
-    Some(Resolved { dir: path.to_path_buf(), aliases: entry.as_ref().map(|e| e.aliases.clone()).unwrap_or_default(), id, entry })
+    Some(Resolved {
+        dir: path.to_path_buf(),
+        aliases: entry.as_ref().map(|e| e.aliases.clone()).unwrap_or_default(),
+        id,
+        entry,
+    })
 }
 
 /// Blobs the snapshots of a repository folder use, by file name.

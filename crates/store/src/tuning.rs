@@ -52,7 +52,9 @@ impl TuningFile {
         let text = match std::fs::read_to_string(&path) {
             Ok(t) => t,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return empty(None),
-            Err(e) => return empty(Some(format!("{}: cannot read ({e}); tuning results start afresh", path.display()))),
+            Err(e) => {
+                return empty(Some(format!("{}: cannot read ({e}); tuning results start afresh", path.display())))
+            }
         };
         match serde_json::from_str::<FileData>(&text) {
             Ok(data) => (TuningFile { path, results: data.results }, None),
@@ -88,13 +90,21 @@ pub fn model_identity(dir: &Path) -> String {
     let canonical = dir.canonicalize().unwrap_or_else(|_| dir.to_path_buf());
     let parts: Vec<String> = canonical.components().map(|c| c.as_os_str().to_string_lossy().into_owned()).collect();
     if let Some(i) = parts.iter().position(|p| p == "snapshots") {
-        if let (Some(repo), Some(commit)) = (i.checked_sub(1).and_then(|j| crate::layout::repo_from_folder(&parts[j])), parts.get(i + 1)) {
+        if let (Some(repo), Some(commit)) =
+            (i.checked_sub(1).and_then(|j| crate::layout::repo_from_folder(&parts[j])), parts.get(i + 1))
+        {
             return format!("{repo}@{commit}");
         }
     }
     let mut h = sha2::Sha256::new();
     h.update(std::fs::read(dir.join("config.json")).unwrap_or_default());
-    let mut files: Vec<PathBuf> = std::fs::read_dir(dir).into_iter().flatten().flatten().map(|e| e.path()).filter(|p| p.extension().is_some_and(|x| x == "safetensors")).collect();
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
+        .collect();
     files.sort();
     for f in files {
         use std::io::Read;

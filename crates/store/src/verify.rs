@@ -104,7 +104,10 @@ pub fn safetensors_names(file: &Path) -> Result<Vec<String>, VerifyError> {
     f.read_exact(&mut prefix).map_err(|_| fail(file, "shorter than a safetensors header"))?;
     let header_len = u64::from_le_bytes(prefix);
     if header_len > (100 << 20) || 8 + header_len > size {
-        return Err(fail(file, format!("not safetensors, or truncated: a {header_len}-byte header in a {size}-byte file")));
+        return Err(fail(
+            file,
+            format!("not safetensors, or truncated: a {header_len}-byte header in a {size}-byte file"),
+        ));
     }
     let mut header = vec![0u8; header_len as usize];
     f.read_exact(&mut header).map_err(|e| fail(file, e.to_string()))?;

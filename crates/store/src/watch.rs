@@ -9,7 +9,11 @@ use notify::{RecursiveMode, Watcher};
 
 /// Calls `on_change` (from a thread of its own) after changes in `models_dir` settle for
 /// `settle`. Watching stops when the returned watcher is dropped.
-pub fn watch(models_dir: &Path, settle: Duration, on_change: impl Fn() + Send + 'static) -> notify::Result<notify::RecommendedWatcher> {
+pub fn watch(
+    models_dir: &Path,
+    settle: Duration,
+    on_change: impl Fn() + Send + 'static,
+) -> notify::Result<notify::RecommendedWatcher> {
     std::fs::create_dir_all(models_dir).map_err(notify::Error::io)?;
     let (tx, rx) = mpsc::channel::<()>();
     let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {

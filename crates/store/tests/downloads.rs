@@ -112,7 +112,8 @@ async fn a_corrupt_file_is_caught_and_removed() {
     s.hub.hub.faults.lock().unwrap().corrupt.clear();
     s.hub.hub.ranges.lock().unwrap().clear();
     d.pull(request("test/hybrid", true)).wait().await.unwrap();
-    let files: std::collections::BTreeSet<String> = s.hub.hub.ranges.lock().unwrap().iter().map(|(_, f, _)| f.clone()).collect();
+    let files: std::collections::BTreeSet<String> =
+        s.hub.hub.ranges.lock().unwrap().iter().map(|(_, f, _)| f.clone()).collect();
     assert_eq!(files.into_iter().collect::<Vec<_>>(), vec![shard]);
 }
 
@@ -188,7 +189,8 @@ async fn offline_and_unknown_repositories_say_so() {
     let d = Downloader::new(s.store.models_dir.clone(), options(&s));
     let err = d.pull(request("test/none", false)).wait().await.unwrap_err();
     assert!(matches!(err, DownloadError::NotFound { .. }), "{err}");
-    let d = Downloader::new(s.store.models_dir.clone(), Options { endpoint: "http://127.0.0.1:9".into(), ..options(&s) });
+    let d =
+        Downloader::new(s.store.models_dir.clone(), Options { endpoint: "http://127.0.0.1:9".into(), ..options(&s) });
     let err = d.pull(request("test/hybrid", true)).wait().await.unwrap_err();
     assert!(matches!(err, DownloadError::Network { .. }), "{err}");
     // A promised MTP head that is missing fails verification.
@@ -212,7 +214,8 @@ async fn a_disk_filling_up_mid_download_stops_cleanly_and_keeps_the_data() {
     let s = setup(&[("test/hybrid", true)]).await;
     let volume = s._tmp.path().join("small-volume");
     std::fs::create_dir_all(&volume).unwrap();
-    let mounted = std::process::Command::new("mount").args(["-t", "tmpfs", "-o", "size=200k", "tmpfs"]).arg(&volume).status();
+    let mounted =
+        std::process::Command::new("mount").args(["-t", "tmpfs", "-o", "size=200k", "tmpfs"]).arg(&volume).status();
     if !mounted.is_ok_and(|st| st.success()) {
         eprintln!("SKIPPED: mounting a small tmpfs needs root (CI runs as root)");
         return;

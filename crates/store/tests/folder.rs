@@ -51,7 +51,10 @@ fn a_model_another_tool_adds_is_listed_and_the_watcher_notices() {
     let listing = store.list();
     assert_eq!(listing.installed.len(), 1, "{listing:?}");
     assert_eq!(listing.installed[0].id, "other/tool-model");
-    assert_eq!(store.resolve("other/tool-model").unwrap().dir, store.models_dir.join("models--other--tool-model/snapshots/abc123"));
+    assert_eq!(
+        store.resolve("other/tool-model").unwrap().dir,
+        store.models_dir.join("models--other--tool-model/snapshots/abc123")
+    );
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     while changes.load(Ordering::SeqCst) == 0 && std::time::Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(50));
@@ -59,7 +62,11 @@ fn a_model_another_tool_adds_is_listed_and_the_watcher_notices() {
     assert!(changes.load(Ordering::SeqCst) >= 1);
     // A snapshot missing a shard is listed as incomplete, never as installed.
     let snap = store.models_dir.join("models--other--tool-model/snapshots/abc123");
-    let shard = std::fs::read_dir(&snap).unwrap().flatten().find(|f| f.file_name().to_string_lossy().starts_with("model-")).unwrap();
+    let shard = std::fs::read_dir(&snap)
+        .unwrap()
+        .flatten()
+        .find(|f| f.file_name().to_string_lossy().starts_with("model-"))
+        .unwrap();
     std::fs::remove_file(shard.path()).unwrap();
     let listing = store.list();
     assert!(listing.installed.is_empty());
@@ -80,7 +87,8 @@ fn delete_frees_what_no_other_snapshot_uses() {
     let repo_dir = store.models_dir.join("models--org--m");
     assert!(repo_dir.join("snapshots/old").is_dir() && !repo_dir.join("snapshots/new").exists());
     std::fs::write(repo_dir.join("refs/main"), "old").unwrap();
-    let blob_bytes: u64 = std::fs::read_dir(repo_dir.join("blobs")).unwrap().flatten().map(|b| b.metadata().unwrap().len()).sum();
+    let blob_bytes: u64 =
+        std::fs::read_dir(repo_dir.join("blobs")).unwrap().flatten().map(|b| b.metadata().unwrap().len()).sum();
     assert_eq!(store.delete("org/m").unwrap(), blob_bytes);
     assert!(!repo_dir.exists());
     assert!(matches!(store.delete("org/m"), Err(store::StoreError::NotInstalled(_))));

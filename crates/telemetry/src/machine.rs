@@ -55,7 +55,13 @@ impl BusyCheck {
         if sys.is_none() {
             tracing::warn!("cannot read the process list: other programs' load goes unchecked");
         }
-        let mut check = BusyCheck { sys, me: Pid::from_u32(std::process::id()), threshold, last: HashMap::new(), last_at: Instant::now() };
+        let mut check = BusyCheck {
+            sys,
+            me: Pid::from_u32(std::process::id()),
+            threshold,
+            last: HashMap::new(),
+            last_at: Instant::now(),
+        };
         check.look();
         check
     }

@@ -74,14 +74,22 @@ fn pressure() -> Option<f64> {
     let mut size = std::mem::size_of::<i32>();
     let name = c"kern.memorystatus_vm_pressure_level";
     // SAFETY: sysctlbyname writes at most `size` bytes into `level`.
-    let rc = unsafe { libc_sysctlbyname(name.as_ptr(), (&mut level as *mut i32).cast(), &mut size, std::ptr::null_mut(), 0) };
+    let rc = unsafe {
+        libc_sysctlbyname(name.as_ptr(), (&mut level as *mut i32).cast(), &mut size, std::ptr::null_mut(), 0)
+    };
     (rc == 0).then_some(level as f64)
 }
 
 #[cfg(target_os = "macos")]
 extern "C" {
     #[link_name = "sysctlbyname"]
-    fn libc_sysctlbyname(name: *const std::ffi::c_char, oldp: *mut std::ffi::c_void, oldlenp: *mut usize, newp: *mut std::ffi::c_void, newlen: usize) -> i32;
+    fn libc_sysctlbyname(
+        name: *const std::ffi::c_char,
+        oldp: *mut std::ffi::c_void,
+        oldlenp: *mut usize,
+        newp: *mut std::ffi::c_void,
+        newlen: usize,
+    ) -> i32;
 }
 
 #[cfg(not(any(target_os = "linux", target_os = "macos")))]
@@ -95,7 +103,12 @@ mod tests {
 
     #[test]
     fn psi_lines_parse() {
-        assert_eq!(parse_psi("some avg10=1.25 avg60=0.00 avg300=0.00 total=10\nfull avg10=0.00 avg60=0.00 avg300=0.00 total=0\n"), Some(1.25));
+        assert_eq!(
+            parse_psi(
+                "some avg10=1.25 avg60=0.00 avg300=0.00 total=10\nfull avg10=0.00 avg60=0.00 avg300=0.00 total=0\n"
+            ),
+            Some(1.25)
+        );
         assert_eq!(parse_psi("garbage"), None);
     }
 

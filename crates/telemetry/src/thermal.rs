@@ -37,7 +37,9 @@ impl Thermal {
 pub fn read() -> Thermal {
     #[cfg(target_os = "macos")]
     {
-        let fans = crate::smc::iokit::Smc::open().map(|smc| crate::smc::read_fans(|key| smc.read_key(key))).unwrap_or_default();
+        let fans = crate::smc::iokit::Smc::open()
+            .map(|smc| crate::smc::read_fans(|key| smc.read_key(key)))
+            .unwrap_or_default();
         Thermal { fans, temperatures: vec![], state: macos::thermal_state() }
     }
     #[cfg(not(target_os = "macos"))]
@@ -57,27 +59,43 @@ fn read_text(path: &Path) -> Option<String> {
 /// Fans and sensors under a sysfs `class` folder (a parameter so tests can build one).
 pub fn read_sysfs(class: &Path) -> Thermal {
     let mut t = Thermal::default();
-    let mut hwmons: Vec<_> = std::fs::read_dir(class.join("hwmon")).into_iter().flatten().flatten().map(|e| e.path()).collect();
+    let mut hwmons: Vec<_> =
+        std::fs::read_dir(class.join("hwmon")).into_iter().flatten().flatten().map(|e| e.path()).collect();
     hwmons.sort();
     for hw in hwmons {
-        let chip = read_text(&hw.join("name")).unwrap_or_else(|| hw.file_name().unwrap_or_default().to_string_lossy().into_owned());
-        let mut files: Vec<_> = std::fs::read_dir(&hw).into_iter().flatten().flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect();
+        let chip = read_text(&hw.join("name"))
+            .unwrap_or_else(|| hw.file_name().unwrap_or_default().to_string_lossy().into_owned());
+        let mut files: Vec<_> = std::fs::read_dir(&hw)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
         files.sort();
         for f in &files {
             let Some(stem) = f.strip_suffix("_input") else { continue };
             let label = read_text(&hw.join(format!("{stem}_label"))).unwrap_or_else(|| format!("{chip} {stem}"));
             match read_number(&hw.join(f)) {
                 Some(v) if stem.starts_with("fan") => t.fans.push(Fan { label, rpm: v.max(0) as u64 }),
-                Some(v) if stem.starts_with("temp") => t.temperatures.push(Sensor { label, celsius: v as f64 / 1000.0 }),
+                Some(v) if stem.starts_with("temp") => {
+                    t.temperatures.push(Sensor { label, celsius: v as f64 / 1000.0 })
+                }
                 _ => {}
             }
         }
     }
-    let mut zones: Vec<_> = std::fs::read_dir(class.join("thermal")).into_iter().flatten().flatten().map(|e| e.path()).filter(|p| p.file_name().is_some_and(|n| n.to_string_lossy().starts_with("thermal_zone"))).collect();
+    let mut zones: Vec<_> = std::fs::read_dir(class.join("thermal"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.file_name().is_some_and(|n| n.to_string_lossy().starts_with("thermal_zone")))
+        .collect();
     zones.sort();
     for z in zones {
         if let Some(milli) = read_number(&z.join("temp")) {
-            let label = read_text(&z.join("type")).unwrap_or_else(|| z.file_name().unwrap_or_default().to_string_lossy().into_owned());
+            let label = read_text(&z.join("type"))
+                .unwrap_or_else(|| z.file_name().unwrap_or_default().to_string_lossy().into_owned());
             t.temperatures.push(Sensor { label, celsius: milli as f64 / 1000.0 });
         }
     }
@@ -126,7 +144,10 @@ mod tests {
         std::fs::write(zone.join("type"), "x86_pkg_temp\n").unwrap();
         std::fs::write(zone.join("temp"), "51000\n").unwrap();
         let t = read_sysfs(dir.path());
-        assert_eq!(t.fans, vec![Fan { label: "CPU fan".into(), rpm: 1234 }, Fan { label: "nct6775 fan2".into(), rpm: 800 }]);
+        assert_eq!(
+            t.fans,
+            vec![Fan { label: "CPU fan".into(), rpm: 1234 }, Fan { label: "nct6775 fan2".into(), rpm: 800 }]
+        );
         assert_eq!(t.temperatures[0], Sensor { label: "nct6775 temp1".into(), celsius: 45.5 });
         assert_eq!(t.temperatures[1].label, "x86_pkg_temp");
         assert!(t.available());

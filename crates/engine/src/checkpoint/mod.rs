@@ -10,8 +10,8 @@ pub mod tokenizer_trainer;
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 
-use mlx_rs::{ops, random, Array};
 pub use mlx_rs::Dtype;
+use mlx_rs::{ops, random, Array};
 use serde_json::json;
 
 pub use presets::Arch;
@@ -160,10 +160,7 @@ pub fn make(opts: &MakeOptions, out: &Path) -> Result<Made> {
     }
     write_json(&out.join("config.json"), &config)?;
     write_tokenizer_config(out)?;
-    write_json(
-        &out.join("generation_config.json"),
-        &json!({"eos_token_id": [im_end, endoftext], "do_sample": false}),
-    )?;
+    write_json(&out.join("generation_config.json"), &json!({"eos_token_id": [im_end, endoftext], "do_sample": false}))?;
     Ok(Made { dir: out.to_path_buf(), parameters, bytes, files })
 }
 
@@ -210,7 +207,14 @@ struct ShardWriter {
 
 impl ShardWriter {
     fn new(dir: &Path, limit: usize) -> Self {
-        ShardWriter { dir: dir.to_path_buf(), limit, current: BTreeMap::new(), current_bytes: 0, written: vec![], total: 0 }
+        ShardWriter {
+            dir: dir.to_path_buf(),
+            limit,
+            current: BTreeMap::new(),
+            current_bytes: 0,
+            written: vec![],
+            total: 0,
+        }
     }
 
     fn add(&mut self, name: String, array: Array) -> Result<()> {
@@ -244,7 +248,11 @@ impl ShardWriter {
         let mut files = Vec::new();
         let mut weight_map = BTreeMap::new();
         for (i, (tmp, names)) in self.written.iter().enumerate() {
-            let name = if n == 1 { "model.safetensors".to_string() } else { format!("model-{:05}-of-{:05}.safetensors", i + 1, n) };
+            let name = if n == 1 {
+                "model.safetensors".to_string()
+            } else {
+                format!("model-{:05}-of-{:05}.safetensors", i + 1, n)
+            };
             let path = self.dir.join(&name);
             std::fs::rename(tmp, &path).map_err(|e| Error::io(&path, e))?;
             for t in names {

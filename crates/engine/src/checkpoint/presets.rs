@@ -79,11 +79,8 @@ fn hybrid(arch: Arch, base: Value, nk: i32, nv: i32, dk: i32, dv: i32) -> Value 
                     obj.remove(moved);
                 }
             }
-            let (top, text) = if arch == Arch::Qwen35 {
-                ("qwen3_5", "qwen3_5_text")
-            } else {
-                ("qwen3_5_moe", "qwen3_5_moe_text")
-            };
+            let (top, text) =
+                if arch == Arch::Qwen35 { ("qwen3_5", "qwen3_5_text") } else { ("qwen3_5_moe", "qwen3_5_moe_text") };
             c["model_type"] = json!(text);
             c["rope_parameters"] = json!({"rope_type": "default", "rope_theta": theta, "partial_rotary_factor": 0.25, "mrope_section": [11, 11, 10]});
             json!({
@@ -145,12 +142,20 @@ pub fn config(arch: Arch, preset: &str) -> Result<Value> {
         }
         (Arch::Qwen3Moe, "small") => moe(dense(256, 4, 8, 4, 32, 768, 2048, false), 16, 4, 128),
         (Arch::Qwen3Moe, "30b-a3b") => moe(dense(2048, 48, 32, 4, 128, 6144, 151936, false), 128, 8, 768),
-        (Arch::Qwen3Next | Arch::Qwen35 | Arch::Qwen35Moe, "tiny") => hybrid(arch, dense(64, 4, 4, 2, 16, 128, 512, false), 2, 4, 16, 16),
-        (Arch::Qwen3Next | Arch::Qwen35 | Arch::Qwen35Moe, "small") => hybrid(arch, dense(256, 8, 8, 2, 32, 768, 2048, false), 4, 8, 32, 32),
+        (Arch::Qwen3Next | Arch::Qwen35 | Arch::Qwen35Moe, "tiny") => {
+            hybrid(arch, dense(64, 4, 4, 2, 16, 128, 512, false), 2, 4, 16, 16)
+        }
+        (Arch::Qwen3Next | Arch::Qwen35 | Arch::Qwen35Moe, "small") => {
+            hybrid(arch, dense(256, 8, 8, 2, 32, 768, 2048, false), 4, 8, 32, 32)
+        }
         // Qwen3-Next-80B-A3B's shapes (512 experts, top 10) and a 40-layer, 256-expert variant
         // (the hybrid 35B-A3B shape of shared/gpu-runtime's reference figures).
-        (Arch::Qwen3Next, "80b-a3b") => next_shape(hybrid(arch, dense(2048, 48, 16, 2, 256, 5120, 151936, false), 16, 32, 128, 128), 512, 10),
-        (Arch::Qwen3Next, "35b-a3b") => next_shape(hybrid(arch, dense(2048, 40, 16, 2, 256, 5120, 151936, false), 16, 32, 128, 128), 256, 8),
+        (Arch::Qwen3Next, "80b-a3b") => {
+            next_shape(hybrid(arch, dense(2048, 48, 16, 2, 256, 5120, 151936, false), 16, 32, 128, 128), 512, 10)
+        }
+        (Arch::Qwen3Next, "35b-a3b") => {
+            next_shape(hybrid(arch, dense(2048, 40, 16, 2, 256, 5120, 151936, false), 16, 32, 128, 128), 256, 8)
+        }
         _ => {
             return Err(Error::Request(format!(
                 "unknown preset `{preset}` for {arch:?} (known: {})",

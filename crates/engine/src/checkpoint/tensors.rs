@@ -84,7 +84,10 @@ pub fn tensor_specs(c: &ModelConfig, layout: Layout) -> Vec<TensorSpec> {
     }
     // Parameters that are tensors of their own, not modules with a `.weight`.
     for s in &mut t {
-        if matches!(s.kind, Kind::DtBias | Kind::ALog) || s.name.contains(".experts.gate_up_proj") || s.name.contains(".experts.down_proj") {
+        if matches!(s.kind, Kind::DtBias | Kind::ALog)
+            || s.name.contains(".experts.gate_up_proj")
+            || s.name.contains(".experts.down_proj")
+        {
             s.raw = true;
         }
     }
@@ -96,12 +99,14 @@ fn layer_specs(c: &ModelConfig, t: &mut Vec<TensorSpec>, p: &str, linear: bool, 
     let norm = if hf { Kind::NormOffset } else { Kind::Norm };
     let (h, hd) = (c.hidden_size, c.head_dim());
     let (nq, nkv) = (c.num_attention_heads, c.num_key_value_heads);
-    let mut add = |name: String, shape: &[i32], kind: Kind| t.push(TensorSpec { name, shape: shape.to_vec(), kind, raw: false });
+    let mut add =
+        |name: String, shape: &[i32], kind: Kind| t.push(TensorSpec { name, shape: shape.to_vec(), kind, raw: false });
     add(format!("{p}.input_layernorm"), &[h], norm);
     add(format!("{p}.post_attention_layernorm"), &[h], norm);
     if linear {
         let a = format!("{p}.linear_attn");
-        let (nk, nv, dk, dv) = (c.linear_num_key_heads, c.linear_num_value_heads, c.linear_key_head_dim, c.linear_value_head_dim);
+        let (nk, nv, dk, dv) =
+            (c.linear_num_key_heads, c.linear_num_value_heads, c.linear_key_head_dim, c.linear_value_head_dim);
         let (kd, vd) = (nk * dk, nv * dv);
         if c.model_type == "qwen3_next" {
             add(format!("{a}.in_proj_qkvz"), &[2 * kd + 2 * vd, h], Kind::Matrix);
@@ -164,5 +169,4 @@ fn layer_specs(c: &ModelConfig, t: &mut Vec<TensorSpec>, p: &str, linear: bool, 
         add(format!("{m}.up_proj"), &[inter, h], Kind::Matrix);
         add(format!("{m}.down_proj"), &[h, inter], Kind::Matrix);
     }
-
 }

@@ -51,11 +51,8 @@ impl Attention {
         let q = self.q_norm.forward(&heads(q, self.n_heads)?)?;
         let k = self.k_norm.forward(&heads(k, self.n_kv_heads)?)?;
         let v = heads(v, self.n_kv_heads)?;
-        let (q, k, v) = (
-            q.transpose_axes(&[0, 2, 1, 3])?,
-            k.transpose_axes(&[0, 2, 1, 3])?,
-            v.transpose_axes(&[0, 2, 1, 3])?,
-        );
+        let (q, k, v) =
+            (q.transpose_axes(&[0, 2, 1, 3])?, k.transpose_axes(&[0, 2, 1, 3])?, v.transpose_axes(&[0, 2, 1, 3])?);
         let q = self.rope.forward(&q, cache.offset)?;
         let k = self.rope.forward(&k, cache.offset)?;
         let (k, v) = cache.update_and_fetch(&k, &v)?;

@@ -26,7 +26,14 @@ pub const CHUNK: i32 = 64;
 /// q, k: [B, T, H, Dk] (already repeated to the value heads); v: [B, T, H, Dv];
 /// g, beta: [B, T, H]; state: [B, H, Dv, Dk] f32. Returns y [B, T, H, Dv] in q's dtype and
 /// the final state.
-pub fn delta_rule_chunked(q: &Array, k: &Array, v: &Array, g: &Array, beta: &Array, state: Array) -> Result<(Array, Array)> {
+pub fn delta_rule_chunked(
+    q: &Array,
+    k: &Array,
+    v: &Array,
+    g: &Array,
+    beta: &Array,
+    state: Array,
+) -> Result<(Array, Array)> {
     let (b, t, h) = (q.dim(0), q.dim(1), q.dim(2));
     let (dk, dv) = (q.dim(3), v.dim(3));
     let n = (t + CHUNK - 1) / CHUNK;
@@ -42,9 +49,8 @@ pub fn delta_rule_chunked(q: &Array, k: &Array, v: &Array, g: &Array, beta: &Arr
         Ok(ops::pad(&x, widths.as_slice(), Array::from_f32(value), None)?)
     };
     // [B, T, H, D] -> [B, H, N, C, D]
-    let chunks = |x: Array, d: i32| -> Result<Array> {
-        Ok(x.transpose_axes(&[0, 2, 1, 3])?.reshape(&[b, h, n, CHUNK, d])?)
-    };
+    let chunks =
+        |x: Array, d: i32| -> Result<Array> { Ok(x.transpose_axes(&[0, 2, 1, 3])?.reshape(&[b, h, n, CHUNK, d])?) };
     let q = chunks(padded(f32(q)?, 0.0)?, dk)?;
     let k = chunks(padded(f32(k)?, 0.0)?, dk)?;
     let v = chunks(padded(f32(v)?, 0.0)?, dv)?;
@@ -96,7 +102,13 @@ pub fn delta_rule_chunked(q: &Array, k: &Array, v: &Array, g: &Array, beta: &Arr
     for c in 0..n {
         let at = |x: &Array| x.index((.., .., c));
         let u = ops::addmm(at(&w), at(&k_prime), s.swap_axes(-1, -2)?, -1.0, 1.0)?; // W − K' S₀ᵀ
-        let next = ops::addmm(at(&gamma_c).index((.., .., .., NewAxis)).multiply(&s)?, u.swap_axes(-1, -2)?, at(&k_to_end), 1.0, 1.0)?;
+        let next = ops::addmm(
+            at(&gamma_c).index((.., .., .., NewAxis)).multiply(&s)?,
+            u.swap_axes(-1, -2)?,
+            at(&k_to_end),
+            1.0,
+            1.0,
+        )?;
         entering.push(s);
         us.push(u);
         s = next;

@@ -131,7 +131,14 @@ impl GatedDeltaNet {
     /// handful of primitives per layer instead of dozens: at decode the host's graph work,
     /// not the arithmetic, sets the pace. Recording (verify passes) also returns the conv
     /// window and the state after every position, for a rollback.
-    fn short_step(&self, qkv: &Array, z: &Array, beta_logits: &Array, a: &Array, state: &mut LinearState) -> Result<Array> {
+    fn short_step(
+        &self,
+        qkv: &Array,
+        z: &Array,
+        beta_logits: &Array,
+        a: &Array,
+        state: &mut LinearState,
+    ) -> Result<Array> {
         let (b, s) = (qkv.dim(0), qkv.dim(1));
         let tail = match state.conv.take() {
             Some(t) => t,
@@ -153,7 +160,11 @@ impl GatedDeltaNet {
             self.dt_bias.clone(),
             self.norm.weight.clone(),
         ];
-        let out = if state.record { VERIFY_CORE.with_borrow_mut(|f| f(&args))? } else { DECODE_CORE.with_borrow_mut(|f| f(&args))? };
+        let out = if state.record {
+            VERIFY_CORE.with_borrow_mut(|f| f(&args))?
+        } else {
+            DECODE_CORE.with_borrow_mut(|f| f(&args))?
+        };
         let mut out = out.into_iter();
         let (Some(y), Some(tail)) = (out.next(), out.next()) else {
             return Err(Exception::custom("the short step returned too few arrays").into());
@@ -272,7 +283,15 @@ fn conv_qkv(conv: &Array, s: i32, [nk, dk, nv, dv]: [i32; 4]) -> std::result::Re
 
 /// Runs the recurrence over the sequence: y [B, T, Hv, Dv] and the states after each
 /// position (`all`) or only the final one.
-pub(crate) fn delta_rule(q: &Array, k: &Array, v: &Array, g: &Array, beta: &Array, mut state: Array, all: bool) -> Result<(Array, Vec<Array>)> {
+pub(crate) fn delta_rule(
+    q: &Array,
+    k: &Array,
+    v: &Array,
+    g: &Array,
+    beta: &Array,
+    mut state: Array,
+    all: bool,
+) -> Result<(Array, Vec<Array>)> {
     let mut ys = Vec::with_capacity(q.dim(1) as usize);
     let mut states = Vec::new();
     for t in 0..q.dim(1) {
@@ -343,7 +362,14 @@ fn delta_step_graph(args: &[Array]) -> std::result::Result<Vec<Array>, Exception
 
 /// [`delta_step_graph`] with the gates already in groups: g [B, Hk, r, 1, 1], beta
 /// [B, Hk, r, 1]. Returns [y, state].
-fn grouped_delta_step(q: &Array, k: &Array, v: &Array, g: &Array, beta: &Array, state: Array) -> std::result::Result<Vec<Array>, Exception> {
+fn grouped_delta_step(
+    q: &Array,
+    k: &Array,
+    v: &Array,
+    g: &Array,
+    beta: &Array,
+    state: Array,
+) -> std::result::Result<Vec<Array>, Exception> {
     let (b, hk, dk) = (q.dim(0), q.dim(1), q.dim(2));
     let (hv, dv) = (v.dim(1), v.dim(2));
     let r = hv / hk;

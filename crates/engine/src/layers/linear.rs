@@ -49,7 +49,12 @@ impl Linear {
         Ok(match self {
             Linear::Dense { weight, bias: b } => Linear::Dense { weight: take(weight)?, bias: bias(b)? },
             Linear::Quantized { packed, bias: b } => Linear::Quantized {
-                packed: Packed { weight: take(&packed.weight)?, scales: take(&packed.scales)?, biases: take(&packed.biases)?, spec: packed.spec },
+                packed: Packed {
+                    weight: take(&packed.weight)?,
+                    scales: take(&packed.scales)?,
+                    biases: take(&packed.biases)?,
+                    spec: packed.spec,
+                },
                 bias: bias(b)?,
             },
         })
@@ -68,7 +73,8 @@ impl Packed {
     /// The matrices joined along `axis` (an output or expert axis, never the packed input
     /// axis), in order; all share the first one's spec.
     pub fn concat(parts: &[&Packed], axis: i32) -> Result<Packed> {
-        let all = |pick: fn(&Packed) -> &Array| ops::concatenate(&parts.iter().map(|p| pick(p)).collect::<Vec<_>>(), axis);
+        let all =
+            |pick: fn(&Packed) -> &Array| ops::concatenate(&parts.iter().map(|p| pick(p)).collect::<Vec<_>>(), axis);
         Ok(Packed {
             weight: all(|p| &p.weight)?,
             scales: all(|p| &p.scales)?,
@@ -84,15 +90,7 @@ impl Packed {
 }
 
 fn quantized_matmul(x: &Array, p: &Packed) -> Result<Array> {
-    Ok(ops::quantized_matmul(
-        x,
-        &p.weight,
-        &p.scales,
-        &p.biases,
-        true,
-        p.spec.group_size,
-        p.spec.bits,
-    )?)
+    Ok(ops::quantized_matmul(x, &p.weight, &p.scales, &p.biases, true, p.spec.group_size, p.spec.bits)?)
 }
 
 #[derive(Debug, Clone)]

@@ -73,7 +73,11 @@ impl Joins {
                 "attention" => joins.attention = true,
                 "mlp" => joins.mlp = true,
                 "other" => joins.other = true,
-                other => return Err(format!("unknown group `{other}` (expected auto, all, none, or a comma list of attention, mlp, other)")),
+                other => {
+                    return Err(format!(
+                        "unknown group `{other}` (expected auto, all, none, or a comma list of attention, mlp, other)"
+                    ))
+                }
             }
         }
         Ok(joins)
@@ -116,7 +120,10 @@ impl Loader<'_> {
         if inp % spec.group_size != 0 || (inp * spec.bits) % 32 != 0 {
             return Err(Error::UnsupportedQuantization {
                 path: self.config_path.clone(),
-                detail: format!("`{path}`: input size {inp} does not fit group size {} / {} bits", spec.group_size, spec.bits),
+                detail: format!(
+                    "`{path}`: input size {inp} does not fit group size {} / {} bits",
+                    spec.group_size, spec.bits
+                ),
             });
         }
         let shape = |last: i32| [lead, &[out, last]].concat();
@@ -129,11 +136,7 @@ impl Loader<'_> {
     }
 
     pub fn linear(&mut self, path: &str, inp: i32, out: i32, bias: bool) -> Result<Linear> {
-        let bias = if bias {
-            Some(self.weights.take(&format!("{path}.bias"), Some(&[out]))?)
-        } else {
-            None
-        };
+        let bias = if bias { Some(self.weights.take(&format!("{path}.bias"), Some(&[out]))?) } else { None };
         Ok(match self.spec(path)? {
             Some(spec) => match held(self.dequantize, self.packed(path, &[], out, inp, spec)?, false)? {
                 Held::Dense(weight) => Linear::Dense { weight, bias },
@@ -156,10 +159,12 @@ impl Loader<'_> {
     pub fn switch_linear(&mut self, path: &str, experts: i32, inp: i32, out: i32) -> Result<SwitchLinear> {
         Ok(match self.spec(path)? {
             // MLX's CPU gather_mm supports only float32.
-            Some(spec) => match held(self.dequantize, self.packed(path, &[experts], out, inp, spec)?, !crate::device::on_gpu())? {
-                Held::Dense(weight) => SwitchLinear::Dense { weight },
-                Held::Packed(packed) => SwitchLinear::Quantized { packed },
-            },
+            Some(spec) => {
+                match held(self.dequantize, self.packed(path, &[experts], out, inp, spec)?, !crate::device::on_gpu())? {
+                    Held::Dense(weight) => SwitchLinear::Dense { weight },
+                    Held::Packed(packed) => SwitchLinear::Quantized { packed },
+                }
+            }
             None => {
                 let mut weight = self.weights.take(&format!("{path}.weight"), Some(&[experts, out, inp]))?;
                 // MLX's CPU gather_mm supports only float32 (mlx-lm fails there).
@@ -189,7 +194,8 @@ fn held(dequantize: Option<mlx_rs::Dtype>, packed: Packed, f32_only: bool) -> Re
     let Some(dtype) = dequantize else { return Ok(Held::Packed(packed)) };
     let dtype = if f32_only { mlx_rs::Dtype::Float32 } else { dtype };
     let p = &packed;
-    let weight = mlx_rs::ops::dequantize(&p.weight, &p.scales, &p.biases, p.spec.group_size, p.spec.bits)?.as_dtype(dtype)?;
+    let weight =
+        mlx_rs::ops::dequantize(&p.weight, &p.scales, &p.biases, p.spec.group_size, p.spec.bits)?.as_dtype(dtype)?;
     weight.eval()?;
     Ok(Held::Dense(weight))
 }

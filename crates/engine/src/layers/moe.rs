@@ -82,7 +82,10 @@ impl SparseMoe {
         };
         args.extend(residual.cloned());
         let combine = if self.norm_topk_prob { &COMBINE_NORMALIZED } else { &COMBINE };
-        let out = combine.with_borrow_mut(|f| f(&args))?.pop().ok_or_else(|| Exception::custom("the MoE combine returned nothing"))?;
+        let out = combine
+            .with_borrow_mut(|f| f(&args))?
+            .pop()
+            .ok_or_else(|| Exception::custom("the MoE combine returned nothing"))?;
         if long {
             laps::lap("moe: combine", &[&out])?;
         }

@@ -33,23 +33,33 @@ impl Projections {
         }
         let joined = match parts.as_slice() {
             [Linear::Dense { weight: first, bias: None }, rest @ ..]
-                if rest.iter().all(|p| matches!(p, Linear::Dense { weight, bias: None } if weight.dtype() == first.dtype())) =>
+                if rest
+                    .iter()
+                    .all(|p| matches!(p, Linear::Dense { weight, bias: None } if weight.dtype() == first.dtype())) =>
             {
-                let weights: Vec<&Array> = parts.iter().filter_map(|p| match p {
-                    Linear::Dense { weight, .. } => Some(weight),
-                    _ => None,
-                }).collect();
+                let weights: Vec<&Array> = parts
+                    .iter()
+                    .filter_map(|p| match p {
+                        Linear::Dense { weight, .. } => Some(weight),
+                        _ => None,
+                    })
+                    .collect();
                 let weight = ops::concatenate(&weights, 0)?;
                 weight.eval()?;
                 Linear::Dense { weight, bias: None }
             }
             [Linear::Quantized { packed: first, bias: None }, rest @ ..]
-                if rest.iter().all(|p| matches!(p, Linear::Quantized { packed, bias: None } if packed.spec == first.spec)) =>
+                if rest
+                    .iter()
+                    .all(|p| matches!(p, Linear::Quantized { packed, bias: None } if packed.spec == first.spec)) =>
             {
-                let packs: Vec<&Packed> = parts.iter().filter_map(|p| match p {
-                    Linear::Quantized { packed, .. } => Some(packed),
-                    _ => None,
-                }).collect();
+                let packs: Vec<&Packed> = parts
+                    .iter()
+                    .filter_map(|p| match p {
+                        Linear::Quantized { packed, .. } => Some(packed),
+                        _ => None,
+                    })
+                    .collect();
                 let packed = Packed::concat(&packs, 0)?;
                 packed.eval()?;
                 Linear::Quantized { packed, bias: None }
@@ -74,11 +84,14 @@ impl Projections {
     pub fn widths(&self) -> Vec<i32> {
         match self {
             Projections::Separate(parts) => parts.iter().map(Linear::out_features).collect(),
-            Projections::Joined { ends, .. } => ends.iter().scan(0, |start, &end| {
-                let width = end - *start;
-                *start = end;
-                Some(width)
-            }).collect(),
+            Projections::Joined { ends, .. } => ends
+                .iter()
+                .scan(0, |start, &end| {
+                    let width = end - *start;
+                    *start = end;
+                    Some(width)
+                })
+                .collect(),
         }
     }
 }
@@ -93,7 +106,10 @@ mod tests {
         let key = random::key(seed).unwrap();
         let w = random::normal::<f32>(&[rows, 64], None, None, Some(&key)).unwrap();
         let (weight, scales, biases) = ops::quantize(&w, 32, bits).unwrap();
-        Linear::Quantized { packed: Packed { weight, scales, biases, spec: QuantSpec { group_size: 32, bits } }, bias: None }
+        Linear::Quantized {
+            packed: Packed { weight, scales, biases, spec: QuantSpec { group_size: 32, bits } },
+            bias: None,
+        }
     }
 
     #[test]

@@ -110,7 +110,8 @@ impl SwitchLinear {
             }
             SwitchLinear::Dense { weight } => ops::gather_mm(x, weight.swap_axes(-1, -2)?, rows, experts, sorted)?,
             SwitchLinear::Quantized { packed: p } if mode == Gather::SortedDequantized => {
-                let w = ops::dequantize(&p.weight, &p.scales, &p.biases, p.spec.group_size, p.spec.bits)?.as_dtype(x.dtype())?;
+                let w = ops::dequantize(&p.weight, &p.scales, &p.biases, p.spec.group_size, p.spec.bits)?
+                    .as_dtype(x.dtype())?;
                 ops::gather_mm(x, w.swap_axes(-1, -2)?, rows, experts, sorted)?
             }
             SwitchLinear::Quantized { packed: p } => ops::gather_qmm(
@@ -182,7 +183,12 @@ impl SwitchLinear {
             (SwitchLinear::Quantized { packed: s }, Linear::Quantized { packed: p, bias: None })
                 if s.spec == p.spec && fits(&s.weight, &p.weight) && fits(&s.scales, &p.scales) =>
             {
-                let one = Packed { weight: as_expert(&p.weight)?, scales: as_expert(&p.scales)?, biases: as_expert(&p.biases)?, spec: p.spec };
+                let one = Packed {
+                    weight: as_expert(&p.weight)?,
+                    scales: as_expert(&p.scales)?,
+                    biases: as_expert(&p.biases)?,
+                    spec: p.spec,
+                };
                 SwitchLinear::Quantized { packed: Packed::concat(&[s, &one], 0)? }
             }
             _ => return Ok(None),
@@ -212,7 +218,13 @@ pub struct SwitchGlu {
 
 impl SwitchGlu {
     /// Joins gate and up when they are stored alike (`hidden`: the experts' width).
-    pub fn new(gate: SwitchLinear, up: SwitchLinear, down_proj: SwitchLinear, hidden: i32, long_prompts: LongPromptGather) -> Result<SwitchGlu> {
+    pub fn new(
+        gate: SwitchLinear,
+        up: SwitchLinear,
+        down_proj: SwitchLinear,
+        hidden: i32,
+        long_prompts: LongPromptGather,
+    ) -> Result<SwitchGlu> {
         let gate_up = match SwitchLinear::join_rows(&gate, &up)? {
             Some(both) => SwitchGateUp::Joined { both, hidden },
             None => SwitchGateUp::Separate { gate, up },
@@ -227,7 +239,9 @@ impl SwitchGlu {
     pub fn take_in_shared(&mut self, shared: Mlp) -> Result<SharedExpert> {
         let index = self.down_proj.experts() as u32;
         let gate_up = match (&self.gate_up, &shared.gate_up) {
-            (SwitchGateUp::Joined { both, hidden }, Projections::Joined { all, .. }) if shared.gate_up.widths() == [*hidden, *hidden] => {
+            (SwitchGateUp::Joined { both, hidden }, Projections::Joined { all, .. })
+                if shared.gate_up.widths() == [*hidden, *hidden] =>
+            {
                 both.with_extra(all)?.map(|both| SwitchGateUp::Joined { both, hidden: *hidden })
             }
             (SwitchGateUp::Separate { gate, up }, Projections::Separate(parts)) if parts.len() == 2 => {
@@ -266,7 +280,9 @@ impl SwitchGlu {
     fn dequantized_bytes(&self, element_bytes: usize) -> usize {
         let gate_up = match &self.gate_up {
             SwitchGateUp::Joined { both, .. } => both.dequantized_bytes(element_bytes),
-            SwitchGateUp::Separate { gate, up } => gate.dequantized_bytes(element_bytes) + up.dequantized_bytes(element_bytes),
+            SwitchGateUp::Separate { gate, up } => {
+                gate.dequantized_bytes(element_bytes) + up.dequantized_bytes(element_bytes)
+            }
         };
         gate_up + self.down_proj.dequantized_bytes(element_bytes)
     }
@@ -312,11 +328,20 @@ mod tests {
     fn experts(e: i32, out: i32, inp: i32, seed: u64) -> SwitchLinear {
         let w = random::normal::<f32>(&[e, out, inp], None, None, Some(&random::key(seed).unwrap())).unwrap();
         let (weight, scales, biases) = ops::quantize(&w, 32, 4).unwrap();
-        SwitchLinear::Quantized { packed: Packed { weight, scales, biases, spec: QuantSpec { group_size: 32, bits: 4 } } }
+        SwitchLinear::Quantized {
+            packed: Packed { weight, scales, biases, spec: QuantSpec { group_size: 32, bits: 4 } },
+        }
     }
 
     fn glu() -> SwitchGlu {
-        SwitchGlu::new(experts(8, 32, 64, 1), experts(8, 32, 64, 2), experts(8, 64, 32, 3), 32, LongPromptGather::default()).unwrap()
+        SwitchGlu::new(
+            experts(8, 32, 64, 1),
+            experts(8, 32, 64, 2),
+            experts(8, 64, 32, 3),
+            32,
+            LongPromptGather::default(),
+        )
+        .unwrap()
     }
 
     #[test]

@@ -6,11 +6,11 @@ use mlx_rs::Array;
 
 use super::qwen3;
 use super::transformer::{attention, Transformer};
+use super::MtpHead;
 use crate::config::{ModelConfig, Quantization};
 use crate::error::Result;
 use crate::layers::gated_delta::fused_input_rows;
 use crate::layers::{DecoderLayer, FeedForward, GatedDeltaNet, JoinGroup, Loader, Mixer, SparseMoe};
-use super::MtpHead;
 use crate::weights::Weights;
 
 /// How a hybrid checkpoint packs its Gated DeltaNet input projections.
@@ -39,7 +39,11 @@ pub fn build(c: &ModelConfig, ld: &mut Loader, layout: InputLayout) -> Result<Tr
         Ok(DecoderLayer {
             input_layernorm: ld.rms_norm(&format!("{p}.input_layernorm"), c.hidden_size, c.rms_norm_eps)?,
             mixer: Mixer::Attention(attention(c, ld, p, true)?),
-            post_attention_layernorm: ld.rms_norm(&format!("{p}.post_attention_layernorm"), c.hidden_size, c.rms_norm_eps)?,
+            post_attention_layernorm: ld.rms_norm(
+                &format!("{p}.post_attention_layernorm"),
+                c.hidden_size,
+                c.rms_norm_eps,
+            )?,
             mlp: feed_forward(c, ld, moe_layer.max(0), &format!("{p}.mlp"))?,
         })
     })?;
@@ -113,11 +117,8 @@ fn feed_forward(c: &ModelConfig, ld: &mut Loader, i: i32, p: &str) -> Result<Fee
 
 /// Where Qwen (`model.language_model`) and mlx-lm (`language_model.model`) put Qwen3.5's
 /// text model, mapped to the names the trunk uses.
-const PREFIXES: [(&str, &str); 3] = [
-    ("model.language_model.", "model."),
-    ("language_model.model.", "model."),
-    ("language_model.lm_head.", "lm_head."),
-];
+const PREFIXES: [(&str, &str); 3] =
+    [("model.language_model.", "model."), ("language_model.model.", "model."), ("language_model.lm_head.", "lm_head.")];
 
 /// Reads both published layouts as one. Qwen3.5 nests the text model (`model.language_model.*`
 /// from Qwen, `language_model.model.*` from mlx-lm) beside a vision tower that is dropped.
@@ -132,7 +133,10 @@ pub fn normalize_layout(weights: &mut Weights, quant: Option<&mut Quantization>)
         q.overrides = std::mem::take(&mut q.overrides)
             .into_iter()
             .map(|(k, v)| {
-                let k = PREFIXES.iter().find_map(|(from, to)| k.strip_prefix(from).map(|r| format!("{to}{r}"))).unwrap_or(k);
+                let k = PREFIXES
+                    .iter()
+                    .find_map(|(from, to)| k.strip_prefix(from).map(|r| format!("{to}{r}")))
+                    .unwrap_or(k);
                 (k, v)
             })
             .collect();
@@ -152,10 +156,19 @@ pub fn normalize_layout(weights: &mut Weights, quant: Option<&mut Quantization>)
         transformers_layout |= moved;
     }
     if transformers_layout {
-        const NORMS: [&str; 5] = [".input_layernorm.weight", ".post_attention_layernorm.weight", "model.norm.weight", ".q_norm.weight", ".k_norm.weight"];
-        const MTP_NORMS: [&str; 3] = ["mtp.pre_fc_norm_embedding.weight", "mtp.pre_fc_norm_hidden.weight", "mtp.norm.weight"];
+        const NORMS: [&str; 5] = [
+            ".input_layernorm.weight",
+            ".post_attention_layernorm.weight",
+            "model.norm.weight",
+            ".q_norm.weight",
+            ".k_norm.weight",
+        ];
+        const MTP_NORMS: [&str; 3] =
+            ["mtp.pre_fc_norm_embedding.weight", "mtp.pre_fc_norm_hidden.weight", "mtp.norm.weight"];
         for name in names.iter().filter(|n| NORMS.iter().any(|s| n.ends_with(s)) || MTP_NORMS.contains(&n.as_str())) {
-            weights.update(name, |w| Ok(if w.ndim() == 1 { w.add(Array::from_f32(1.0).as_dtype(w.dtype())?)? } else { w.clone() }))?;
+            weights.update(name, |w| {
+                Ok(if w.ndim() == 1 { w.add(Array::from_f32(1.0).as_dtype(w.dtype())?)? } else { w.clone() })
+            })?;
         }
     }
     Ok(())

@@ -80,10 +80,15 @@ pub fn load_with_form(dir: &Path, wanted: weight_form::Override) -> Result<(Box<
     if !config.is_hybrid() {
         let dropped = weights.drop_prefix("mtp.");
         if dropped > 0 {
-            tracing::info!("{}: ignoring {dropped} mtp.* tensors (no MTP head for {})", dir.display(), config.model_type);
+            tracing::info!(
+                "{}: ignoring {dropped} mtp.* tensors (no MTP head for {})",
+                dir.display(),
+                config.model_type
+            );
         }
     }
-    let weight_choice = weight_form::decide(weight_form::facts(&weights, config.quant.as_ref(), crate::device::on_gpu()), wanted);
+    let weight_choice =
+        weight_form::decide(weight_form::facts(&weights, config.quant.as_ref(), crate::device::on_gpu()), wanted);
     tracing::info!("{}: weights {weight_choice}", dir.display());
     let model = {
         let mut loader = Loader {

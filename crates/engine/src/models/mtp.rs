@@ -32,7 +32,11 @@ impl MtpHead {
 
     /// Builds the head from `mtp.*` if the checkpoint has one; a head whose shapes do not fit
     /// the trunk is an error naming the tensor.
-    pub fn load(c: &ModelConfig, ld: &mut Loader, mut layer: impl FnMut(&mut Loader, &str) -> Result<DecoderLayer>) -> Result<Option<Self>> {
+    pub fn load(
+        c: &ModelConfig,
+        ld: &mut Loader,
+        mut layer: impl FnMut(&mut Loader, &str) -> Result<DecoderLayer>,
+    ) -> Result<Option<Self>> {
         if !ld.weights.contains("mtp.fc.weight") {
             return Ok(None);
         }
@@ -40,12 +44,13 @@ impl MtpHead {
         let wrap = |e: Error| match e {
             Error::Shape { file, name, expected, found } => Error::Malformed {
                 path: file,
-                message: format!("the MTP head does not fit the trunk: `{name}` has shape {found:?}, the config needs {expected:?}"),
+                message: format!(
+                    "the MTP head does not fit the trunk: `{name}` has shape {found:?}, the config needs {expected:?}"
+                ),
             },
-            Error::MissingTensor { dir, name } => Error::Malformed {
-                path: dir,
-                message: format!("the MTP head is incomplete: `{name}` is missing"),
-            },
+            Error::MissingTensor { dir, name } => {
+                Error::Malformed { path: dir, message: format!("the MTP head is incomplete: `{name}` is missing") }
+            }
             other => other,
         };
         let mut build = || -> Result<Self> {
@@ -66,7 +71,13 @@ impl MtpHead {
 
     /// Hidden states [B, L, H] (before the head's final norm) for trunk hidden states `hidden`
     /// at positions p..p+L and the tokens at p+1..p+L+1.
-    pub fn forward(&self, model: &dyn LanguageModel, hidden: &Array, tokens: &Array, cache: &mut Cache) -> Result<Array> {
+    pub fn forward(
+        &self,
+        model: &dyn LanguageModel,
+        hidden: &Array,
+        tokens: &Array,
+        cache: &mut Cache,
+    ) -> Result<Array> {
         let e = self.pre_fc_norm_embedding.forward(&model.embed(tokens)?)?;
         let h = self.pre_fc_norm_hidden.forward(hidden)?;
         let mut x = self.fc.forward(&ops::concatenate(&[e, h], -1)?)?;

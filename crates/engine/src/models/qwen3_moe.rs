@@ -16,27 +16,34 @@ use crate::layers::{FeedForward, Loader, Mixer, Projections, SparseMoe};
 
 pub fn build(config: &ModelConfig, ld: &mut Loader) -> Result<Transformer> {
     let c = config;
-    Transformer::build(config, ld, |ld, _, p| Ok(Mixer::Attention(attention(c, ld, p, false)?)), |ld, layer, p| {
-        let path = &format!("{p}.mlp");
-        if !c.is_moe_layer(layer) {
-            return Ok(FeedForward::Dense(qwen3::mlp(ld, path, c.hidden_size, c.intermediate_size)?));
-        }
-        let (e, dim, hidden) = (c.num_experts, c.hidden_size, c.moe_intermediate_size);
-        stack_expert_layouts(ld, path, e)?;
-        let experts = switch_glu(ld, path, e, dim, hidden)?;
-        Ok(FeedForward::Moe(Box::new(SparseMoe {
-            router: Projections::Separate(vec![ld.linear(&format!("{path}.gate"), dim, e, false)?]),
-            experts,
-            top_k: c.num_experts_per_tok,
-            norm_topk_prob: c.norm_topk_prob(),
-            shared: None,
-        })))
-    })
+    Transformer::build(
+        config,
+        ld,
+        |ld, _, p| Ok(Mixer::Attention(attention(c, ld, p, false)?)),
+        |ld, layer, p| {
+            let path = &format!("{p}.mlp");
+            if !c.is_moe_layer(layer) {
+                return Ok(FeedForward::Dense(qwen3::mlp(ld, path, c.hidden_size, c.intermediate_size)?));
+            }
+            let (e, dim, hidden) = (c.num_experts, c.hidden_size, c.moe_intermediate_size);
+            stack_expert_layouts(ld, path, e)?;
+            let experts = switch_glu(ld, path, e, dim, hidden)?;
+            Ok(FeedForward::Moe(Box::new(SparseMoe {
+                router: Projections::Separate(vec![ld.linear(&format!("{path}.gate"), dim, e, false)?]),
+                experts,
+                top_k: c.num_experts_per_tok,
+                norm_topk_prob: c.norm_topk_prob(),
+                shared: None,
+            })))
+        },
+    )
 }
 
 /// The experts of the MoE block at `path` (`switch_mlp.{gate,up,down}_proj`, stacked).
 pub fn switch_glu(ld: &mut Loader, path: &str, experts: i32, dim: i32, hidden: i32) -> Result<SwitchGlu> {
-    let proj = |ld: &mut Loader, name: &str, inp: i32, out: i32| ld.switch_linear(&format!("{path}.switch_mlp.{name}"), experts, inp, out);
+    let proj = |ld: &mut Loader, name: &str, inp: i32, out: i32| {
+        ld.switch_linear(&format!("{path}.switch_mlp.{name}"), experts, inp, out)
+    };
     let gate = proj(ld, "gate_proj", dim, hidden)?;
     let up = proj(ld, "up_proj", dim, hidden)?;
     let down = proj(ld, "down_proj", hidden, dim)?;

@@ -68,7 +68,8 @@ pub fn attention(c: &ModelConfig, ld: &mut Loader, path: &str, output_gate: bool
     // A gated q_proj holds [q (head_dim), gate (head_dim)] per head: split into the two, so
     // each comes out of the joined matmul contiguous.
     let parts = if output_gate {
-        let rows = |start: i32| (0..heads).flat_map(move |h| (0..hd).map(move |i| h * 2 * hd + start + i)).collect::<Vec<_>>();
+        let rows =
+            |start: i32| (0..heads).flat_map(move |h| (0..hd).map(move |i| h * 2 * hd + start + i)).collect::<Vec<_>>();
         vec![q.take_rows(&rows(0))?, k, v, q.take_rows(&rows(hd))?]
     } else {
         vec![q, k, v]

@@ -39,7 +39,11 @@ async fn start_full(api_key: Option<&str>, options: WorkerOptions) -> Server {
 }
 
 /// A server whose state `configure` adjusts before it serves.
-pub async fn start_configured(api_key: Option<&str>, options: WorkerOptions, configure: impl FnOnce(&mut AppState)) -> Server {
+pub async fn start_configured(
+    api_key: Option<&str>,
+    options: WorkerOptions,
+    configure: impl FnOnce(&mut AppState),
+) -> Server {
     let mut o = MakeOptions::new(Arch::Qwen3, "tiny");
     o.bits = Some(4);
     o.group_size = 32;
@@ -54,11 +58,17 @@ pub async fn start_hybrid(configure: impl FnOnce(&mut AppState)) -> Server {
     start_checkpoint(&o, None, WorkerOptions::default(), configure).await
 }
 
-pub async fn start_checkpoint(o: &MakeOptions, api_key: Option<&str>, options: WorkerOptions, configure: impl FnOnce(&mut AppState)) -> Server {
+pub async fn start_checkpoint(
+    o: &MakeOptions,
+    api_key: Option<&str>,
+    options: WorkerOptions,
+    configure: impl FnOnce(&mut AppState),
+) -> Server {
     let dir = tempfile::tempdir().unwrap();
     checkpoint::make(o, dir.path()).unwrap();
     let path = dir.path().to_path_buf();
-    let worker = tokio::task::spawn_blocking(move || Worker::start(path, "tiny".into(), options)).await.unwrap().unwrap();
+    let worker =
+        tokio::task::spawn_blocking(move || Worker::start(path, "tiny".into(), options)).await.unwrap().unwrap();
     let mut state = AppState::new(worker, vec!["ferrite-tiny".into()], 0, api_key.map(str::to_string));
     configure(&mut state);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -69,7 +79,8 @@ pub async fn start_checkpoint(o: &MakeOptions, api_key: Option<&str>, options: W
 }
 
 pub fn chat(extra: Value) -> Value {
-    let mut body = json!({"model": "tiny", "messages": [{"role": "user", "content": "Write a function."}], "max_tokens": 12});
+    let mut body =
+        json!({"model": "tiny", "messages": [{"role": "user", "content": "Write a function."}], "max_tokens": 12});
     for (k, v) in extra.as_object().unwrap() {
         body[k] = v.clone();
     }
@@ -90,4 +101,3 @@ pub async fn sse(s: &Server, body: &Value) -> Vec<String> {
     let text = r.text().await.unwrap();
     text.lines().filter_map(|l| l.strip_prefix("data: ")).map(str::to_string).collect()
 }
-

@@ -83,7 +83,8 @@ impl Hub {
     /// The repository's safetensors files, largest first.
     pub fn shards(&self, repo: &str) -> Vec<String> {
         let repos = self.repos.lock().unwrap();
-        let mut files: Vec<_> = repos[repo].1.iter().filter(|f| f.lfs).map(|f| (f.bytes.len(), f.name.clone())).collect();
+        let mut files: Vec<_> =
+            repos[repo].1.iter().filter(|f| f.lfs).map(|f| (f.bytes.len(), f.name.clone())).collect();
         files.sort_by(|a, b| b.cmp(a));
         files.into_iter().map(|(_, n)| n).collect()
     }
@@ -143,7 +144,11 @@ async fn info(State((hub, _)): St, UrlPath((org, name, _rev)): UrlPath<(String, 
     Json(serde_json::json!({"id": format!("{org}/{name}"), "sha": commit, "siblings": siblings})).into_response()
 }
 
-async fn resolve(State((hub, cdn_base)): St, UrlPath((org, name, _rev, file)): UrlPath<(String, String, String, String)>, headers: HeaderMap) -> Response {
+async fn resolve(
+    State((hub, cdn_base)): St,
+    UrlPath((org, name, _rev, file)): UrlPath<(String, String, String, String)>,
+    headers: HeaderMap,
+) -> Response {
     let repo = format!("{org}/{name}");
     let Some((commit, f)) = hub.file(&repo, &file) else {
         return StatusCode::NOT_FOUND.into_response();
@@ -162,7 +167,11 @@ async fn resolve(State((hub, cdn_base)): St, UrlPath((org, name, _rev, file)): U
     body(&hub, &repo, &f, &headers, Some(commit))
 }
 
-async fn cdn(State((hub, _)): St, UrlPath((org, name, file)): UrlPath<(String, String, String)>, headers: HeaderMap) -> Response {
+async fn cdn(
+    State((hub, _)): St,
+    UrlPath((org, name, file)): UrlPath<(String, String, String)>,
+    headers: HeaderMap,
+) -> Response {
     let repo = format!("{org}/{name}");
     let Some((_, f)) = hub.file(&repo, &file) else {
         return StatusCode::NOT_FOUND.into_response();
@@ -206,7 +215,10 @@ fn body(hub: &Hub, repo: &str, f: &File, headers: &HeaderMap, commit: Option<Str
             tokio::time::sleep(slow).await;
         }
         if drop_after.is_some_and(|n| sent + piece.len() > n) {
-            return Some((Err(std::io::Error::other("connection dropped by the test hub")), (Vec::new().into_iter(), usize::MAX)));
+            return Some((
+                Err(std::io::Error::other("connection dropped by the test hub")),
+                (Vec::new().into_iter(), usize::MAX),
+            ));
         }
         let n = piece.len();
         Some((Ok::<_, std::io::Error>(piece), (it, sent + n)))

@@ -34,6 +34,7 @@ serve: build
 
 test:
 	@scripts/setup.sh --tests
+	$(CARGO) fmt --all --check
 	$(CARGO) test --workspace --all-targets
 	$(CARGO) build -p ferrite-cli
 	$(CARGO) build -p ferrite-store --example test_hub

@@ -12,13 +12,13 @@
 //! CPU's features, unless the user set it, and has OpenBLAS choose again.
 
 /// A one-line description of the BLAS in use, e.g. "OpenBLAS 0.3.21 (SkylakeX, 2 threads)
-/// from /usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3".
+/// from /usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblasp-r0.3.21.so".
 pub fn describe() -> String {
     if cfg!(target_os = "macos") {
         return "Accelerate".into();
     }
     keep_constructor();
-    let file = loaded_blas_file();
+    let file = library();
     let location = file.as_ref().map(|f| format!(" from {}", f.display())).unwrap_or_default();
     match openblas_config() {
         Some(OpenBlas { config, core, threads }) => {
@@ -98,20 +98,10 @@ fn keep_constructor() {
     std::hint::black_box(&CHOOSE_OPENBLAS_KERNELS);
 }
 
-/// Whether MLX's CPU matmuls run on an optimised BLAS (Accelerate or OpenBLAS) rather than the
-/// reference implementation.
-pub fn is_optimised() -> bool {
-    cfg!(target_os = "macos") || openblas_config().is_some()
-}
-
-/// The BLAS library this process has loaded (Linux; links resolved), for a peer process that
-/// should multiply with the same one (the reference tests' mlx-lm).
+/// The BLAS library this process has loaded: the first mapped shared library whose file name
+/// says BLAS, links resolved (Linux). Also for a peer process that should multiply with the
+/// same one (the reference tests' mlx-lm).
 pub fn library() -> Option<std::path::PathBuf> {
-    loaded_blas_file()
-}
-
-/// The first mapped shared library whose file name says BLAS, with links resolved.
-fn loaded_blas_file() -> Option<std::path::PathBuf> {
     let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
     let path = maps.lines().filter_map(|line| line.split_whitespace().nth(5)).find(|path| {
         let name = path.rsplit('/').next().unwrap_or("");

@@ -63,6 +63,17 @@ pub fn mlx_version() -> String {
     }
 }
 
+/// The machine's physical memory in bytes (0 if the system will not say).
+pub fn total_memory() -> u64 {
+    // SAFETY: sysconf only reads system configuration values.
+    let (pages, page_size) = unsafe { (libc::sysconf(libc::_SC_PHYS_PAGES), libc::sysconf(libc::_SC_PAGESIZE)) };
+    if pages <= 0 || page_size <= 0 {
+        0
+    } else {
+        pages as u64 * page_size as u64
+    }
+}
+
 #[cfg(target_os = "macos")]
 fn gpu_available() -> bool {
     let mut available = false;

@@ -140,7 +140,7 @@ pub fn facts(weights: &Weights, quant: Option<&Quantization>, on_gpu: bool) -> F
         let values = weight.size() as u64 * 32 / spec.bits.max(1) as u64;
         f32_bytes += values * 4;
     }
-    Facts { quantized_bytes, f32_bytes, on_gpu, total_memory: total_memory() }
+    Facts { quantized_bytes, f32_bytes, on_gpu, total_memory: crate::device::total_memory() }
 }
 
 /// The form the checkpoint in `dir` loads in here (its tensors are mapped, not read).
@@ -148,17 +148,6 @@ pub fn for_checkpoint(dir: &std::path::Path) -> crate::Result<WeightChoice> {
     let config = crate::config::ModelConfig::load(dir)?;
     let weights = Weights::load(dir)?;
     Ok(decide(facts(&weights, config.quant.as_ref(), crate::device::on_gpu()), Override::from_env()?))
-}
-
-/// The machine's physical memory in bytes (0 if the system will not say).
-pub fn total_memory() -> u64 {
-    // SAFETY: sysconf only reads system configuration values.
-    let (pages, page_size) = unsafe { (libc::sysconf(libc::_SC_PHYS_PAGES), libc::sysconf(libc::_SC_PAGESIZE)) };
-    if pages <= 0 || page_size <= 0 {
-        0
-    } else {
-        pages as u64 * page_size as u64
-    }
 }
 
 fn dtype_name(dtype: Dtype) -> &'static str {

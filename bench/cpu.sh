@@ -96,7 +96,8 @@ echo "| case | engine | plain step ms | draft step | verify D=1 | D=2 | D=3 | D=
 echo "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"
 for c in "${cases[@]}"; do
   model=$(model_for "$c")
-  RUST_LOG=warn "$FERRITE" inspect "$model" | grep -q 'speculative decoding available' || continue
+  # (grep -c reads all of inspect's output: -q would stop early and, under pipefail, fail it)
+  RUST_LOG=warn "$FERRITE" inspect "$model" | grep -c 'speculative decoding available' >/dev/null || continue
   ids=$(ids_for "$c" 128)
   for engine in before after; do
     if [ $engine = before ]; then
@@ -121,5 +122,10 @@ if [[ " ${cases[*]} " == *" embedded "* ]]; then
   ids=$(ids_for embedded 12288)
   line=$(RUST_LOG=warn "$FERRITE" bench --model "$root/assets/models/ferrite-code-20m" --prompt-ids "$ids" --gen-tokens 16 --runs 1)
   printf '{"case": "embedded", "engine_run": "after-12k", "result": %s}\n' "$line" >> "$out"
-  "$PYTHON" -c 'import json,sys; r=json.loads(sys.argv[1]); print(f"Embedded model, 12,288-token prompt (after): time to first token {r[\"ttft_s\"]:.1f} s ({r[\"prompt_tps\"]:.0f} tok/s), peak memory {r[\"peak_memory_bytes\"]/1e6:.0f} MB")' "$line"
+  "$PYTHON" - "$line" <<'PY'
+import json, sys
+r = json.loads(sys.argv[1])
+print(f"Embedded model, 12,288-token prompt (after): time to first token {r['ttft_s']:.1f} s "
+      f"({r['prompt_tps']:.0f} tok/s), peak memory {r['peak_memory_bytes'] / 1e6:.0f} MB")
+PY
 fi

@@ -35,6 +35,7 @@ serve: build
 test:
 	@scripts/setup.sh --tests
 	$(CARGO) fmt --all --check
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
 	$(CARGO) test --workspace --all-targets
 	$(CARGO) build -p ferrite-cli
 	$(CARGO) build -p ferrite-store --example test_hub

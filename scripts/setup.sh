@@ -144,10 +144,14 @@ if ! "$venv/bin/python" -c "import openai, anthropic, pytest" 2>/dev/null; then
   say "adding the openai and anthropic SDKs and pytest to third_party/venv"
   "$venv/bin/pip" install -q --disable-pip-version-check "openai>=1.50,<3" "anthropic>=0.40,<1" "pytest>=8,<10"
 fi
-# 4. rustfmt: `make test` checks the code's formatting (rustfmt.toml).
-if [ $TESTS = 1 ] && ! cargo fmt --version >/dev/null 2>&1; then
-  say "adding rustfmt to the Rust toolchain"
-  rustup component add rustfmt
+# 4. rustfmt and clippy: `make test` checks the code's formatting (rustfmt.toml) and lints.
+if [ $TESTS = 1 ]; then
+  for tool in fmt:rustfmt clippy:clippy; do
+    if ! cargo "${tool%%:*}" --version >/dev/null 2>&1; then
+      say "adding ${tool##*:} to the Rust toolchain"
+      rustup component add "${tool##*:}"
+    fi
+  done
 fi
 # 5. playwright-core for the web UI's browser tests (no browser download: it drives chromium).
 if [ $TESTS = 1 ] && [ ! -d "$root/tests/ui/node_modules/playwright-core" ]; then

@@ -70,9 +70,7 @@ impl Override {
     /// `FERRITE_CPU_WEIGHTS` (unset reads as `auto`); a value it refuses is a config error
     /// naming the variable.
     pub fn from_env() -> crate::Result<Override> {
-        Override::parse(&std::env::var("FERRITE_CPU_WEIGHTS").unwrap_or_default()).map_err(|message| {
-            crate::Error::Config { path: "environment".into(), field: "FERRITE_CPU_WEIGHTS".into(), message }
-        })
+        crate::models::from_env("FERRITE_CPU_WEIGHTS", Override::parse)
     }
 }
 
@@ -147,7 +145,13 @@ pub fn facts(weights: &Weights, quant: Option<&Quantization>, on_gpu: bool) -> F
 pub fn for_checkpoint(dir: &std::path::Path) -> crate::Result<WeightChoice> {
     let config = crate::config::ModelConfig::load(dir)?;
     let weights = Weights::load(dir)?;
-    Ok(decide(facts(&weights, config.quant.as_ref(), crate::device::on_gpu()), Override::from_env()?))
+    Ok(choose(&weights, &config, Override::from_env()?))
+}
+
+/// The form a checkpoint's `weights` load in on this backend and machine, or the one `wanted`
+/// names.
+pub fn choose(weights: &Weights, config: &crate::config::ModelConfig, wanted: Override) -> WeightChoice {
+    decide(facts(weights, config.quant.as_ref(), crate::device::on_gpu()), wanted)
 }
 
 fn dtype_name(dtype: Dtype) -> &'static str {

@@ -59,7 +59,7 @@ fn joins_for(config: &ModelConfig) -> Result<Joins> {
 
 /// A benchmark's override read from the environment variable `name` (unset reads as empty),
 /// parsed by `parse`; what it refuses is a config error naming the variable.
-fn from_env<T>(name: &str, parse: impl FnOnce(&str) -> std::result::Result<T, String>) -> Result<T> {
+pub(crate) fn from_env<T>(name: &str, parse: impl FnOnce(&str) -> std::result::Result<T, String>) -> Result<T> {
     let text = std::env::var(name).unwrap_or_default();
     parse(&text).map_err(|message| Error::Config { path: "environment".into(), field: name.into(), message })
 }
@@ -87,8 +87,7 @@ pub fn load_with_form(dir: &Path, wanted: weight_form::Override) -> Result<(Box<
             );
         }
     }
-    let weight_choice =
-        weight_form::decide(weight_form::facts(&weights, config.quant.as_ref(), crate::device::on_gpu()), wanted);
+    let weight_choice = weight_form::choose(&weights, &config, wanted);
     tracing::info!("{}: weights {weight_choice}", dir.display());
     let model = {
         let mut loader = Loader {

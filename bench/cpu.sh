@@ -15,10 +15,12 @@
 #                               project-made cases of lib.sh, with f32 scales as a CPU wants)
 # Environment: SIZES (default "128 2048 8192"; the made checkpoints run the first two, the
 # 0.6B-shaped one the first only: its quantized prefill takes minutes), GEN_TOKENS (64), RUNS
-# (timed runs after a warm-up, default 1), FERRITE, PYTHON, BENCH_DIR.
+# (timed runs after a warm-up, default 1), ROW_RUNS (processes per form in the one-row table,
+# default 5), FERRITE, PYTHON, BENCH_DIR.
 set -euo pipefail
 GEN_TOKENS=${GEN_TOKENS:-64}
 RUNS=${RUNS:-1}
+ROW_RUNS=${ROW_RUNS:-5}
 SIZES=${SIZES:-128 2048 8192}
 . "$(dirname "$0")/lib.sh"
 cases=("$@")
@@ -116,6 +118,42 @@ print(f"| {c} | {e} | {r['plain_step_s']*1e3:.2f} | {r['draft_cost']:.2f}x | "
 PY
   done
 done
+
+if [[ " ${cases[*]} " == *" embedded "* ]] && [ -f "$root/third_party/blas/libblas-sgemm-row.so" ]; then
+  # One-row products through OpenBLAS's sgemm (its libblas preloaded ahead of the forwarder)
+  # and through gemv (third_party/sgemm_row.c, the default), alternating in fresh processes.
+  echo
+  echo "Embedded model, one-row products on sgemm vs gemv (128-token prompt, $ROW_RUNS alternating processes each):"
+  echo
+  ids=$(ids_for embedded 128)
+  openblas_blas=$(ldd "$root/third_party/blas/libblas-sgemm-row.so" | awk '/libopenblas/ { print $3 }')
+  openblas_blas="$(dirname "$openblas_blas")/libblas.so.3"
+  sgemm=() gemv=() spec_sgemm=() spec_gemv=()
+  for _ in $(seq "$ROW_RUNS"); do
+    for form in sgemm gemv; do
+      preload=""; [ $form = sgemm ] && preload=$openblas_blas
+      line=$(LD_PRELOAD=$preload RUST_LOG=warn "$FERRITE" bench --spec --model "$root/assets/models/ferrite-code-20m" \
+        --prompt-ids "$ids" --gen-tokens "$GEN_TOKENS" --runs 1)
+      printf '{"case": "embedded", "engine_run": "rows-%s", "result": %s}\n' "$form" "$line" >> "$out"
+      if [ $form = sgemm ]; then sgemm+=("$line"); else gemv+=("$line"); fi
+    done
+  done
+  "$PYTHON" - "${#sgemm[@]}" "${sgemm[@]}" "${gemv[@]}" <<'PY'
+import json, sys
+n = int(sys.argv[1])
+runs = [json.loads(x) for x in sys.argv[2:]]
+forms = {"sgemm": runs[:n], "gemv": runs[n:]}
+print("| one-row products | plain step ms (min-max) | decode tok/s (min-max) | verify D=1 | D=2 | D=3 | D=4 (median) |")
+print("| --- | --- | --- | --- | --- | --- | --- |")
+med = lambda xs: sorted(xs)[len(xs) // 2]
+for form, rs in forms.items():
+    steps = [r["plain_step_s"] * 1e3 for r in rs]
+    tps = [1e3 / s for s in steps]
+    verify = [med([{d["depth"]: d for d in r["depths"]}[k]["verify_cost"] for r in rs]) for k in (1, 2, 3, 4)]
+    print(f"| {form} | {min(steps):.2f}-{max(steps):.2f} | {min(tps):.0f}-{max(tps):.0f} | "
+          + " | ".join(f"{v:.2f}x" for v in verify) + " |")
+PY
+fi
 
 if [[ " ${cases[*]} " == *" embedded "* ]]; then
   echo

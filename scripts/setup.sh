@@ -94,14 +94,26 @@ case "$(uname -s)" in
     #     its rpath in mlx_cpu.libs, by their mangled file names; those names become links to
     #     OpenBLAS, so the ferrite binary, the app, the tests and the benchmarks all get it
     #     whatever their environment. The reference venv keeps the stock wheel (the peer).
+    #     MLX's BLAS name points at a thin library in front of OpenBLAS that sends one-row
+    #     products (each decode step's) to gemv (third_party/sgemm_row.c); without a C
+    #     compiler, at OpenBLAS itself.
     openblas_dir=$(find_openblas || true)
     if [ -n "$openblas_dir" ]; then
+      row=$tp/blas/libblas-sgemm-row.so
+      if [ ! -f "$row" ] || [ "$tp/sgemm_row.c" -nt "$row" ]; then
+        mkdir -p "$tp/blas"
+        gcc -O2 -fPIC -shared -Wall -o "$row.tmp" "$tp/sgemm_row.c" \
+          -L"$openblas_dir" -l:libopenblas.so.0 -Wl,-rpath,"$openblas_dir" -ldl && mv "$row.tmp" "$row" \
+          || say "warning: third_party/sgemm_row.c did not compile; MLX multiplies one row through sgemm"
+      fi
       for lib in blas lapack; do
+        want=$openblas_dir/lib$lib.so.3
+        [ $lib = blas ] && [ -f "$row" ] && want=$row
         for bundled in "$tp"/mlx-cpu/mlx_cpu.libs/lib$lib-*.so*; do
           [ -e "$bundled" ] || [ -L "$bundled" ] || continue
-          if [ "$(readlink "$bundled")" != "$openblas_dir/lib$lib.so.3" ]; then
-            say "MLX's ${lib^^}: $openblas_dir/lib$lib.so.3 (OpenBLAS) in place of the wheel's reference one"
-            ln -sfn "$openblas_dir/lib$lib.so.3" "$bundled"
+          if [ "$(readlink "$bundled")" != "$want" ]; then
+            say "MLX's ${lib^^}: $want in place of the wheel's reference one"
+            ln -sfn "$want" "$bundled"
           fi
         done
       done

@@ -11,8 +11,8 @@
 //! initialised and before `main`, while no thread does BLAS work) sets that variable from the
 //! CPU's features, unless the user set it, and has OpenBLAS choose again.
 
-/// A one-line description of the BLAS in use, e.g. "OpenBLAS 0.3.21 (SkylakeX, 2 threads)
-/// from /usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblasp-r0.3.21.so".
+/// A one-line description of the BLAS in use, e.g. "OpenBLAS 0.3.21 (SkylakeX, 2 threads,
+/// one-row products on gemv) from /work/ferrite/third_party/blas/libblas-sgemm-row.so".
 pub fn describe() -> String {
     if cfg!(target_os = "macos") {
         return "Accelerate".into();
@@ -25,7 +25,8 @@ pub fn describe() -> String {
             // The config reads "OpenBLAS 0.3.21 DYNAMIC_ARCH NO_AFFINITY SkylakeX MAX_THREADS=64".
             let version = config.split_whitespace().nth(1).unwrap_or("?");
             let chosen = if CHOSEN_CORE.get().is_some() { " kernels chosen by Ferrite" } else { "" };
-            format!("OpenBLAS {version} ({core}{chosen}, {threads} threads){location}")
+            let rows = if forwards_one_row() { ", one-row products on gemv" } else { "" };
+            format!("OpenBLAS {version} ({core}{chosen}, {threads} threads{rows}){location}")
         }
         None if file.is_some() => format!("reference BLAS{location}"),
         None => "unknown (no BLAS library is mapped)".into(),
@@ -98,16 +99,39 @@ fn keep_constructor() {
     std::hint::black_box(&CHOOSE_OPENBLAS_KERNELS);
 }
 
-/// The BLAS library this process has loaded: the first mapped shared library whose file name
-/// says BLAS, links resolved (Linux). Also for a peer process that should multiply with the
-/// same one (the reference tests' mlx-lm).
+/// The library MLX's f32 matmuls call into: the file that defines the `cblas_sgemm` this
+/// process binds (on Linux after setup, the one-row forwarder in front of OpenBLAS), links
+/// resolved. Also what a peer process should preload to multiply the same way (the reference
+/// tests' mlx-lm).
+#[cfg(target_os = "linux")]
 pub fn library() -> Option<std::path::PathBuf> {
-    let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
-    let path = maps.lines().filter_map(|line| line.split_whitespace().nth(5)).find(|path| {
-        let name = path.rsplit('/').next().unwrap_or("");
-        name.starts_with("libblas") || name.starts_with("libopenblas")
-    })?;
-    Some(std::fs::canonicalize(path).unwrap_or_else(|_| path.into()))
+    // SAFETY: dlsym with RTLD_DEFAULT only looks a symbol up in the objects already loaded;
+    // dladdr only reads the loader's tables into `info`, a plain C struct we own, and the file
+    // name it points to is a NUL-terminated string the loader keeps while the object is loaded.
+    unsafe {
+        let sgemm = libc::dlsym(libc::RTLD_DEFAULT, c"cblas_sgemm".as_ptr());
+        if sgemm.is_null() {
+            return None;
+        }
+        let mut info: libc::Dl_info = std::mem::zeroed();
+        if libc::dladdr(sgemm, &mut info) == 0 || info.dli_fname.is_null() {
+            return None;
+        }
+        let path = std::path::PathBuf::from(std::ffi::CStr::from_ptr(info.dli_fname).to_string_lossy().into_owned());
+        Some(std::fs::canonicalize(&path).unwrap_or(path))
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+pub fn library() -> Option<std::path::PathBuf> {
+    None
+}
+
+/// Whether MLX's one-row products go to gemv through `third_party/sgemm_row.c`.
+fn forwards_one_row() -> bool {
+    // SAFETY: as in `library`: a lookup among the objects already loaded, nothing is called.
+    cfg!(target_os = "linux")
+        && unsafe { !libc::dlsym(libc::RTLD_DEFAULT, c"ferrite_sgemm_row_forwarding".as_ptr()).is_null() }
 }
 
 /// What OpenBLAS says of itself.
@@ -168,6 +192,44 @@ mod tests {
         assert!(!text.starts_with("unknown"), "{text}");
         if cfg!(target_os = "linux") {
             assert!(text.contains("BLAS"), "{text}");
+        }
+    }
+
+    /// One-row products take the forwarder's gemv path on Linux: each way MLX can hand the
+    /// operands over (weights stored n x k and used transposed, as every linear layer does;
+    /// stored k x n; the row read from a column) gives the product a plain loop gives, also
+    /// over a beta = 0 output, and addmm's alpha (on the product) and beta (on c) are kept.
+    #[test]
+    fn one_row_products_match_a_plain_loop() {
+        use mlx_rs::{ops, Array};
+        let (k, n) = (37usize, 53usize);
+        let row: Vec<f32> = (0..k).map(|i| ((i * 7 % 11) as f32 - 5.0) / 4.0).collect();
+        let weights: Vec<f32> = (0..n * k).map(|i| ((i * 13 % 17) as f32 - 8.0) / 8.0).collect();
+        // expected[j] = sum_i row[i] * weights[j][i] (weights stored n x k).
+        let expected: Vec<f32> = (0..n).map(|j| (0..k).map(|i| row[i] * weights[j * k + i]).sum()).collect();
+        let close = |got: &Array, want: &[f32], what: &str| {
+            got.eval().unwrap();
+            let got = got.as_slice::<f32>();
+            assert_eq!(got.len(), want.len(), "{what}");
+            for (j, (g, w)) in got.iter().zip(want).enumerate() {
+                assert!((g - w).abs() <= 1e-4 * (1.0 + w.abs()), "{what}: [{j}] {g} vs {w}");
+            }
+        };
+        let x = Array::from_slice(&row, &[1, k as i32]);
+        let w = Array::from_slice(&weights, &[n as i32, k as i32]);
+        close(&ops::matmul(&x, w.t()).unwrap(), &expected, "x @ w.T");
+        let stored_kn: Vec<f32> = (0..k * n).map(|at| weights[(at % n) * k + at / n]).collect();
+        let w_kn = Array::from_slice(&stored_kn, &[k as i32, n as i32]);
+        close(&ops::matmul(&x, &w_kn).unwrap(), &expected, "x @ w (k x n stored)");
+        let column = Array::from_slice(&row, &[k as i32, 1]);
+        close(&ops::matmul(column.t(), w.t()).unwrap(), &expected, "column.T @ w.T");
+        let bias: Vec<f32> = (0..n).map(|j| j as f32 / 10.0).collect();
+        let c = Array::from_slice(&bias, &[1, n as i32]);
+        let addmm = ops::addmm(&c, &x, w.t(), 0.5, 2.0).unwrap();
+        let want: Vec<f32> = expected.iter().zip(&bias).map(|(e, b)| 0.5 * e + 2.0 * b).collect();
+        close(&addmm, &want, "addmm");
+        if cfg!(all(target_os = "linux", target_arch = "x86_64")) && openblas_config().is_some() {
+            assert!(forwards_one_row(), "scripts/setup.sh builds third_party/sgemm_row.c: {}", describe());
         }
     }
 

@@ -6,7 +6,7 @@ PORT ?= 8080
 # MTP draft depth: `auto` is what `ferrite tune` stored for this machine (plain decoding until then).
 DRAFT ?= auto
 
-.PHONY: setup build run app serve test bench clean
+.PHONY: setup build run app serve test check-mac bench clean
 
 setup:
 	@scripts/setup.sh
@@ -36,6 +36,7 @@ test:
 	@scripts/setup.sh --tests
 	$(CARGO) fmt --all --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
+	CARGO=$(CARGO) scripts/check-mac/run.sh
 	$(CARGO) test --workspace --all-targets
 	$(CARGO) build -p ferrite-cli
 	$(CARGO) build -p ferrite-store --example test_hub
@@ -43,6 +44,11 @@ test:
 	third_party/venv/bin/python -m pytest tests/sdk tests/bench -q
 	@if [ -d tests/ui/node_modules/playwright-core ]; then cd tests/ui && node --test ui.test.mjs; \
 	else echo "tests/ui skipped: no Node.js here (scripts/setup.sh --tests installs it on Debian)"; fi
+
+# Every crate type-checked and linted for aarch64-apple-darwin, on any OS (scripts/check-mac/run.sh).
+check-mac:
+	@scripts/setup.sh --mac-check
+	CARGO=$(CARGO) scripts/check-mac/run.sh
 
 # Ferrite vs mlx-lm decode speed on the same checkpoints (see bench/README.md).
 bench: build

@@ -10,15 +10,19 @@ mkdir -p "$tp"
 MLX_VERSION=0.32.2          # must equal the MLX tag that mlx-c (mlx-sys 0.7.0) pins
 MLX_LM_VERSION=0.32.0       # last mlx-lm whose MoE path runs on MLX 0.32.2
 MLX_SYS_VERSION=0.7.0
+ZIG_VERSION=0.17.1          # zig cc and Darwin's C headers for `make check-mac` off a Mac
 PY=${PYTHON:-python3}
 # `--app` also installs what the menu-bar app builds against on Linux (WebKitGTK, appindicator);
 # `--tests` that and what only the tests need (chromium and playwright-core for the UI, Xvfb,
-# a tray host and X tools for the app's window test).
+# a tray host and X tools for the app's window test); `--mac-check` (also part of `--tests`)
+# what `make check-mac` needs: the aarch64-apple-darwin target and, off a Mac, zig.
 TESTS=0
 APP=0
+MAC_CHECK=0
 case "${1:-}" in
-  --tests) TESTS=1; APP=1 ;;
+  --tests) TESTS=1; APP=1; MAC_CHECK=1 ;;
   --app) APP=1 ;;
+  --mac-check) MAC_CHECK=1 ;;
 esac
 
 say() { printf '\033[1msetup:\033[0m %s\n' "$*"; }
@@ -164,6 +168,19 @@ if [ $TESTS = 1 ]; then
       rustup component add "${tool##*:}"
     fi
   done
+fi
+# 4b. `make check-mac`: the macOS target for rustc and, off a Mac, zig (its clang compiles
+#     build scripts' C/Objective-C helpers, its Darwin headers stand in for Apple's SDK).
+if [ $MAC_CHECK = 1 ]; then
+  if ! rustup target list --installed 2>/dev/null | grep -qx aarch64-apple-darwin; then
+    say "adding the aarch64-apple-darwin target to the Rust toolchain (make check-mac)"
+    rustup target add aarch64-apple-darwin
+  fi
+  if [ "$(uname -s)" != Darwin ] && [ ! -x "$tp/ziglang/ziglang/zig" ]; then
+    say "installing ziglang==$ZIG_VERSION into third_party/ziglang (make check-mac)"
+    rm -rf "$tp/ziglang"
+    $PY -m pip install -q --disable-pip-version-check --no-deps --target "$tp/ziglang" "ziglang==$ZIG_VERSION"
+  fi
 fi
 # 5. playwright-core for the web UI's browser tests (no browser download: it drives chromium).
 if [ $TESTS = 1 ] && [ ! -d "$root/tests/ui/node_modules/playwright-core" ]; then

@@ -6,7 +6,7 @@ PORT ?= 8080
 # MTP draft depth: `auto` is what `ferrite tune` stored for this machine (plain decoding until then).
 DRAFT ?= auto
 
-.PHONY: setup build run app serve test check-mac bench clean
+.PHONY: setup build run app serve test check-mac bundle bench clean
 
 setup:
 	@scripts/setup.sh
@@ -41,6 +41,7 @@ test:
 	$(CARGO) build -p ferrite-cli
 	$(CARGO) build -p ferrite-store --example test_hub
 	tests/app/window.sh
+	scripts/bundle.sh --check
 	third_party/venv/bin/python -m pytest tests/sdk tests/bench -q
 	@if [ -d tests/ui/node_modules/playwright-core ]; then cd tests/ui && node --test ui.test.mjs; \
 	else echo "tests/ui skipped: no Node.js here (scripts/setup.sh --tests installs it on Debian)"; fi
@@ -49,6 +50,11 @@ test:
 check-mac:
 	@scripts/setup.sh --mac-check
 	CARGO=$(CARGO) scripts/check-mac/run.sh
+
+# The app packaged: Ferrite.app and a .dmg on a Mac, a .deb on Linux (scripts/bundle.sh).
+bundle:
+	@scripts/setup.sh --bundle
+	scripts/bundle.sh
 
 # Ferrite vs mlx-lm decode speed on the same checkpoints (see bench/README.md).
 bench: build

@@ -1,5 +1,6 @@
 """Draws Ferrite's icons (a ferrite toroid with a copper winding) as PNGs into assets/icons,
-with the standard library only. Run once; the PNGs are committed.
+and the macOS app icon (icon.icns: the same drawing at 16 to 512 pixels), with the standard
+library only. Run once; the files are committed.
 
     python3 scripts/make-icons.py
 """
@@ -12,12 +13,26 @@ from pathlib import Path
 OUT = Path(__file__).resolve().parent.parent / "assets" / "icons"
 
 
-def png(path, size, pixel):
+def png_bytes(size, pixel):
     rows = b"".join(b"\0" + b"".join(bytes(pixel(x, y, size)) for x in range(size)) for y in range(size))
     chunk = lambda kind, data: struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
     data = b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", size, size, 8, 6, 0, 0, 0))
-    data += chunk(b"IDAT", zlib.compress(rows, 9)) + chunk(b"IEND", b"")
-    path.write_bytes(data)
+    return data + chunk(b"IDAT", zlib.compress(rows, 9)) + chunk(b"IEND", b"")
+
+
+def png(path, size, pixel):
+    path.write_bytes(png_bytes(size, pixel))
+
+
+# The icns element types that hold a PNG, by pixel size (16x16 to 512x512).
+ICNS_TYPES = {16: b"icp4", 32: b"icp5", 64: b"icp6", 128: b"ic07", 256: b"ic08", 512: b"ic09"}
+
+
+def icns(path, pixel):
+    """Apple's icon container: a header, then one (type, length, PNG) element per size."""
+    elements = b"".join(kind + struct.pack(">I", 8 + len(data)) + data
+                        for kind, data in ((kind, png_bytes(size, pixel)) for size, kind in ICNS_TYPES.items()))
+    path.write_bytes(b"icns" + struct.pack(">I", 8 + len(elements)) + elements)
 
 
 def coverage(x, y, size, inside):
@@ -56,4 +71,5 @@ if __name__ == "__main__":
     for size in (32, 128, 256):
         png(OUT / (f"{size}x{size}.png" if size != 256 else "icon.png"), size, app_icon)
     png(OUT / "tray.png", 32, tray_icon)
-    print("wrote", ", ".join(sorted(p.name for p in OUT.glob("*.png"))))
+    icns(OUT / "icon.icns", app_icon)
+    print("wrote", ", ".join(sorted(p.name for p in OUT.glob("icon.*")) + sorted(p.name for p in OUT.glob("*x*.png"))))

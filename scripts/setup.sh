@@ -11,18 +11,22 @@ MLX_VERSION=0.32.2          # must equal the MLX tag that mlx-c (mlx-sys 0.7.0) 
 MLX_LM_VERSION=0.32.0       # last mlx-lm whose MoE path runs on MLX 0.32.2
 MLX_SYS_VERSION=0.7.0
 ZIG_VERSION=0.17.1          # zig cc and Darwin's C headers for `make check-mac` off a Mac
+TAURI_CLI_VERSION=2.12.5    # Tauri's bundler (`make bundle`), from npm
 PY=${PYTHON:-python3}
 # `--app` also installs what the menu-bar app builds against on Linux (WebKitGTK, appindicator);
 # `--tests` that and what only the tests need (chromium and playwright-core for the UI, Xvfb,
 # a tray host and X tools for the app's window test); `--mac-check` (also part of `--tests`)
-# what `make check-mac` needs: the aarch64-apple-darwin target and, off a Mac, zig.
+# what `make check-mac` needs: the aarch64-apple-darwin target and, off a Mac, zig; `--bundle`
+# (also part of `--tests`) the app's build needs and Tauri's bundler (`make bundle`).
 TESTS=0
 APP=0
 MAC_CHECK=0
+BUNDLE=0
 case "${1:-}" in
-  --tests) TESTS=1; APP=1; MAC_CHECK=1 ;;
+  --tests) TESTS=1; APP=1; MAC_CHECK=1; BUNDLE=1 ;;
   --app) APP=1 ;;
   --mac-check) MAC_CHECK=1 ;;
+  --bundle) APP=1; BUNDLE=1 ;;
 esac
 
 say() { printf '\033[1msetup:\033[0m %s\n' "$*"; }
@@ -181,6 +185,13 @@ if [ $MAC_CHECK = 1 ]; then
     rm -rf "$tp/ziglang"
     $PY -m pip install -q --disable-pip-version-check --no-deps --target "$tp/ziglang" "ziglang==$ZIG_VERSION"
   fi
+fi
+# 4c. `make bundle`: Tauri's bundler, the npm build of @tauri-apps/cli (a prebuilt binary).
+if [ $BUNDLE = 1 ] && [ ! -x "$tp/tauri-cli/node_modules/.bin/tauri" ]; then
+  command -v npm >/dev/null || { echo "setup: make bundle needs npm (Node.js)"; exit 1; }
+  say "installing @tauri-apps/cli@$TAURI_CLI_VERSION into third_party/tauri-cli (make bundle)"
+  mkdir -p "$tp/tauri-cli"
+  (cd "$tp/tauri-cli" && npm install --no-audit --no-fund --loglevel=error --prefix . "@tauri-apps/cli@$TAURI_CLI_VERSION" >/dev/null)
 fi
 # 5. playwright-core for the web UI's browser tests (no browser download: it drives chromium).
 if [ $TESTS = 1 ] && [ ! -d "$root/tests/ui/node_modules/playwright-core" ]; then

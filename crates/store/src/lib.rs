@@ -25,7 +25,11 @@ pub fn assets_dir() -> std::path::PathBuf {
     let exe_dir = std::env::current_exe().ok().and_then(|e| e.parent().map(|p| p.to_path_buf()));
     let candidates = exe_dir
         .iter()
-        .flat_map(|d| [d.join("assets"), d.join("../../assets"), d.join("../Resources/assets")])
+        // Beside the binary; the source tree (target/<profile>/); Ferrite.app's Resources; the
+        // .deb's resources (/usr/bin → /usr/lib/Ferrite).
+        .flat_map(|d| {
+            [d.join("assets"), d.join("../../assets"), d.join("../Resources/assets"), d.join("../lib/Ferrite/assets")]
+        })
         .chain([std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../assets")]);
     let mut fallback = None;
     for c in candidates {

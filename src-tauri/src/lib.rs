@@ -57,6 +57,12 @@ pub fn run() -> anyhow::Result<()> {
             #[cfg(target_os = "macos")]
             app.set_activation_policy(tauri::ActivationPolicy::Accessory);
             tray::install(app.handle())?;
+            // SIGTERM or Ctrl-C (a logout, `kill`, a terminal) quits as the menu's Quit does.
+            let handle = app.handle().clone();
+            tauri::async_runtime::spawn(async move {
+                server::interrupted().await;
+                let _ = handle.clone().run_on_main_thread(move || quit(&handle));
+            });
             if !hidden {
                 open_window(app.handle())?;
             }

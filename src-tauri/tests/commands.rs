@@ -5,7 +5,7 @@
 use std::io::{Read, Write};
 use std::sync::Arc;
 
-use engine::checkpoint::{self, Arch, MakeOptions};
+use engine::checkpoint::{self, Architecture, MakeOptions};
 use serde_json::{json, Value};
 use tauri::ipc::{CallbackFn, InvokeBody};
 use tauri::test::{get_ipc_response, mock_builder, mock_context, noop_assets, MockRuntime, INVOKE_KEY};
@@ -44,7 +44,7 @@ fn the_apps_commands_answer_through_the_ipc() {
     let config = tempfile::tempdir().unwrap();
     std::env::set_var("FERRITE_CONFIG_DIR", config.path());
     let model = tempfile::tempdir().unwrap();
-    let mut o = MakeOptions::new(Arch::Qwen3, "tiny");
+    let mut o = MakeOptions::new(Architecture::Qwen3, "tiny");
     o.bits = Some(4);
     o.group_size = 32;
     checkpoint::make(&o, model.path()).unwrap();
@@ -125,7 +125,7 @@ fn a_model_that_cannot_start_leaves_the_default_running_and_says_why() {
     std::env::remove_var("FERRITE_MODEL");
     std::env::remove_var("FERRITE_PROFILE");
     let model = tempfile::tempdir().unwrap();
-    let mut o = MakeOptions::new(Arch::Qwen3, "tiny");
+    let mut o = MakeOptions::new(Architecture::Qwen3, "tiny");
     o.bits = Some(4);
     o.group_size = 32;
     checkpoint::make(&o, model.path()).unwrap();

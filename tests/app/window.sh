@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The real app under Xvfb: it starts on the embedded default model, shows its window and its
 # tray icon (in trayer, a system tray host), serves the API, shows its window when launched
-# again, and quits cleanly from its tray menu; a launch where nothing can start shows a dialog.
+# again, and quits cleanly from its tray menu and on SIGTERM; a launch where nothing can start
+# shows a dialog.
 # Screenshots for a person to look at: target/app-screenshots/{window,tray,menu,cannot-start}.png.
 #
 #   tests/app/window.sh [path/to/ferrite-app]      (default: target/debug/ferrite-app)
@@ -110,7 +111,17 @@ inner() {
   [ "$code" = 1 ] || { echo "the app exited with $code, not 1, when nothing could start:"; cat "$OUT/broken.log"; return 1; }
   grep -q "ferrite-app: .*gone-model.*default.* is not usable" "$OUT/broken.log" || { echo "stderr does not say why:"; cat "$OUT/broken.log"; return 1; }
   if grep -q "panicked" "$OUT/broken.log"; then echo "the app panicked:"; cat "$OUT/broken.log"; return 1; fi
-  echo "window, tray, second launch, Quit and a launch that cannot start: ok (screenshots in $OUT)"
+  # SIGTERM (a logout, `kill`) quits as the menu's Quit does: engine stopped, exit 0.
+  FERRITE_APP_HIDDEN=1 FERRITE_PORT=$port FERRITE_CONFIG_DIR=$config RUST_LOG=info "$APP" > "$OUT/term.log" 2>&1 &
+  app=$!
+  for _ in $(seq 120); do curl -fs "http://127.0.0.1:$port/health" >/dev/null && break; sleep 0.5; done
+  curl -fs "http://127.0.0.1:$port/health" >/dev/null || { echo "the app did not come up again:"; cat "$OUT/term.log"; kill $app; return 1; }
+  kill -TERM $app
+  for _ in $(seq 40); do kill -0 $app 2>/dev/null || break; sleep 0.5; done
+  kill -0 $app 2>/dev/null && { echo "the app is still running 20 s after SIGTERM"; kill -9 $app; tail -20 "$OUT/term.log"; return 1; }
+  wait $app || { echo "the app exited with an error after SIGTERM:"; tail -20 "$OUT/term.log"; return 1; }
+  grep -q "server and engine stopped" "$OUT/term.log" || { echo "SIGTERM did not stop the engine cleanly:"; tail -20 "$OUT/term.log"; return 1; }
+  echo "window, tray, second launch, Quit, a launch that cannot start and SIGTERM: ok (screenshots in $OUT)"
 }
 if [ -n "${INSIDE:-}" ]; then
   inner

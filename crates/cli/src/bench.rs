@@ -79,7 +79,7 @@ pub fn run(args: Args) -> Result<()> {
         (cpu_seconds() - cpu_start) / (args.runs.max(1) * (request.prompt.len() + args.gen_tokens)) as f64;
     let report = serde_json::json!({
         "engine": "ferrite",
-        "backend": engine.backend.to_string(),
+        "backend": engine.backend().to_string(),
         "profile": args.profile.to_string(),
         "cpu_seconds_per_token": cpu_per_token,
         "prompt_tokens": request.prompt.len(),
@@ -105,7 +105,7 @@ fn cpu_seconds() -> f64 {
 }
 
 fn speculative(engine: &Engine, request: &GenerateRequest, prompts: &[Vec<u32>], runs: usize) -> Result<()> {
-    let costs = engine::speculative::measure_costs(engine.model.as_ref(), &request.prompt, 10 * runs.max(1))?;
+    let costs = engine::speculative::measure_costs(engine.model(), &request.prompt, 10 * runs.max(1))?;
     // Every prompt at this depth: pooled acceptance, and tokens over decode time.
     let decode = |depth: usize| -> Result<(f64, Option<engine::speculative::SpecStats>)> {
         let warm = GenerateRequest { draft_depth: depth, ..request.clone() };
@@ -159,7 +159,7 @@ fn speculative(engine: &Engine, request: &GenerateRequest, prompts: &[Vec<u32>],
     println!(
         "{}",
         serde_json::json!({
-            "engine": "ferrite", "backend": engine.backend.to_string(), "temperature": request.sampling.temperature,
+            "engine": "ferrite", "backend": engine.backend().to_string(), "temperature": request.sampling.temperature,
             "prompts": prompts.len(), "gen_tokens": request.max_tokens, "plain_decode_tps": plain_tps,
             "plain_step_s": costs.plain_step_s, "draft_step_s": costs.draft_step_s, "draft_cost": costs.draft_ratio(),
             "depths": rows,

@@ -1,7 +1,7 @@
 use std::path::PathBuf;
 
 use anyhow::{bail, Result};
-use engine::checkpoint::{self, Arch, Dtype, Layout, MakeOptions};
+use engine::checkpoint::{self, Architecture, Dtype, Layout, MakeOptions};
 
 #[derive(clap::Subcommand)]
 pub enum Command {
@@ -193,7 +193,7 @@ pub fn run(cmd: Command) -> Result<()> {
         "f16" | "float16" => Dtype::Float16,
         other => bail!("--dtype: unknown type `{other}` (f32, bf16, f16)"),
     };
-    let mut opts = MakeOptions::new(Arch::parse(&a.arch)?, &a.preset);
+    let mut opts = MakeOptions::new(Architecture::parse(&a.arch)?, &a.preset);
     opts.bits = a.bits;
     opts.group_size = a.group_size;
     opts.dtype = dtype;

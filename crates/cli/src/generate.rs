@@ -66,12 +66,12 @@ pub fn run(args: Args) -> Result<()> {
         if args.no_think {
             extra.insert("enable_thinking".into(), false.into());
         }
-        engine.tokenizer.apply_chat_template(&[ChatMessage::new("user", &args.prompt)], true, &extra)?
+        engine.tokenizer().apply_chat_template(&[ChatMessage::new("user", &args.prompt)], true, &extra)?
     } else {
         args.prompt.clone()
     };
     let request = GenerateRequest {
-        prompt: engine.tokenizer.encode(&text)?,
+        prompt: engine.tokenizer().encode(&text)?,
         max_tokens: args.max_tokens,
         sampling: SamplingParams {
             temperature: args.temperature,
@@ -109,7 +109,7 @@ pub fn run(args: Args) -> Result<()> {
                     t.decode_tps,
                     t.peak_memory_bytes as f64 / 1e6,
                     s.finish_reason,
-                    engine.backend,
+                    engine.backend(),
                 );
                 if let Some(spec) = &s.speculative {
                     let per_position: Vec<String> =

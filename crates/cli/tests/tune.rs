@@ -7,7 +7,7 @@ use std::io::{Read, Write};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use engine::checkpoint::{self, Arch, MakeOptions};
+use engine::checkpoint::{self, Architecture, MakeOptions};
 
 fn ferrite(config: &std::path::Path) -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_ferrite"));
@@ -27,7 +27,7 @@ fn get(port: u16, path: &str) -> Option<String> {
 fn tune_stores_shows_serves_and_survives_a_corrupt_file() {
     let tmp = tempfile::tempdir().unwrap();
     let (config, model) = (tmp.path().join("config"), tmp.path().join("model"));
-    let mut o = MakeOptions::new(Arch::Qwen35, "tiny");
+    let mut o = MakeOptions::new(Architecture::Qwen35, "tiny");
     o.mtp = true;
     checkpoint::make(&o, &model).unwrap();
 

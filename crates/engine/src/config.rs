@@ -6,14 +6,17 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
+use crate::architecture::Architecture;
 use crate::error::{Error, Result};
-
-/// Architectures this build can run, by `model_type`.
-pub const SUPPORTED_ARCHITECTURES: &[&str] = &["qwen3", "qwen3_moe", "qwen3_next", "qwen3_5", "qwen3_5_moe"];
 
 #[derive(Debug, Clone, Deserialize)]
 pub struct ModelConfig {
+    /// As written in `config.json` (messages, `/v1/status`); [`ModelConfig::architecture`]
+    /// is what the code decides on.
     pub model_type: String,
+    /// Set by [`ModelConfig::parse`] from `model_type`.
+    #[serde(skip)]
+    pub architecture: Architecture,
     pub hidden_size: i32,
     pub num_hidden_layers: i32,
     /// Dense MLP width (absent in configs whose every layer is MoE).
@@ -172,13 +175,12 @@ impl ModelConfig {
             Error::config(path, field, e.into_inner().to_string())
         })?;
         config.path = path.to_path_buf();
-        if !SUPPORTED_ARCHITECTURES.contains(&config.model_type.as_str()) {
-            return Err(Error::UnknownArchitecture {
+        config.architecture =
+            Architecture::from_model_type(&config.model_type).ok_or_else(|| Error::UnknownArchitecture {
                 path: path.to_path_buf(),
                 model_type: config.model_type.clone(),
-                supported: SUPPORTED_ARCHITECTURES.join(", "),
-            });
-        }
+                supported: Architecture::known(),
+            })?;
         config.quant = config
             .quantization
             .as_ref()
@@ -208,12 +210,12 @@ impl ModelConfig {
 
     /// Qwen3.5 normalises the top-k router weights by default, the others do not.
     pub fn norm_topk_prob(&self) -> bool {
-        self.norm_topk_prob_field.unwrap_or(self.model_type.starts_with("qwen3_5"))
+        self.norm_topk_prob_field.unwrap_or(self.architecture.is_qwen3_5())
     }
 
     /// A Qwen3-Next / Qwen3.5 hybrid (Gated DeltaNet + gated full attention).
     pub fn is_hybrid(&self) -> bool {
-        matches!(self.model_type.as_str(), "qwen3_next" | "qwen3_5" | "qwen3_5_moe")
+        self.architecture.is_hybrid()
     }
 
     /// Whether layer `i` of a hybrid model is a Gated DeltaNet layer.
@@ -244,7 +246,7 @@ impl ModelConfig {
     }
 
     pub fn is_moe_layer(&self, layer: i32) -> bool {
-        if self.model_type.starts_with("qwen3_5") {
+        if self.architecture.is_qwen3_5() {
             return self.num_experts > 0;
         }
         self.num_experts > 0
@@ -309,7 +311,7 @@ impl ModelConfig {
         if (0..self.num_hidden_layers).any(|i| !self.is_moe_layer(i)) && self.intermediate_size <= 0 {
             return Err(Error::config(&self.path, "intermediate_size", "dense layers need intermediate_size > 0"));
         }
-        if self.model_type == "qwen3_moe" || (self.is_hybrid() && self.num_experts > 0) {
+        if self.architecture == Architecture::Qwen3Moe || (self.is_hybrid() && self.num_experts > 0) {
             if self.num_experts <= 0 {
                 return Err(Error::config(&self.path, "num_experts", "qwen3_moe needs num_experts > 0"));
             }

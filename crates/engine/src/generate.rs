@@ -115,22 +115,73 @@ impl CancelToken {
     }
 }
 
-/// A loaded model with its tokenizer.
+/// A loaded model with its tokenizer. Read through its accessors: what it holds is fixed at
+/// load, but for the prefill chunk (tests shorten it).
 pub struct Engine {
-    pub model: Box<dyn LanguageModel>,
-    pub tokenizer: Tokenizer,
-    pub dir: PathBuf,
-    pub backend: Backend,
+    model: Box<dyn LanguageModel>,
+    tokenizer: Tokenizer,
+    dir: PathBuf,
+    backend: Backend,
     /// The form its quantized matrices were loaded in, and why.
-    pub weight_form: WeightChoice,
-    pub prefill_chunk: usize,
+    weight_form: WeightChoice,
+    prefill_chunk: usize,
     /// The runtime profile this engine was loaded with (its prefill chunk is `prefill_chunk`).
-    pub profile: Profile,
+    profile: Profile,
     /// Speculative-decoding figures summed over every request this engine served.
-    pub spec_totals: std::sync::Mutex<SpecStats>,
+    spec_totals: std::sync::Mutex<SpecStats>,
 }
 
 impl Engine {
+    /// The model (its config, MTP head, forward passes).
+    pub fn model(&self) -> &dyn LanguageModel {
+        self.model.as_ref()
+    }
+
+    pub fn tokenizer(&self) -> &Tokenizer {
+        &self.tokenizer
+    }
+
+    /// The tokenizer, to change (tests give a made checkpoint other end-of-sequence ids).
+    pub fn tokenizer_mut(&mut self) -> &mut Tokenizer {
+        &mut self.tokenizer
+    }
+
+    /// The folder it was loaded from.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Where MLX runs it.
+    pub fn backend(&self) -> Backend {
+        self.backend
+    }
+
+    /// The form its quantized matrices were loaded in, and why.
+    pub fn weight_form(&self) -> &WeightChoice {
+        &self.weight_form
+    }
+
+    /// The runtime profile it was loaded with.
+    pub fn profile(&self) -> &Profile {
+        &self.profile
+    }
+
+    /// Prompt tokens per prefill pass (the profile's, unless changed).
+    pub fn prefill_chunk(&self) -> usize {
+        self.prefill_chunk
+    }
+
+    /// Prefill `tokens` prompt tokens per pass (at least 1): tests make long prompts span
+    /// several chunks with small models.
+    pub fn set_prefill_chunk(&mut self, tokens: usize) {
+        self.prefill_chunk = tokens.max(1);
+    }
+
+    /// Speculative-decoding figures summed over every request this engine served.
+    pub fn spec_totals(&self) -> SpecStats {
+        self.spec_totals.lock().map(|t| t.clone()).unwrap_or_default()
+    }
+
     /// Loads with the default (Sustained) profile.
     pub fn load(dir: &Path) -> Result<Self> {
         Self::load_with(dir, Profile::default())

@@ -42,10 +42,10 @@ impl StepOps {
 /// evaluated first, so only the step itself is counted): the model's forward pass for one
 /// token, its cache updates and the argmax.
 pub fn decode_step_ops(engine: &Engine, context: usize) -> Result<StepOps> {
-    let model = engine.model.as_ref();
+    let model = engine.model();
     let prompt = synthetic_prompt(model.config().vocab_size.max(2) as u32, context.max(1));
     let mut cache = model.new_cache();
-    for chunk in prompt.chunks(engine.prefill_chunk.max(1)) {
+    for chunk in prompt.chunks(engine.prefill_chunk().max(1)) {
         let hidden = model.hidden(&Array::from_slice(chunk, &[1, chunk.len() as i32]), &mut cache)?;
         eval([&hidden])?;
         eval(cache.arrays())?;
@@ -98,7 +98,7 @@ pub struct PrefillTimes {
 }
 
 pub fn prefill_times(engine: &Engine, tokens: usize) -> Result<PrefillTimes> {
-    let model = engine.model.as_ref();
+    let model = engine.model();
     let prompt = synthetic_prompt(model.config().vocab_size.max(2) as u32, tokens.max(1));
     let ids = Array::from_slice(&prompt, &[1, prompt.len() as i32]);
     let mut times = PrefillTimes { tokens: prompt.len(), ..Default::default() };

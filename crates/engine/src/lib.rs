@@ -1,28 +1,32 @@
 //! Ferrite's inference engine: MLX-format checkpoints of the Qwen3 family run through
 //! mlx-rs, with caches, sampling and a streaming generation API. It knows nothing of HTTP.
 
+mod architecture;
 pub mod blas;
 pub mod cache;
 pub mod checkpoint;
-pub mod config;
+mod config;
 pub mod device;
-pub mod error;
+mod error;
 mod ffi;
 pub mod generate;
 pub mod graph;
 pub mod inspect;
 mod laps;
-pub mod layers;
+mod layers;
+pub mod memory;
 pub mod models;
 pub mod penalties;
-pub mod profile;
-pub mod sampling;
+mod profile;
+mod sampling;
 pub mod speculative;
 pub mod tokenizer;
 pub mod tune;
 pub mod weight_form;
-pub mod weights;
+mod weights;
 
+pub use architecture::Architecture;
+pub use config::{ModelConfig, Quantization};
 pub use error::{Error, Result};
 pub use generate::{CancelToken, Engine, Event, FinishReason, GenerateRequest, Summary};
 pub use penalties::Penalties;

@@ -134,10 +134,10 @@ pub fn suite(engine: &Engine, count: usize) -> Result<Vec<Vec<u32>>> {
         .take(count.max(1))
         .map(|p| {
             let text = engine
-                .tokenizer
+                .tokenizer()
                 .apply_chat_template(&[crate::tokenizer::ChatMessage::new("user", p)], true, &vars)
                 .unwrap_or_else(|_| p.to_string());
-            engine.tokenizer.encode(&text)
+            engine.tokenizer().encode(&text)
         })
         .collect()
 }
@@ -169,7 +169,7 @@ pub fn measure(
     mut progress: impl FnMut(&Progress) -> bool,
 ) -> Result<Measurement> {
     let prompts = suite(engine, options.prompts)?;
-    let max_depth = if engine.model.mtp().is_some() { MAX_DRAFT_DEPTH } else { 0 };
+    let max_depth = if engine.model().mtp().is_some() { MAX_DRAFT_DEPTH } else { 0 };
     let reps = options.reps.max(1);
     let candidates = options.temperatures.len() * (max_depth + 1);
     let mut at =

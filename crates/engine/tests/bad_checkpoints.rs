@@ -4,7 +4,7 @@ mod common;
 
 use std::path::Path;
 
-use engine::checkpoint::{Arch, Dtype};
+use engine::checkpoint::{Architecture, Dtype};
 use engine::Engine;
 
 fn load_err(dir: &Path) -> String {
@@ -22,7 +22,7 @@ fn edit_config(dir: &Path, f: impl FnOnce(&mut serde_json::Value)) {
 }
 
 fn tiny(bits: Option<i32>) -> tempfile::TempDir {
-    common::make(&common::options(Arch::Qwen3, "tiny", bits, 32, Dtype::Bfloat16))
+    common::make(&common::options(Architecture::Qwen3, "tiny", bits, 32, Dtype::Bfloat16))
 }
 
 #[test]
@@ -99,7 +99,7 @@ fn truncated_safetensors() {
 
 #[test]
 fn missing_shard_and_missing_tensor() {
-    let mut o = common::options(Arch::Qwen3, "tiny", None, 64, Dtype::Float32);
+    let mut o = common::options(Architecture::Qwen3, "tiny", None, 64, Dtype::Float32);
     o.shard_bytes = 100_000;
     let d = common::make(&o);
     let mut shards: Vec<_> = std::fs::read_dir(d.path())
@@ -144,13 +144,13 @@ fn missing_tokenizer_and_files() {
 
 #[test]
 fn hybrid_config_without_linear_attention_fields() {
-    let d = common::make(&common::options(Arch::Qwen3Next, "tiny", None, 32, Dtype::Float32));
+    let d = common::make(&common::options(Architecture::Qwen3Next, "tiny", None, 32, Dtype::Float32));
     edit_config(d.path(), |c| {
         c.as_object_mut().unwrap().remove("linear_key_head_dim");
     });
     let e = load_err(d.path());
     assert!(e.contains("config.json") && e.contains("linear_key_head_dim"), "{e}");
-    let d = common::make(&common::options(Arch::Qwen35, "tiny", None, 32, Dtype::Float32));
+    let d = common::make(&common::options(Architecture::Qwen35, "tiny", None, 32, Dtype::Float32));
     edit_config(d.path(), |c| c["text_config"]["layer_types"] = serde_json::json!(["full_attention"]));
     let e = load_err(d.path());
     assert!(e.contains("layer_types") && e.contains("1 entries for 4 layers"), "{e}");
@@ -167,12 +167,12 @@ fn broken_chat_template_fails_chat_requests_only() {
     c["chat_template"] = "{% for m in messages %}{{ m.content }".into();
     std::fs::write(&path, c.to_string()).unwrap();
     let e = Engine::load(d.path()).unwrap();
-    assert!(!e.tokenizer.has_chat_template());
+    assert!(!e.tokenizer().has_chat_template());
     let err = e
-        .tokenizer
+        .tokenizer()
         .apply_chat_template(&[engine::tokenizer::ChatMessage::new("user", "hi")], true, &Default::default())
         .unwrap_err()
         .to_string();
     assert!(err.contains("chat template"), "{err}");
-    assert!(!e.tokenizer.encode("plain text still works").unwrap().is_empty());
+    assert!(!e.tokenizer().encode("plain text still works").unwrap().is_empty());
 }

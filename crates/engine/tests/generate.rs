@@ -3,23 +3,23 @@
 
 mod common;
 
-use engine::checkpoint::{Arch, Dtype};
+use engine::checkpoint::{Architecture, Dtype};
 use engine::tokenizer::{ChatMessage, StreamDecoder};
 use engine::{CancelToken, Engine, Event, FinishReason, GenerateRequest, SamplingParams};
 
-fn engine(arch: Arch, dtype: Dtype) -> (tempfile::TempDir, Engine) {
+fn engine(arch: Architecture, dtype: Dtype) -> (tempfile::TempDir, Engine) {
     let d = common::make(&common::options(arch, "tiny", None, 64, dtype));
     let e = Engine::load(d.path()).unwrap();
     (d, e)
 }
 
 fn prompt(e: &Engine) -> Vec<u32> {
-    e.tokenizer.encode("fn main() { let total = numbers.iter().sum(); }").unwrap()
+    e.tokenizer().encode("fn main() { let total = numbers.iter().sum(); }").unwrap()
 }
 
 #[test]
 fn length_and_usage() {
-    let (_d, e) = engine(Arch::Qwen3, Dtype::Float32);
+    let (_d, e) = engine(Architecture::Qwen3, Dtype::Float32);
     let p = prompt(&e);
     let req = GenerateRequest { ignore_eos: true, ..GenerateRequest::greedy(p.clone(), 12) };
     let (_, s) = e.generate_text(req).unwrap();
@@ -33,12 +33,12 @@ fn length_and_usage() {
 #[test]
 fn chunked_prefill_matches_one_pass() {
     // The hybrid carries conv and recurrent state across chunks, the others KV caches.
-    for arch in [Arch::Qwen3Moe, Arch::Qwen3Next, Arch::Qwen35] {
+    for arch in [Architecture::Qwen3Moe, Architecture::Qwen3Next, Architecture::Qwen35] {
         let (_d, mut e) = engine(arch, Dtype::Float32);
         let p: Vec<u32> = (0..300u32).map(|i| (i * 13 + 5) % 490).collect();
         let req = GenerateRequest { ignore_eos: true, ..GenerateRequest::greedy(p, 24) };
         let (whole, _) = e.generate_text(req.clone()).unwrap();
-        e.prefill_chunk = 7;
+        e.set_prefill_chunk(7);
         let (chunked, _) = e.generate_text(req).unwrap();
         assert!(!whole.is_empty());
         assert_eq!(whole, chunked, "{arch:?}");
@@ -47,7 +47,7 @@ fn chunked_prefill_matches_one_pass() {
 
 #[test]
 fn stop_strings_end_the_text_before_them() {
-    let (_d, e) = engine(Arch::Qwen3, Dtype::Bfloat16);
+    let (_d, e) = engine(Architecture::Qwen3, Dtype::Bfloat16);
     let req = GenerateRequest { ignore_eos: true, ..GenerateRequest::greedy(prompt(&e), 40) };
     let (full, _) = e.generate_text(req.clone()).unwrap();
     let chars: Vec<char> = full.chars().collect();
@@ -61,11 +61,11 @@ fn stop_strings_end_the_text_before_them() {
 
 #[test]
 fn eos_ends_generation() {
-    let (_d, mut e) = engine(Arch::Qwen3, Dtype::Float32);
+    let (_d, mut e) = engine(Architecture::Qwen3, Dtype::Float32);
     let p = prompt(&e);
     let (first, _) = e.generate_text(GenerateRequest::greedy(p.clone(), 1)).unwrap();
-    let first_id = e.tokenizer.encode(&first).unwrap()[0];
-    e.tokenizer.eos_ids = vec![first_id];
+    let first_id = e.tokenizer().encode(&first).unwrap()[0];
+    e.tokenizer_mut().eos_ids = vec![first_id];
     let (text, s) = e.generate_text(GenerateRequest::greedy(p.clone(), 20)).unwrap();
     assert_eq!((text.as_str(), s.finish_reason, s.usage.completion_tokens), ("", FinishReason::Stop, 1));
     let req = GenerateRequest { ignore_eos: true, ..GenerateRequest::greedy(p, 5) };
@@ -74,7 +74,7 @@ fn eos_ends_generation() {
 
 #[test]
 fn cancel_stops_at_the_next_token() {
-    let (_d, e) = engine(Arch::Qwen3, Dtype::Float32);
+    let (_d, e) = engine(Architecture::Qwen3, Dtype::Float32);
     let cancel = CancelToken::default();
     let req = GenerateRequest { ignore_eos: true, ..GenerateRequest::greedy(prompt(&e), 1000) };
     let mut events = e.generate(req, cancel.clone()).unwrap();
@@ -97,7 +97,7 @@ fn cancel_stops_at_the_next_token() {
 
 #[test]
 fn bad_requests_are_refused() {
-    let (_d, e) = engine(Arch::Qwen3, Dtype::Float32);
+    let (_d, e) = engine(Architecture::Qwen3, Dtype::Float32);
     let err = |r: GenerateRequest| e.generate(r, CancelToken::default()).err().unwrap().to_string();
     assert!(err(GenerateRequest::greedy(vec![], 4)).contains("prompt is empty"));
     assert!(err(GenerateRequest::greedy(vec![1, 99999], 4)).contains("token id 99999"));
@@ -107,7 +107,7 @@ fn bad_requests_are_refused() {
 
 #[test]
 fn seeded_sampling_reproduces() {
-    let (_d, e) = engine(Arch::Qwen3Moe, Dtype::Bfloat16);
+    let (_d, e) = engine(Architecture::Qwen3Moe, Dtype::Bfloat16);
     let sampling =
         SamplingParams { temperature: 1.0, top_p: 0.9, top_k: 50, min_p: 0.02, seed: Some(42), ..Default::default() };
     let req = GenerateRequest { sampling, ignore_eos: true, ..GenerateRequest::greedy(prompt(&e), 30) };
@@ -120,40 +120,40 @@ fn seeded_sampling_reproduces() {
 
 #[test]
 fn streaming_never_splits_a_character() {
-    let (_d, e) = engine(Arch::Qwen3, Dtype::Float32);
+    let (_d, e) = engine(Architecture::Qwen3, Dtype::Float32);
     let text = "héllo wörld — 你好 🙂 fn main() {}";
-    let ids = e.tokenizer.encode(text).unwrap();
+    let ids = e.tokenizer().encode(text).unwrap();
     assert!(ids.len() > text.chars().count() / 2);
     let mut dec = StreamDecoder::new();
     let mut out = String::new();
     for id in ids {
-        let delta = dec.push(&e.tokenizer, id).unwrap();
+        let delta = dec.push(e.tokenizer(), id).unwrap();
         assert!(!delta.contains('\u{FFFD}'), "{delta:?}");
         out.push_str(&delta);
     }
-    out.push_str(&dec.flush(&e.tokenizer).unwrap());
+    out.push_str(&dec.flush(e.tokenizer()).unwrap());
     assert_eq!(out, text);
 }
 
 #[test]
 fn chat_template_renders() {
-    let (_d, e) = engine(Arch::Qwen3, Dtype::Float32);
+    let (_d, e) = engine(Architecture::Qwen3, Dtype::Float32);
     let mut extra = serde_json::Map::new();
     let msgs = [ChatMessage::new("system", "Be brief."), ChatMessage::new("user", "Hi")];
-    let on = e.tokenizer.apply_chat_template(&msgs, true, &extra).unwrap();
+    let on = e.tokenizer().apply_chat_template(&msgs, true, &extra).unwrap();
     assert_eq!(on, "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
     extra.insert("enable_thinking".into(), false.into());
-    let off = e.tokenizer.apply_chat_template(&msgs, true, &extra).unwrap();
+    let off = e.tokenizer().apply_chat_template(&msgs, true, &extra).unwrap();
     assert!(off.ends_with("<think>\n\n</think>\n\n"));
-    let ids = e.tokenizer.encode(&on).unwrap();
-    assert_eq!(ids[0], e.tokenizer.token_to_id("<|im_start|>").unwrap());
-    assert!(e.tokenizer.eos_ids.contains(&e.tokenizer.token_to_id("<|im_end|>").unwrap()));
+    let ids = e.tokenizer().encode(&on).unwrap();
+    assert_eq!(ids[0], e.tokenizer().token_to_id("<|im_start|>").unwrap());
+    assert!(e.tokenizer().eos_ids.contains(&e.tokenizer().token_to_id("<|im_end|>").unwrap()));
 }
 
 #[test]
 fn chat_template_renders_tools_calls_and_results() {
     use engine::tokenizer::ToolCall;
-    let (_d, e) = engine(Arch::Qwen3, Dtype::Float32);
+    let (_d, e) = engine(Architecture::Qwen3, Dtype::Float32);
     let tool = serde_json::json!({"type": "function", "function": {"name": "read_file", "description": "Read a file",
         "parameters": {"type": "object", "properties": {"path": {"type": "string"}}}}});
     let mut extra = serde_json::Map::new();
@@ -163,7 +163,7 @@ fn chat_template_renders_tools_calls_and_results() {
     let mut result = ChatMessage::new("tool", "fn main() {}");
     result.tool_call_id = Some("call_1".into());
     let msgs = [ChatMessage::new("system", "Be brief."), ChatMessage::new("user", "Show a.rs"), call, result];
-    let text = e.tokenizer.apply_chat_template(&msgs, true, &extra).unwrap();
+    let text = e.tokenizer().apply_chat_template(&msgs, true, &extra).unwrap();
     assert!(text.starts_with("<|im_start|>system\nBe brief.\n\n# Tools"), "{text}");
     assert!(text.contains("\"name\":\"read_file\""), "{text}");
     assert!(text.contains("<|im_start|>assistant\n<tool_call>\n{\"name\": \"read_file\", \"arguments\": {\"path\":\"a.rs\"}}\n</tool_call><|im_end|>"), "{text}");
@@ -177,7 +177,7 @@ fn chat_template_renders_tools_calls_and_results() {
 
 /// A tiny Qwen3.5-style hybrid with an MTP head, in f32.
 fn hybrid_with_mtp() -> tempfile::TempDir {
-    let mut o = common::options(Arch::Qwen35, "tiny", None, 64, Dtype::Float32);
+    let mut o = common::options(Architecture::Qwen35, "tiny", None, 64, Dtype::Float32);
     o.mtp = true;
     common::make(&o)
 }
@@ -189,9 +189,9 @@ fn profiles_change_knobs_not_answers() {
     let d = hybrid_with_mtp();
     let sustained = Engine::load(d.path()).unwrap();
     let turbo = Engine::load_with(d.path(), engine::Profile::named(engine::ProfileName::Turbo)).unwrap();
-    assert_eq!(sustained.prefill_chunk, 2048);
-    assert_eq!(turbo.prefill_chunk, 8192);
-    assert_eq!(turbo.spec_totals.lock().unwrap().cycles, 0, "the warm-up leaves no figures behind");
+    assert_eq!(sustained.prefill_chunk(), 2048);
+    assert_eq!(turbo.prefill_chunk(), 8192);
+    assert_eq!(turbo.spec_totals().cycles, 0, "the warm-up leaves no figures behind");
     let p = prompt(&sustained);
     let req = GenerateRequest { ignore_eos: true, ..GenerateRequest::greedy(p, 16) };
     let (a, _) = sustained.generate_text(req.clone()).unwrap();

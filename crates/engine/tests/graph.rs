@@ -2,17 +2,17 @@
 
 mod common;
 
-use engine::checkpoint::{Arch, Dtype};
+use engine::checkpoint::{Architecture, Dtype};
 use engine::weight_form::Override;
 use engine::{Engine, Profile};
 
 /// One decode step's operations with the checkpoint's quantized weights kept as stored (the
 /// CPU backend would otherwise dequantize them at load).
-fn step_ops(arch: Arch, bits: Option<i32>) -> engine::graph::StepOps {
+fn step_ops(arch: Architecture, bits: Option<i32>) -> engine::graph::StepOps {
     step_ops_as(arch, bits, Override::Quantized)
 }
 
-fn step_ops_as(arch: Arch, bits: Option<i32>, weights: Override) -> engine::graph::StepOps {
+fn step_ops_as(arch: Architecture, bits: Option<i32>, weights: Override) -> engine::graph::StepOps {
     let dir = common::make(&common::options(arch, "tiny", bits, 32, Dtype::Float32));
     let engine = Engine::load_as(dir.path(), Profile::default(), weights).unwrap();
     engine::graph::decode_step_ops(&engine, 20).unwrap()
@@ -20,7 +20,7 @@ fn step_ops_as(arch: Arch, bits: Option<i32>, weights: Override) -> engine::grap
 
 #[test]
 fn dequantized_weights_run_the_same_projections_as_plain_matmuls() {
-    for arch in [Arch::Qwen3, Arch::Qwen3Next] {
+    for arch in [Architecture::Qwen3, Architecture::Qwen3Next] {
         let quantized = step_ops(arch, Some(4));
         let dense = step_ops_as(arch, Some(4), Override::Dequantized(mlx_rs::Dtype::Float32));
         let count = |ops: &engine::graph::StepOps, kind: &str| ops.by_kind.get(kind).copied().unwrap_or(0);
@@ -40,7 +40,7 @@ fn dequantized_weights_run_the_same_projections_as_plain_matmuls() {
 
 #[test]
 fn a_dense_step_keeps_the_checkpoints_projections() {
-    let ops = step_ops(Arch::Qwen3, Some(4));
+    let ops = step_ops(Architecture::Qwen3, Some(4));
     let layers = 2;
     // Per layer: q, k, v, o, gate, up, down; then the (tied) output projection.
     assert_eq!(ops.by_kind.get("QuantizedMatmul"), Some(&(7 * layers + 1)), "{:?}", ops.by_kind);
@@ -50,7 +50,7 @@ fn a_dense_step_keeps_the_checkpoints_projections() {
 
 #[test]
 fn a_hybrid_step_joins_its_projections_and_runs_the_shared_expert_with_the_routed_ones() {
-    let ops = step_ops(Arch::Qwen3Next, Some(4));
+    let ops = step_ops(Architecture::Qwen3Next, Some(4));
     // tiny hybrid: 3 Gated DeltaNet layers (all input projections joined, out) and 1
     // attention layer (q, k, v and gate joined, o), each with a MoE block (router and
     // shared-expert gate joined), plus the output projection.
@@ -63,7 +63,7 @@ fn a_hybrid_step_joins_its_projections_and_runs_the_shared_expert_with_the_route
 
 #[test]
 fn prefill_times_name_each_kind_of_layer_part() {
-    let dir = common::make(&common::options(Arch::Qwen3Next, "tiny", Some(4), 32, Dtype::Float32));
+    let dir = common::make(&common::options(Architecture::Qwen3Next, "tiny", Some(4), 32, Dtype::Float32));
     let engine = Engine::load(dir.path()).unwrap();
     let t = engine::graph::prefill_times(&engine, 80).unwrap();
     assert_eq!(t.tokens, 80);

@@ -2,14 +2,16 @@
 
 mod common;
 
-use engine::checkpoint::{self, Arch, Dtype};
+use engine::checkpoint::{self, Architecture, Dtype};
 use engine::inspect::inspect;
 
 #[test]
 fn reports_parameters_quantization_and_mtp() {
-    for (arch, bits, mtp) in
-        [(Arch::Qwen3, Some(4), false), (Arch::Qwen3Moe, None, false), (Arch::Qwen3Next, Some(8), true)]
-    {
+    for (arch, bits, mtp) in [
+        (Architecture::Qwen3, Some(4), false),
+        (Architecture::Qwen3Moe, None, false),
+        (Architecture::Qwen3Next, Some(8), true),
+    ] {
         let mut o = common::options(arch, "tiny", bits, 32, Dtype::Bfloat16);
         o.mtp = mtp;
         let d = tempfile::tempdir().unwrap();
@@ -21,7 +23,7 @@ fn reports_parameters_quantization_and_mtp() {
         if let Some(b) = bits {
             assert!(r.quantization.contains(&format!("{b}-bit")), "{}", r.quantization);
         }
-        if arch == Arch::Qwen3 {
+        if arch == Architecture::Qwen3 {
             assert_eq!(r.active_parameters, r.parameters);
         } else {
             assert!(r.active_parameters < r.parameters);
@@ -32,7 +34,7 @@ fn reports_parameters_quantization_and_mtp() {
 
 #[test]
 fn reports_an_incomplete_mtp_head() {
-    let mut o = common::options(Arch::Qwen35, "tiny", None, 32, Dtype::Float32);
+    let mut o = common::options(Architecture::Qwen35, "tiny", None, 32, Dtype::Float32);
     o.mtp = true;
     let d = common::make(&o);
     common::rewrite_tensors(&d.path().join("model.safetensors"), |t| {

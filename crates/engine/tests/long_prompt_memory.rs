@@ -3,7 +3,7 @@
 
 mod common;
 
-use engine::checkpoint::{Arch, Dtype};
+use engine::checkpoint::{Architecture, Dtype};
 use engine::{Engine, GenerateRequest};
 
 /// Highest MLX memory above the loaded model's while a `tokens`-long prompt is read.
@@ -22,7 +22,7 @@ fn prompt_peak_above_model(dir: &std::path::Path, experts: &str, tokens: u32) ->
 fn dequantized_experts_exist_for_at_most_two_layers_at_once_and_unknown_forms_are_named() {
     // qwen3_moe "small" 16 layers deep: MoE layers of 16 experts (256 wide, 128 inner),
     // float32 (the CPU's gathered matmuls are float32-only).
-    let mut options = common::options(Arch::Qwen3Moe, "small", Some(4), 32, Dtype::Float32);
+    let mut options = common::options(Architecture::Qwen3Moe, "small", Some(4), 32, Dtype::Float32);
     options.layers = Some(16);
     let dir = common::make(&options);
     let one_layer = 16.0 * (2.0 * 128.0 * 256.0 + 256.0 * 128.0) * 4.0;

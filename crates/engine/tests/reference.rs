@@ -15,7 +15,7 @@
 mod common;
 
 use engine::cache::Cache;
-use engine::checkpoint::{Arch, Dtype, Layout, MakeOptions};
+use engine::checkpoint::{Architecture, Dtype, Layout, MakeOptions};
 use engine::models::{self, LanguageModel};
 use engine::weight_form::Override;
 use mlx_rs::ops::indexing::IndexOp;
@@ -106,52 +106,60 @@ const BF16_TOL: f32 = 0.05;
 
 #[test]
 fn qwen3_f32_tied() {
-    check("qwen3 f32 tied", common::options(Arch::Qwen3, "tiny", None, 64, Dtype::Float32), F32_TOL);
+    check("qwen3 f32 tied", common::options(Architecture::Qwen3, "tiny", None, 64, Dtype::Float32), F32_TOL);
 }
 
 #[test]
 fn qwen3_bf16_untied() {
-    let mut o = common::options(Arch::Qwen3, "tiny", None, 64, Dtype::Bfloat16);
+    let mut o = common::options(Architecture::Qwen3, "tiny", None, 64, Dtype::Bfloat16);
     o.tie_embeddings = Some(false);
     check("qwen3 bf16 untied", o, BF16_TOL);
 }
 
 #[test]
 fn qwen3_8bit() {
-    check("qwen3 8-bit g64", common::options(Arch::Qwen3, "tiny", Some(8), 64, Dtype::Bfloat16), BF16_TOL);
+    check("qwen3 8-bit g64", common::options(Architecture::Qwen3, "tiny", Some(8), 64, Dtype::Bfloat16), BF16_TOL);
 }
 
 #[test]
 fn qwen3_4bit_tied_group32() {
-    check("qwen3 4-bit g32 tied", common::options(Arch::Qwen3, "tiny", Some(4), 32, Dtype::Bfloat16), BF16_TOL);
+    check("qwen3 4-bit g32 tied", common::options(Architecture::Qwen3, "tiny", Some(4), 32, Dtype::Bfloat16), BF16_TOL);
 }
 
 #[test]
 fn qwen3_4bit_group128_sharded() {
-    let mut o = common::options(Arch::Qwen3, "small", Some(4), 128, Dtype::Bfloat16);
+    let mut o = common::options(Architecture::Qwen3, "small", Some(4), 128, Dtype::Bfloat16);
     o.shard_bytes = 1 << 20;
     check("qwen3 small 4-bit g128 sharded", o, BF16_TOL);
 }
 
 #[test]
 fn qwen3_moe_f32() {
-    check("qwen3_moe f32", common::options(Arch::Qwen3Moe, "tiny", None, 64, Dtype::Float32), F32_TOL);
+    check("qwen3_moe f32", common::options(Architecture::Qwen3Moe, "tiny", None, 64, Dtype::Float32), F32_TOL);
 }
 
 #[test]
 fn qwen3_moe_4bit() {
-    check("qwen3_moe 4-bit g32", common::options(Arch::Qwen3Moe, "tiny", Some(4), 32, Dtype::Bfloat16), BF16_TOL);
+    check(
+        "qwen3_moe 4-bit g32",
+        common::options(Architecture::Qwen3Moe, "tiny", Some(4), 32, Dtype::Bfloat16),
+        BF16_TOL,
+    );
 }
 
 #[test]
 fn qwen3_moe_8bit_f32_scales() {
-    check("qwen3_moe 8-bit g32 f32", common::options(Arch::Qwen3Moe, "tiny", Some(8), 32, Dtype::Float32), F32_TOL);
+    check(
+        "qwen3_moe 8-bit g32 f32",
+        common::options(Architecture::Qwen3Moe, "tiny", Some(8), 32, Dtype::Float32),
+        F32_TOL,
+    );
 }
 
 // Hybrid models: Gated DeltaNet + gated attention, in mlx-lm's layout and in the
 // Transformers layout Qwen publishes (norm offsets, conv kernel last, unstacked experts).
 
-fn hybrid(arch: Arch, bits: Option<i32>, dtype: Dtype, layout: Layout) -> MakeOptions {
+fn hybrid(arch: Architecture, bits: Option<i32>, dtype: Dtype, layout: Layout) -> MakeOptions {
     let mut o = common::options(arch, "tiny", bits, 32, dtype);
     o.layout = layout;
     o
@@ -159,59 +167,59 @@ fn hybrid(arch: Arch, bits: Option<i32>, dtype: Dtype, layout: Layout) -> MakeOp
 
 #[test]
 fn qwen3_next_f32() {
-    check("qwen3_next f32", hybrid(Arch::Qwen3Next, None, Dtype::Float32, Layout::Mlx), F32_TOL);
+    check("qwen3_next f32", hybrid(Architecture::Qwen3Next, None, Dtype::Float32, Layout::Mlx), F32_TOL);
 }
 
 #[test]
 fn qwen3_next_4bit() {
-    check("qwen3_next 4-bit g32", hybrid(Arch::Qwen3Next, Some(4), Dtype::Bfloat16, Layout::Mlx), BF16_TOL);
+    check("qwen3_next 4-bit g32", hybrid(Architecture::Qwen3Next, Some(4), Dtype::Bfloat16, Layout::Mlx), BF16_TOL);
 }
 
 #[test]
 fn qwen3_next_transformers_layout() {
     check(
         "qwen3_next f32 transformers layout",
-        hybrid(Arch::Qwen3Next, None, Dtype::Float32, Layout::Transformers),
+        hybrid(Architecture::Qwen3Next, None, Dtype::Float32, Layout::Transformers),
         F32_TOL,
     );
 }
 
 #[test]
 fn qwen3_5_f32() {
-    check("qwen3_5 f32", hybrid(Arch::Qwen35, None, Dtype::Float32, Layout::Mlx), F32_TOL);
+    check("qwen3_5 f32", hybrid(Architecture::Qwen35, None, Dtype::Float32, Layout::Mlx), F32_TOL);
 }
 
 #[test]
 fn qwen3_5_bf16_transformers_layout() {
     check(
         "qwen3_5 bf16 transformers layout",
-        hybrid(Arch::Qwen35, None, Dtype::Bfloat16, Layout::Transformers),
+        hybrid(Architecture::Qwen35, None, Dtype::Bfloat16, Layout::Transformers),
         BF16_TOL,
     );
 }
 
 #[test]
 fn qwen3_5_8bit() {
-    check("qwen3_5 8-bit g32", hybrid(Arch::Qwen35, Some(8), Dtype::Bfloat16, Layout::Mlx), BF16_TOL);
+    check("qwen3_5 8-bit g32", hybrid(Architecture::Qwen35, Some(8), Dtype::Bfloat16, Layout::Mlx), BF16_TOL);
 }
 
 #[test]
 fn qwen3_5_moe_f32() {
-    check("qwen3_5_moe f32", hybrid(Arch::Qwen35Moe, None, Dtype::Float32, Layout::Mlx), F32_TOL);
+    check("qwen3_5_moe f32", hybrid(Architecture::Qwen35Moe, None, Dtype::Float32, Layout::Mlx), F32_TOL);
 }
 
 #[test]
 fn qwen3_5_moe_transformers_layout() {
     check(
         "qwen3_5_moe f32 transformers layout",
-        hybrid(Arch::Qwen35Moe, None, Dtype::Float32, Layout::Transformers),
+        hybrid(Architecture::Qwen35Moe, None, Dtype::Float32, Layout::Transformers),
         F32_TOL,
     );
 }
 
 #[test]
 fn qwen3_5_moe_4bit() {
-    check("qwen3_5_moe 4-bit g32", hybrid(Arch::Qwen35Moe, Some(4), Dtype::Bfloat16, Layout::Mlx), BF16_TOL);
+    check("qwen3_5_moe 4-bit g32", hybrid(Architecture::Qwen35Moe, Some(4), Dtype::Bfloat16, Layout::Mlx), BF16_TOL);
 }
 
 // Checkpoints that carry an MTP head: mlx-lm drops mtp.* (strict=False); the trunk must not
@@ -219,14 +227,14 @@ fn qwen3_5_moe_4bit() {
 
 #[test]
 fn qwen3_next_with_mtp_head_transformers_layout() {
-    let mut o = hybrid(Arch::Qwen3Next, None, Dtype::Float32, Layout::Transformers);
+    let mut o = hybrid(Architecture::Qwen3Next, None, Dtype::Float32, Layout::Transformers);
     o.mtp = true;
     check("qwen3_next + MTP f32 transformers layout", o, F32_TOL);
 }
 
 #[test]
 fn qwen3_5_with_mtp_head_4bit() {
-    let mut o = hybrid(Arch::Qwen35, Some(4), Dtype::Bfloat16, Layout::Mlx);
+    let mut o = hybrid(Architecture::Qwen35, Some(4), Dtype::Bfloat16, Layout::Mlx);
     o.mtp = true;
     check("qwen3_5 + MTP 4-bit g32", o, BF16_TOL);
 }
@@ -242,7 +250,7 @@ const CHUNKED_F32_TOL: f32 = 1e-3;
 fn qwen3_next_long_prompt_chunked_prefill() {
     check_with_prompt(
         "qwen3_next f32, 200-token prompt",
-        hybrid(Arch::Qwen3Next, None, Dtype::Float32, Layout::Mlx),
+        hybrid(Architecture::Qwen3Next, None, Dtype::Float32, Layout::Mlx),
         CHUNKED_F32_TOL,
         200,
     );
@@ -252,7 +260,7 @@ fn qwen3_next_long_prompt_chunked_prefill() {
 fn qwen3_5_moe_long_prompt_chunked_prefill() {
     check_with_prompt(
         "qwen3_5_moe f32, 130-token prompt",
-        hybrid(Arch::Qwen35Moe, None, Dtype::Float32, Layout::Transformers),
+        hybrid(Architecture::Qwen35Moe, None, Dtype::Float32, Layout::Transformers),
         CHUNKED_F32_TOL,
         130,
     );
@@ -264,7 +272,7 @@ fn qwen3_5_moe_long_prompt_chunked_prefill() {
 fn penalised(name: &str, opts: MakeOptions, penalties: engine::Penalties) {
     let dir = common::make(&opts);
     let engine = engine::Engine::load_as(dir.path(), engine::Profile::default(), Override::Quantized).unwrap();
-    let vocab = engine.model.config().vocab_size as u32;
+    let vocab = engine.model().config().vocab_size as u32;
     let ids: Vec<u32> = prompt(vocab, 12).into_iter().chain(prompt(vocab, 12)).collect();
     let request = |penalties| engine::GenerateRequest {
         sampling: engine::SamplingParams { penalties, ..Default::default() },
@@ -291,9 +299,9 @@ fn penalised(name: &str, opts: MakeOptions, penalties: engine::Penalties) {
 #[test]
 fn penalties_follow_mlx_lm() {
     let penalties = |repetition, presence, frequency| engine::Penalties { repetition, presence, frequency };
-    let dense = common::options(Arch::Qwen3, "tiny", None, 64, Dtype::Float32);
+    let dense = common::options(Architecture::Qwen3, "tiny", None, 64, Dtype::Float32);
     penalised("qwen3 f32, repetition 1.5", dense.clone(), penalties(1.5, 0.0, 0.0));
     penalised("qwen3 f32, presence 1 + frequency 0.5", dense, penalties(1.0, 1.0, 0.5));
-    let hybrid = hybrid(Arch::Qwen35, Some(4), Dtype::Bfloat16, Layout::Mlx);
+    let hybrid = hybrid(Architecture::Qwen35, Some(4), Dtype::Bfloat16, Layout::Mlx);
     penalised("qwen3_5 4-bit bf16, all three", hybrid, penalties(1.3, 0.5, 0.25));
 }

@@ -5,17 +5,17 @@
 mod common;
 
 use engine::cache::Cache;
-use engine::checkpoint::{Arch, Dtype, MakeOptions};
+use engine::checkpoint::{Architecture, Dtype, MakeOptions};
 use engine::{Engine, GenerateRequest, SamplingParams};
 use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::{ops, Array};
 
-fn with_mtp(arch: Arch, dtype: Dtype) -> (tempfile::TempDir, Engine) {
+fn with_mtp(arch: Architecture, dtype: Dtype) -> (tempfile::TempDir, Engine) {
     let mut o: MakeOptions = common::options(arch, "tiny", None, 32, dtype);
     o.mtp = true;
     let d = common::make(&o);
     let e = Engine::load(d.path()).unwrap();
-    assert!(e.model.mtp().is_some());
+    assert!(e.model().mtp().is_some());
     (d, e)
 }
 
@@ -29,24 +29,26 @@ fn prompts() -> Vec<Vec<u32>> {
 
 /// Greedy token ids straight from the model, one position at a time.
 fn greedy_tokens(e: &Engine, prompt: &[u32], n: usize) -> Vec<u32> {
-    let mut cache = e.model.new_cache();
-    let mut logits = e.model.forward(&Array::from_slice(prompt, &[1, prompt.len() as i32]), &mut cache).unwrap();
+    let mut cache = e.model().new_cache();
+    let mut logits = e.model().forward(&Array::from_slice(prompt, &[1, prompt.len() as i32]), &mut cache).unwrap();
     let mut out = vec![];
     for _ in 0..n {
         let t = ops::indexing::argmax_axis(logits.index((.., -1, ..)), -1, None).unwrap().item_cast::<u32>();
         out.push(t);
-        logits = e.model.forward(&Array::from_slice(&[t], &[1, 1]), &mut cache).unwrap();
+        logits = e.model().forward(&Array::from_slice(&[t], &[1, 1]), &mut cache).unwrap();
     }
     out
 }
 
 #[test]
 fn greedy_speculation_equals_plain_decoding_at_every_depth() {
-    for (arch, dtype) in
-        [(Arch::Qwen3Next, Dtype::Float32), (Arch::Qwen35, Dtype::Bfloat16), (Arch::Qwen35Moe, Dtype::Float32)]
-    {
+    for (arch, dtype) in [
+        (Architecture::Qwen3Next, Dtype::Float32),
+        (Architecture::Qwen35, Dtype::Bfloat16),
+        (Architecture::Qwen35Moe, Dtype::Float32),
+    ] {
         let (_d, mut e) = with_mtp(arch, dtype);
-        e.prefill_chunk = 16; // the longer prompts span several chunks
+        e.set_prefill_chunk(16); // the longer prompts span several chunks
         for prompt in prompts() {
             let plain = GenerateRequest { ignore_eos: true, ..GenerateRequest::greedy(prompt.clone(), 33) };
             let (expected, s0) = e.generate_text(plain.clone()).unwrap();
@@ -61,7 +63,7 @@ fn greedy_speculation_equals_plain_decoding_at_every_depth() {
             }
         }
         // The engine keeps totals across requests: 3 prompts x depths 1..4 here.
-        let totals = e.spec_totals.lock().unwrap().clone();
+        let totals = e.spec_totals().clone();
         assert_eq!(totals.committed, 3 * 4 * 32, "{arch:?}: every token after the first comes from a cycle");
         assert_eq!(totals.depth, 4);
     }
@@ -75,7 +77,7 @@ fn penalised_speculation_equals_penalised_plain_decoding() {
     // favour recent tokens): then a draft's own tokens decide the next position's winner,
     // and a window that missed them would show.
     let penalties = engine::Penalties { repetition: 1.0, presence: -2.0, frequency: -1.0 };
-    for (arch, dtype) in [(Arch::Qwen3Next, Dtype::Float32), (Arch::Qwen35, Dtype::Bfloat16)] {
+    for (arch, dtype) in [(Architecture::Qwen3Next, Dtype::Float32), (Architecture::Qwen35, Dtype::Bfloat16)] {
         let (_d, e) = with_mtp(arch, dtype);
         let mut changed = 0;
         for prompt in prompts() {
@@ -92,10 +94,10 @@ fn penalised_speculation_equals_penalised_plain_decoding() {
                 for draft_script in [None, Some(script.clone())] {
                     let scripted = draft_script.is_some();
                     let req = GenerateRequest { draft_depth: depth, draft_script, ..plain.clone() };
-                    let before = e.spec_totals.lock().unwrap().committed;
+                    let before = e.spec_totals().committed;
                     let ids = e.generate(req, Default::default()).unwrap().token_ids().unwrap();
                     assert_eq!(ids, expected, "{arch:?} depth {depth} scripted {scripted} prompt of {}", prompt.len());
-                    assert!(e.spec_totals.lock().unwrap().committed - before >= 32, "speculation ran");
+                    assert!(e.spec_totals().committed - before >= 32, "speculation ran");
                 }
             }
         }
@@ -107,7 +109,7 @@ fn penalised_speculation_equals_penalised_plain_decoding() {
 fn accepted_and_rejected_drafts_keep_the_output_exact() {
     // Drafts from a script: the true continuation with every third token wrong, so cycles
     // accept all, some or none of their drafts, and each rolls back a different amount.
-    for arch in [Arch::Qwen3Next, Arch::Qwen35] {
+    for arch in [Architecture::Qwen3Next, Architecture::Qwen35] {
         let (_d, e) = with_mtp(arch, Dtype::Float32);
         let prompt = prompts()[1].clone();
         let truth = greedy_tokens(&e, &prompt, 40);
@@ -144,8 +146,8 @@ fn accepted_and_rejected_drafts_keep_the_output_exact() {
 
 #[test]
 fn rollback_restores_linear_attention_and_kv_state_exactly() {
-    let (_d, e) = with_mtp(Arch::Qwen3Next, Dtype::Float32);
-    let m = e.model.as_ref();
+    let (_d, e) = with_mtp(Architecture::Qwen3Next, Dtype::Float32);
+    let m = e.model();
     let run =
         |cache: &mut Cache, ids: &[u32]| m.forward(&Array::from_slice(ids, &[1, ids.len() as i32]), cache).unwrap();
     let prefix = [5u32, 17, 230, 99, 4, 61];
@@ -171,14 +173,14 @@ fn rollback_restores_linear_attention_and_kv_state_exactly() {
 
 #[test]
 fn depth_limits_and_checkpoints_without_a_head() {
-    let (_d, e) = with_mtp(Arch::Qwen3Next, Dtype::Float32);
+    let (_d, e) = with_mtp(Architecture::Qwen3Next, Dtype::Float32);
     let req = GenerateRequest { draft_depth: 5, ..GenerateRequest::greedy(vec![1, 2], 4) };
     let err = e.generate(req, Default::default()).err().unwrap().to_string();
     assert!(err.contains("draft depth must be in 0..=4"), "{err}");
     // No mtp.* tensors: plain decoding, and the summary says so by having no MTP stats.
-    let d = common::make(&common::options(Arch::Qwen3Next, "tiny", None, 32, Dtype::Float32));
+    let d = common::make(&common::options(Architecture::Qwen3Next, "tiny", None, 32, Dtype::Float32));
     let plain = Engine::load(d.path()).unwrap();
-    assert!(plain.model.mtp().is_none());
+    assert!(plain.model().mtp().is_none());
     let (_, s) =
         plain.generate_text(GenerateRequest { draft_depth: 2, ..GenerateRequest::greedy(vec![1, 2], 4) }).unwrap();
     assert!(s.speculative.is_none());
@@ -186,7 +188,7 @@ fn depth_limits_and_checkpoints_without_a_head() {
 
 #[test]
 fn mtp_head_that_does_not_fit_is_refused() {
-    let mut o = common::options(Arch::Qwen3Next, "tiny", None, 32, Dtype::Float32);
+    let mut o = common::options(Architecture::Qwen3Next, "tiny", None, 32, Dtype::Float32);
     o.mtp = true;
     let d = common::make(&o);
     // Rewrite the head's fc with the wrong input width.
@@ -216,9 +218,9 @@ fn chi_square(a: &[usize], b: &[usize]) -> (f64, usize) {
 
 #[test]
 fn sampled_speculation_has_the_plain_distribution() {
-    let (_d, e) = with_mtp(Arch::Qwen3Next, Dtype::Float32);
+    let (_d, e) = with_mtp(Architecture::Qwen3Next, Dtype::Float32);
     let prompt = prompts()[0].clone();
-    let vocab = e.model.config().vocab_size as usize;
+    let vocab = e.model().config().vocab_size as usize;
     // Histograms of the 2nd and 3rd generated tokens (the ones speculation produces).
     let histogram = |depth: usize, penalties: engine::Penalties| {
         let mut h = vec![vec![0usize; vocab]; 2];

@@ -36,7 +36,7 @@ pub fn parity(model_dir: &Path, reference: &Path) -> Parity {
     let ids = r["ids"].as_dtype(mlx_rs::Dtype::Uint32).unwrap();
     let t = ids.dim(0);
     let ids = ids.reshape(&[1, t]).unwrap();
-    let model = engine.model.as_ref();
+    let model = engine.model();
     let mut cache = model.new_cache();
     let hidden = model.hidden(&ids, &mut cache).unwrap();
     let logits = model.logits(&hidden).unwrap().index(0).as_dtype(mlx_rs::Dtype::Float32).unwrap();
@@ -96,7 +96,7 @@ fn embedded_model_chunked_prefill_equals_step_by_step() {
     )
     .unwrap();
     let prompt: Vec<u32> = prompts.concat().into_iter().take(300).collect();
-    let model = engine.model.as_ref();
+    let model = engine.model();
     let ids = Array::from_slice(&prompt, &[1, prompt.len() as i32]);
     let whole = model.hidden(&ids, &mut model.new_cache()).unwrap();
     let mut cache = model.new_cache();
@@ -110,7 +110,7 @@ fn embedded_model_chunked_prefill_equals_step_by_step() {
     assert!(d < 1e-3, "hidden states differ by {d}");
     let req = engine::GenerateRequest { ignore_eos: true, ..engine::GenerateRequest::greedy(prompt.clone(), 24) };
     let (a, _) = engine.generate_text(req.clone()).unwrap();
-    engine.prefill_chunk = 50;
+    engine.set_prefill_chunk(50);
     let (b, _) = engine.generate_text(req).unwrap();
     assert_eq!(a, b);
 }

@@ -263,6 +263,7 @@ pub fn status_json(s: &AppState) -> serde_json::Value {
     let loaded = s.loaded();
     let w = &loaded.worker;
     let i = &w.info;
+    let mlx = engine::memory::mlx_memory();
     json!({
         "model": i.id, "model_type": i.model_type, "dir": i.dir, "device": i.backend,
         "blas": i.blas, "weights": i.weight_form,
@@ -280,8 +281,8 @@ pub fn status_json(s: &AppState) -> serde_json::Value {
         "idle_action": format!("{:?}", w.lifecycle.on_idle).to_lowercase(),
         "idle_unloads": w.lifecycle.unloads.load(Ordering::SeqCst),
         "reloads": w.lifecycle.reloads.load(Ordering::SeqCst),
-        "mlx_active_memory_bytes": mlx_rs::memory::active_memory().unwrap_or(0),
-        "mlx_cache_memory_bytes": mlx_rs::memory::cache_memory().unwrap_or(0),
+        "mlx_active_memory_bytes": mlx.active,
+        "mlx_cache_memory_bytes": mlx.cache,
     })
 }
 
@@ -395,7 +396,29 @@ pub async fn serve_until(
     Ok(())
 }
 
-/// `ferrite serve`: start, listen, serve until Ctrl-C or the idle watchdog's stop.
+/// Completes when the process is asked to stop: Ctrl-C (SIGINT), or SIGTERM (`kill`, a service
+/// manager, logout). Both mean the same: stop serving, let the engine finish or cancel its
+/// step, unload, exit.
+pub async fn interrupted() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = tokio::signal::ctrl_c() => tracing::info!("interrupted (SIGINT): stopping"),
+                    _ = term.recv() => tracing::info!("terminated (SIGTERM): stopping"),
+                }
+                return;
+            }
+            Err(e) => tracing::warn!("cannot listen for SIGTERM ({e}); Ctrl-C still stops"),
+        }
+    }
+    let _ = tokio::signal::ctrl_c().await;
+    tracing::info!("interrupted: stopping");
+}
+
+/// `ferrite serve`: start, listen, serve until Ctrl-C, SIGTERM or the idle watchdog's stop.
 pub async fn serve(config: ServerConfig) -> anyhow::Result<()> {
     let state = start(&config).await?;
     let listener = tokio::net::TcpListener::bind(config.addr)
@@ -404,7 +427,7 @@ pub async fn serve(config: ServerConfig) -> anyhow::Result<()> {
     let stop = state.worker_options.stop.clone();
     serve_until(listener, state, &config.cors_origins, async move {
         tokio::select! {
-            _ = tokio::signal::ctrl_c() => tracing::info!("interrupted: stopping"),
+            _ = interrupted() => {}
             _ = stop.notified() => tracing::info!("stopping after the idle limit"),
         }
     })

@@ -23,12 +23,8 @@ pub async fn telemetry(State(s): State<AppState>) -> Json<telemetry::Snapshot> {
 /// The sampler's latest figures, with MLX's allocator counters read now.
 pub fn snapshot(s: &AppState) -> telemetry::Snapshot {
     let mut snap = s.telemetry.latest();
-    let read = |v: Result<usize, _>| v.unwrap_or(0) as u64;
-    snap.memory = snap.memory.with_mlx(
-        read(mlx_rs::memory::active_memory()),
-        read(mlx_rs::memory::peak_memory()),
-        read(mlx_rs::memory::cache_memory()),
-    );
+    let mlx = engine::memory::mlx_memory();
+    snap.memory = snap.memory.with_mlx(mlx.active, mlx.peak, mlx.cache);
     snap
 }
 

@@ -122,13 +122,9 @@ impl Metrics {
     pub fn render(&self, queue_depth: usize, loaded: bool) -> String {
         self.queue_depth.set(queue_depth as i64);
         self.loaded.set(i64::from(loaded));
-        let mlx = [
-            ("active", mlx_rs::memory::active_memory()),
-            ("peak", mlx_rs::memory::peak_memory()),
-            ("cache", mlx_rs::memory::cache_memory()),
-        ];
-        for (kind, bytes) in mlx {
-            self.memory.get_or_create(&vec![("kind".to_string(), kind.to_string())]).set(bytes.unwrap_or(0) as f64);
+        let mlx = engine::memory::mlx_memory();
+        for (kind, bytes) in [("active", mlx.active), ("peak", mlx.peak), ("cache", mlx.cache)] {
+            self.memory.get_or_create(&vec![("kind".to_string(), kind.to_string())]).set(bytes as f64);
         }
         let mut out = String::new();
         let _ = encode(&mut out, &self.registry);

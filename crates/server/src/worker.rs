@@ -203,16 +203,16 @@ impl Worker {
                     return;
                 }
             };
-            let c = engine.model.config();
+            let c = engine.model().config();
             let info = ModelInfo {
                 id,
                 dir: dir.clone(),
                 model_type: c.model_type.clone(),
                 context: c.max_position_embeddings.unwrap_or(32768).max(1) as usize,
-                backend: engine.backend.to_string(),
+                backend: engine.backend().to_string(),
                 blas: engine::blas::describe(),
-                weight_form: engine.weight_form.to_string(),
-                has_mtp: engine.model.mtp().is_some(),
+                weight_form: engine.weight_form().to_string(),
+                has_mtp: engine.model().mtp().is_some(),
                 profile: profile.clone(),
             };
             life.loaded.store(true, Ordering::SeqCst);
@@ -221,7 +221,7 @@ impl Worker {
             // Drops the model and MLX's buffer cache, so the memory really returns.
             let unload = |engine: &mut Option<Engine>, why: &str| {
                 if engine.take().is_some() {
-                    let _ = mlx_rs::memory::clear_cache();
+                    engine::memory::clear_cache();
                     life.loaded.store(false, Ordering::SeqCst);
                     life.unloads.fetch_add(1, Ordering::SeqCst);
                     tracing::info!("{why}: unloaded {} and released MLX's cache", info.id);
@@ -375,13 +375,13 @@ fn render(engine: &Engine, prompt: &Prompt) -> Result<(Vec<u32>, bool), JobError
     let text = match prompt {
         Prompt::Text(t) => t.clone(),
         Prompt::Chat { messages, template_vars } => engine
-            .tokenizer
+            .tokenizer()
             .apply_chat_template(messages, true, template_vars)
             .map_err(|e| JobError::BadRequest(e.to_string()))?,
     };
     // Templates that open the think block themselves leave the answer in reasoning mode.
     let thinking = text.trim_end().ends_with("<think>");
-    let ids = engine.tokenizer.encode(&text).map_err(|e| JobError::Internal(e.to_string()))?;
+    let ids = engine.tokenizer().encode(&text).map_err(|e| JobError::Internal(e.to_string()))?;
     Ok((ids, thinking))
 }
 
@@ -451,7 +451,7 @@ fn run_job(engine: &Engine, info: &ModelInfo, metrics: &Metrics, mut job: Job) -
                 let reasoning_tokens = if answer.reasoning.is_empty() {
                     0
                 } else {
-                    engine.tokenizer.encode(&answer.reasoning).map(|v| v.len()).unwrap_or(0)
+                    engine.tokenizer().encode(&answer.reasoning).map(|v| v.len()).unwrap_or(0)
                 };
                 let used = prompt_tokens + summary.usage.completion_tokens;
                 send(JobEvent::Finished { summary, reasoning_tokens });

@@ -430,7 +430,7 @@ async fn a_click_starts_another_model() {
     assert_eq!(code, 409, "{v}");
 
     let second = tempfile::tempdir().unwrap();
-    let mut o = engine::checkpoint::MakeOptions::new(engine::checkpoint::Arch::Qwen35, "tiny");
+    let mut o = engine::checkpoint::MakeOptions::new(engine::checkpoint::Architecture::Qwen35, "tiny");
     o.mtp = true;
     engine::checkpoint::make(&o, second.path()).unwrap();
     let dir = second.path().to_path_buf();

@@ -63,7 +63,7 @@ async fn a_complete_download_is_verified_installed_and_loads() {
     assert!(dir.starts_with(s.store.models_dir.join("models--test--hybrid/snapshots")));
     assert_eq!(s.store.resolve("test/hybrid").unwrap().dir, dir);
     let engine = engine::Engine::load(&dir).unwrap();
-    assert!(engine.model.mtp().is_some());
+    assert!(engine.model().mtp().is_some());
     // Pulling again downloads nothing.
     let before = s.hub.hub.ranges.lock().unwrap().len();
     d.pull(request("test/hybrid", true)).wait().await.unwrap();

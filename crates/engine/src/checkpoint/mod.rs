@@ -14,7 +14,7 @@ pub use mlx_rs::Dtype;
 use mlx_rs::{ops, random, Array};
 use serde_json::json;
 
-pub use presets::Arch;
+pub use presets::Architecture;
 pub use tensors::Layout;
 use tensors::{Kind, TensorSpec};
 
@@ -22,7 +22,7 @@ use crate::error::{Error, Result};
 
 #[derive(Debug, Clone)]
 pub struct MakeOptions {
-    pub arch: Arch,
+    pub arch: Architecture,
     pub preset: String,
     /// Affine quantization bits for matrices; `None` keeps them in `dtype`.
     pub bits: Option<i32>,
@@ -42,7 +42,7 @@ pub struct MakeOptions {
 }
 
 impl MakeOptions {
-    pub fn new(arch: Arch, preset: &str) -> Self {
+    pub fn new(arch: Architecture, preset: &str) -> Self {
         MakeOptions {
             arch,
             preset: preset.to_string(),

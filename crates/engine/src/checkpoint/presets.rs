@@ -5,44 +5,22 @@ use serde_json::{json, Value};
 
 use crate::error::{Error, Result};
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Arch {
-    Qwen3,
-    Qwen3Moe,
-    Qwen3Next,
-    Qwen35,
-    Qwen35Moe,
-}
-
-impl Arch {
-    pub fn parse(name: &str) -> Result<Self> {
-        match name {
-            "qwen3" => Ok(Arch::Qwen3),
-            "qwen3_moe" | "qwen3-moe" => Ok(Arch::Qwen3Moe),
-            "qwen3_next" | "qwen3-next" => Ok(Arch::Qwen3Next),
-            "qwen3_5" | "qwen3.5" => Ok(Arch::Qwen35),
-            "qwen3_5_moe" | "qwen3.5-moe" => Ok(Arch::Qwen35Moe),
-            other => Err(Error::Request(format!(
-                "unknown architecture `{other}` (known: qwen3, qwen3_moe, qwen3_next, qwen3_5, qwen3_5_moe)"
-            ))),
-        }
-    }
-}
+pub use crate::architecture::Architecture;
 
 /// Preset names for each architecture, smallest first.
-pub fn names(arch: Arch) -> &'static [&'static str] {
+pub fn names(arch: Architecture) -> &'static [&'static str] {
     match arch {
-        Arch::Qwen3 => &["tiny", "small", "0.6b", "8b", "32b"],
-        Arch::Qwen3Moe => &["tiny", "small", "30b-a3b"],
-        Arch::Qwen3Next => &["tiny", "small", "35b-a3b", "80b-a3b"],
-        Arch::Qwen35 | Arch::Qwen35Moe => &["tiny", "small"],
+        Architecture::Qwen3 => &["tiny", "small", "0.6b", "8b", "32b"],
+        Architecture::Qwen3Moe => &["tiny", "small", "30b-a3b"],
+        Architecture::Qwen3Next => &["tiny", "small", "35b-a3b", "80b-a3b"],
+        Architecture::Qwen35 | Architecture::Qwen35Moe => &["tiny", "small"],
     }
 }
 
 /// A hybrid (Gated DeltaNet + gated attention) config from a dense base: `nk`/`nv` linear
 /// key/value heads of `dk`/`dv` dims; MoE (8 experts, top 2, with a shared expert) for
 /// qwen3_next and qwen3_5_moe; Qwen3.5 nests the text model under `text_config`.
-fn hybrid(arch: Arch, base: Value, nk: i32, nv: i32, dk: i32, dv: i32) -> Value {
+fn hybrid(arch: Architecture, base: Value, nk: i32, nv: i32, dk: i32, dv: i32) -> Value {
     let mut c = base;
     let h = c["hidden_size"].as_i64().unwrap_or(64);
     c["linear_num_key_heads"] = json!(nk);
@@ -52,7 +30,7 @@ fn hybrid(arch: Arch, base: Value, nk: i32, nv: i32, dk: i32, dv: i32) -> Value 
     c["linear_conv_kernel_dim"] = json!(4);
     c["full_attention_interval"] = json!(4);
     c["partial_rotary_factor"] = json!(0.25);
-    if arch != Arch::Qwen35 {
+    if arch != Architecture::Qwen35 {
         c["num_experts"] = json!(8);
         c["num_experts_per_tok"] = json!(2);
         c["moe_intermediate_size"] = json!(h / 2);
@@ -62,8 +40,8 @@ fn hybrid(arch: Arch, base: Value, nk: i32, nv: i32, dk: i32, dv: i32) -> Value 
         c["norm_topk_prob"] = json!(true);
     }
     match arch {
-        Arch::Qwen3Next => {
-            c["model_type"] = json!("qwen3_next");
+        Architecture::Qwen3Next => {
+            c["model_type"] = json!(Architecture::Qwen3Next.model_type());
             c["architectures"] = json!(["Qwen3NextForCausalLM"]);
             c
         }
@@ -79,13 +57,12 @@ fn hybrid(arch: Arch, base: Value, nk: i32, nv: i32, dk: i32, dv: i32) -> Value 
                     obj.remove(moved);
                 }
             }
-            let (top, text) =
-                if arch == Arch::Qwen35 { ("qwen3_5", "qwen3_5_text") } else { ("qwen3_5_moe", "qwen3_5_moe_text") };
-            c["model_type"] = json!(text);
+            let top = arch.model_type();
+            c["model_type"] = json!(format!("{top}_text"));
             c["rope_parameters"] = json!({"rope_type": "default", "rope_theta": theta, "partial_rotary_factor": 0.25, "mrope_section": [11, 11, 10]});
             json!({
                 "model_type": top,
-                "architectures": [if arch == Arch::Qwen35 { "Qwen3_5ForConditionalGeneration" } else { "Qwen3_5MoeForConditionalGeneration" }],
+                "architectures": [if arch == Architecture::Qwen35 { "Qwen3_5ForConditionalGeneration" } else { "Qwen3_5MoeForConditionalGeneration" }],
                 "tie_word_embeddings": if tie.is_null() { json!(false) } else { tie },
                 "text_config": c,
             })
@@ -104,11 +81,11 @@ fn next_shape(mut c: Value, experts: i32, top_k: i32) -> Value {
 }
 
 /// The `config.json` fields of a preset (without quantization and eos ids).
-pub fn config(arch: Arch, preset: &str) -> Result<Value> {
+pub fn config(arch: Architecture, preset: &str) -> Result<Value> {
     // (hidden, layers, heads, kv heads, head_dim, intermediate, vocab, tied)
     let dense = |h: i32, l: i32, q: i32, kv: i32, hd: i32, i: i32, v: i32, tie: bool| {
         json!({
-            "model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"],
+            "model_type": Architecture::Qwen3.model_type(), "architectures": ["Qwen3ForCausalLM"],
             "hidden_size": h, "num_hidden_layers": l, "num_attention_heads": q,
             "num_key_value_heads": kv, "head_dim": hd, "intermediate_size": i,
             "vocab_size": v, "tie_word_embeddings": tie, "rms_norm_eps": 1e-6,
@@ -118,7 +95,7 @@ pub fn config(arch: Arch, preset: &str) -> Result<Value> {
     };
     let moe = |base: Value, experts: i32, top_k: i32, moe_i: i32| {
         let mut c = base;
-        c["model_type"] = json!("qwen3_moe");
+        c["model_type"] = json!(Architecture::Qwen3Moe.model_type());
         c["architectures"] = json!(["Qwen3MoeForCausalLM"]);
         c["num_experts"] = json!(experts);
         c["num_experts_per_tok"] = json!(top_k);
@@ -129,31 +106,31 @@ pub fn config(arch: Arch, preset: &str) -> Result<Value> {
         c
     };
     let config = match (arch, preset) {
-        (Arch::Qwen3, "tiny") => dense(64, 2, 4, 2, 16, 128, 512, true),
-        (Arch::Qwen3, "small") => dense(256, 4, 8, 4, 32, 768, 2048, false),
-        (Arch::Qwen3, "0.6b") => dense(1024, 28, 16, 8, 128, 3072, 151936, true),
-        (Arch::Qwen3, "8b") => dense(4096, 36, 32, 8, 128, 12288, 151936, false),
-        (Arch::Qwen3, "32b") => dense(5120, 64, 64, 8, 128, 25600, 151936, false),
-        (Arch::Qwen3Moe, "tiny") => {
+        (Architecture::Qwen3, "tiny") => dense(64, 2, 4, 2, 16, 128, 512, true),
+        (Architecture::Qwen3, "small") => dense(256, 4, 8, 4, 32, 768, 2048, false),
+        (Architecture::Qwen3, "0.6b") => dense(1024, 28, 16, 8, 128, 3072, 151936, true),
+        (Architecture::Qwen3, "8b") => dense(4096, 36, 32, 8, 128, 12288, 151936, false),
+        (Architecture::Qwen3, "32b") => dense(5120, 64, 64, 8, 128, 25600, 151936, false),
+        (Architecture::Qwen3Moe, "tiny") => {
             // One dense layer (mlp_only_layers) so both feed-forward kinds are exercised.
             let mut c = moe(dense(64, 3, 4, 2, 16, 128, 512, false), 8, 2, 32);
             c["mlp_only_layers"] = json!([1]);
             c
         }
-        (Arch::Qwen3Moe, "small") => moe(dense(256, 4, 8, 4, 32, 768, 2048, false), 16, 4, 128),
-        (Arch::Qwen3Moe, "30b-a3b") => moe(dense(2048, 48, 32, 4, 128, 6144, 151936, false), 128, 8, 768),
-        (Arch::Qwen3Next | Arch::Qwen35 | Arch::Qwen35Moe, "tiny") => {
+        (Architecture::Qwen3Moe, "small") => moe(dense(256, 4, 8, 4, 32, 768, 2048, false), 16, 4, 128),
+        (Architecture::Qwen3Moe, "30b-a3b") => moe(dense(2048, 48, 32, 4, 128, 6144, 151936, false), 128, 8, 768),
+        (Architecture::Qwen3Next | Architecture::Qwen35 | Architecture::Qwen35Moe, "tiny") => {
             hybrid(arch, dense(64, 4, 4, 2, 16, 128, 512, false), 2, 4, 16, 16)
         }
-        (Arch::Qwen3Next | Arch::Qwen35 | Arch::Qwen35Moe, "small") => {
+        (Architecture::Qwen3Next | Architecture::Qwen35 | Architecture::Qwen35Moe, "small") => {
             hybrid(arch, dense(256, 8, 8, 2, 32, 768, 2048, false), 4, 8, 32, 32)
         }
         // Qwen3-Next-80B-A3B's shapes (512 experts, top 10) and a 40-layer, 256-expert variant
         // (the hybrid 35B-A3B shape of shared/gpu-runtime's reference figures).
-        (Arch::Qwen3Next, "80b-a3b") => {
+        (Architecture::Qwen3Next, "80b-a3b") => {
             next_shape(hybrid(arch, dense(2048, 48, 16, 2, 256, 5120, 151936, false), 16, 32, 128, 128), 512, 10)
         }
-        (Arch::Qwen3Next, "35b-a3b") => {
+        (Architecture::Qwen3Next, "35b-a3b") => {
             next_shape(hybrid(arch, dense(2048, 40, 16, 2, 256, 5120, 151936, false), 16, 32, 128, 128), 256, 8)
         }
         _ => {
@@ -167,10 +144,10 @@ pub fn config(arch: Arch, preset: &str) -> Result<Value> {
 }
 
 /// Declares a one-layer MTP head in a hybrid config, under the key its architecture uses.
-pub fn add_mtp_head(config: &mut Value, arch: Arch) -> Result<()> {
+pub fn add_mtp_head(config: &mut Value, arch: Architecture) -> Result<()> {
     match arch {
-        Arch::Qwen3Next => config["num_nextn_predict_layers"] = json!(1),
-        Arch::Qwen35 | Arch::Qwen35Moe => config["text_config"]["mtp_num_hidden_layers"] = json!(1),
+        Architecture::Qwen3Next => config["num_nextn_predict_layers"] = json!(1),
+        Architecture::Qwen35 | Architecture::Qwen35Moe => config["text_config"]["mtp_num_hidden_layers"] = json!(1),
         _ => return Err(Error::Request(format!("{arch:?} has no MTP head (hybrid models only)"))),
     }
     Ok(())

@@ -1,6 +1,7 @@
 //! The tensors of a checkpoint: names, shapes and how each is initialised, in mlx-lm's
 //! layout or in the Transformers layout Qwen publishes (hybrid models only).
 
+use crate::architecture::Architecture;
 use crate::config::ModelConfig;
 
 /// Which naming and storage conventions to write.
@@ -55,7 +56,7 @@ pub fn tensor_specs(c: &ModelConfig, layout: Layout) -> Vec<TensorSpec> {
     let hf = layout == Layout::Transformers && c.is_hybrid();
     // Qwen3.5 nests its text model: Qwen writes `model.language_model.*` and `lm_head`,
     // mlx-lm `language_model.model.*` and `language_model.lm_head`.
-    let nested = c.model_type.starts_with("qwen3_5");
+    let nested = c.architecture.is_qwen3_5();
     let (root, head) = match (nested, hf) {
         (true, true) => ("model.language_model", "lm_head"),
         (true, false) => ("language_model.model", "language_model.lm_head"),
@@ -108,7 +109,7 @@ fn layer_specs(c: &ModelConfig, t: &mut Vec<TensorSpec>, p: &str, linear: bool, 
         let (nk, nv, dk, dv) =
             (c.linear_num_key_heads, c.linear_num_value_heads, c.linear_key_head_dim, c.linear_value_head_dim);
         let (kd, vd) = (nk * dk, nv * dv);
-        if c.model_type == "qwen3_next" {
+        if c.architecture == Architecture::Qwen3Next {
             add(format!("{a}.in_proj_qkvz"), &[2 * kd + 2 * vd, h], Kind::Matrix);
             add(format!("{a}.in_proj_ba"), &[2 * nv, h], Kind::Matrix);
         } else {
@@ -138,8 +139,8 @@ fn layer_specs(c: &ModelConfig, t: &mut Vec<TensorSpec>, p: &str, linear: bool, 
     if moe {
         let (e, mi) = (c.num_experts, c.moe_intermediate_size);
         add(format!("{m}.gate"), &[e, h], Kind::Router);
-        match (hf, c.model_type.as_str()) {
-            (true, "qwen3_next") => {
+        match (hf, c.architecture) {
+            (true, Architecture::Qwen3Next) => {
                 for x in 0..e {
                     add(format!("{m}.experts.{x}.gate_proj"), &[mi, h], Kind::Matrix);
                     add(format!("{m}.experts.{x}.up_proj"), &[mi, h], Kind::Matrix);

@@ -12,6 +12,7 @@ use std::path::Path;
 
 use mlx_rs::Array;
 
+use crate::architecture::Architecture;
 use crate::cache::Cache;
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};
@@ -98,12 +99,11 @@ pub fn load_with_form(dir: &Path, wanted: weight_form::Override) -> Result<(Box<
             long_prompt_gather: from_env("FERRITE_LONG_EXPERTS", crate::layers::switch::long_prompt_gather)?,
             dequantize: weight_choice.form.dequantize_to(),
         };
-        match config.model_type.as_str() {
-            "qwen3" => qwen3::build(&config, &mut loader)?,
-            "qwen3_moe" => qwen3_moe::build(&config, &mut loader)?,
-            "qwen3_next" => qwen3_next::build(&config, &mut loader)?,
-            "qwen3_5" | "qwen3_5_moe" => qwen3_5::build(&config, &mut loader)?,
-            other => unreachable!("config.rs accepted unknown model_type {other}"),
+        match config.architecture {
+            Architecture::Qwen3 => qwen3::build(&config, &mut loader)?,
+            Architecture::Qwen3Moe => qwen3_moe::build(&config, &mut loader)?,
+            Architecture::Qwen3Next => qwen3_next::build(&config, &mut loader)?,
+            Architecture::Qwen35 | Architecture::Qwen35Moe => qwen3_5::build(&config, &mut loader)?,
         }
     };
     weights.finish()?;

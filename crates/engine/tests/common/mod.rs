@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use engine::checkpoint::{self, Arch, Dtype, MakeOptions};
+use engine::checkpoint::{self, Architecture, Dtype, MakeOptions};
 
 pub fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().unwrap()
@@ -30,7 +30,7 @@ pub fn reference_command(script: &str) -> std::process::Command {
     command
 }
 
-pub fn options(arch: Arch, preset: &str, bits: Option<i32>, group_size: i32, dtype: Dtype) -> MakeOptions {
+pub fn options(arch: Architecture, preset: &str, bits: Option<i32>, group_size: i32, dtype: Dtype) -> MakeOptions {
     let mut o = MakeOptions::new(arch, preset);
     o.bits = bits;
     o.group_size = group_size;

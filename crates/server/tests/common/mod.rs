@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use engine::checkpoint::{self, Arch, MakeOptions};
+use engine::checkpoint::{self, Architecture, MakeOptions};
 use serde_json::{json, Value};
 use server::worker::{Worker, WorkerOptions};
 use server::AppState;
@@ -44,7 +44,7 @@ pub async fn start_configured(
     options: WorkerOptions,
     configure: impl FnOnce(&mut AppState),
 ) -> Server {
-    let mut o = MakeOptions::new(Arch::Qwen3, "tiny");
+    let mut o = MakeOptions::new(Architecture::Qwen3, "tiny");
     o.bits = Some(4);
     o.group_size = 32;
     start_checkpoint(&o, api_key, options, configure).await
@@ -52,7 +52,7 @@ pub async fn start_configured(
 
 /// A server on a hybrid model with an MTP head (speculative decoding, tuning).
 pub async fn start_hybrid(configure: impl FnOnce(&mut AppState)) -> Server {
-    let mut o = MakeOptions::new(Arch::Qwen35, "tiny");
+    let mut o = MakeOptions::new(Architecture::Qwen35, "tiny");
     o.mtp = true;
     o.dtype = checkpoint::Dtype::Float32;
     start_checkpoint(&o, None, WorkerOptions::default(), configure).await

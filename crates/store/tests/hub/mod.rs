@@ -15,7 +15,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
-use engine::checkpoint::{self, Arch, MakeOptions};
+use engine::checkpoint::{self, Architecture, MakeOptions};
 use sha1::Digest;
 
 pub struct File {
@@ -98,7 +98,7 @@ impl Hub {
 
 /// Makes a tiny project checkpoint (a hybrid with an MTP head unless `mtp` is false).
 pub fn checkpoint(dir: &Path, mtp: bool, seed: u64) {
-    let mut o = MakeOptions::new(Arch::Qwen35, "tiny");
+    let mut o = MakeOptions::new(Architecture::Qwen35, "tiny");
     o.bits = Some(8);
     o.group_size = 64;
     o.mtp = mtp;

@@ -12,6 +12,8 @@ MLX_LM_VERSION=0.32.0       # last mlx-lm whose MoE path runs on MLX 0.32.2
 MLX_SYS_VERSION=0.7.0
 ZIG_VERSION=0.17.1          # zig cc and Darwin's C headers for `make check-mac` off a Mac
 TAURI_CLI_VERSION=2.12.5    # Tauri's bundler (`make bundle`), from npm
+# The agent clients tests/agents runs against Ferrite, from npm.
+AGENT_CLIENTS="@anthropic-ai/claude-code@2.1.328 @openai/codex@0.169.0 opencode-ai@1.18.33"
 PY=${PYTHON:-python3}
 # `--app` also installs what the menu-bar app builds against on Linux (WebKitGTK, appindicator);
 # `--tests` that and what only the tests need (chromium and playwright-core for the UI, Xvfb,
@@ -192,6 +194,17 @@ if [ $BUNDLE = 1 ] && [ ! -x "$tp/tauri-cli/node_modules/.bin/tauri" ]; then
   say "installing @tauri-apps/cli@$TAURI_CLI_VERSION into third_party/tauri-cli (make bundle)"
   mkdir -p "$tp/tauri-cli"
   (cd "$tp/tauri-cli" && npm install --no-audit --no-fund --loglevel=error --prefix . "@tauri-apps/cli@$TAURI_CLI_VERSION" >/dev/null)
+fi
+# 4d. The real agent clients for tests/agents (about 1 GB: their native builds).
+if [ $TESTS = 1 ] && command -v npm >/dev/null; then
+  stamp=$tp/agents/.versions
+  if [ "$(cat "$stamp" 2>/dev/null)" != "$AGENT_CLIENTS" ]; then
+    say "installing the agent clients into third_party/agents: $AGENT_CLIENTS"
+    rm -rf "$tp/agents" && mkdir -p "$tp/agents"
+    # shellcheck disable=SC2086
+    (cd "$tp/agents" && npm install --no-audit --no-fund --loglevel=error --prefix . $AGENT_CLIENTS >/dev/null)
+    echo "$AGENT_CLIENTS" > "$stamp"
+  fi
 fi
 # 5. playwright-core for the web UI's browser tests (no browser download: it drives chromium).
 if [ $TESTS = 1 ] && [ ! -d "$root/tests/ui/node_modules/playwright-core" ]; then

@@ -106,6 +106,7 @@ async fn serve(name: &str, profile: engine::ProfileName, addr: SocketAddr) -> an
         },
         cors_origins: server::APP_ORIGINS.iter().map(|o| o.to_string()).collect(),
         resolver: Some(server::launch::resolver()),
+        strict_model_names: false,
     };
     server::start(&config).await
 }

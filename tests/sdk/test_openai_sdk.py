@@ -75,14 +75,14 @@ def test_text_completion(client):
 
 
 def test_errors_are_sdk_exceptions(client):
-    with pytest.raises(openai.NotFoundError) as e:
-        ask(client, model="gpt-9")
-    assert "gpt-9" in str(e.value)
+    # Another model's name is answered by the loaded one, which the reply names.
+    assert ask(client, model="gpt-9").model == "tiny"
     with pytest.raises(openai.BadRequestError) as e:
         ask(client, messages=[])
     assert "messages" in str(e.value)
-    with pytest.raises(openai.BadRequestError):
-        ask(client, max_tokens=10_000_000)
+    with pytest.raises(openai.BadRequestError) as e:
+        ask(client, max_tokens=0)
+    assert "max_tokens" in str(e.value)
     with pytest.raises(openai.BadRequestError):
         ask(client, temperature=-1)
 

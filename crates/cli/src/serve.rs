@@ -39,6 +39,14 @@ pub struct Args {
     /// Another browser origin allowed to call the API (repeatable; the app's own are always allowed).
     #[arg(long)]
     cors_origin: Vec<String>,
+    /// Answer only requests that name the loaded model (or an alias): others get a 404. By
+    /// default the loaded model answers any name (agents send their own defaults).
+    #[arg(long)]
+    strict_model_names: bool,
+    /// At most this many tokens per answer, whatever a request asks (default: what the
+    /// context leaves after the prompt). Responses say when they were capped.
+    #[arg(long)]
+    max_output_tokens: Option<usize>,
 }
 
 pub fn run(args: Args) -> Result<()> {
@@ -55,10 +63,12 @@ pub fn run(args: Args) -> Result<()> {
             idle: (args.idle_minutes > 0).then(|| std::time::Duration::from_secs(60 * args.idle_minutes)),
             on_idle: args.idle_action,
             profile: engine::Profile::named(args.profile),
+            max_output_tokens: args.max_output_tokens.filter(|&n| n > 0),
             ..Default::default()
         },
         cors_origins: server::APP_ORIGINS.iter().map(|o| o.to_string()).chain(args.cors_origin).collect(),
         resolver: Some(server::launch::resolver()),
+        strict_model_names: args.strict_model_names,
     };
     tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(server::serve(config))
 }

@@ -16,7 +16,7 @@ use serde_json::{json, Value};
 use tokio_stream::wrappers::ReceiverStream;
 
 use crate::error::{parse, AnthropicError, ApiError};
-use crate::worker::{JobEvent, Prompt, Running};
+use crate::worker::{Clamp, ClampedBy, JobEvent, Prompt, Running};
 use crate::AppState;
 
 #[derive(Debug, Deserialize)]
@@ -60,10 +60,19 @@ struct Message {
     content: Content,
 }
 
+/// `thinking`: `enabled` or `adaptive` (the model decides: Qwen thinks) turn the model's
+/// thinking on, `disabled` off.
 #[derive(Debug, Deserialize)]
 struct Thinking {
     #[serde(rename = "type")]
     kind: String,
+}
+
+/// `output_config`: of what Claude Code sends, `effort` is read (`low` turns thinking off).
+#[derive(Debug, Default, Deserialize)]
+struct OutputConfig {
+    #[serde(default)]
+    effort: Option<String>,
 }
 
 /// Fields both endpoints read.
@@ -76,7 +85,11 @@ struct PromptPart {
     #[serde(default)]
     thinking: Option<Thinking>,
     #[serde(default)]
+    output_config: Option<OutputConfig>,
+    #[serde(default)]
     tools: Vec<Tool>,
+    // Accepted and not used (nothing to do for a local model): `metadata`,
+    // `context_management`, `cache_control` on blocks, `service_tier`, `container`, `mcp_servers`.
 }
 
 #[derive(Debug, Deserialize)]
@@ -109,6 +122,22 @@ fn text_of(content: &Content) -> String {
     }
 }
 
+/// A block with content the model cannot see (images, documents, ...): refused rather than
+/// silently dropped. Thinking blocks of earlier turns and server tool blocks carry nothing the
+/// prompt needs.
+fn unseen(b: &Block) -> bool {
+    !matches!(
+        b.kind.as_str(),
+        "text"
+            | "tool_use"
+            | "tool_result"
+            | "thinking"
+            | "redacted_thinking"
+            | "server_tool_use"
+            | "web_search_tool_result"
+    )
+}
+
 fn prompt(state: &AppState, p: &PromptPart) -> Result<Prompt, ApiError> {
     state.resolve_model(&p.model)?;
     if p.messages.is_empty() {
@@ -119,11 +148,23 @@ fn prompt(state: &AppState, p: &PromptPart) -> Result<Prompt, ApiError> {
         messages.push(ChatMessage::new("system", &text_of(system)));
     }
     for (i, m) in p.messages.iter().enumerate() {
-        if m.role != "user" && m.role != "assistant" {
+        // Claude Code sends reminders as system-role messages among the turns: system turns,
+        // in order.
+        if !matches!(m.role.as_str(), "user" | "assistant" | "system") {
             return Err(ApiError::bad_request(format!(
-                "messages.{i}.role: must be `user` or `assistant`, got `{}`",
+                "messages.{i}.role: must be `user`, `assistant` or `system`, got `{}`",
                 m.role
-            )));
+            ))
+            .with_param(&format!("messages.{i}.role")));
+        }
+        if let Content::Blocks(blocks) = &m.content {
+            if let Some((j, b)) = blocks.iter().enumerate().find(|(_, b)| unseen(b)) {
+                return Err(ApiError::bad_request(format!(
+                    "messages.{i}.content.{j}: `{}` blocks are not supported: the model reads text only",
+                    b.kind
+                ))
+                .with_param(&format!("messages.{i}.content.{j}.type")));
+            }
         }
         let Content::Blocks(blocks) = &m.content else {
             messages.push(ChatMessage::new(&m.role, &text_of(&m.content)));
@@ -161,19 +202,38 @@ fn prompt(state: &AppState, p: &PromptPart) -> Result<Prompt, ApiError> {
             .collect();
         vars.insert("tools".into(), Value::Array(tools));
     }
-    if let Some(t) = &p.thinking {
-        vars.insert("enable_thinking".into(), (t.kind == "enabled").into());
+    let effort = p.output_config.as_ref().and_then(|o| o.effort.as_deref());
+    let thinking = match (p.thinking.as_ref().map(|t| t.kind.as_str()), effort) {
+        (Some("disabled"), _) | (_, Some("low")) => Some(false),
+        (Some("enabled" | "adaptive"), _) => Some(true),
+        (Some(other), _) => {
+            return Err(ApiError::bad_request(format!(
+                "thinking.type: must be `enabled`, `adaptive` or `disabled`, got `{other}`"
+            ))
+            .with_param("thinking.type"))
+        }
+        (None, _) => None,
+    };
+    if let Some(on) = thinking {
+        vars.insert("enable_thinking".into(), on.into());
     }
     Ok(Prompt::Chat { messages, template_vars: vars })
 }
 
-fn stop_reason(s: &Summary, tool_use: bool) -> &'static str {
+/// Why the answer ended, in Anthropic's words. Out of tokens is `max_tokens` only when the
+/// request's own limit was reached: at the context's end it is `model_context_window_exceeded`,
+/// and at the server's `--max-output-tokens` the server ended the turn (`end_turn`; the
+/// `x-ferrite-max-tokens-clamped-by: server` header says so). Agents answer `max_tokens` by
+/// asking again for more, which a cap on this server would only repeat.
+fn stop_reason(s: &Summary, tool_use: bool, clamped: Option<Clamp>) -> &'static str {
     if tool_use {
         return "tool_use";
     }
-    match (s.finish_reason, &s.stop_string) {
-        (FinishReason::Length, _) => "max_tokens",
-        (_, Some(_)) => "stop_sequence",
+    match (s.finish_reason, &s.stop_string, clamped.map(|c| c.by)) {
+        (FinishReason::Length, _, None) => "max_tokens",
+        (FinishReason::Length, _, Some(ClampedBy::Context)) => "model_context_window_exceeded",
+        (FinishReason::Length, _, Some(ClampedBy::ServerCap)) => "end_turn",
+        (_, Some(_), _) => "stop_sequence",
         _ => "end_turn",
     }
 }
@@ -191,9 +251,8 @@ pub async fn messages(State(state): State<AppState>, body: Bytes) -> Result<Resp
     let g: Generation = parse(&body)?;
     let prompt = prompt(&state, &p)?;
     let loaded = state.resolve_model(&p.model)?;
-    let context = loaded.worker.info.context;
-    if g.max_tokens == 0 || g.max_tokens >= context {
-        return Err(ApiError::bad_request(format!("max_tokens: must be in 1..{context}, got {}", g.max_tokens)).into());
+    if g.max_tokens == 0 {
+        return Err(ApiError::bad_request("max_tokens: must be at least 1").with_param("max_tokens").into());
     }
     if g.stop_sequences.iter().any(String::is_empty) {
         return Err(ApiError::bad_request("stop_sequences: must not contain empty strings").into());
@@ -211,9 +270,11 @@ pub async fn messages(State(state): State<AppState>, body: Bytes) -> Result<Resp
         draft_depth: loaded.draft_depth,
         ..GenerateRequest::greedy(vec![], g.max_tokens)
     };
-    let Running { events: mut rx, prompt_tokens, guard } = loaded.worker.run(prompt, request, false).await?;
+    let Running { events: mut rx, prompt_tokens, max_tokens, clamped, guard } =
+        loaded.worker.run(prompt, request, false).await?;
+    let headers = state.speed_headers(&loaded, max_tokens, clamped);
     let id = format!("msg_{:024}", state.next_id());
-    let model = p.model.clone();
+    let model = loaded.worker.info.id.clone();
 
     if !g.stream {
         let (mut text, mut thinking, mut calls) = (String::new(), String::new(), Vec::new());
@@ -238,10 +299,10 @@ pub async fn messages(State(state): State<AppState>, body: Bytes) -> Result<Resp
                     drop(guard);
                     let body = json!({
                         "id": id, "type": "message", "role": "assistant", "model": model, "content": content,
-                        "stop_reason": stop_reason(&summary, !calls.is_empty()), "stop_sequence": summary.stop_string,
+                        "stop_reason": stop_reason(&summary, !calls.is_empty(), clamped), "stop_sequence": summary.stop_string,
                         "usage": {"input_tokens": prompt_tokens, "output_tokens": summary.usage.completion_tokens},
                     });
-                    return Ok((state.speed_headers(&loaded), Json(body)).into_response());
+                    return Ok((headers, Json(body)).into_response());
                 }
                 JobEvent::Failed(e) => return Err(e.into()),
                 JobEvent::Started { .. } => {}
@@ -283,7 +344,7 @@ pub async fn messages(State(state): State<AppState>, body: Bytes) -> Result<Resp
             JobEvent::Finished { summary, .. } => {
                 let mut out = blocks.close();
                 out.push(("message_delta", json!({"type": "message_delta",
-                    "delta": {"stop_reason": stop_reason(&summary, tool_uses > 0), "stop_sequence": summary.stop_string},
+                    "delta": {"stop_reason": stop_reason(&summary, tool_uses > 0, clamped), "stop_sequence": summary.stop_string},
                     "usage": {"output_tokens": summary.usage.completion_tokens}})));
                 out.push(("message_stop", json!({"type": "message_stop"})));
                 out
@@ -296,7 +357,7 @@ pub async fn messages(State(state): State<AppState>, body: Bytes) -> Result<Resp
     let stream = futures_util::stream::iter([("message_start", start), ("ping", json!({"type": "ping"}))])
         .chain(events)
         .map(|(name, data)| Ok::<_, Infallible>(SseEvent::default().event(name).data(data.to_string())));
-    Ok((state.speed_headers(&loaded), Sse::new(stream).keep_alive(KeepAlive::default())).into_response())
+    Ok((headers, Sse::new(stream).keep_alive(KeepAlive::default())).into_response())
 }
 
 /// Which content block is open in a streamed message.

@@ -56,6 +56,9 @@ pub struct ServerConfig {
     pub cors_origins: Vec<String>,
     /// Lets `/v1/models/load` start other models (`None`: only this one is served).
     pub resolver: Option<Resolver>,
+    /// Refuse (404) requests that name another model than the loaded one, instead of
+    /// answering them with it.
+    pub strict_model_names: bool,
 }
 
 /// The origins the Tauri app's web view uses (`tauri://localhost` on macOS and Linux, the
@@ -108,6 +111,8 @@ pub struct AppState {
     /// The model store the UI acts on, and its downloads.
     pub store: models::StoreAccess,
     pub api_key: Option<String>,
+    /// See [`ServerConfig::strict_model_names`].
+    pub strict_model_names: bool,
     /// Memory, fans and thermal state, sampled once a second.
     pub telemetry: Arc<telemetry::Sampler>,
     /// The app's Tune button: the run in progress or the last one's outcome.
@@ -140,6 +145,7 @@ impl AppState {
             notice: Default::default(),
             store: Default::default(),
             api_key,
+            strict_model_names: false,
             telemetry: Arc::new(telemetry::Sampler::start(std::time::Duration::from_secs(1))),
             tuning: Default::default(),
             started: Instant::now(),
@@ -176,7 +182,9 @@ impl AppState {
     /// The loaded model, if `name` is its id or one of its aliases.
     pub fn resolve_model(&self, name: &str) -> Result<Arc<Loaded>, ApiError> {
         let loaded = self.loaded();
-        if name == loaded.worker.info.id || loaded.aliases.iter().any(|a| a == name) {
+        if name == loaded.worker.info.id || loaded.aliases.iter().any(|a| a == name) || !self.strict_model_names {
+            // Agents send their own default names (claude-…, gpt-…): with one model loaded,
+            // it answers them, and the response names it.
             Ok(loaded)
         } else {
             Err(ApiError::not_found(format!("model `{name}` is not loaded (loaded: `{}`)", loaded.worker.info.id))
@@ -184,8 +192,9 @@ impl AppState {
         }
     }
 
-    /// The defaults that change speed, on every generation response.
-    pub fn speed_headers(&self, loaded: &Loaded) -> HeaderMap {
+    /// The defaults that change speed, on every generation response, and the most tokens the
+    /// answer may have (with the request's own number when it was more than the context left).
+    pub fn speed_headers(&self, loaded: &Loaded, max_tokens: usize, clamped: Option<worker::Clamp>) -> HeaderMap {
         let mut h = HeaderMap::new();
         let mut put = |k: &'static str, v: String| {
             if let Ok(v) = HeaderValue::from_str(&v) {
@@ -196,6 +205,15 @@ impl AppState {
         put("x-ferrite-device", loaded.worker.info.backend.clone());
         put("x-ferrite-draft-depth", loaded.draft_depth.to_string());
         put("x-ferrite-profile", loaded.worker.info.profile.name.to_string());
+        put("x-ferrite-max-tokens", max_tokens.to_string());
+        if let Some(c) = clamped {
+            put("x-ferrite-max-tokens-clamped-from", c.asked.to_string());
+            let by = match c.by {
+                worker::ClampedBy::Context => "context",
+                worker::ClampedBy::ServerCap => "server",
+            };
+            put("x-ferrite-max-tokens-clamped-by", by.into());
+        }
         h
     }
 }
@@ -222,6 +240,8 @@ pub fn router(state: AppState) -> Router {
         .route("/app.js", get(ui::script))
         .route("/style.css", get(ui::style))
         .route("/health", get(|| async { Json(json!({"status": "ok"})) }))
+        // Claude Code warms its connection with `HEAD /api/hello` (and ignores the answer).
+        .route("/api/hello", get(|| async { Json(json!({"status": "ok"})) }))
         .route("/v1/telemetry", get(live::telemetry))
         .route("/v1/events", get(live::events))
         .route("/v1/status", get(status))
@@ -243,7 +263,23 @@ pub fn router(state: AppState) -> Router {
         .layer(middleware::from_fn_with_state(state.clone(), auth))
         .layer(middleware::from_fn(json_errors))
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .layer(middleware::from_fn(log_request))
         .with_state(state)
+}
+
+/// One log line per API request: method, path, status and time to the response's head (a
+/// refused request is a warning, so a client's 4xx is visible in the log).
+async fn log_request(request: axum::extract::Request, next: middleware::Next) -> Response {
+    let (method, path) = (request.method().clone(), request.uri().path().to_string());
+    let started = Instant::now();
+    let response = next.run(request).await;
+    let (status, ms) = (response.status(), started.elapsed().as_millis());
+    if status.is_client_error() || status.is_server_error() {
+        tracing::warn!("{method} {path} -> {} in {ms} ms", status.as_u16());
+    } else if path.starts_with("/v1/") && path != "/v1/events" && path != "/v1/status" && path != "/v1/telemetry" {
+        tracing::info!("{method} {path} -> {} in {ms} ms", status.as_u16());
+    }
+    response
 }
 
 async fn metrics(State(s): State<AppState>) -> Response {
@@ -281,6 +317,9 @@ pub fn status_json(s: &AppState) -> serde_json::Value {
         "idle_action": format!("{:?}", w.lifecycle.on_idle).to_lowercase(),
         "idle_unloads": w.lifecycle.unloads.load(Ordering::SeqCst),
         "reloads": w.lifecycle.reloads.load(Ordering::SeqCst),
+        "max_tokens_clamped": w.metrics.max_tokens_clamped.load(Ordering::Relaxed),
+        "max_output_tokens": i.max_output_tokens,
+        "strict_model_names": s.strict_model_names,
         "mlx_active_memory_bytes": mlx.active,
         "mlx_cache_memory_bytes": mlx.cache,
     })
@@ -349,6 +388,7 @@ pub async fn start(config: &ServerConfig) -> anyhow::Result<AppState> {
     };
     let mut state = AppState::serving(loaded, config.api_key.clone());
     state.worker_options = config.worker.clone();
+    state.strict_model_names = config.strict_model_names;
     state.resolver = config.resolver.clone();
     Ok(state)
 }

@@ -31,6 +31,8 @@ pub struct Metrics {
     pub tokens: std::sync::atomic::AtomicU64,
     /// True while the engine runs a generation.
     pub generating: std::sync::atomic::AtomicBool,
+    /// Requests whose max_tokens was lowered to what the context (or the server's cap) left.
+    pub max_tokens_clamped: std::sync::atomic::AtomicU64,
     live: std::sync::Mutex<Live>,
     registry: Registry,
     requests: Counter,
@@ -58,6 +60,7 @@ impl Metrics {
         let m = Metrics {
             tokens: Default::default(),
             generating: Default::default(),
+            max_tokens_clamped: Default::default(),
             live: Default::default(),
             requests: Counter::default(),
             prompt_tokens: Counter::default(),

@@ -181,13 +181,6 @@ impl Common {
         if max_tokens == 0 {
             return Err(ApiError::bad_request("max_tokens must be at least 1").with_param("max_tokens"));
         }
-        let context = loaded.worker.info.context;
-        if max_tokens >= context {
-            return Err(ApiError::bad_request(format!(
-                "max_tokens ({max_tokens}) must be below the model's context of {context} tokens"
-            ))
-            .with_param("max_tokens"));
-        }
         if self.n.is_some_and(|n| n != 1) {
             return Err(ApiError::bad_request(
                 "n: Ferrite returns one choice per request; send several requests for more",
@@ -342,9 +335,11 @@ async fn respond(
     kind: Kind,
     expect: Option<Expect>,
 ) -> Result<Response, ApiError> {
-    let Running { events: mut rx, prompt_tokens, guard } = loaded.worker.run(prompt, request, false).await?;
+    let Running { events: mut rx, prompt_tokens, max_tokens, clamped, guard } =
+        loaded.worker.run(prompt, request, false).await?;
+    let headers = state.speed_headers(&loaded, max_tokens, clamped);
     let id = format!("{}-{}", if kind == Kind::Chat { "chatcmpl" } else { "cmpl" }, state.next_id());
-    let model = common.model.clone();
+    let model = loaded.worker.info.id.clone();
     let created = now();
 
     if !common.stream {
@@ -383,7 +378,7 @@ async fn respond(
                                    "timings": timings(&summary)}),
                     };
                     drop(guard);
-                    let mut headers = state.speed_headers(&loaded);
+                    let mut headers = headers;
                     if let Some(expect) = &expect {
                         let check = expect.report(&content);
                         let valid = check["valid"] == json!(true);
@@ -473,7 +468,7 @@ async fn respond(
         }))
         .map(|v| Ok::<_, Infallible>(SseEvent::default().data(v.to_string())))
         .chain(futures_util::stream::once(async { Ok(SseEvent::default().data("[DONE]")) }));
-    Ok((state.speed_headers(&loaded), Sse::new(stream).keep_alive(KeepAlive::default())).into_response())
+    Ok((headers, Sse::new(stream).keep_alive(KeepAlive::default())).into_response())
 }
 
 /// A tool call in OpenAI's response shape (arguments as a JSON string).

@@ -35,10 +35,38 @@ pub struct Job {
 
 #[derive(Debug)]
 pub enum JobEvent {
-    Started { prompt_tokens: usize },
-    Delta { content: String, reasoning: String, tool_calls: Vec<ParsedCall> },
-    Finished { summary: Summary, reasoning_tokens: usize },
+    /// The prompt fit; `max_tokens` is what will be generated at most: the request's, or less
+    /// when that did not fit the context left after the prompt or the server's cap.
+    Started {
+        prompt_tokens: usize,
+        max_tokens: usize,
+        clamped: Option<Clamp>,
+    },
+    Delta {
+        content: String,
+        reasoning: String,
+        tool_calls: Vec<ParsedCall>,
+    },
+    Finished {
+        summary: Summary,
+        reasoning_tokens: usize,
+    },
     Failed(JobError),
+}
+
+/// A request's max_tokens lowered by the server: what it asked, and what set the limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Clamp {
+    pub asked: usize,
+    pub by: ClampedBy,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClampedBy {
+    /// The model's context, after the prompt.
+    Context,
+    /// The server's `--max-output-tokens`.
+    ServerCap,
 }
 
 /// Why a job could not run: the client's fault (4xx) or the server's (5xx).
@@ -62,6 +90,8 @@ pub struct ModelInfo {
     pub weight_form: String,
     pub has_mtp: bool,
     pub profile: Profile,
+    /// The server's cap on tokens generated per request (`--max-output-tokens`), if any.
+    pub max_output_tokens: Option<usize>,
 }
 
 pub struct Worker {
@@ -134,6 +164,8 @@ pub struct WorkerOptions {
     /// Notified when the watchdog, set to [`IdleAction::Stop`], wants the server to stop
     /// (shared by every worker the server starts).
     pub stop: Arc<tokio::sync::Notify>,
+    /// At most this many tokens generated per request (`None`: what the context leaves).
+    pub max_output_tokens: Option<usize>,
 }
 
 /// Whether the model is in memory, and how often the idle watchdog unloaded it.
@@ -182,7 +214,7 @@ impl Worker {
     /// cache released, so the memory really returns; the next job loads it again (or, with
     /// [`IdleAction::Stop`], the server is asked to stop).
     pub fn start(dir: PathBuf, id: String, options: WorkerOptions) -> anyhow::Result<Worker> {
-        let WorkerOptions { idle, on_idle, profile, stop } = options;
+        let WorkerOptions { idle, on_idle, profile, stop, max_output_tokens } = options;
         let (jobs, rx) = mpsc::channel::<Message>();
         let (ready_tx, ready_rx) = mpsc::channel();
         let queue_depth = Arc::new(AtomicUsize::new(0));
@@ -214,6 +246,7 @@ impl Worker {
                 weight_form: engine.weight_form().to_string(),
                 has_mtp: engine.model().mtp().is_some(),
                 profile: profile.clone(),
+                max_output_tokens,
             };
             life.loaded.store(true, Ordering::SeqCst);
             let _ = ready_tx.send(Ok(info.clone()));
@@ -364,7 +397,9 @@ impl Worker {
         self.submit(Job { count_only, prompt, request, events: tx, cancel: cancel.clone() })?;
         let guard = CancelOnDrop(cancel);
         match events.recv().await {
-            Some(JobEvent::Started { prompt_tokens }) => Ok(Running { events, prompt_tokens, guard }),
+            Some(JobEvent::Started { prompt_tokens, max_tokens, clamped }) => {
+                Ok(Running { events, prompt_tokens, max_tokens, clamped, guard })
+            }
             Some(JobEvent::Failed(e)) => Err(e),
             _ => Err(JobError::Internal("the engine ended the request without an answer".into())),
         }
@@ -402,20 +437,28 @@ fn run_job(engine: &Engine, info: &ModelInfo, metrics: &Metrics, mut job: Job) -
         send(JobEvent::Failed(JobError::BadRequest("the prompt is empty".into())));
         return 0;
     }
-    if !job.count_only && ids.len() + job.request.max_tokens > info.context {
+    let prompt_tokens = ids.len();
+    if job.count_only {
+        send(JobEvent::Started { prompt_tokens, max_tokens: 0, clamped: None });
+        return 0;
+    }
+    if prompt_tokens >= info.context {
         send(JobEvent::Failed(JobError::BadRequest(format!(
-            "the prompt ({} tokens) plus max_tokens ({}) exceeds the model's context of {} tokens",
-            ids.len(),
-            job.request.max_tokens,
+            "the prompt is {prompt_tokens} tokens, and the model's context is {} tokens: it does not fit",
             info.context
         ))));
         return 0;
     }
-    let prompt_tokens = ids.len();
-    if job.count_only {
-        send(JobEvent::Started { prompt_tokens });
-        return 0;
+    // Agents ask for more than any context leaves (Claude Code 32K-128K): they get what fits.
+    let (asked, context_room) = (job.request.max_tokens, info.context - prompt_tokens);
+    let cap = info.max_output_tokens.unwrap_or(usize::MAX);
+    let by = if cap < context_room { ClampedBy::ServerCap } else { ClampedBy::Context };
+    let clamped = (asked > context_room.min(cap)).then_some(Clamp { asked, by });
+    if clamped.is_some() {
+        job.request.max_tokens = context_room.min(cap);
+        metrics.max_tokens_clamped.fetch_add(1, Ordering::Relaxed);
     }
+    let max_tokens = job.request.max_tokens;
     job.request.prompt = ids;
     let generation = match engine.generate(job.request.clone(), job.cancel.clone()) {
         Ok(g) => g,
@@ -424,7 +467,7 @@ fn run_job(engine: &Engine, info: &ModelInfo, metrics: &Metrics, mut job: Job) -
             return 0;
         }
     };
-    if !send(JobEvent::Started { prompt_tokens }) {
+    if !send(JobEvent::Started { prompt_tokens, max_tokens, clamped }) {
         return prompt_tokens;
     }
     // With tools offered, the answer is searched for tool calls.
@@ -448,6 +491,16 @@ fn run_job(engine: &Engine, info: &ModelInfo, metrics: &Metrics, mut job: Job) -
                     send(e);
                 }
                 metrics.record(&summary);
+                tracing::info!(
+                    "{} prompt tokens ({:.1} s to the first token, {:.0} tok/s), {} generated ({:.1} tok/s), {:?}{}",
+                    prompt_tokens,
+                    summary.timings.ttft.as_secs_f64(),
+                    summary.timings.prompt_tps,
+                    summary.usage.completion_tokens,
+                    summary.timings.decode_tps,
+                    summary.finish_reason,
+                    clamped.map(|c| format!(" (max_tokens {max_tokens} of the {} asked)", c.asked)).unwrap_or_default()
+                );
                 let reasoning_tokens = if answer.reasoning.is_empty() {
                     0
                 } else {
@@ -480,6 +533,9 @@ impl Drop for ClearOnDrop<'_> {
 pub struct Running {
     pub events: tmpsc::Receiver<JobEvent>,
     pub prompt_tokens: usize,
+    /// The most tokens it will generate, and the request's own number when that was more.
+    pub max_tokens: usize,
+    pub clamped: Option<Clamp>,
     pub guard: CancelOnDrop,
 }
 

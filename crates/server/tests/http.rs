@@ -90,8 +90,7 @@ async fn bad_input_gets_openai_errors() {
         (chat(json!({"max_tokens": "many"})), 400, "max_tokens"),
         (chat(json!({"messages": []})), 400, "messages"),
         (chat(json!({"messages": [{"role": "wizard", "content": "x"}]})), 400, "messages"),
-        (chat(json!({"model": "gpt-9"})), 404, "model"),
-        (chat(json!({"max_tokens": 10_000_000})), 400, "max_tokens"),
+        (chat(json!({"max_tokens": 0})), 400, "max_tokens"),
         (chat(json!({"temperature": -1})), 400, "temperature"),
         (chat(json!({"stop": [""]})), 400, "stop"),
         // Asked for and not served: refused, never silently dropped.
@@ -221,20 +220,12 @@ async fn anthropic_errors_have_anthropic_shape() {
     check(&r.json().await.unwrap(), "invalid_request_error");
     let r = client
         .post(&url)
-        .json(&json!({"model": "tiny", "max_tokens": 5, "messages": [{"role": "system", "content": "x"}]}))
+        .json(&json!({"model": "tiny", "max_tokens": 5, "messages": [{"role": "wizard", "content": "x"}]}))
         .send()
         .await
         .unwrap();
     assert_eq!(r.status(), 400);
     check(&r.json().await.unwrap(), "invalid_request_error");
-    let r = client
-        .post(&url)
-        .json(&json!({"model": "other", "max_tokens": 5, "messages": [{"role": "user", "content": "x"}]}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 404);
-    check(&r.json().await.unwrap(), "not_found_error");
     let r = client
         .post(&url)
         .header("content-type", "application/json")
@@ -478,9 +469,10 @@ async fn a_click_starts_another_model() {
     );
     assert_eq!(status["draft_depth"], 2);
     assert_eq!(status["mtp_head"], true);
-    // The old names are gone, the new ones answer (with speculation, as configured).
-    let (code, _) = post(&s, "/v1/chat/completions", &chat(json!({}))).await;
-    assert_eq!(code, 404);
+    // The old names are gone (answered by the new model, which the response names), the new
+    // ones answer (with speculation, as configured).
+    let (code, v) = post(&s, "/v1/chat/completions", &chat(json!({}))).await;
+    assert_eq!((code, v["model"].as_str()), (200, Some("hybrid")), "{v}");
     let (code, v) = post(&s, "/v1/chat/completions", &chat(json!({"model": "h"}))).await;
     assert_eq!(code, 200, "{v}");
     assert_eq!(v["timings"]["draft_depth"], 2);

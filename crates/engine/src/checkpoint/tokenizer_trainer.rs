@@ -36,7 +36,7 @@ pub const CHAT_TEMPLATE: &str = r##"{%- if tools %}
 {{- '<|im_start|>system\n' + messages[0].content + '<|im_end|>\n' }}
 {%- endif %}
 {%- for message in messages %}
-{%- if message.role == 'system' %}
+{%- if message.role == 'system' and loop.first %}
 {%- elif message.role == 'tool' %}
 {%- if loop.first or messages[loop.index0 - 1].role != 'tool' %}{{- '<|im_start|>user' }}{%- endif %}
 {{- '\n<tool_response>\n' + message.content + '\n</tool_response>' }}

@@ -64,8 +64,23 @@ pub async fn start_checkpoint(
     options: WorkerOptions,
     configure: impl FnOnce(&mut AppState),
 ) -> Server {
+    start_edited(o, |_| {}, api_key, options, configure).await
+}
+
+/// As [`start_checkpoint`], with the made checkpoint's `config.json` changed by `edit` first.
+pub async fn start_edited(
+    o: &MakeOptions,
+    edit: impl FnOnce(&mut Value),
+    api_key: Option<&str>,
+    options: WorkerOptions,
+    configure: impl FnOnce(&mut AppState),
+) -> Server {
     let dir = tempfile::tempdir().unwrap();
     checkpoint::make(o, dir.path()).unwrap();
+    let config_path = dir.path().join("config.json");
+    let mut config: Value = serde_json::from_str(&std::fs::read_to_string(&config_path).unwrap()).unwrap();
+    edit(&mut config);
+    std::fs::write(&config_path, config.to_string()).unwrap();
     let path = dir.path().to_path_buf();
     let worker =
         tokio::task::spawn_blocking(move || Worker::start(path, "tiny".into(), options)).await.unwrap().unwrap();

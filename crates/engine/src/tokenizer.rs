@@ -185,8 +185,61 @@ fn template_env(template: String) -> Result<minijinja::Environment<'static>> {
     env.add_function("raise_exception", |msg: String| -> std::result::Result<String, minijinja::Error> {
         Err(minijinja::Error::new(minijinja::ErrorKind::InvalidOperation, msg))
     });
+    env.add_filter("tojson", python_tojson);
     env.add_template_owned("chat", template).map_err(|e| Error::Template(e.to_string()))?;
     Ok(env)
+}
+
+/// `tojson` as transformers defines it for chat templates (Python's `json.dumps` with
+/// `ensure_ascii=False`): `", "` and `": "` between items, or `indent` spaces per level, and
+/// no HTML escaping. minijinja's own is compact and escapes `<>&'`, so tool schemas would reach
+/// the model in another form than it was trained on.
+fn python_tojson(
+    value: minijinja::Value,
+    kwargs: minijinja::value::Kwargs,
+) -> std::result::Result<minijinja::Value, minijinja::Error> {
+    let indent: Option<usize> = kwargs.get("indent")?;
+    let _: Option<bool> = kwargs.get("ensure_ascii")?; // non-ASCII is kept either way
+    kwargs.assert_all_used()?;
+    let mut out = Vec::new();
+    let written = match indent {
+        Some(n) => {
+            let spaces = vec![b' '; n];
+            let mut ser = serde_json::Serializer::with_formatter(
+                &mut out,
+                serde_json::ser::PrettyFormatter::with_indent(&spaces),
+            );
+            serde::Serialize::serialize(&value, &mut ser)
+        }
+        None => serde::Serialize::serialize(&value, &mut serde_json::Serializer::with_formatter(&mut out, PythonJson)),
+    };
+    written.map_err(|e| minijinja::Error::new(minijinja::ErrorKind::InvalidOperation, e.to_string()))?;
+    Ok(minijinja::Value::from_safe_string(String::from_utf8_lossy(&out).into_owned()))
+}
+
+/// serde_json's output with Python's default separators.
+struct PythonJson;
+
+impl serde_json::ser::Formatter for PythonJson {
+    fn begin_array_value<W: ?Sized + std::io::Write>(&mut self, writer: &mut W, first: bool) -> std::io::Result<()> {
+        if first {
+            Ok(())
+        } else {
+            writer.write_all(b", ")
+        }
+    }
+
+    fn begin_object_key<W: ?Sized + std::io::Write>(&mut self, writer: &mut W, first: bool) -> std::io::Result<()> {
+        if first {
+            Ok(())
+        } else {
+            writer.write_all(b", ")
+        }
+    }
+
+    fn begin_object_value<W: ?Sized + std::io::Write>(&mut self, writer: &mut W) -> std::io::Result<()> {
+        writer.write_all(b": ")
+    }
 }
 
 /// Turns a stream of token ids into text deltas. Decodes a short window of recent ids and

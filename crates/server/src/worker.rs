@@ -471,7 +471,12 @@ fn run_job(engine: &Engine, info: &ModelInfo, metrics: &Metrics, mut job: Job) -
         return prompt_tokens;
     }
     // With tools offered, the answer is searched for tool calls.
-    let tools = matches!(&job.prompt, Prompt::Chat { template_vars, .. } if template_vars.contains_key("tools"));
+    let tools = match &job.prompt {
+        Prompt::Chat { template_vars, .. } => {
+            template_vars.get("tools").and_then(serde_json::Value::as_array).map(Vec::as_slice)
+        }
+        Prompt::Text(_) => None,
+    };
     let mut answer = AnswerStream::new(thinking, tools);
     metrics.generating.store(true, Ordering::SeqCst);
     let _done = ClearOnDrop(&metrics.generating);
@@ -556,10 +561,11 @@ struct AnswerStream {
 }
 
 impl AnswerStream {
-    fn new(thinking: bool, tools: bool) -> Self {
+    /// `tools`: the tools the prompt offered, if any (their answers are searched for calls).
+    fn new(thinking: bool, tools: Option<&[serde_json::Value]>) -> Self {
         AnswerStream {
             splitter: ThinkSplitter::new(thinking),
-            tools: tools.then(ToolCallParser::default),
+            tools: tools.map(ToolCallParser::for_tools),
             reasoning: String::new(),
         }
     }

@@ -36,6 +36,8 @@ test:
 	@scripts/setup.sh --tests
 	$(CARGO) fmt --all --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
+	# What the server and app link, without the engine's developer tools (its `dev` feature).
+	$(CARGO) clippy -p ferrite-engine -p ferrite-server -p ferrite-store --lib -- -D warnings
 	CARGO=$(CARGO) scripts/check-mac/run.sh
 	$(CARGO) test --workspace --all-targets
 	$(CARGO) build -p ferrite-cli

@@ -29,6 +29,22 @@ pub enum Command {
         #[arg(long)]
         out: PathBuf,
     },
+    /// Held-out perplexity by position: the files' text (concatenated, in the order given) as
+    /// one document of at most --tokens tokens, run through the model in prefill chunks; prints
+    /// the perplexity of each --window positions (quality past the trained context).
+    Perplexity {
+        #[arg(long)]
+        model: PathBuf,
+        /// Text files (repeatable).
+        #[arg(long, required = true)]
+        text: Vec<PathBuf>,
+        #[arg(long, default_value_t = 32768)]
+        tokens: usize,
+        #[arg(long, default_value_t = 4096)]
+        window: usize,
+        #[arg(long, default_value_t = 2048)]
+        chunk: usize,
+    },
     /// Count the MLX operations one greedy decode step dispatches, by kind, after prompts of
     /// the given lengths (compare: `bench/mlx_lm_ops.py` for mlx-lm on the same folder).
     Ops {
@@ -186,6 +202,9 @@ pub fn run(cmd: Command) -> Result<()> {
         Command::TrainTokenizer { docs, vocab, out } => return train_tokenizer(&docs, vocab, &out),
         Command::Tokenize { tokenizer, docs, out } => return tokenize(&tokenizer, &docs, &out),
         Command::Ops { model, context, prefill, json } => return ops(&model, &context, prefill, json),
+        Command::Perplexity { model, text, tokens, window, chunk } => {
+            return perplexity(&model, &text, tokens, window, chunk)
+        }
     };
     let dtype = match a.dtype.as_str() {
         "f32" | "float32" => Dtype::Float32,
@@ -215,5 +234,26 @@ pub fn run(cmd: Command) -> Result<()> {
         made.bytes as f64 / 1e6,
         made.files.len()
     );
+    Ok(())
+}
+
+fn perplexity(model: &std::path::Path, files: &[PathBuf], tokens: usize, window: usize, chunk: usize) -> Result<()> {
+    use anyhow::Context;
+    let engine = engine::Engine::load(model)?;
+    let mut text = String::new();
+    for f in files {
+        text += &std::fs::read_to_string(f).with_context(|| format!("reading {}", f.display()))?;
+        text.push('\n');
+    }
+    let mut ids = engine.tokenizer().encode(&text)?;
+    ids.truncate(tokens);
+    println!("{} tokens of {} file(s); perplexity by position (window {window}):", ids.len(), files.len());
+    let started = std::time::Instant::now();
+    let nll = engine::perplexity::position_nll(engine.model(), &ids, chunk)?;
+    for (i, w) in nll.chunks(window.max(1)).enumerate() {
+        let mean = w.iter().map(|&x| x as f64).sum::<f64>() / w.len() as f64;
+        println!("  positions {:>6}-{:<6} perplexity {:.2}", i * window, i * window + w.len(), mean.exp());
+    }
+    println!("({:.0} s)", started.elapsed().as_secs_f64());
     Ok(())
 }

@@ -42,6 +42,7 @@ pub fn slice_update(src: &Array, update: &Array, start: &[i32], stop: &[i32]) ->
 /// The primitives MLX would run to evaluate `outputs` (one entry per operation still to
 /// run, named as MLX prints them, e.g. `QuantizedMatmul`, `Compiled`): read from MLX's own
 /// graph export, so it counts exactly what an `eval` would dispatch.
+#[cfg(feature = "dev")]
 pub fn pending_primitives(outputs: &[Array]) -> Result<Vec<String>, Exception> {
     static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
     let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);

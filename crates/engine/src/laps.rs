@@ -21,16 +21,19 @@ thread_local! {
 }
 
 /// Turns lap timing on for this thread, with no times yet.
+#[cfg(feature = "dev")]
 pub(crate) fn start() {
     LAPS.set(Some(Laps { last: Instant::now(), ms_by_part: Vec::new() }));
 }
 
 /// Turns it off and returns the milliseconds recorded, by part, in the order parts first ran.
+#[cfg(feature = "dev")]
 pub(crate) fn finish() -> Vec<(String, f64)> {
     LAPS.take().map(|laps| laps.ms_by_part).unwrap_or_default()
 }
 
 /// Restarts the clock: what a layer reads is ready.
+#[cfg(feature = "dev")]
 pub(crate) fn restart() {
     LAPS.with_borrow_mut(|laps| {
         if let Some(laps) = laps {

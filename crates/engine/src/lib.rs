@@ -4,12 +4,14 @@
 mod architecture;
 pub mod blas;
 pub mod cache;
+#[cfg(feature = "dev")]
 pub mod checkpoint;
 mod config;
 pub mod device;
 mod error;
 mod ffi;
 pub mod generate;
+#[cfg(feature = "dev")]
 pub mod graph;
 pub mod inspect;
 mod laps;
@@ -17,6 +19,8 @@ mod layers;
 pub mod memory;
 pub mod models;
 pub mod penalties;
+#[cfg(feature = "dev")]
+pub mod perplexity;
 mod profile;
 mod sampling;
 pub mod speculative;

@@ -40,6 +40,9 @@ pub enum Command {
         text: Vec<PathBuf>,
         #[arg(long, default_value_t = 32768)]
         tokens: usize,
+        /// Start this many tokens into the text (the same tokens measured at another position).
+        #[arg(long, default_value_t = 0)]
+        skip: usize,
         #[arg(long, default_value_t = 4096)]
         window: usize,
         #[arg(long, default_value_t = 2048)]
@@ -202,8 +205,8 @@ pub fn run(cmd: Command) -> Result<()> {
         Command::TrainTokenizer { docs, vocab, out } => return train_tokenizer(&docs, vocab, &out),
         Command::Tokenize { tokenizer, docs, out } => return tokenize(&tokenizer, &docs, &out),
         Command::Ops { model, context, prefill, json } => return ops(&model, &context, prefill, json),
-        Command::Perplexity { model, text, tokens, window, chunk } => {
-            return perplexity(&model, &text, tokens, window, chunk)
+        Command::Perplexity { model, text, tokens, skip, window, chunk } => {
+            return perplexity(&model, &text, tokens, skip, window, chunk)
         }
     };
     let dtype = match a.dtype.as_str() {
@@ -237,7 +240,14 @@ pub fn run(cmd: Command) -> Result<()> {
     Ok(())
 }
 
-fn perplexity(model: &std::path::Path, files: &[PathBuf], tokens: usize, window: usize, chunk: usize) -> Result<()> {
+fn perplexity(
+    model: &std::path::Path,
+    files: &[PathBuf],
+    tokens: usize,
+    skip: usize,
+    window: usize,
+    chunk: usize,
+) -> Result<()> {
     use anyhow::Context;
     let engine = engine::Engine::load(model)?;
     let mut text = String::new();
@@ -246,6 +256,7 @@ fn perplexity(model: &std::path::Path, files: &[PathBuf], tokens: usize, window:
         text.push('\n');
     }
     let mut ids = engine.tokenizer().encode(&text)?;
+    ids.drain(..skip.min(ids.len()));
     ids.truncate(tokens);
     println!("{} tokens of {} file(s); perplexity by position (window {window}):", ids.len(), files.len());
     let started = std::time::Instant::now();

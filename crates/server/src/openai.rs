@@ -24,19 +24,20 @@ use crate::{AppState, Loaded};
 
 pub const DEFAULT_MAX_TOKENS: usize = 4096;
 
+/// Message content as OpenAI's APIs send it: a string, or typed parts (also the Responses API's).
 #[derive(Debug, Deserialize)]
 #[serde(untagged)]
-enum Content {
+pub(crate) enum Content {
     Text(String),
     Parts(Vec<Part>),
 }
 
 #[derive(Debug, Deserialize)]
-struct Part {
+pub(crate) struct Part {
     #[serde(rename = "type")]
-    kind: String,
+    pub(crate) kind: String,
     #[serde(default)]
-    text: Option<String>,
+    pub(crate) text: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -21,6 +21,7 @@ use serde_json::{json, Value};
 use tokio_stream::wrappers::ReceiverStream;
 
 use crate::error::{parse, ApiError};
+use crate::openai::Content;
 use crate::tools::ParsedCall;
 use crate::worker::{JobEvent, Prompt, Running};
 use crate::AppState;
@@ -83,21 +84,6 @@ struct Item {
     /// additional_tools (Codex 0.169 sends its tools this way, not in `tools`).
     #[serde(default)]
     tools: Vec<Tool>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(untagged)]
-enum Content {
-    Text(String),
-    Parts(Vec<Part>),
-}
-
-#[derive(Debug, Deserialize)]
-struct Part {
-    #[serde(rename = "type")]
-    kind: String,
-    #[serde(default)]
-    text: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -79,7 +79,14 @@ test("the page shows the running model, its API URLs and memory", async () => {
   assert.match(await page.textContent("#memory"), /This process\d/);
   assert.match(await page.textContent("#thermal"), /not available|rpm|°C/);
   assert.equal(await page.isHidden("#notice"), true, "no notice without one from the server");
+  await page.waitForFunction(() => document.getElementById("compute").textContent.includes("weights"));
   await page.screenshot({ path: join(shots, "ready.png"), fullPage: true });
+  // Long words (the BLAS library's path, the models folder) wrap inside their card: content
+  // that spills out lies under the next card, which then takes its clicks.
+  const spills = await page.$$eval("main > section", (cards) => cards
+    .filter((card) => card.scrollWidth > card.clientWidth + 1)
+    .map((card) => `${card.querySelector("h2").textContent}: ${card.scrollWidth} > ${card.clientWidth}`));
+  assert.deepEqual(spills, [], "no card's content is wider than the card");
 });
 
 test("a click starts another model", async () => {

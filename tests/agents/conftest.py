@@ -39,35 +39,47 @@ class Server:
         text = re.sub(r"\x1b\[[0-9;]*m", "", self.log.read_text(errors="replace"))
         return [line.split("INFO ", 1)[-1] for line in text.splitlines() if "prompt tokens (" in line]
 
+    def mark(self) -> int:
+        """Where the log ends now: `generations_since(mark)` reads what came after."""
+        return len(self.log.read_text(errors="replace"))
+
+    def generations_since(self, mark: int) -> list[str]:
+        text = re.sub(r"\x1b\[[0-9;]*m", "", self.log.read_text(errors="replace")[mark:])
+        return [line.split("INFO ", 1)[-1] for line in text.splitlines() if "prompt tokens (" in line]
+
+
+def start_server(tmp: Path, *extra: str):
+    """`ferrite serve --model default` on a free port, its log in `tmp`; yields a Server."""
+    assert FERRITE.exists(), f"{FERRITE} is missing: build it first (cargo build -p ferrite-cli)"
+    port, log = free_port(), tmp / "serve.log"
+    env = dict(os.environ, RUST_LOG="info", FERRITE_CONFIG_DIR=str(tmp / "config"))
+    with open(log, "w") as out:
+        proc = subprocess.Popen(
+            [FERRITE, "serve", "--model", "default", "--port", str(port), "--idle-minutes", "0", *extra],
+            stdout=out, stderr=subprocess.STDOUT, env=env,
+        )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(600):
+            try:
+                urllib.request.urlopen(base + "/health", timeout=1)
+                break
+            except OSError:
+                if proc.poll() is not None:
+                    raise RuntimeError(log.read_text())
+                time.sleep(0.1)
+        else:
+            raise RuntimeError("ferrite serve did not come up")
+        yield Server(base, log)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
 
 @pytest.fixture(scope="session")
 def server():
-    assert FERRITE.exists(), f"{FERRITE} is missing: build it first (cargo build -p ferrite-cli)"
     with tempfile.TemporaryDirectory() as tmp:
-        port, log = free_port(), Path(tmp) / "serve.log"
-        env = dict(os.environ, RUST_LOG="info", FERRITE_CONFIG_DIR=str(Path(tmp) / "config"))
-        with open(log, "w") as out:
-            proc = subprocess.Popen(
-                [FERRITE, "serve", "--model", "default", "--port", str(port), "--idle-minutes", "0",
-                 "--max-output-tokens", str(MAX_OUTPUT_TOKENS)],
-                stdout=out, stderr=subprocess.STDOUT, env=env,
-            )
-        base = f"http://127.0.0.1:{port}"
-        try:
-            for _ in range(600):
-                try:
-                    urllib.request.urlopen(base + "/health", timeout=1)
-                    break
-                except OSError:
-                    if proc.poll() is not None:
-                        raise RuntimeError(log.read_text())
-                    time.sleep(0.1)
-            else:
-                raise RuntimeError("ferrite serve did not come up")
-            yield Server(base, log)
-        finally:
-            proc.terminate()
-            proc.wait(timeout=30)
+        yield from start_server(Path(tmp), "--max-output-tokens", str(MAX_OUTPUT_TOKENS))
 
 
 @pytest.fixture
@@ -86,7 +98,8 @@ def client(name: str) -> Path:
 
 
 def run_client(argv, home: Path, env: dict, timeout: int = 600) -> subprocess.CompletedProcess:
-    full = dict(os.environ, HOME=str(home / "home"), **env)
+    # PWD as a shell sets it: opencode takes its project folder from it, not from getcwd().
+    full = dict(os.environ, HOME=str(home / "home"), PWD=str(home / "work"), **env)
     started = time.monotonic()
     done = subprocess.run(argv, cwd=home / "work", env=full, capture_output=True, text=True, timeout=timeout,
                           stdin=subprocess.DEVNULL)

@@ -65,3 +65,47 @@ def test_stateless_and_refusals_name_the_field(client):
         client.responses.create(model="tiny", input=[{"role": "user", "content": [
             {"type": "input_image", "image_url": "data:image/png;base64,AAAA"}]}])
     assert "input[0].content[0]" in str(e.value)
+
+
+# Custom (free-form) tools, as Codex sends its `exec` and `apply_patch`: the model sees a
+# function with one string argument, `input`, and its call comes back as a custom_tool_call.
+# The tiny model cannot choose a tool itself: the server's scripted replies (a test device)
+# fix its answer token by token on the logits, through the real decoding path.
+PATCH = "*** Begin Patch\n*** Add File: a.txt\n+hi\n*** End Patch\n"
+CUSTOM = [{"type": "custom", "name": "apply_patch", "description": "Edit files with a patch.",
+           "format": {"type": "grammar", "syntax": "lark", "definition": "start: /[\\s\\S]+/"}}]
+
+
+@pytest.fixture(scope="module")
+def scripted(tmp_path_factory):
+    import json
+    from conftest import start_server
+    tmp = tmp_path_factory.mktemp("scripted")
+    call = json.dumps({"name": "apply_patch", "arguments": {"input": PATCH}})
+    rules = [{"when": ["<tool_response>", "Patch a.txt"], "reply": "Patched."},
+             {"when": ["Patch a.txt", '"name": "apply_patch"'], "reply": f"<tool_call>\n{call}\n</tool_call>"}]
+    (tmp / "rules.json").write_text(json.dumps(rules))
+    yield from start_server(tmp, "--scripted-replies", str(tmp / "rules.json"))
+
+
+def test_a_custom_tool_call_streams_and_round_trips(scripted):
+    client = openai.OpenAI(base_url=scripted + "/v1", api_key="unused", max_retries=0)
+    kinds, deltas = [], []
+    with client.responses.stream(model="tiny", input="Patch a.txt", tools=CUSTOM, max_output_tokens=400) as stream:
+        for event in stream:
+            kinds.append(event.type)
+            if event.type == "response.custom_tool_call_input.delta":
+                deltas.append(event.delta)
+        final = stream.get_final_response()
+    assert "response.custom_tool_call_input.done" in kinds, kinds
+    (call,) = [item for item in final.output if item.type == "custom_tool_call"]
+    assert call.name == "apply_patch" and call.input == PATCH and "".join(deltas) == PATCH
+    # Not streamed: the same item.
+    once = client.responses.create(model="tiny", input="Patch a.txt", tools=CUSTOM, max_output_tokens=400)
+    assert [(i.type, i.input) for i in once.output if i.type == "custom_tool_call"] == [("custom_tool_call", PATCH)]
+    # The client runs it and sends the call and its output back: the turn ends.
+    history = [{"role": "user", "content": "Patch a.txt"},
+               {"type": "custom_tool_call", "call_id": call.call_id, "name": "apply_patch", "input": PATCH},
+               {"type": "custom_tool_call_output", "call_id": call.call_id, "output": "Done!"}]
+    after = client.responses.create(model="tiny", input=history, tools=CUSTOM, max_output_tokens=400)
+    assert after.output_text == "Patched." and after.status == "completed"

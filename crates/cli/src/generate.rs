@@ -89,6 +89,7 @@ pub fn run(args: Args) -> Result<()> {
         ignore_eos: false,
         draft_depth,
         draft_script: None,
+        forced_tokens: None,
     };
     let mut out = std::io::stdout().lock();
     for event in engine.generate(request, CancelToken::default())? {

@@ -47,9 +47,17 @@ pub struct Args {
     /// context leaves after the prompt). Responses say when they were capped.
     #[arg(long)]
     max_output_tokens: Option<usize>,
+    /// Tests only: answer prompts that match a rule of this JSON file with the rule's reply,
+    /// enforced token by token on the model's logits (crates/server/src/scripted.rs).
+    #[arg(long, hide = true)]
+    scripted_replies: Option<std::path::PathBuf>,
 }
 
 pub fn run(args: Args) -> Result<()> {
+    let scripted = match &args.scripted_replies {
+        Some(path) => Some(std::sync::Arc::new(server::scripted::ScriptedReplies::load(path)?)),
+        None => None,
+    };
     let model = server::launch::spec(&args.model, &args.draft_depth, args.profile)?;
     let config = server::ServerConfig {
         model_dir: model.dir,
@@ -64,6 +72,7 @@ pub fn run(args: Args) -> Result<()> {
             on_idle: args.idle_action,
             profile: engine::Profile::named(args.profile),
             max_output_tokens: args.max_output_tokens.filter(|&n| n > 0),
+            scripted,
             ..Default::default()
         },
         cors_origins: server::APP_ORIGINS.iter().map(|o| o.to_string()).chain(args.cors_origin).collect(),

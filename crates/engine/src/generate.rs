@@ -19,6 +19,7 @@ use serde::Serialize;
 use crate::cache::Cache;
 use crate::device::{self, Backend};
 use crate::error::{Error, Result};
+use crate::forced::ForcedAnswer;
 use crate::models::{self, LanguageModel};
 use crate::penalties::Recent;
 use crate::profile::Profile;
@@ -41,6 +42,10 @@ pub struct GenerateRequest {
     /// Tests only: greedy drafts taken from this script (see `Speculator::draft_script`).
     #[doc(hidden)]
     pub draft_script: Option<Vec<u32>>,
+    /// Tests only: the answer is these tokens, then end-of-sequence, enforced on the logits
+    /// (see `forced.rs`); decoded plainly, without speculation.
+    #[doc(hidden)]
+    pub forced_tokens: Option<Vec<u32>>,
 }
 
 impl GenerateRequest {
@@ -53,6 +58,7 @@ impl GenerateRequest {
             ignore_eos: false,
             draft_depth: 0,
             draft_script: None,
+            forced_tokens: None,
         }
     }
 }
@@ -265,7 +271,16 @@ impl Engine {
         }
         let sampler = Sampler::new(request.sampling.clone())?;
         let penalties = request.sampling.penalties;
-        let spec = match request.draft_depth {
+        if let Some(bad) = request.forced_tokens.iter().flatten().find(|&&t| t >= vocab) {
+            return Err(Error::Request(format!("forced token id {bad} is outside the vocabulary ({vocab})")));
+        }
+        let forced = match (&request.forced_tokens, self.tokenizer.eos_ids.first()) {
+            (Some(tokens), Some(&end)) => Some(ForcedAnswer::new(tokens.clone(), end)),
+            (Some(_), None) => return Err(Error::Request("a forced answer needs an end-of-sequence token".into())),
+            (None, _) => None,
+        };
+        let depth = if forced.is_some() { 0 } else { request.draft_depth };
+        let spec = match depth {
             0 => None,
             depth => {
                 let seed = request.sampling.seed.unwrap_or(0);
@@ -287,6 +302,7 @@ impl Engine {
             cache: self.model.new_cache(),
             sampler,
             recent: (!penalties.is_off()).then(|| Recent::new(penalties, &request.prompt)),
+            forced,
             stops: StopMatcher::new(request.stop.clone()),
             request,
             cancel,
@@ -343,6 +359,8 @@ pub struct Generation<'a> {
     sampler: Sampler,
     /// The tokens the penalties look at, when the request has any.
     recent: Option<Recent>,
+    /// Tests only: the answer fixed in advance.
+    forced: Option<ForcedAnswer>,
     decoder: StreamDecoder,
     stops: StopMatcher,
     /// The next token, scheduled on the device but not read back yet.
@@ -365,7 +383,10 @@ impl Generation<'_> {
     /// Logits of the last position → the next token (lazy).
     fn step(&mut self, tokens: &Array) -> Result<Array> {
         let logits = self.engine.model.forward(tokens, &mut self.cache)?;
-        let last = logits.index((.., -1, ..));
+        let mut last = logits.index((.., -1, ..));
+        if let Some(forced) = &mut self.forced {
+            last = forced.apply(&last)?;
+        }
         let Some(recent) = &mut self.recent else {
             return self.sampler.sample(&last);
         };

@@ -10,6 +10,7 @@ mod config;
 pub mod device;
 mod error;
 mod ffi;
+mod forced;
 pub mod generate;
 #[cfg(feature = "dev")]
 pub mod graph;

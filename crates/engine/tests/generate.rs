@@ -73,6 +73,30 @@ fn eos_ends_generation() {
 }
 
 #[test]
+fn a_forced_answer_is_decoded_through_the_sampler_and_ends() {
+    // The test device behind `--scripted-replies`: the text comes out token for token, then
+    // end-of-sequence ends it, also when the request asked for speculation or sampling.
+    let d = hybrid_with_mtp();
+    let e = Engine::load(d.path()).unwrap();
+    let answer = "<tool_call>\n{\"name\": \"write\", \"arguments\": {\"path\": \"a.rs\"}}\n</tool_call>";
+    let forced = e.tokenizer().encode(answer).unwrap();
+    for (depth, temperature) in [(0, 0.0), (2, 0.0), (0, 0.9)] {
+        let sampling = SamplingParams { temperature, seed: Some(3), ..Default::default() };
+        let req = GenerateRequest {
+            forced_tokens: Some(forced.clone()),
+            draft_depth: depth,
+            sampling,
+            ..GenerateRequest::greedy(prompt(&e), 200)
+        };
+        let (text, s) = e.generate_text(req).unwrap();
+        assert_eq!(text, answer, "depth {depth}, temperature {temperature}");
+        assert_eq!((s.finish_reason, s.usage.completion_tokens), (FinishReason::Stop, forced.len() + 1));
+    }
+    let bad = GenerateRequest { forced_tokens: Some(vec![u32::MAX]), ..GenerateRequest::greedy(prompt(&e), 4) };
+    assert!(e.generate(bad, CancelToken::default()).is_err());
+}
+
+#[test]
 fn cancel_stops_at_the_next_token() {
     let (_d, e) = engine(Architecture::Qwen3, Dtype::Float32);
     let cancel = CancelToken::default();

@@ -11,6 +11,7 @@ pub mod models;
 pub mod openai;
 pub mod response_format;
 pub mod responses;
+pub mod scripted;
 pub mod think;
 pub mod tools;
 pub mod tuning;

@@ -2,9 +2,12 @@
 //! stateless: every request carries its whole history (`store` is not honoured, and
 //! `previous_response_id` is refused saying so). Input items become one chat prompt; the
 //! answer comes back as output items (reasoning, message, function calls), streamed with the
-//! Responses event sequence or as one response object.
+//! Responses event sequence or as one response object. Custom (free-form) tools, Codex's
+//! `exec` and `apply_patch`, are offered to the model as functions with one string argument.
 
+use std::collections::HashSet;
 use std::convert::Infallible;
+use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use axum::body::Bytes;
@@ -76,9 +79,13 @@ struct Item {
     name: Option<String>,
     #[serde(default)]
     arguments: Option<String>,
+    /// custom_tool_call: the tool's free-text input.
+    #[serde(default)]
+    input: Option<String>,
     #[serde(default)]
     call_id: Option<String>,
-    /// function_call_output: what the function returned (a string, or content parts).
+    /// function_call_output and custom_tool_call_output: what the tool returned (a string,
+    /// or content parts).
     #[serde(default)]
     output: Option<Content>,
     /// additional_tools (Codex 0.169 sends its tools this way, not in `tools`).
@@ -96,20 +103,76 @@ struct Tool {
     description: Option<String>,
     #[serde(default)]
     parameters: Option<Value>,
+    /// A `custom` tool's input format: free text, or text in a grammar (`{type: grammar,
+    /// syntax, definition}`).
+    #[serde(default)]
+    format: Option<Value>,
     /// A `namespace` tool's members.
     #[serde(default)]
     tools: Vec<Tool>,
 }
 
-/// The function tools among `tools` (namespaces opened), and the names of the others: tool
-/// types the server cannot offer a model that writes JSON calls (custom grammars, web search, ...).
-fn split_tools<'t>(tools: &'t [Tool], functions: &mut Vec<&'t Tool>, others: &mut Vec<String>) {
-    for t in tools {
-        match (t.kind.as_str(), &t.name) {
-            ("function", Some(_)) => functions.push(t),
-            ("namespace", _) => split_tools(&t.tools, functions, others),
-            (kind, name) => others.push(name.clone().unwrap_or_else(|| kind.to_string())),
+/// The tools a request offers, as the chat template shows them to the model.
+#[derive(Debug, Default)]
+struct Offered {
+    /// Chat-template tool definitions (`{type: function, function: {name, description, parameters}}`).
+    tools: Vec<Value>,
+    /// Custom (free-form) tools: offered as a function with one string parameter, `input`,
+    /// and answered as `custom_tool_call` items (Codex's `exec` and `apply_patch` are custom).
+    custom: HashSet<String>,
+    /// Tools of types the server cannot offer a model (web search, ...), by name.
+    ignored: Vec<String>,
+}
+
+impl Offered {
+    /// Adds `tools` (namespaces opened: a call names the member alone).
+    fn add(&mut self, tools: &[Tool]) {
+        for t in tools {
+            match (t.kind.as_str(), &t.name) {
+                ("function", Some(name)) => self.tools.push(json!({"type": "function", "function": {
+                    "name": name, "description": t.description,
+                    "parameters": t.parameters.clone().unwrap_or(json!({"type": "object", "properties": {}}))}})),
+                ("custom", Some(name)) => {
+                    self.tools.push(custom_as_function(name, t));
+                    self.custom.insert(name.clone());
+                }
+                ("namespace", _) => self.add(&t.tools),
+                (kind, name) => self.ignored.push(name.clone().unwrap_or_else(|| kind.to_string())),
+            }
         }
+    }
+}
+
+/// A custom tool as the model sees it: a function whose one argument, `input`, is the free
+/// text the tool takes (the grammar it must follow, if any, is in the description).
+fn custom_as_function(name: &str, tool: &Tool) -> Value {
+    let mut description = tool.description.clone().unwrap_or_default();
+    let grammar = tool.format.as_ref().filter(|f| f["type"] == "grammar");
+    let input = match grammar {
+        Some(f) => format!(
+            "The tool's input, raw text (not JSON) in this {} grammar:\n{}",
+            f["syntax"].as_str().unwrap_or("formal"),
+            f["definition"].as_str().unwrap_or_default()
+        ),
+        None => "The tool's input, raw text (not JSON).".to_string(),
+    };
+    if !description.is_empty() {
+        description.push_str("\n\n");
+    }
+    description.push_str("Pass the input as the `input` argument.");
+    json!({"type": "function", "function": {"name": name, "description": description, "parameters": {
+        "type": "object", "properties": {"input": {"type": "string", "description": input}}, "required": ["input"]}}})
+}
+
+/// The text a custom tool receives from a call the model wrote as a function call.
+fn custom_input(arguments: &Value) -> String {
+    match arguments {
+        Value::Object(map) => match map.get("input") {
+            Some(Value::String(s)) if map.len() == 1 => s.clone(),
+            _ => arguments.to_string(),
+        },
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
     }
 }
 
@@ -132,8 +195,8 @@ fn text_of(content: &Option<Content>) -> String {
     }
 }
 
-/// The chat prompt of a request, and the names of tools left out (types the server cannot run).
-fn prompt(req: &ResponsesRequest) -> Result<(Prompt, Vec<String>), ApiError> {
+/// The chat prompt of a request, and the tools it offers (their chat-template form taken).
+fn prompt(req: &ResponsesRequest) -> Result<(Prompt, Offered), ApiError> {
     if req.previous_response_id.is_some() {
         return Err(ApiError::bad_request(
             "previous_response_id: Ferrite keeps no responses (store is not supported); send the whole history in `input`",
@@ -177,9 +240,12 @@ fn prompt(req: &ResponsesRequest) -> Result<(Prompt, Vec<String>), ApiError> {
                 }
                 messages.push(ChatMessage::new(role, &text_of(&item.content)));
             }
-            "function_call" => {
-                let arguments = item.arguments.clone().unwrap_or_default();
-                let arguments = serde_json::from_str(&arguments).unwrap_or(Value::String(arguments));
+            "function_call" | "custom_tool_call" => {
+                let arguments = match (item.kind.as_deref(), &item.arguments) {
+                    (Some("custom_tool_call"), _) => json!({"input": item.input.clone().unwrap_or_default()}),
+                    (_, Some(a)) => serde_json::from_str(a).unwrap_or(Value::String(a.clone())),
+                    (_, None) => json!({}),
+                };
                 let call = ToolCall::new(item.name.as_deref().unwrap_or_default(), arguments);
                 // Calls of one turn join the assistant message before them.
                 match messages.last_mut() {
@@ -191,7 +257,7 @@ fn prompt(req: &ResponsesRequest) -> Result<(Prompt, Vec<String>), ApiError> {
                     }
                 }
             }
-            "function_call_output" => {
+            "function_call_output" | "custom_tool_call_output" => {
                 let mut result = ChatMessage::new("tool", &text_of(&item.output));
                 result.tool_call_id = item.call_id.clone();
                 messages.push(result);
@@ -202,7 +268,7 @@ fn prompt(req: &ResponsesRequest) -> Result<(Prompt, Vec<String>), ApiError> {
             "additional_tools" => {}
             other => {
                 return Err(ApiError::bad_request(format!(
-                    "input[{i}]: `{other}` items are not supported (messages, function_call, function_call_output and reasoning are)"
+                    "input[{i}]: `{other}` items are not supported (messages, function and custom tool calls and their outputs, and reasoning are)"
                 ))
                 .with_param(&format!("input[{i}].type")))
             }
@@ -212,27 +278,21 @@ fn prompt(req: &ResponsesRequest) -> Result<(Prompt, Vec<String>), ApiError> {
         return Err(ApiError::bad_request("input: no user or assistant turn").with_param("input"));
     }
     let mut vars = serde_json::Map::new();
-    let (mut functions, mut ignored) = (Vec::new(), Vec::new());
-    split_tools(&req.tools, &mut functions, &mut ignored);
+    let mut offered = Offered::default();
+    offered.add(&req.tools);
     for item in items.iter().filter(|i| i.kind.as_deref() == Some("additional_tools")) {
-        split_tools(&item.tools, &mut functions, &mut ignored);
+        offered.add(&item.tools);
     }
-    let offer = req.tool_choice.as_ref().and_then(Value::as_str) != Some("none");
-    let tools: Vec<Value> = functions
-        .iter()
-        .filter(|_| offer)
-        .map(|t| {
-            json!({"type": "function", "function": {"name": t.name, "description": t.description,
-                   "parameters": t.parameters.clone().unwrap_or(json!({"type": "object", "properties": {}}))}})
-        })
-        .collect();
-    if !tools.is_empty() {
-        vars.insert("tools".into(), Value::Array(tools));
+    if req.tool_choice.as_ref().and_then(Value::as_str) == Some("none") {
+        offered.tools.clear();
+    }
+    if !offered.tools.is_empty() {
+        vars.insert("tools".into(), Value::Array(std::mem::take(&mut offered.tools)));
     }
     if matches!(req.reasoning.as_ref().and_then(|r| r.effort.as_deref()), Some("none" | "minimal")) {
         vars.insert("enable_thinking".into(), false.into());
     }
-    Ok((Prompt::Chat { messages, template_vars: vars }, ignored))
+    Ok((Prompt::Chat { messages, template_vars: vars }, offered))
 }
 
 fn now() -> u64 {
@@ -245,9 +305,19 @@ struct Answer {
     reasoning: String,
     text: String,
     calls: Vec<ParsedCall>,
+    /// The names of the custom tools offered (their calls are `custom_tool_call` items).
+    custom: Arc<HashSet<String>>,
 }
 
 impl Answer {
+    fn new(custom: Arc<HashSet<String>>) -> Self {
+        Answer { custom, ..Default::default() }
+    }
+
+    fn is_custom(&self, call: &ParsedCall) -> bool {
+        self.custom.contains(&call.name)
+    }
+
     fn output(&self, id: &str) -> Vec<Value> {
         let mut out = Vec::new();
         if !self.reasoning.is_empty() {
@@ -256,7 +326,7 @@ impl Answer {
         if !self.text.is_empty() || self.calls.is_empty() {
             out.push(message_item(id, &self.text, "completed"));
         }
-        out.extend(self.calls.iter().enumerate().map(|(i, c)| call_item(id, i, c, "completed")));
+        out.extend(self.calls.iter().enumerate().map(|(i, c)| call_item(id, i, c, self.is_custom(c), "completed")));
         out
     }
 }
@@ -274,10 +344,22 @@ fn message_item(id: &str, text: &str, status: &str) -> Value {
     json!({"type": "message", "id": format!("msg_{id}"), "status": status, "role": "assistant", "content": content})
 }
 
-fn call_item(id: &str, i: usize, c: &ParsedCall, status: &str) -> Value {
-    let arguments = if status == "completed" { c.arguments.to_string() } else { String::new() };
-    json!({"type": "function_call", "id": format!("fc_{id}_{i}"), "call_id": format!("call_{id}_{i}"),
+/// A tool call as an output item: `function_call` (arguments: a JSON document in a string) or
+/// `custom_tool_call` (input: the free text).
+fn call_item(id: &str, i: usize, c: &ParsedCall, custom: bool, status: &str) -> Value {
+    let done = status == "completed";
+    if custom {
+        let input = if done { custom_input(&c.arguments) } else { String::new() };
+        return json!({"type": "custom_tool_call", "id": call_item_id(id, i, true), "call_id": format!("call_{id}_{i}"),
+                      "name": c.name, "input": input, "status": status});
+    }
+    let arguments = if done { c.arguments.to_string() } else { String::new() };
+    json!({"type": "function_call", "id": call_item_id(id, i, false), "call_id": format!("call_{id}_{i}"),
            "name": c.name, "arguments": arguments, "status": status})
+}
+
+fn call_item_id(id: &str, i: usize, custom: bool) -> String {
+    format!("{}_{id}_{i}", if custom { "ctc" } else { "fc" })
 }
 
 /// The response object (also the payload of `response.created` and `response.completed`).
@@ -296,7 +378,8 @@ fn usage(prompt: usize, completion: usize, reasoning: usize) -> Value {
 pub async fn responses(State(state): State<AppState>, body: Bytes) -> Result<Response, ApiError> {
     let req: ResponsesRequest = parse(&body)?;
     let loaded = state.resolve_model(&req.model)?;
-    let (prompt, ignored_tools) = prompt(&req)?;
+    let (prompt, offered) = prompt(&req)?;
+    let (ignored_tools, custom) = (offered.ignored, Arc::new(offered.custom));
     let max_tokens = req.max_output_tokens.unwrap_or(crate::openai::DEFAULT_MAX_TOKENS);
     if max_tokens == 0 {
         return Err(ApiError::bad_request("max_output_tokens: must be at least 1").with_param("max_output_tokens"));
@@ -330,7 +413,7 @@ pub async fn responses(State(state): State<AppState>, body: Bytes) -> Result<Res
     };
 
     if !req.stream {
-        let mut answer = Answer::default();
+        let mut answer = Answer::new(custom);
         while let Some(event) = rx.recv().await {
             match event {
                 JobEvent::Delta { content, reasoning, tool_calls } => {
@@ -359,7 +442,7 @@ pub async fn responses(State(state): State<AppState>, body: Bytes) -> Result<Res
     }
 
     let mut stream =
-        EventStream { id: id.clone(), sequence: 0, open: None, items: Vec::new(), answer: Answer::default() };
+        EventStream { id: id.clone(), sequence: 0, open: None, items: Vec::new(), answer: Answer::new(custom) };
     let first = stream.event(
         "response.created",
         json!({"response": response_object(&id, &model, created, "in_progress", vec![], Value::Null)}),
@@ -493,15 +576,24 @@ impl EventStream {
         }
         for call in calls {
             out.extend(self.close_item());
-            let (n, index) = (self.answer.calls.len(), self.index());
-            let added = call_item(&self.id, n, call, "in_progress");
+            let (n, index, custom) = (self.answer.calls.len(), self.index(), self.answer.is_custom(call));
+            let added = call_item(&self.id, n, call, custom, "in_progress");
             out.push(self.event("response.output_item.added", json!({"output_index": index, "item": added})));
-            let (item_id, arguments) = (format!("fc_{}_{n}", self.id), call.arguments.to_string());
-            let delta = json!({"item_id": item_id, "output_index": index, "delta": arguments});
-            out.push(self.event("response.function_call_arguments.delta", delta));
-            let done = json!({"item_id": item_id, "output_index": index, "arguments": arguments});
-            out.push(self.event("response.function_call_arguments.done", done));
-            let item = call_item(&self.id, n, call, "completed");
+            let item_id = call_item_id(&self.id, n, custom);
+            if custom {
+                let input = custom_input(&call.arguments);
+                let delta = json!({"item_id": item_id, "output_index": index, "delta": input});
+                out.push(self.event("response.custom_tool_call_input.delta", delta));
+                let done = json!({"item_id": item_id, "output_index": index, "input": input});
+                out.push(self.event("response.custom_tool_call_input.done", done));
+            } else {
+                let arguments = call.arguments.to_string();
+                let delta = json!({"item_id": item_id, "output_index": index, "delta": arguments});
+                out.push(self.event("response.function_call_arguments.delta", delta));
+                let done = json!({"item_id": item_id, "output_index": index, "arguments": arguments});
+                out.push(self.event("response.function_call_arguments.done", done));
+            }
+            let item = call_item(&self.id, n, call, custom, "completed");
             out.push(self.event("response.output_item.done", json!({"output_index": index, "item": item.clone()})));
             self.items.push(item);
             self.answer.calls.push(call.clone());

@@ -12,6 +12,7 @@ use engine::{CancelToken, Engine, Event, GenerateRequest, Profile, Summary};
 use tokio::sync::mpsc as tmpsc;
 
 use crate::metrics::Metrics;
+use crate::scripted::ScriptedReplies;
 use crate::think::ThinkSplitter;
 use crate::tools::{ParsedCall, ToolCallParser};
 
@@ -166,6 +167,8 @@ pub struct WorkerOptions {
     pub stop: Arc<tokio::sync::Notify>,
     /// At most this many tokens generated per request (`None`: what the context leaves).
     pub max_output_tokens: Option<usize>,
+    /// Tests only: replies fixed in advance for prompts that match (`scripted.rs`).
+    pub scripted: Option<Arc<ScriptedReplies>>,
 }
 
 /// Whether the model is in memory, and how often the idle watchdog unloaded it.
@@ -214,7 +217,7 @@ impl Worker {
     /// cache released, so the memory really returns; the next job loads it again (or, with
     /// [`IdleAction::Stop`], the server is asked to stop).
     pub fn start(dir: PathBuf, id: String, options: WorkerOptions) -> anyhow::Result<Worker> {
-        let WorkerOptions { idle, on_idle, profile, stop, max_output_tokens } = options;
+        let WorkerOptions { idle, on_idle, profile, stop, max_output_tokens, scripted } = options;
         let (jobs, rx) = mpsc::channel::<Message>();
         let (ready_tx, ready_rx) = mpsc::channel();
         let queue_depth = Arc::new(AtomicUsize::new(0));
@@ -315,7 +318,7 @@ impl Worker {
                     if let Ok(mut c) = running.lock() {
                         *c = Some(job.cancel.clone());
                     }
-                    let used = run_job(engine, &info, &recorder, job);
+                    let used = run_job(engine, &info, &recorder, scripted.as_deref(), job);
                     if let Ok(mut c) = running.lock() {
                         *c = None;
                     }
@@ -406,7 +409,8 @@ impl Worker {
     }
 }
 
-fn render(engine: &Engine, prompt: &Prompt) -> Result<(Vec<u32>, bool), JobError> {
+/// The prompt's token ids, its text, and whether it leaves the answer in reasoning mode.
+fn render(engine: &Engine, prompt: &Prompt) -> Result<(Vec<u32>, String, bool), JobError> {
     let text = match prompt {
         Prompt::Text(t) => t.clone(),
         Prompt::Chat { messages, template_vars } => engine
@@ -417,16 +421,22 @@ fn render(engine: &Engine, prompt: &Prompt) -> Result<(Vec<u32>, bool), JobError
     // Templates that open the think block themselves leave the answer in reasoning mode.
     let thinking = text.trim_end().ends_with("<think>");
     let ids = engine.tokenizer().encode(&text).map_err(|e| JobError::Internal(e.to_string()))?;
-    Ok((ids, thinking))
+    Ok((ids, text, thinking))
 }
 
 /// Runs one job; returns how many tokens of context it used (for the profile's cache trim).
-fn run_job(engine: &Engine, info: &ModelInfo, metrics: &Metrics, mut job: Job) -> usize {
+fn run_job(
+    engine: &Engine,
+    info: &ModelInfo,
+    metrics: &Metrics,
+    scripted: Option<&ScriptedReplies>,
+    mut job: Job,
+) -> usize {
     let send = |e: JobEvent| job.events.blocking_send(e).is_ok();
     if job.cancel.is_cancelled() || job.events.is_closed() {
         return 0;
     }
-    let (ids, thinking) = match render(engine, &job.prompt) {
+    let (ids, text, thinking) = match render(engine, &job.prompt) {
         Ok(r) => r,
         Err(e) => {
             send(JobEvent::Failed(e));
@@ -460,6 +470,16 @@ fn run_job(engine: &Engine, info: &ModelInfo, metrics: &Metrics, mut job: Job) -
     }
     let max_tokens = job.request.max_tokens;
     job.request.prompt = ids;
+    if let Some(reply) = scripted.and_then(|s| s.reply_for(&text)) {
+        tracing::info!("a scripted reply answers this prompt (--scripted-replies): {reply:?}");
+        match engine.tokenizer().encode(reply) {
+            Ok(tokens) => job.request.forced_tokens = Some(tokens),
+            Err(e) => {
+                send(JobEvent::Failed(JobError::Internal(format!("tokenizing a scripted reply: {e}"))));
+                return 0;
+            }
+        }
+    }
     let generation = match engine.generate(job.request.clone(), job.cancel.clone()) {
         Ok(g) => g,
         Err(e) => {

@@ -6,6 +6,10 @@ const $ = (id) => document.getElementById(id);
 // In a browser the page comes from the server itself; in the app it is embedded and the app
 // says where its in-process server listens.
 const API = window.__FERRITE_API__ || "";
+// The control token the server's store, model and tuning endpoints need: the app hands it over,
+// the server writes it into the page it serves.
+const TOKEN = window.__FERRITE_TOKEN__ || document.querySelector('meta[name="ferrite-token"]').content;
+const JSON_POST = { "content-type": "application/json", "x-ferrite-token": TOKEN };
 // Present only inside the app (Tauri), for what a browser cannot do: the native folder picker.
 const tauri = window.__TAURI__ && window.__TAURI__.core;
 const history = []; // [seconds, decode tokens/s] over the last five minutes
@@ -77,7 +81,7 @@ function li(label, detail, button) {
 }
 
 async function post(path, body) {
-  const r = await fetch(API + path, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify(body) });
+  const r = await fetch(API + path, { method: "POST", headers: JSON_POST, body: JSON.stringify(body) });
   const v = await r.json();
   if (!r.ok) throw new Error(v.error ? v.error.message : r.statusText);
   return v;
@@ -128,7 +132,7 @@ async function loadModel(id, button) {
   $("models-error").textContent = "";
   $("state").textContent = `loading ${id}`;
   try {
-    const r = await fetch(API + "/v1/models/load", { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify({ model: id }) });
+    const r = await fetch(API + "/v1/models/load", { method: "POST", headers: JSON_POST, body: JSON.stringify({ model: id }) });
     const v = await r.json();
     if (!r.ok) throw new Error(v.error ? v.error.message : r.statusText);
   } catch (e) {

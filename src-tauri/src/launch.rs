@@ -105,6 +105,7 @@ async fn serve(name: &str, profile: engine::ProfileName, addr: SocketAddr) -> an
             ..Default::default()
         },
         cors_origins: server::APP_ORIGINS.iter().map(|o| o.to_string()).collect(),
+        allowed_hosts: vec![],
         resolver: Some(server::launch::resolver()),
         strict_model_names: false,
     };

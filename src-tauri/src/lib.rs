@@ -145,12 +145,18 @@ pub fn open_window<R: tauri::Runtime>(app: &tauri::AppHandle<R>) -> tauri::Resul
     // Nothing to show when the launch failed (the dialog saying why is open).
     let Some(ferrite) = app.try_state::<Ferrite>() else { return Ok(()) };
     let api = ferrite.api_base.clone();
+    let token = ferrite.state.guard.control_token().to_string();
     let window = WebviewWindowBuilder::new(app, "main", WebviewUrl::App("index.html".into()))
         .title("Ferrite")
         .inner_size(1000.0, 780.0)
         .min_inner_size(560.0, 480.0)
-        // The page's fetches go to the in-process server; this is its address.
-        .initialization_script(format!("window.__FERRITE_API__ = {};", serde_json::to_string(&api).unwrap_or_default()))
+        // The page's fetches go to the in-process server: its address, and the control token
+        // its model, store and tuning endpoints need.
+        .initialization_script(format!(
+            "window.__FERRITE_API__ = {}; window.__FERRITE_TOKEN__ = {};",
+            serde_json::to_string(&api).unwrap_or_default(),
+            serde_json::to_string(&token).unwrap_or_default()
+        ))
         .build()?;
     window.set_focus()
 }

@@ -51,8 +51,14 @@ inner() {
   if grep -q "serving\|loaded" "$OUT/second.log"; then echo "the second launch started a server:"; cat "$OUT/second.log"; return 1; fi
   for _ in $(seq 20); do grep -q "launched again" "$OUT/app.log" && break; sleep 0.5; done
   grep -q "launched again" "$OUT/app.log" || { echo "the running app was not told of the second launch"; tail -5 "$OUT/app.log"; return 1; }
-  # A model started from the window (or tray) is remembered for the next launch.
-  curl -fs -X POST "http://127.0.0.1:$port/v1/models/load" -H 'content-type: application/json' -d '{"model": "default"}' >/dev/null \
+  # A model started from the window (or tray) is remembered for the next launch. Starting one
+  # needs this launch's control token, which the page the server serves carries.
+  token=$(curl -fs "http://127.0.0.1:$port/" | sed -n 's/.*name="ferrite-token" content="\([0-9a-f]*\)".*/\1/p')
+  [ ${#token} -eq 64 ] || { echo "the page carries no control token"; return 1; }
+  curl -s -X POST "http://127.0.0.1:$port/v1/models/load" -H 'content-type: application/json' -d '{"model": "default"}' \
+    | grep -q "x-ferrite-token" || { echo "a model was started without the control token"; return 1; }
+  curl -fs -X POST "http://127.0.0.1:$port/v1/models/load" -H 'content-type: application/json' \
+    -H "x-ferrite-token: $token" -d '{"model": "default"}' >/dev/null \
     || { echo "starting the default model from the API failed"; return 1; }
   grep -q '^model = "default"' "$config/config.toml" || { echo "the started model was not remembered:"; cat "$config/config.toml"; return 1; }
   # The tray icon: trayer embeds it as a child window of its panel.

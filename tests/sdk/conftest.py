@@ -1,5 +1,6 @@
 """A running `ferrite serve` on loopback with a project-made checkpoint, for the SDK tests."""
 
+import json
 import os
 import socket
 import subprocess
@@ -56,3 +57,27 @@ def start_server(tmp: Path, *extra):
 def server():
     with tempfile.TemporaryDirectory() as tmp:
         yield from start_server(Path(tmp))
+
+
+# Scripted replies (`ferrite serve --scripted-replies`, a test device): the tiny model's answer
+# to a matching prompt is fixed in advance and enforced token by token on its logits, so a tool
+# call goes through the real decoding path, tool-call parser and streams.
+PATCH = "*** Begin Patch\n*** Add File: a.txt\n+hi\n*** End Patch\n"
+WRITE_ARGS = {"path": "src/main.rs", "content": "fn main() {\n    println!(\"hi\");\n}\n"}
+
+
+def tool_call(name, arguments):
+    return "<tool_call>\n" + json.dumps({"name": name, "arguments": arguments}) + "\n</tool_call>"
+
+
+@pytest.fixture(scope="session")
+def scripted():
+    rules = [
+        {"when": ["<tool_response>", "Patch a.txt"], "reply": "Patched."},
+        {"when": ["Patch a.txt", '"name": "apply_patch"'], "reply": tool_call("apply_patch", {"input": PATCH})},
+        {"when": ["Write main.rs", '"name": "write_file"'],
+         "reply": "Writing it.\n" + tool_call("write_file", WRITE_ARGS) + "\n" + tool_call("read_file", {"path": "a.rs"})},
+    ]
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "rules.json").write_text(json.dumps(rules))
+        yield from start_server(Path(tmp), "--scripted-replies", str(Path(tmp) / "rules.json"))

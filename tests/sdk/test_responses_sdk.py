@@ -69,23 +69,11 @@ def test_stateless_and_refusals_name_the_field(client):
 
 # Custom (free-form) tools, as Codex sends its `exec` and `apply_patch`: the model sees a
 # function with one string argument, `input`, and its call comes back as a custom_tool_call.
-# The tiny model cannot choose a tool itself: the server's scripted replies (a test device)
-# fix its answer token by token on the logits, through the real decoding path.
-PATCH = "*** Begin Patch\n*** Add File: a.txt\n+hi\n*** End Patch\n"
+# The tiny model cannot choose a tool itself: the server's scripted replies (a test device,
+# conftest.py's `scripted`) fix its answer token by token on the logits.
+from conftest import PATCH
 CUSTOM = [{"type": "custom", "name": "apply_patch", "description": "Edit files with a patch.",
            "format": {"type": "grammar", "syntax": "lark", "definition": "start: /[\\s\\S]+/"}}]
-
-
-@pytest.fixture(scope="module")
-def scripted(tmp_path_factory):
-    import json
-    from conftest import start_server
-    tmp = tmp_path_factory.mktemp("scripted")
-    call = json.dumps({"name": "apply_patch", "arguments": {"input": PATCH}})
-    rules = [{"when": ["<tool_response>", "Patch a.txt"], "reply": "Patched."},
-             {"when": ["Patch a.txt", '"name": "apply_patch"'], "reply": f"<tool_call>\n{call}\n</tool_call>"}]
-    (tmp / "rules.json").write_text(json.dumps(rules))
-    yield from start_server(tmp, "--scripted-replies", str(tmp / "rules.json"))
 
 
 def test_a_custom_tool_call_streams_and_round_trips(scripted):

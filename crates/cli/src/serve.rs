@@ -39,6 +39,10 @@ pub struct Args {
     /// Another browser origin allowed to call the API (repeatable; the app's own are always allowed).
     #[arg(long)]
     cors_origin: Vec<String>,
+    /// Another name clients may reach the server by, in the Host header (repeatable; loopback
+    /// names and the bound address always work). Other names are refused: DNS rebinding.
+    #[arg(long)]
+    allow_host: Vec<String>,
     /// Answer only requests that name the loaded model (or an alias): others get a 404. By
     /// default the loaded model answers any name (agents send their own defaults).
     #[arg(long)]
@@ -76,6 +80,7 @@ pub fn run(args: Args) -> Result<()> {
             ..Default::default()
         },
         cors_origins: server::APP_ORIGINS.iter().map(|o| o.to_string()).chain(args.cors_origin).collect(),
+        allowed_hosts: args.allow_host,
         resolver: Some(server::launch::resolver()),
         strict_model_names: args.strict_model_names,
     };

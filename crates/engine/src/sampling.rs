@@ -63,9 +63,16 @@ pub struct Sampler {
     key: Option<Array>,
 }
 
+/// Temperatures below this are greedy: dividing logits by a subnormal or tiny temperature
+/// overflows them to infinities, which sample as if hot, not cold.
+pub const MIN_TEMPERATURE: f32 = 1e-4;
+
 impl Sampler {
-    pub fn new(params: SamplingParams) -> Result<Self> {
+    pub fn new(mut params: SamplingParams) -> Result<Self> {
         params.validate()?;
+        if params.temperature < MIN_TEMPERATURE {
+            params.temperature = 0.0;
+        }
         let key = match (params.temperature > 0.0, params.seed) {
             (true, Some(seed)) => Some(random::key(seed)?),
             (true, None) => Some(random::key(fresh_seed())?),

@@ -16,6 +16,7 @@ use serde_json::{json, Value};
 use tokio_stream::wrappers::ReceiverStream;
 
 use crate::error::{parse, AnthropicError, ApiError};
+use crate::tools::CallEvent;
 use crate::worker::{Clamp, ClampedBy, JobEvent, Prompt, Running};
 use crate::AppState;
 
@@ -283,7 +284,7 @@ pub async fn messages(State(state): State<AppState>, body: Bytes) -> Result<Resp
                 JobEvent::Delta { content, reasoning, tool_calls } => {
                     text.push_str(&content);
                     thinking.push_str(&reasoning);
-                    calls.extend(tool_calls);
+                    calls.extend(CallEvent::completed(tool_calls));
                 }
                 JobEvent::Finished { summary, .. } => {
                     let mut content = vec![];
@@ -316,7 +317,7 @@ pub async fn messages(State(state): State<AppState>, body: Bytes) -> Result<Resp
         "id": id, "type": "message", "role": "assistant", "model": model, "content": [],
         "stop_reason": null, "stop_sequence": null, "usage": {"input_tokens": prompt_tokens, "output_tokens": 0}}});
     let mut blocks = BlockState::default();
-    let mut tool_uses = 0usize;
+    let (mut tool_uses, mut tool_open) = (0usize, false);
     let events = ReceiverStream::new(rx).flat_map(move |event| {
         let _keep = &guard; // cancels the job when the client goes
         let out = match event {
@@ -328,16 +329,32 @@ pub async fn messages(State(state): State<AppState>, body: Bytes) -> Result<Resp
                 if !content.is_empty() {
                     out.extend(blocks.delta("text", json!({"type": "text_delta", "text": content})));
                 }
-                for c in tool_calls {
-                    // A whole tool_use block: start with empty input, the input as one JSON delta, stop.
-                    out.extend(blocks.close());
-                    let block = json!({"type": "tool_use", "id": format!("toolu_{id}_{tool_uses}"), "name": c.name, "input": {}});
-                    out.push(("content_block_start", json!({"type": "content_block_start", "index": blocks.index, "content_block": block})));
-                    out.push(("content_block_delta", json!({"type": "content_block_delta", "index": blocks.index,
-                        "delta": {"type": "input_json_delta", "partial_json": c.arguments.to_string()}})));
-                    out.push(("content_block_stop", json!({"type": "content_block_stop", "index": blocks.index})));
-                    blocks.index += 1;
-                    tool_uses += 1;
+                // A tool_use block streams as the call is written: it starts with the name and
+                // empty input, the input follows in JSON fragments, and it stops at the call's end.
+                for event in tool_calls {
+                    let delta = |index: usize, json: String| {
+                        ("content_block_delta", json!({"type": "content_block_delta", "index": index,
+                            "delta": {"type": "input_json_delta", "partial_json": json}}))
+                    };
+                    match event {
+                        CallEvent::Begin { name } => {
+                            out.extend(blocks.close());
+                            out.push(tool_use_start(&blocks, &id, tool_uses, &name));
+                            tool_open = true;
+                        }
+                        CallEvent::Arguments(a) => out.push(delta(blocks.index, a)),
+                        CallEvent::End(c) => {
+                            if !tool_open {
+                                out.extend(blocks.close());
+                                out.push(tool_use_start(&blocks, &id, tool_uses, &c.name));
+                                out.push(delta(blocks.index, c.arguments.to_string()));
+                            }
+                            out.push(("content_block_stop", json!({"type": "content_block_stop", "index": blocks.index})));
+                            blocks.index += 1;
+                            tool_uses += 1;
+                            tool_open = false;
+                        }
+                    }
                 }
                 out
             }
@@ -358,6 +375,12 @@ pub async fn messages(State(state): State<AppState>, body: Bytes) -> Result<Resp
         .chain(events)
         .map(|(name, data)| Ok::<_, Infallible>(SseEvent::default().event(name).data(data.to_string())));
     Ok((headers, Sse::new(stream).keep_alive(KeepAlive::default())).into_response())
+}
+
+/// The start of a streamed tool_use block (its input follows as JSON deltas).
+fn tool_use_start(blocks: &BlockState, id: &str, n: usize, name: &str) -> (&'static str, Value) {
+    let block = json!({"type": "tool_use", "id": format!("toolu_{id}_{n}"), "name": name, "input": {}});
+    ("content_block_start", json!({"type": "content_block_start", "index": blocks.index, "content_block": block}))
 }
 
 /// Which content block is open in a streamed message.

@@ -36,6 +36,7 @@ impl ApiError {
         match self.status.as_u16() {
             404 => "not_found_error",
             413 => "request_too_large",
+            429 => "rate_limit_exceeded",
             400..=499 => "invalid_request_error",
             _ => "server_error",
         }
@@ -46,6 +47,7 @@ impl From<JobError> for ApiError {
     fn from(e: JobError) -> Self {
         match e {
             JobError::BadRequest(m) => ApiError::bad_request(m),
+            JobError::Busy(m) => ApiError { status: StatusCode::TOO_MANY_REQUESTS, message: m, param: None },
             JobError::Internal(m) => ApiError::internal(m),
         }
     }
@@ -56,8 +58,16 @@ impl IntoResponse for ApiError {
         let body = serde_json::json!({
             "error": {"message": self.message, "type": self.kind(), "param": self.param, "code": null}
         });
-        (self.status, Json(body)).into_response()
+        with_retry_after(self.status, (self.status, Json(body)).into_response())
     }
+}
+
+/// A 429 (the queue is full) says when to come back.
+fn with_retry_after(status: StatusCode, mut response: Response) -> Response {
+    if status == StatusCode::TOO_MANY_REQUESTS {
+        response.headers_mut().insert(axum::http::header::RETRY_AFTER, axum::http::HeaderValue::from_static("1"));
+    }
+    response
 }
 
 /// Parses a JSON body, naming the field that is wrong.
@@ -96,10 +106,11 @@ impl IntoResponse for AnthropicError {
             401 => "authentication_error",
             404 => "not_found_error",
             413 => "request_too_large",
+            429 => "rate_limit_error",
             400..=499 => "invalid_request_error",
             _ => "api_error",
         };
-        (e.status, Json(serde_json::json!({"type": "error", "error": {"type": kind, "message": e.message}})))
-            .into_response()
+        let body = Json(serde_json::json!({"type": "error", "error": {"type": kind, "message": e.message}}));
+        with_retry_after(e.status, (e.status, body).into_response())
     }
 }

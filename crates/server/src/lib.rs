@@ -4,6 +4,7 @@
 
 pub mod anthropic;
 pub mod error;
+pub mod guard;
 pub mod launch;
 pub mod live;
 pub mod metrics;
@@ -35,8 +36,8 @@ use serde_json::json;
 use crate::error::ApiError;
 use crate::worker::{Worker, WorkerOptions};
 
-/// Request bodies above this are refused (413).
-pub const MAX_BODY_BYTES: usize = 16 << 20;
+/// Request bodies above this are refused (413): a 256K-token conversation is ~1 MB of JSON.
+pub const MAX_BODY_BYTES: usize = 4 << 20;
 
 #[derive(Clone)]
 pub struct ServerConfig {
@@ -56,6 +57,8 @@ pub struct ServerConfig {
     pub worker: WorkerOptions,
     /// Browser origins allowed to call the API (the app's own; see [`APP_ORIGINS`]).
     pub cors_origins: Vec<String>,
+    /// Host names the server answers besides loopback and its address (`--allow-host`).
+    pub allowed_hosts: Vec<String>,
     /// Lets `/v1/models/load` start other models (`None`: only this one is served).
     pub resolver: Option<Resolver>,
     /// Refuse (404) requests that name another model than the loaded one, instead of
@@ -112,7 +115,8 @@ pub struct AppState {
     pub notice: Arc<std::sync::Mutex<Option<String>>>,
     /// The model store the UI acts on, and its downloads.
     pub store: models::StoreAccess,
-    pub api_key: Option<String>,
+    /// Who may call: Host, Origin, content type, the control token and the API key.
+    pub guard: Arc<guard::Guard>,
     /// See [`ServerConfig::strict_model_names`].
     pub strict_model_names: bool,
     /// Memory, fans and thermal state, sampled once a second.
@@ -146,7 +150,7 @@ impl AppState {
             on_load: None,
             notice: Default::default(),
             store: Default::default(),
-            api_key,
+            guard: Arc::new(guard::Guard::loopback(api_key)),
             strict_model_names: false,
             telemetry: Arc::new(telemetry::Sampler::start(std::time::Duration::from_secs(1))),
             tuning: Default::default(),
@@ -231,6 +235,7 @@ pub fn router_with_cors(state: AppState, cors_origins: &[String]) -> Router {
             axum::http::header::AUTHORIZATION,
             axum::http::HeaderName::from_static("x-api-key"),
             axum::http::HeaderName::from_static("anthropic-version"),
+            axum::http::HeaderName::from_static(guard::TOKEN_HEADER),
         ])
         .expose_headers(tower_http::cors::Any);
     router(state).layer(cors)
@@ -263,7 +268,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/messages", post(anthropic::messages))
         .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
         .fallback(|| async { ApiError::not_found("no such endpoint") })
-        .layer(middleware::from_fn_with_state(state.clone(), auth))
+        .layer(middleware::from_fn_with_state(state.clone(), guard::check))
         .layer(middleware::from_fn(json_errors))
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .layer(middleware::from_fn(log_request))
@@ -328,26 +333,6 @@ pub fn status_json(s: &AppState) -> serde_json::Value {
     })
 }
 
-/// With an API key configured, every request must carry it (Bearer or x-api-key).
-async fn auth(State(s): State<AppState>, req: Request, next: Next) -> Response {
-    // The page itself holds no data; what it loads from /v1 needs the key like any client.
-    let page = matches!(req.uri().path(), "/" | "/app.js" | "/style.css");
-    if let Some(key) = s.api_key.as_ref().filter(|_| !page) {
-        let h = req.headers();
-        let bearer = h.get("authorization").and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
-        let x_key = h.get("x-api-key").and_then(|v| v.to_str().ok());
-        if bearer != Some(key.as_str()) && x_key != Some(key.as_str()) {
-            return ApiError {
-                status: axum::http::StatusCode::UNAUTHORIZED,
-                message: "missing or wrong API key".into(),
-                param: None,
-            }
-            .into_response();
-        }
-    }
-    next.run(req).await
-}
-
 /// Turns axum's plain-text rejections (body too large, wrong method…) into JSON errors, in
 /// the shape of the API the path belongs to.
 async fn json_errors(req: Request, next: Next) -> Response {
@@ -361,7 +346,10 @@ async fn json_errors(req: Request, next: Next) -> Response {
     }
     let status = res.status();
     let bytes = axum::body::to_bytes(res.into_body(), 64 * 1024).await.unwrap_or_default();
-    let message = String::from_utf8_lossy(&bytes).trim().to_string();
+    let mut message = String::from_utf8_lossy(&bytes).trim().to_string();
+    if status == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
+        message = format!("the request body is larger than this server accepts ({} MiB)", MAX_BODY_BYTES >> 20);
+    }
     let e = ApiError { status, message: if message.is_empty() { status.to_string() } else { message }, param: None };
     if anthropic {
         error::AnthropicError(e).into_response()
@@ -389,7 +377,13 @@ pub async fn start(config: &ServerConfig) -> anyhow::Result<AppState> {
         draft_depth: config.draft_depth,
         draft_depth_source: config.draft_depth_source.clone(),
     };
-    let mut state = AppState::serving(loaded, config.api_key.clone());
+    let mut state = AppState::serving(loaded, None);
+    state.guard = Arc::new(guard::Guard::new(
+        Some(config.addr),
+        config.allowed_hosts.clone(),
+        config.cors_origins.clone(),
+        config.api_key.clone(),
+    ));
     state.worker_options = config.worker.clone();
     state.strict_model_names = config.strict_model_names;
     state.resolver = config.resolver.clone();
@@ -413,7 +407,7 @@ pub async fn serve_until(
         info.id,
         listener.local_addr()?,
         info.profile.name,
-        if state.api_key.is_some() { ", API key required" } else { "" }
+        if state.guard.api_key_required() { ", API key required" } else { "" }
     );
     let state_for_shutdown = state.clone();
     let app = router_with_cors(state, cors_origins);

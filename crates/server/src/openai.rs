@@ -17,6 +17,7 @@ use tokio_stream::wrappers::ReceiverStream;
 
 use crate::error::{parse, ApiError};
 use crate::response_format::{Expect, ResponseFormat};
+use crate::tools::CallEvent;
 use crate::worker::{JobEvent, Prompt, Running};
 use std::sync::Arc;
 
@@ -350,7 +351,7 @@ async fn respond(
                 JobEvent::Delta { content: c, reasoning: r, tool_calls } => {
                     content.push_str(&c);
                     reasoning.push_str(&r);
-                    calls.extend(tool_calls);
+                    calls.extend(CallEvent::completed(tool_calls));
                 }
                 JobEvent::Finished { summary, reasoning_tokens } => {
                     let usage = usage(prompt_tokens, summary.usage.completion_tokens, reasoning_tokens);
@@ -410,7 +411,7 @@ async fn respond(
     let first = chunk(json!({"role": "assistant", "content": ""}), None);
     let events = ReceiverStream::new(rx);
     let call_base = format!("call-{created}");
-    let mut calls_sent = 0usize;
+    let (mut calls_sent, mut call_open) = (0usize, false);
     // Only kept when the finished answer must be checked.
     let mut answer = String::new();
     let stream = futures_util::stream::once(async move { first })
@@ -428,19 +429,34 @@ async fn respond(
                     if !reasoning.is_empty() {
                         delta["reasoning_content"] = json!(reasoning);
                     }
-                    if !tool_calls.is_empty() {
-                        let calls: Vec<Value> = tool_calls
-                            .iter()
-                            .map(|c| {
-                                let mut v = out_call(&call_base, calls_sent, c);
-                                v["index"] = json!(calls_sent);
-                                calls_sent += 1;
-                                v
-                            })
-                            .collect();
-                        delta["tool_calls"] = Value::Array(calls);
+                    let mut out = vec![];
+                    if delta.as_object().is_some_and(|d| !d.is_empty()) || tool_calls.is_empty() {
+                        out.push(chunk(delta, None));
                     }
-                    vec![chunk(delta, None)]
+                    // A call streams as it is written: its id and name, then its arguments in fragments.
+                    for event in tool_calls {
+                        let call = match event {
+                            CallEvent::Begin { name } => {
+                                call_open = true;
+                                json!({"index": calls_sent, "id": format!("{call_base}-{calls_sent}"), "type": "function",
+                                       "function": {"name": name, "arguments": ""}})
+                            }
+                            CallEvent::Arguments(a) => json!({"index": calls_sent, "function": {"arguments": a}}),
+                            CallEvent::End(c) => {
+                                let whole = (!call_open).then(|| {
+                                    let mut v = out_call(&call_base, calls_sent, &c);
+                                    v["index"] = json!(calls_sent);
+                                    v
+                                });
+                                call_open = false;
+                                calls_sent += 1;
+                                let Some(whole) = whole else { continue };
+                                whole
+                            }
+                        };
+                        out.push(chunk(json!({"tool_calls": [call]}), None));
+                    }
+                    out
                 }
                 JobEvent::Finished { summary, reasoning_tokens } => {
                     let reason = if calls_sent > 0 { "tool_calls" } else { finish_reason(summary.finish_reason) };

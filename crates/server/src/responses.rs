@@ -25,7 +25,7 @@ use tokio_stream::wrappers::ReceiverStream;
 
 use crate::error::{parse, ApiError};
 use crate::openai::Content;
-use crate::tools::ParsedCall;
+use crate::tools::{CallEvent, ParsedCall};
 use crate::worker::{JobEvent, Prompt, Running};
 use crate::AppState;
 
@@ -419,7 +419,7 @@ pub async fn responses(State(state): State<AppState>, body: Bytes) -> Result<Res
                 JobEvent::Delta { content, reasoning, tool_calls } => {
                     answer.text.push_str(&content);
                     answer.reasoning.push_str(&reasoning);
-                    answer.calls.extend(tool_calls);
+                    answer.calls.extend(CallEvent::completed(tool_calls));
                 }
                 JobEvent::Finished { summary, reasoning_tokens } => {
                     drop(guard);
@@ -441,8 +441,14 @@ pub async fn responses(State(state): State<AppState>, body: Bytes) -> Result<Res
         return Err(ApiError::internal("the engine stopped before finishing"));
     }
 
-    let mut stream =
-        EventStream { id: id.clone(), sequence: 0, open: None, items: Vec::new(), answer: Answer::new(custom) };
+    let mut stream = EventStream {
+        id: id.clone(),
+        sequence: 0,
+        open: None,
+        items: Vec::new(),
+        answer: Answer::new(custom),
+        calling: None,
+    };
     let first = stream.event(
         "response.created",
         json!({"response": response_object(&id, &model, created, "in_progress", vec![], Value::Null)}),
@@ -489,6 +495,8 @@ struct EventStream {
     /// Output items closed so far (their index is their position).
     items: Vec<Value>,
     answer: Answer,
+    /// The tool call being streamed, if one is.
+    calling: Option<Calling>,
 }
 
 impl EventStream {
@@ -558,7 +566,7 @@ impl EventStream {
         out
     }
 
-    fn delta(&mut self, reasoning: &str, content: &str, calls: &[ParsedCall]) -> Vec<SseEvent> {
+    fn delta(&mut self, reasoning: &str, content: &str, calls: &[CallEvent]) -> Vec<SseEvent> {
         let mut out = Vec::new();
         if !reasoning.is_empty() {
             out.extend(self.open(Open::Reasoning));
@@ -574,30 +582,80 @@ impl EventStream {
             let delta = json!({"item_id": item_id, "output_index": index, "content_index": 0, "delta": content});
             out.push(self.event("response.output_text.delta", delta));
         }
-        for call in calls {
-            out.extend(self.close_item());
-            let (n, index, custom) = (self.answer.calls.len(), self.index(), self.answer.is_custom(call));
-            let added = call_item(&self.id, n, call, custom, "in_progress");
-            out.push(self.event("response.output_item.added", json!({"output_index": index, "item": added})));
-            let item_id = call_item_id(&self.id, n, custom);
-            if custom {
-                let input = custom_input(&call.arguments);
-                let delta = json!({"item_id": item_id, "output_index": index, "delta": input});
-                out.push(self.event("response.custom_tool_call_input.delta", delta));
-                let done = json!({"item_id": item_id, "output_index": index, "input": input});
-                out.push(self.event("response.custom_tool_call_input.done", done));
-            } else {
-                let arguments = call.arguments.to_string();
-                let delta = json!({"item_id": item_id, "output_index": index, "delta": arguments});
-                out.push(self.event("response.function_call_arguments.delta", delta));
-                let done = json!({"item_id": item_id, "output_index": index, "arguments": arguments});
-                out.push(self.event("response.function_call_arguments.done", done));
+        for event in calls {
+            match event {
+                CallEvent::Begin { name } => {
+                    let call = ParsedCall { name: name.clone(), arguments: Value::Null };
+                    out.extend(self.open_call(&call));
+                }
+                // A custom tool's input is inside the arguments' JSON: it is sent whole at the end.
+                CallEvent::Arguments(a) => match &mut self.calling {
+                    Some(c) if !c.custom => {
+                        c.arguments.push_str(a);
+                        let delta = json!({"item_id": c.item_id, "output_index": c.index, "delta": a});
+                        out.push(self.event("response.function_call_arguments.delta", delta));
+                    }
+                    _ => {}
+                },
+                CallEvent::End(call) => {
+                    if self.calling.is_none() {
+                        out.extend(self.open_call(call));
+                    }
+                    out.extend(self.close_call(call));
+                }
             }
-            let item = call_item(&self.id, n, call, custom, "completed");
-            out.push(self.event("response.output_item.done", json!({"output_index": index, "item": item.clone()})));
-            self.items.push(item);
-            self.answer.calls.push(call.clone());
         }
         out
     }
+
+    /// Opens a call's output item (a `function_call`, or a `custom_tool_call`).
+    fn open_call(&mut self, call: &ParsedCall) -> Vec<SseEvent> {
+        let mut out = self.close_item();
+        let (n, index, custom) = (self.answer.calls.len(), self.index(), self.answer.is_custom(call));
+        let added = call_item(&self.id, n, call, custom, "in_progress");
+        out.push(self.event("response.output_item.added", json!({"output_index": index, "item": added})));
+        let item_id = call_item_id(&self.id, n, custom);
+        self.calling = Some(Calling { item_id, index, custom, arguments: String::new() });
+        out
+    }
+
+    /// Closes the open call's item: its whole arguments (as streamed) or custom input.
+    fn close_call(&mut self, call: &ParsedCall) -> Vec<SseEvent> {
+        let Some(c) = self.calling.take() else { return vec![] };
+        let (mut out, n) = (Vec::new(), self.answer.calls.len());
+        let mut item = call_item(&self.id, n, call, c.custom, "completed");
+        if c.custom {
+            let input = custom_input(&call.arguments);
+            let delta = json!({"item_id": c.item_id, "output_index": c.index, "delta": input});
+            out.push(self.event("response.custom_tool_call_input.delta", delta));
+            let done = json!({"item_id": c.item_id, "output_index": c.index, "input": input});
+            out.push(self.event("response.custom_tool_call_input.done", done));
+        } else {
+            // The arguments as streamed (a call that was not streamed sends them whole now).
+            let arguments = if c.arguments.is_empty() {
+                let whole = call.arguments.to_string();
+                let delta = json!({"item_id": c.item_id, "output_index": c.index, "delta": whole});
+                out.push(self.event("response.function_call_arguments.delta", delta));
+                whole
+            } else {
+                c.arguments
+            };
+            item["arguments"] = json!(arguments);
+            let done = json!({"item_id": c.item_id, "output_index": c.index, "arguments": arguments});
+            out.push(self.event("response.function_call_arguments.done", done));
+        }
+        out.push(self.event("response.output_item.done", json!({"output_index": c.index, "item": item.clone()})));
+        self.items.push(item);
+        self.answer.calls.push(call.clone());
+        out
+    }
+}
+
+/// The call whose output item is open in a stream.
+struct Calling {
+    item_id: String,
+    index: usize,
+    custom: bool,
+    /// The arguments streamed so far.
+    arguments: String,
 }

@@ -14,7 +14,7 @@ use tokio::sync::mpsc as tmpsc;
 use crate::metrics::Metrics;
 use crate::scripted::ScriptedReplies;
 use crate::think::ThinkSplitter;
-use crate::tools::{ParsedCall, ToolCallParser};
+use crate::tools::{CallEvent, Parsed, ToolCallParser};
 
 /// What the model is asked.
 #[derive(Debug, Clone)]
@@ -46,7 +46,8 @@ pub enum JobEvent {
     Delta {
         content: String,
         reasoning: String,
-        tool_calls: Vec<ParsedCall>,
+        /// Tool calls as they are written: begun, arguments in fragments, ended.
+        tool_calls: Vec<CallEvent>,
     },
     Finished {
         summary: Summary,
@@ -70,10 +71,11 @@ pub enum ClampedBy {
     ServerCap,
 }
 
-/// Why a job could not run: the client's fault (4xx) or the server's (5xx).
+/// Why a job could not run: the client's fault (4xx), a full queue (429), or the server's (5xx).
 #[derive(Debug, Clone)]
 pub enum JobError {
     BadRequest(String),
+    Busy(String),
     Internal(String),
 }
 
@@ -104,6 +106,8 @@ pub struct Worker {
     stopping: Arc<AtomicBool>,
     thread: std::sync::Mutex<Option<std::thread::JoinHandle<()>>>,
     pub queue_depth: Arc<AtomicUsize>,
+    /// See [`WorkerOptions::max_queued`].
+    max_queued: usize,
     pub info: ModelInfo,
     pub lifecycle: Arc<Lifecycle>,
     pub metrics: Arc<Metrics>,
@@ -169,7 +173,13 @@ pub struct WorkerOptions {
     pub max_output_tokens: Option<usize>,
     /// Tests only: replies fixed in advance for prompts that match (`scripted.rs`).
     pub scripted: Option<Arc<ScriptedReplies>>,
+    /// At most this many jobs wait behind the running one (`None`: [`MAX_QUEUED_JOBS`]); more
+    /// are refused with a 429.
+    pub max_queued: Option<usize>,
 }
+
+/// Jobs that may wait for the engine by default: several agents' turns, not a flood.
+pub const MAX_QUEUED_JOBS: usize = 64;
 
 /// Whether the model is in memory, and how often the idle watchdog unloaded it.
 #[derive(Debug)]
@@ -217,7 +227,7 @@ impl Worker {
     /// cache released, so the memory really returns; the next job loads it again (or, with
     /// [`IdleAction::Stop`], the server is asked to stop).
     pub fn start(dir: PathBuf, id: String, options: WorkerOptions) -> anyhow::Result<Worker> {
-        let WorkerOptions { idle, on_idle, profile, stop, max_output_tokens, scripted } = options;
+        let WorkerOptions { idle, on_idle, profile, stop, max_output_tokens, scripted, max_queued } = options;
         let (jobs, rx) = mpsc::channel::<Message>();
         let (ready_tx, ready_rx) = mpsc::channel();
         let queue_depth = Arc::new(AtomicUsize::new(0));
@@ -334,6 +344,7 @@ impl Worker {
             stopping,
             thread: std::sync::Mutex::new(Some(thread)),
             queue_depth,
+            max_queued: max_queued.unwrap_or(MAX_QUEUED_JOBS),
             info,
             lifecycle,
             metrics,
@@ -342,7 +353,13 @@ impl Worker {
 
     /// Queues a job (FIFO).
     pub fn submit(&self, job: Job) -> Result<(), JobError> {
-        self.queue_depth.fetch_add(1, Ordering::SeqCst);
+        let waiting = self.queue_depth.fetch_add(1, Ordering::SeqCst);
+        if waiting >= self.max_queued {
+            self.queue_depth.fetch_sub(1, Ordering::SeqCst);
+            return Err(JobError::Busy(format!(
+                "{waiting} requests are already waiting for the model (the most this server queues): try again shortly"
+            )));
+        }
         let sent = match self.jobs.lock().ok().as_ref().and_then(|j| j.as_ref()) {
             Some(jobs) => jobs.send(Message::Job(job)).is_ok(),
             None => false,
@@ -604,12 +621,14 @@ impl AnswerStream {
 
     fn delta(&mut self, content: String, reasoning: String, last: bool) -> Option<JobEvent> {
         self.reasoning.push_str(&reasoning);
-        let (mut content, tool_calls) = match &mut self.tools {
+        let Parsed { text: mut content, calls: mut tool_calls } = match &mut self.tools {
             Some(p) => p.push(&content),
-            None => (content, vec![]),
+            None => Parsed { text: content, calls: vec![] },
         };
         if let (true, Some(p)) = (last, &mut self.tools) {
-            content.push_str(&p.finish());
+            let rest = p.finish();
+            content.push_str(&rest.text);
+            tool_calls.extend(rest.calls);
         }
         let empty = content.is_empty() && reasoning.is_empty() && tool_calls.is_empty();
         (!empty).then_some(JobEvent::Delta { content, reasoning, tool_calls })

@@ -102,8 +102,15 @@ pub fn chat(extra: Value) -> Value {
     body
 }
 
+/// POSTs `body` as the app or its page would: JSON, with the control token.
 pub async fn post(s: &Server, path: &str, body: &Value) -> (u16, Value) {
-    let r = reqwest::Client::new().post(format!("{}{path}", s.base)).json(body).send().await.unwrap();
+    let r = reqwest::Client::new()
+        .post(format!("{}{path}", s.base))
+        .header(server::guard::TOKEN_HEADER, s.state.guard.control_token())
+        .json(body)
+        .send()
+        .await
+        .unwrap();
     let status = r.status().as_u16();
     (status, r.json().await.unwrap())
 }

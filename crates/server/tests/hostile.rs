@@ -1,0 +1,258 @@
+//! What a web page the user opens could send to Ferrite on loopback, and what it gets: a
+//! DNS-rebinding page (its own Host name), cross-site "simple" POSTs (text/plain, forms: no
+//! CORS preflight), another Origin, the control endpoints without the launch's token. Also the
+//! bounds on work per request: the body limit, the queue, subnormal temperatures.
+
+mod common;
+
+use common::{chat, post, start, start_configured};
+use reqwest::header::{CONTENT_TYPE, HOST, ORIGIN};
+use serde_json::{json, Value};
+use server::guard::TOKEN_HEADER;
+
+/// The endpoints that change the server, with a body each accepts.
+fn control_requests() -> Vec<(&'static str, Value)> {
+    vec![
+        ("/v1/models/load", json!({"model": "tiny"})),
+        ("/v1/store/pull", json!({"model": "test/none"})),
+        ("/v1/store/cancel", json!({"model": "test/none"})),
+        ("/v1/store/delete", json!({"model": "test/none"})),
+        ("/v1/store/folder", json!({"dir": "/tmp/ferrite-hostile-folder"})),
+        ("/v1/tune", json!({"tokens": 8, "repetitions": 1})),
+        ("/v1/tune/cancel", json!({})),
+    ]
+}
+
+async fn error_of(r: reqwest::Response) -> (u16, String, Value) {
+    let status = r.status().as_u16();
+    let v: Value = r.json().await.unwrap();
+    (status, v["error"]["message"].as_str().unwrap_or_default().to_string(), v["error"]["param"].clone())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_rebinding_page_is_refused_by_its_host_name() {
+    let s = start(None).await;
+    let client = reqwest::Client::new();
+    let port = s.base.rsplit(':').next().unwrap().to_string();
+    for path in ["/v1/status", "/v1/store", "/v1/models", "/"] {
+        let r =
+            client.get(format!("{}{path}", s.base)).header(HOST, format!("evil.example:{port}")).send().await.unwrap();
+        let (status, message, param) = error_of(r).await;
+        assert_eq!(status, 403, "{path}");
+        assert!(message.contains("evil.example") && message.contains("--allow-host"), "{message}");
+        assert_eq!(param, "host");
+    }
+    let r = client
+        .post(format!("{}/v1/chat/completions", s.base))
+        .header(HOST, "attacker.test")
+        .json(&chat(json!({})))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 403);
+    // Loopback names are this server.
+    for host in [format!("127.0.0.1:{port}"), format!("localhost:{port}"), format!("[::1]:{port}")] {
+        let r = client.get(format!("{}/v1/status", s.base)).header(HOST, host.clone()).send().await.unwrap();
+        assert_eq!(r.status(), 200, "{host}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn posts_a_page_can_send_without_a_preflight_are_refused() {
+    let config = tempfile::tempdir().unwrap();
+    let config_dir = config.path().to_path_buf();
+    let s = start_configured(None, Default::default(), move |state| {
+        state.store = server::models::StoreAccess::new(Some(config_dir), None)
+    })
+    .await;
+    let client = reqwest::Client::new();
+    // text/plain and form bodies, as <form> and fetch(no-cors) send them: never parsed.
+    for (path, body) in [
+        ("/v1/chat/completions", chat(json!({})).to_string()),
+        ("/v1/store/folder", json!({"dir": "/tmp/ferrite-hostile-folder"}).to_string()),
+        ("/v1/models/load", json!({"model": "tiny"}).to_string()),
+    ] {
+        for content_type in ["text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x"] {
+            let r = client
+                .post(format!("{}{path}", s.base))
+                .header(CONTENT_TYPE, content_type)
+                .header(TOKEN_HEADER, s.state.guard.control_token())
+                .body(body.clone())
+                .send()
+                .await
+                .unwrap();
+            let (status, message, param) = error_of(r).await;
+            assert_eq!(status, 415, "{path} as {content_type}");
+            assert!(message.contains("application/json") && message.contains(content_type.split(';').next().unwrap()));
+            assert_eq!(param, "content-type");
+        }
+    }
+    let r =
+        client.post(format!("{}/v1/chat/completions", s.base)).body(chat(json!({})).to_string()).send().await.unwrap();
+    assert_eq!(error_of(r).await.0, 415, "no content type at all");
+    assert!(std::fs::read_dir(config.path()).unwrap().next().is_none(), "nothing was written to the config");
+    assert!(!std::path::Path::new("/tmp/ferrite-hostile-folder").exists());
+    // With application/json (charset allowed) the API works.
+    let r = client
+        .post(format!("{}/v1/chat/completions", s.base))
+        .header(CONTENT_TYPE, "application/json; charset=utf-8")
+        .body(chat(json!({})).to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn another_origin_is_refused_the_apps_and_the_pages_own_are_not() {
+    let s = start(None).await;
+    let client = reqwest::Client::new();
+    for origin in ["https://evil.example", "null", "http://127.0.0.1:1"] {
+        let r = client
+            .post(format!("{}/v1/chat/completions", s.base))
+            .header(ORIGIN, origin)
+            .json(&chat(json!({})))
+            .send()
+            .await
+            .unwrap();
+        let (status, message, param) = error_of(r).await;
+        assert_eq!(status, 403, "{origin}");
+        assert!(message.contains(origin), "{message}");
+        assert_eq!(param, "origin");
+    }
+    let own = s.base.clone();
+    for origin in ["tauri://localhost", own.as_str()] {
+        let r = client
+            .post(format!("{}/v1/chat/completions", s.base))
+            .header(ORIGIN, origin)
+            .json(&chat(json!({})))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200, "{origin}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_control_endpoints_need_the_launch_token_which_the_page_carries() {
+    let s = start(None).await;
+    let client = reqwest::Client::new();
+    for (path, body) in control_requests() {
+        for token in [None, Some("0".repeat(64)), Some(s.state.guard.control_token()[..63].to_string())] {
+            let mut r = client.post(format!("{}{path}", s.base)).json(&body);
+            if let Some(t) = &token {
+                r = r.header(TOKEN_HEADER, t);
+            }
+            let (status, message, param) = error_of(r.send().await.unwrap()).await;
+            assert_eq!(status, 403, "{path} with {token:?}");
+            assert!(message.contains(TOKEN_HEADER), "{message}");
+            assert_eq!(param, TOKEN_HEADER);
+        }
+    }
+    assert!(!std::path::Path::new("/tmp/ferrite-hostile-folder").exists());
+    // The page at / carries the token, and is not cached.
+    let r = client.get(format!("{}/", s.base)).send().await.unwrap();
+    assert_eq!(r.headers()["cache-control"], "no-store");
+    let page = r.text().await.unwrap();
+    assert!(page.contains(&format!(r#"<meta name="ferrite-token" content="{}">"#, s.state.guard.control_token())));
+    // With it, the endpoints run (a cancel with nothing to cancel answers 200).
+    assert_eq!(post(&s, "/v1/tune/cancel", &json!({})).await.0, 200);
+    // The OpenAI and Anthropic endpoints need no token on loopback (agents).
+    assert_eq!(
+        client.post(format!("{}/v1/chat/completions", s.base)).json(&chat(json!({}))).send().await.unwrap().status(),
+        200
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_api_key_takes_any_bearer_spelling_and_nothing_else() {
+    let s = start(Some("sekrit")).await;
+    let client = reqwest::Client::new();
+    let url = format!("{}/v1/models", s.base);
+    for (header, ok) in [
+        ("Bearer sekrit", true),
+        ("bearer sekrit", true),
+        ("BEARER sekrit", true),
+        ("Bearer sekri", false),
+        ("Bearer sekrit2", false),
+        ("Basic sekrit", false),
+        ("sekrit", false),
+    ] {
+        let r = client.get(&url).header("authorization", header).send().await.unwrap();
+        assert_eq!(r.status() == 200, ok, "{header}: {}", r.status());
+    }
+    // The page itself is served without the key (it holds no data); its API calls need it.
+    assert_eq!(client.get(format!("{}/", s.base)).send().await.unwrap().status(), 200);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn bodies_over_the_limit_get_a_413_that_names_it() {
+    let s = start(None).await;
+    let r = reqwest::Client::new()
+        .post(format!("{}/v1/chat/completions", s.base))
+        .header(CONTENT_TYPE, "application/json")
+        .body("x".repeat(server::MAX_BODY_BYTES + 1))
+        .send()
+        .await
+        .unwrap();
+    let (status, message, _) = error_of(r).await;
+    assert_eq!(status, 413);
+    assert!(message.contains("4 MiB"), "{message}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_full_queue_answers_429_with_retry_after() {
+    let options = server::worker::WorkerOptions { max_queued: Some(1), ..Default::default() };
+    let s = start_configured(None, options, |_| {}).await;
+    let client = reqwest::Client::new();
+    let long = chat(json!({"max_tokens": 4000, "ignore_eos": true, "stream": true}));
+    // One runs, one waits; the third finds the queue full.
+    let running = client.post(format!("{}/v1/chat/completions", s.base)).json(&long).send().await.unwrap();
+    assert_eq!(running.status(), 200);
+    let base = s.base.clone();
+    let body = long.clone();
+    let waiting = tokio::spawn(async move {
+        reqwest::Client::new().post(format!("{base}/v1/chat/completions")).json(&body).send().await
+    });
+    let queue = || s.state.loaded().worker.queue_depth.load(std::sync::atomic::Ordering::SeqCst);
+    for _ in 0..200 {
+        if queue() == 1 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert_eq!(queue(), 1);
+    let r = client.post(format!("{}/v1/chat/completions", s.base)).json(&chat(json!({}))).send().await.unwrap();
+    assert_eq!(r.status(), 429);
+    assert_eq!(r.headers()["retry-after"], "1");
+    let (_, message, _) = error_of(r).await;
+    assert!(message.contains("waiting"), "{message}");
+    let r = client
+        .post(format!("{}/v1/messages", s.base))
+        .json(&json!({"model": "tiny", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 429);
+    assert_eq!(r.json::<Value>().await.unwrap()["error"]["type"], "rate_limit_error");
+    drop(running);
+    waiting.abort();
+    // Once the clients are gone the queue drains and requests are served again.
+    for _ in 0..500 {
+        if queue() == 0 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert_eq!(post(&s, "/v1/chat/completions", &chat(json!({}))).await.0, 200);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_subnormal_temperature_is_greedy() {
+    let s = start(None).await;
+    let greedy = post(&s, "/v1/chat/completions", &chat(json!({"temperature": 0}))).await.1;
+    for t in [1e-40, 1e-30, 1e-6] {
+        let v = post(&s, "/v1/chat/completions", &chat(json!({"temperature": t}))).await.1;
+        assert_eq!(v["choices"][0]["message"], greedy["choices"][0]["message"], "temperature {t}");
+    }
+}

@@ -162,6 +162,9 @@ impl ModelConfig {
     /// Reads and checks `DIR/config.json`.
     pub fn load(dir: &Path) -> Result<Self> {
         let path = dir.join("config.json");
+        if path.exists() {
+            crate::weights::inside_model(dir, &path)?;
+        }
         let text = std::fs::read_to_string(&path).map_err(|e| Error::io(&path, e))?;
         Self::parse(&text, &path)
     }
@@ -268,6 +271,7 @@ impl ModelConfig {
                 return Err(Error::config(&self.path, field, format!("must be > 0, got {value}")));
             }
         }
+        self.check_bounds()?;
         if self.num_attention_heads % self.num_key_value_heads != 0 {
             return Err(Error::config(
                 &self.path,
@@ -327,6 +331,92 @@ impl ModelConfig {
             }
         }
         self.rope_scale()?;
+        Ok(())
+    }
+}
+
+/// The largest value each size field may have. Config files come from the hub: untrusted. A
+/// value past these (all well above any released model) would size allocations of hundreds of
+/// gigabytes or overflow the i32 shape arithmetic MLX uses, so it is refused by name.
+const BOUNDS: [(&str, i64); 18] = [
+    ("hidden_size", 1 << 16),
+    ("num_hidden_layers", 1 << 10),
+    ("intermediate_size", 1 << 18),
+    ("num_attention_heads", 1 << 10),
+    ("num_key_value_heads", 1 << 10),
+    ("head_dim", 1 << 12),
+    ("vocab_size", 1 << 22),
+    ("max_position_embeddings", 1 << 24),
+    ("num_experts", 1 << 12),
+    ("num_experts_per_tok", 1 << 8),
+    ("moe_intermediate_size", 1 << 18),
+    ("shared_expert_intermediate_size", 1 << 18),
+    ("linear_num_value_heads", 1 << 10),
+    ("linear_num_key_heads", 1 << 10),
+    ("linear_key_head_dim", 1 << 12),
+    ("linear_value_head_dim", 1 << 12),
+    ("linear_conv_kernel_dim", 1 << 6),
+    ("mtp_num_hidden_layers", 1 << 4),
+];
+
+impl ModelConfig {
+    fn value_of(&self, field: &str) -> i64 {
+        let v = match field {
+            "hidden_size" => self.hidden_size,
+            "num_hidden_layers" => self.num_hidden_layers,
+            "intermediate_size" => self.intermediate_size,
+            "num_attention_heads" => self.num_attention_heads,
+            "num_key_value_heads" => self.num_key_value_heads,
+            "head_dim" => self.head_dim(),
+            "vocab_size" => self.vocab_size,
+            "max_position_embeddings" => self.max_position_embeddings.unwrap_or(0),
+            "num_experts" => self.num_experts,
+            "num_experts_per_tok" => self.num_experts_per_tok,
+            "moe_intermediate_size" => self.moe_intermediate_size,
+            "shared_expert_intermediate_size" => self.shared_expert_intermediate_size,
+            "linear_num_value_heads" => self.linear_num_value_heads,
+            "linear_num_key_heads" => self.linear_num_key_heads,
+            "linear_key_head_dim" => self.linear_key_head_dim,
+            "linear_value_head_dim" => self.linear_value_head_dim,
+            "linear_conv_kernel_dim" => self.linear_conv_kernel_dim,
+            "mtp_num_hidden_layers" => self.mtp_num_hidden_layers.or(self.num_nextn_predict_layers).unwrap_or(0),
+            _ => 0,
+        };
+        v as i64
+    }
+
+    /// Every size field within [`BOUNDS`], and the products the layers compute within i32.
+    fn check_bounds(&self) -> Result<()> {
+        for (field, most) in BOUNDS {
+            let value = self.value_of(field);
+            if value > most {
+                return Err(Error::config(
+                    &self.path,
+                    field,
+                    format!("{value} is beyond what Ferrite loads (at most {most})"),
+                ));
+            }
+            if value < 0 {
+                return Err(Error::config(&self.path, field, format!("must not be negative, got {value}")));
+            }
+        }
+        let products = [
+            ("num_attention_heads", self.value_of("num_attention_heads") * self.value_of("head_dim")),
+            (
+                "linear_num_value_heads",
+                self.value_of("linear_num_value_heads") * self.value_of("linear_value_head_dim"),
+            ),
+            ("num_experts", self.value_of("num_experts") * self.value_of("moe_intermediate_size")),
+        ];
+        for (field, product) in products {
+            if product > i32::MAX as i64 / 4 {
+                return Err(Error::config(
+                    &self.path,
+                    field,
+                    format!("gives a dimension of {product}: beyond what Ferrite loads"),
+                ));
+            }
+        }
         Ok(())
     }
 }

@@ -90,6 +90,13 @@ impl Tokenizer {
         if !path.exists() {
             return Err(Error::Tokenizer { path, message: "missing".into() });
         }
+        // Files that lead outside the model folder are refused before they are read.
+        for name in ["tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json"] {
+            let file = dir.join(name);
+            if file.exists() {
+                crate::weights::inside_model(dir, &file)?;
+            }
+        }
         let inner = tokenizers::Tokenizer::from_file(&path)
             .map_err(|e| Error::Tokenizer { path: path.clone(), message: e.to_string() })?;
         let config = read_json(&dir.join("tokenizer_config.json"))?.unwrap_or_default();
@@ -172,7 +179,50 @@ impl Tokenizer {
             ctx.insert(k.clone(), v.clone());
         }
         let tmpl = env.get_template("chat").map_err(|e| Error::Template(e.to_string()))?;
-        tmpl.render(minijinja::Value::from_serialize(&ctx)).map_err(|e| Error::Template(e.to_string()))
+        let mut out = Bounded { text: Vec::new(), limit: MAX_RENDERED_BYTES };
+        let rendered = tmpl.render_captured_to(minijinja::Value::from_serialize(&ctx), &mut out).map(drop);
+        if out.text.len() >= MAX_RENDERED_BYTES {
+            return Err(Error::Template(format!(
+                "the chat template of {} wrote more than {} MiB: refused",
+                self.path.display(),
+                MAX_RENDERED_BYTES >> 20
+            )));
+        }
+        rendered.map_err(|e| match e.kind() {
+            minijinja::ErrorKind::OutOfFuel => Error::Template(format!(
+                "the chat template of {} ran longer than {TEMPLATE_FUEL} steps: refused (a template that loops)",
+                self.path.display()
+            )),
+            _ => Error::Template(e.to_string()),
+        })?;
+        String::from_utf8(out.text).map_err(|e| Error::Template(format!("the chat template wrote invalid UTF-8: {e}")))
+    }
+}
+
+/// Templates ship with models, so they are untrusted: a render may take at most this many
+/// steps of minijinja's machine (fuel) ...
+const TEMPLATE_FUEL: u64 = 20_000_000;
+/// ... and write at most this much (a prompt far beyond any context).
+const MAX_RENDERED_BYTES: usize = 16 << 20;
+
+/// A writer that refuses to grow past its limit.
+struct Bounded {
+    text: Vec<u8>,
+    limit: usize,
+}
+
+impl std::io::Write for Bounded {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if self.text.len() + buf.len() > self.limit {
+            self.text.resize(self.limit, 0);
+            return Err(std::io::Error::other("the rendered prompt is too large"));
+        }
+        self.text.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
     }
 }
 
@@ -180,6 +230,7 @@ impl Tokenizer {
 /// Hugging Face templates use.
 fn template_env(template: String) -> Result<minijinja::Environment<'static>> {
     let mut env = minijinja::Environment::new();
+    env.set_fuel(Some(TEMPLATE_FUEL));
     minijinja_contrib::add_to_environment(&mut env);
     env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
     env.add_function("raise_exception", |msg: String| -> std::result::Result<String, minijinja::Error> {

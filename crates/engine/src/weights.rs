@@ -149,9 +149,18 @@ pub fn weight_files(dir: &Path) -> Result<Vec<PathBuf>> {
         return files
             .into_iter()
             .map(|f| {
+                // A name from the index: a plain file name in this folder, nothing else.
+                let plain = Path::new(&f).components().count() == 1
+                    && matches!(Path::new(&f).components().next(), Some(std::path::Component::Normal(_)));
+                if !plain {
+                    return Err(Error::malformed(
+                        &index,
+                        format!("shard `{f}` is not a file name in the model folder"),
+                    ));
+                }
                 let path = dir.join(&f);
                 if path.is_file() {
-                    Ok(path)
+                    inside_model(dir, &path)
                 } else {
                     Err(Error::malformed(&index, format!("shard `{f}` is listed but missing")))
                 }
@@ -167,7 +176,24 @@ pub fn weight_files(dir: &Path) -> Result<Vec<PathBuf>> {
     if files.is_empty() {
         return Err(Error::malformed(dir, "no model.safetensors (or *.safetensors shards) here"));
     }
-    Ok(files)
+    files.iter().map(|f| inside_model(dir, f)).collect()
+}
+
+/// `path` if it resolves inside the model folder `dir` (links followed) — or, for a folder in
+/// the Hugging Face hub layout (`models--ORG--NAME/snapshots/REV/`), inside its repository's
+/// `blobs/`, where the hub's links point. A file that leads elsewhere is refused, and its
+/// content is never read (nor quoted in an error).
+pub fn inside_model(dir: &Path, path: &Path) -> Result<PathBuf> {
+    let resolved = path.canonicalize().map_err(|e| Error::io(path, e))?;
+    let root = dir.canonicalize().map_err(|e| Error::io(dir, e))?;
+    let blobs = (root.parent().and_then(Path::file_name) == Some(std::ffi::OsStr::new("snapshots")))
+        .then(|| root.parent().and_then(Path::parent).map(|repo| repo.join("blobs")))
+        .flatten();
+    if resolved.starts_with(&root) || blobs.is_some_and(|b| resolved.starts_with(b)) {
+        Ok(path.to_path_buf())
+    } else {
+        Err(Error::malformed(path, "leads outside the model folder (a link elsewhere): refused"))
+    }
 }
 
 /// Name, dtype and shape of each tensor in a safetensors file (header only).

@@ -176,3 +176,98 @@ fn broken_chat_template_fails_chat_requests_only() {
     assert!(err.contains("chat template"), "{err}");
     assert!(!e.tokenizer().encode("plain text still works").unwrap().is_empty());
 }
+
+#[test]
+fn a_hostile_chat_template_is_stopped_and_named() {
+    // Templates ship with models: one that loops or grows its output without end is stopped
+    // (minijinja's fuel, an output cap) with an error naming the template; the process lives.
+    let d = tiny(None);
+    let path = d.path().join("tokenizer_config.json");
+    let original = std::fs::read_to_string(&path).unwrap();
+    let messages = [engine::tokenizer::ChatMessage::new("user", "hi")];
+    for (template, expect) in [
+        ("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}", "steps"),
+        ("{% for i in range(100000) %}{{ 'x' * 100000 }}{% endfor %}", "MiB"),
+    ] {
+        let mut c: serde_json::Value = serde_json::from_str(&original).unwrap();
+        c["chat_template"] = template.into();
+        std::fs::write(&path, c.to_string()).unwrap();
+        let tokenizer = engine::tokenizer::Tokenizer::load(d.path()).unwrap();
+        let started = std::time::Instant::now();
+        let err = tokenizer.apply_chat_template(&messages, true, &Default::default()).unwrap_err().to_string();
+        assert!(err.contains("chat template") && err.contains(expect), "{err}");
+        assert!(err.contains(&d.path().display().to_string()), "the error names the template's model: {err}");
+        eprintln!("{template}: stopped after {:?}", started.elapsed());
+    }
+}
+
+#[test]
+fn absurd_sizes_are_refused_by_name_before_anything_is_allocated() {
+    for (field, value) in [
+        ("num_hidden_layers", serde_json::json!(100_000_000)),
+        ("hidden_size", serde_json::json!(2_147_483_647)),
+        ("vocab_size", serde_json::json!(1_000_000_000)),
+        ("intermediate_size", serde_json::json!(2_000_000_000)),
+        ("max_position_embeddings", serde_json::json!(2_000_000_000)),
+        ("head_dim", serde_json::json!(1_000_000)),
+    ] {
+        let d = tiny(None);
+        edit_config(d.path(), |c| c[field] = value.clone());
+        let e = load_err(d.path());
+        assert!(e.contains(field) && e.contains("config.json"), "{field}: {e}");
+    }
+}
+
+/// A model folder whose `name` is a link to a file outside it, holding a secret.
+fn link_outside(d: &Path, name: &str) -> tempfile::TempDir {
+    let outside = tempfile::tempdir().unwrap();
+    let secret = outside.path().join("secret");
+    std::fs::write(&secret, "{\"hidden_size\": \"TOPSECRET\"}").unwrap();
+    std::fs::remove_file(d.join(name)).unwrap();
+    std::os::unix::fs::symlink(&secret, d.join(name)).unwrap();
+    outside
+}
+
+#[test]
+fn files_that_lead_outside_the_model_folder_are_refused_unread() {
+    // Shard names from the index: only plain names in the folder.
+    let mut o = common::options(Architecture::Qwen3, "tiny", None, 64, Dtype::Float32);
+    o.shard_bytes = 100_000;
+    let d = common::make(&o);
+    let index = d.path().join("model.safetensors.index.json");
+    let text = std::fs::read_to_string(&index).unwrap();
+    let first = text.split("\"model-").nth(1).unwrap().split('"').next().unwrap().to_string();
+    for bad in ["../elsewhere.safetensors", "/etc/passwd", "sub/../../x.safetensors"] {
+        std::fs::write(&index, text.replace(&format!("model-{first}"), bad)).unwrap();
+        let e = load_err(d.path());
+        assert!(e.contains(bad) && e.contains("not a file name"), "{e}");
+    }
+    std::fs::write(&index, &text).unwrap();
+    Engine::load(d.path()).unwrap();
+
+    // Links to files elsewhere: config, tokenizer files, weights. The error never quotes them.
+    for name in ["config.json", "tokenizer.json", "tokenizer_config.json", "model.safetensors"] {
+        let d = tiny(None);
+        let _outside = link_outside(d.path(), name);
+        let e = load_err(d.path());
+        assert!(e.contains("outside the model folder") && e.contains(name), "{name}: {e}");
+        assert!(!e.contains("TOPSECRET"), "{name}: {e}");
+    }
+}
+
+#[test]
+fn the_hub_layout_links_into_blobs_are_followed() {
+    // models--ORG--NAME/snapshots/REV/FILE -> ../../blobs/HASH, as the hub and its tools lay them out.
+    let d = tiny(None);
+    let repo = tempfile::tempdir().unwrap();
+    let (blobs, snapshot) = (repo.path().join("blobs"), repo.path().join("snapshots").join("0123abcd"));
+    std::fs::create_dir_all(&blobs).unwrap();
+    std::fs::create_dir_all(&snapshot).unwrap();
+    for (i, entry) in std::fs::read_dir(d.path()).unwrap().enumerate() {
+        let entry = entry.unwrap();
+        let blob = blobs.join(format!("blob{i}"));
+        std::fs::copy(entry.path(), &blob).unwrap();
+        std::os::unix::fs::symlink(format!("../../blobs/blob{i}"), snapshot.join(entry.file_name())).unwrap();
+    }
+    Engine::load(&snapshot).unwrap();
+}

@@ -79,6 +79,9 @@ pub enum DownloadError {
     Corrupt(String),
     #[error("cancelled")]
     Cancelled,
+    /// A name the request carries, or a value of the hub's answer, that must not reach a path.
+    #[error("{0}: refused (nothing was written)")]
+    Unsafe(String),
 }
 
 /// Free bytes on the volume holding a folder; injectable so tests can play a full disk.
@@ -228,6 +231,55 @@ struct RepoInfo {
     siblings: Vec<Sibling>,
 }
 
+/// A repository id (`ORG/NAME`) and revision that can safely name folders and URLs.
+fn check_names(repo: &str, revision: &str) -> Result<(), DownloadError> {
+    let part = |p: &str| {
+        !p.is_empty()
+            && p != "."
+            && p != ".."
+            && p.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+    };
+    if !repo.split_once('/').is_some_and(|(org, name)| part(org) && part(name)) {
+        return Err(DownloadError::Unsafe(format!(
+            "`{repo}` is not a repository id (ORG/NAME of letters, digits, . _ -)"
+        )));
+    }
+    if !revision.split('/').all(part) {
+        return Err(DownloadError::Unsafe(format!("`{revision}` is not a revision name")));
+    }
+    Ok(())
+}
+
+fn is_hex(s: &str, len: usize) -> bool {
+    s.len() == len && s.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
+/// The hub's answer is untrusted: its commit names a folder, its file names name files, its
+/// hashes name blobs. (hf-hub itself names each blob after the download's ETag header, which
+/// Ferrite does not see before hf-hub writes; the hash checked after the download is the
+/// answer's, validated here.)
+fn check_answer(repo: &str, info: &RepoInfo) -> Result<(), DownloadError> {
+    let bad = |what: String| Err(DownloadError::Unsafe(format!("the hub's answer for `{repo}`: {what}")));
+    if !is_hex(&info.sha, 40) {
+        let shown: String = info.sha.chars().take(48).collect();
+        return bad(format!("the commit `{shown}` is not 40 hexadecimal characters"));
+    }
+    for file in &info.siblings {
+        let name = &file.rfilename;
+        let plain = !name.is_empty() && name.split('/').all(|p| !p.is_empty() && p != "." && p != "..");
+        if !plain || name.starts_with('/') || name.contains('\\') || name.contains('\0') {
+            return bad(format!("the file name `{}` is not a path inside the repository", name.escape_debug()));
+        }
+        if let Some(lfs) = file.lfs.as_ref().filter(|l| !is_hex(&l.sha256, 64)) {
+            return bad(format!(
+                "the hash of {name} is not 64 hexadecimal characters (`{}`)",
+                lfs.sha256.escape_debug()
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// Files a model needs (weights, configs, tokenizer, template); not other formats' weights.
 fn wanted(name: &str) -> bool {
     let base = name.rsplit('/').next().unwrap_or(name);
@@ -261,8 +313,10 @@ impl Job {
             return Err(DownloadError::Offline);
         }
         let Request { repo, revision, expect_mtp } = &self.request;
+        check_names(repo, revision)?;
         let endpoint = self.options.endpoint.trim_end_matches('/').to_string();
         let info = self.repo_info(&endpoint).await?;
+        check_answer(repo, &info)?;
         let files: Vec<Sibling> = info.siblings.into_iter().filter(|s| wanted(&s.rfilename)).collect();
         let size = |s: &Sibling| s.lfs.as_ref().map(|l| l.size).or(s.size).unwrap_or(0);
         let repo_dir = self.models_dir.join(layout::repo_folder(repo));

@@ -231,3 +231,40 @@ async fn a_disk_filling_up_mid_download_stops_cleanly_and_keeps_the_data() {
     store.models_dir = volume;
     assert!(store.list().installed.is_empty());
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn hostile_names_and_hub_answers_never_reach_a_path() {
+    let s = setup(&[("test/hybrid", true)]).await;
+    let d = Downloader::new(s.store.models_dir.clone(), options(&s));
+    let outside = s.store.models_dir.parent().unwrap().to_path_buf();
+    let before: Vec<_> = std::fs::read_dir(&outside).unwrap().flatten().map(|e| e.file_name()).collect();
+    // Names in the request.
+    for (repo, revision) in
+        [("../escape/x", "main"), ("test/..", "main"), ("a/b/c", "main"), ("test/hybrid", "../../x")]
+    {
+        let err = d.pull(Request { repo: repo.into(), revision: revision.into(), expect_mtp: false }).wait().await;
+        let err = err.unwrap_err();
+        assert!(matches!(err, DownloadError::Unsafe(_)), "{repo}@{revision}: {err}");
+        assert!(err.to_string().contains("refused"), "{err}");
+    }
+    // Values in the hub's answer: a commit, a file name, a hash that would name paths.
+    type Fault = fn(&mut hub::Faults);
+    let hostile: [(Fault, &str); 4] = [
+        (|f| f.commit = Some("../../../../escaped".into()), "commit"),
+        (|f| f.commit = Some("g".repeat(40)), "commit"),
+        (|f| f.first_name = Some("../../../escaped.json".into()), "file name"),
+        (|f| f.sha256 = Some("../../escaped".into()), "hash"),
+    ];
+    for (fault, what) in hostile {
+        *s.hub.hub.faults.lock().unwrap() = Default::default();
+        fault(&mut s.hub.hub.faults.lock().unwrap());
+        let err = d.pull(request("test/hybrid", true)).wait().await.unwrap_err();
+        assert!(matches!(err, DownloadError::Unsafe(_)) && err.to_string().contains(what), "{what}: {err}");
+    }
+    let after: Vec<_> = std::fs::read_dir(&outside).unwrap().flatten().map(|e| e.file_name()).collect();
+    assert_eq!(before, after, "nothing was created beside the models folder");
+    assert!(s.store.list().installed.is_empty(), "nothing counts as installed");
+    // The true answer still installs.
+    *s.hub.hub.faults.lock().unwrap() = Default::default();
+    d.pull(request("test/hybrid", true)).wait().await.unwrap();
+}

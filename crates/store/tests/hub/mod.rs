@@ -33,6 +33,12 @@ pub struct Faults {
     pub corrupt: HashSet<String>,
     /// Sleep this long between 16 KiB pieces of every body.
     pub slow: Option<Duration>,
+    /// A hostile answer: this commit instead of the true one ...
+    pub commit: Option<String>,
+    /// ... this name for the first file ...
+    pub first_name: Option<String>,
+    /// ... this LFS hash for every LFS file.
+    pub sha256: Option<String>,
 }
 
 /// A repository's commit hash and files.
@@ -131,16 +137,21 @@ async fn info(State((hub, _)): St, UrlPath((org, name, _rev)): UrlPath<(String, 
     let Some((commit, files)) = repos.get(&format!("{org}/{name}")) else {
         return (StatusCode::NOT_FOUND, Json(serde_json::json!({"error": "Repository not found"}))).into_response();
     };
+    let faults = hub.faults.lock().unwrap();
     let siblings: Vec<_> = files
         .iter()
-        .map(|f| {
-            let mut s = serde_json::json!({"rfilename": f.name, "size": f.bytes.len(), "blobId": f.etag});
+        .enumerate()
+        .map(|(i, f)| {
+            let name = faults.first_name.clone().filter(|_| i == 0).unwrap_or_else(|| f.name.clone());
+            let mut s = serde_json::json!({"rfilename": name, "size": f.bytes.len(), "blobId": f.etag});
             if f.lfs {
-                s["lfs"] = serde_json::json!({"sha256": f.etag, "size": f.bytes.len()});
+                let sha = faults.sha256.clone().unwrap_or_else(|| f.etag.clone());
+                s["lfs"] = serde_json::json!({"sha256": sha, "size": f.bytes.len()});
             }
             s
         })
         .collect();
+    let commit = faults.commit.clone().unwrap_or_else(|| commit.clone());
     Json(serde_json::json!({"id": format!("{org}/{name}"), "sha": commit, "siblings": siblings})).into_response()
 }
 

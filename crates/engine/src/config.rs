@@ -529,4 +529,55 @@ mod tests {
         let bad = text.replace("\"bits\":4", "\"bits\":7");
         assert!(parse(&bad).unwrap_err().to_string().contains("7 bits"));
     }
+
+    mod fuzz {
+        use super::*;
+        use proptest::prelude::*;
+
+        const QWEN3_NEXT: &str = r#"{"model_type":"qwen3_next","hidden_size":64,"num_hidden_layers":4,
+            "intermediate_size":128,"num_attention_heads":4,"num_key_value_heads":2,"head_dim":16,
+            "rms_norm_eps":1e-6,"vocab_size":256,"rope_theta":1000000,"tie_word_embeddings":false,
+            "full_attention_interval":2,"linear_num_value_heads":4,"linear_num_key_heads":2,
+            "linear_key_head_dim":16,"linear_value_head_dim":16,"linear_conv_kernel_dim":4,"num_experts":4,
+            "num_experts_per_tok":2,"moe_intermediate_size":32,"shared_expert_intermediate_size":32,
+            "decoder_sparse_step":1,"partial_rotary_factor":0.25,"max_position_embeddings":4096}"#;
+
+        /// The fields of a hybrid MoE config with any integer (or another type) in each.
+        fn config() -> impl Strategy<Value = serde_json::Value> {
+            let base: serde_json::Value = serde_json::from_str(QWEN3_NEXT).unwrap();
+            let keys: Vec<String> = base.as_object().unwrap().keys().cloned().collect();
+            let value = prop_oneof![
+                any::<i64>().prop_map(serde_json::Value::from),
+                (-4i64..70000).prop_map(serde_json::Value::from),
+                any::<f64>()
+                    .prop_map(|f| serde_json::Number::from_f64(f).map(serde_json::Value::Number).unwrap_or_default()),
+                Just(serde_json::Value::Null),
+                "\\PC{0,8}".prop_map(serde_json::Value::from),
+            ];
+            prop::collection::vec((prop::sample::select(keys), value), 0..6).prop_map(move |edits| {
+                let mut c = base.clone();
+                for (k, v) in edits {
+                    c[k] = v;
+                }
+                c
+            })
+        }
+
+        proptest! {
+            /// Any values: a config or an error naming config.json; never a panic. What parses
+            /// stays within the bounds the layers' shape arithmetic relies on.
+            #[test]
+            fn any_values_parse_or_are_named(c in config()) {
+                match ModelConfig::parse(&c.to_string(), Path::new("m/config.json")) {
+                    Ok(config) => {
+                        for (field, most) in BOUNDS {
+                            prop_assert!(config.value_of(field) <= most, "{field}");
+                        }
+                        prop_assert!(config.head_dim() > 0 && config.num_hidden_layers > 0);
+                    }
+                    Err(e) => prop_assert!(e.to_string().contains("m/config.json"), "{e}"),
+                }
+            }
+        }
+    }
 }

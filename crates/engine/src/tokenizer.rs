@@ -336,3 +336,55 @@ impl StreamDecoder {
         Ok(full.get(prefix.len()..).unwrap_or_default().to_string())
     }
 }
+
+#[cfg(test)]
+mod fuzz {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn embedded() -> &'static Tokenizer {
+        static TOKENIZER: std::sync::OnceLock<Tokenizer> = std::sync::OnceLock::new();
+        TOKENIZER.get_or_init(|| {
+            Tokenizer::load(&Path::new(env!("CARGO_MANIFEST_DIR")).join("../../assets/models/ferrite-code-20m"))
+                .unwrap()
+        })
+    }
+
+    fn message() -> impl Strategy<Value = ChatMessage> {
+        let role = prop_oneof![Just("system"), Just("user"), Just("assistant"), Just("tool"), Just("wizard"), Just("")];
+        let text =
+            prop_oneof!["\\PC{0,40}", Just("<|im_start|>".to_string()), Just("{{ 7*7 }}{% endfor %}".to_string())];
+        let calls = prop::collection::vec(("\\PC{0,8}", any::<i32>()), 0..3);
+        (role, text, calls, prop::option::of("\\PC{0,8}")).prop_map(|(role, content, calls, id)| {
+            let mut m = ChatMessage::new(role, &content);
+            m.tool_calls = calls.into_iter().map(|(n, x)| ToolCall::new(&n, serde_json::json!({"x": x}))).collect();
+            m.tool_call_id = id;
+            m
+        })
+    }
+
+    proptest! {
+        /// The real chat template with any messages, tools and variables: a prompt or an
+        /// error, never a panic; message text is data, never template code.
+        #[test]
+        fn any_conversation_renders_or_is_refused(
+            messages in prop::collection::vec(message(), 0..6),
+            thinking in prop::option::of(any::<bool>()),
+            tools in prop::option::of(prop::collection::vec("\\PC{0,8}", 0..3)),
+        ) {
+            let tokenizer = embedded();
+            let mut extra = serde_json::Map::new();
+            if let Some(t) = thinking {
+                extra.insert("enable_thinking".into(), t.into());
+            }
+            if let Some(names) = tools {
+                let tools: Vec<_> = names.iter().map(|n| serde_json::json!({"type": "function", "function": {"name": n}})).collect();
+                extra.insert("tools".into(), tools.into());
+            }
+            let code = "{{ 7*7 }}{% endfor %}";
+            if let Ok(text) = tokenizer.apply_chat_template(&messages, true, &extra) {
+                prop_assert!(!messages.iter().any(|m| m.content == code) || text.contains(code), "{text}");
+            }
+        }
+    }
+}

@@ -234,3 +234,43 @@ fn read_header(file: &Path) -> Result<safetensors::tensor::Metadata> {
     }
     Ok(metadata)
 }
+
+#[cfg(test)]
+mod fuzz {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// A safetensors header with any dtype, shape and offsets (or something else entirely).
+    fn header() -> impl Strategy<Value = String> {
+        let dtype = prop_oneof![Just("F32"), Just("BF16"), Just("U32"), Just("I8"), Just("F8_E4M3"), Just("X")];
+        let dims = prop::collection::vec(prop_oneof![0u64..8, Just(u64::MAX), Just(1 << 40)], 0..4);
+        let offsets = (any::<u64>(), any::<u64>());
+        let tensor =
+            (dtype, dims, offsets, prop_oneof![Just(0u64..64), Just(0u64..64)]).prop_map(|(d, s, (a, b), _)| {
+                format!(r#""t":{{"dtype":"{d}","shape":{s:?},"data_offsets":[{},{}]}}"#, a % 80, b % 80)
+            });
+        prop_oneof![
+            tensor.prop_map(|t| format!("{{{t}}}")),
+            "\\PC{0,40}",
+            Just(r#"{"__metadata__":{"format":"mlx"}}"#.to_string()),
+        ]
+    }
+
+    proptest! {
+        /// Any header and any length prefix: a list of tensors or an error naming the file;
+        /// never a panic, never an allocation the file does not back.
+        #[test]
+        fn any_header_is_read_or_refused(h in header(), prefix in prop_oneof![Just(None), any::<u64>().prop_map(Some)], data in prop::collection::vec(any::<u8>(), 0..80)) {
+            let dir = tempfile::tempdir().unwrap();
+            let file = dir.path().join("model.safetensors");
+            let mut bytes = prefix.unwrap_or(h.len() as u64).to_le_bytes().to_vec();
+            bytes.extend_from_slice(h.as_bytes());
+            bytes.extend_from_slice(&data);
+            std::fs::write(&file, &bytes).unwrap();
+            if let Err(e) = check_header(&file) {
+                prop_assert!(e.to_string().contains("model.safetensors"), "{e}");
+            }
+            let _ = tensor_infos(&file);
+        }
+    }
+}

@@ -139,8 +139,7 @@ fn unseen(b: &Block) -> bool {
     )
 }
 
-fn prompt(state: &AppState, p: &PromptPart) -> Result<Prompt, ApiError> {
-    state.resolve_model(&p.model)?;
+fn prompt(p: &PromptPart) -> Result<Prompt, ApiError> {
     if p.messages.is_empty() {
         return Err(ApiError::bad_request("messages: must not be empty").with_param("messages"));
     }
@@ -241,8 +240,8 @@ fn stop_reason(s: &Summary, tool_use: bool, clamped: Option<Clamp>) -> &'static 
 
 pub async fn count_tokens(State(state): State<AppState>, body: Bytes) -> Result<Response, AnthropicError> {
     let p: PromptPart = parse(&body)?;
-    let prompt = prompt(&state, &p)?;
     let loaded = state.resolve_model(&p.model)?;
+    let prompt = prompt(&p)?;
     let running = loaded.worker.run(prompt, GenerateRequest::greedy(vec![], 1), true).await?;
     Ok(Json(json!({"input_tokens": running.prompt_tokens})).into_response())
 }
@@ -250,8 +249,8 @@ pub async fn count_tokens(State(state): State<AppState>, body: Bytes) -> Result<
 pub async fn messages(State(state): State<AppState>, body: Bytes) -> Result<Response, AnthropicError> {
     let p: PromptPart = parse(&body)?;
     let g: Generation = parse(&body)?;
-    let prompt = prompt(&state, &p)?;
     let loaded = state.resolve_model(&p.model)?;
+    let prompt = prompt(&p)?;
     if g.max_tokens == 0 {
         return Err(ApiError::bad_request("max_tokens: must be at least 1").with_param("max_tokens").into());
     }
@@ -418,6 +417,25 @@ impl BlockState {
                 vec![e]
             }
             None => vec![],
+        }
+    }
+}
+
+#[cfg(test)]
+mod fuzz {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn message_bodies_never_panic(body in crate::fuzz::body()) {
+            let body = Bytes::from(body);
+            if let Ok(p) = parse::<PromptPart>(&body) {
+                if let Err(e) = prompt(&p) {
+                    prop_assert!(e.status.is_client_error(), "{}", e.message);
+                }
+            }
+            let _ = parse::<Generation>(&body);
         }
     }
 }

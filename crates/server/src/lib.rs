@@ -4,6 +4,8 @@
 
 pub mod anthropic;
 pub mod error;
+#[cfg(test)]
+mod fuzz;
 pub mod guard;
 pub mod launch;
 pub mod live;

@@ -511,3 +511,26 @@ fn usage(prompt: usize, completion: usize, reasoning: usize) -> Value {
     json!({"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
            "completion_tokens_details": {"reasoning_tokens": reasoning}})
 }
+
+#[cfg(test)]
+mod fuzz {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// Any body: parsed or refused with a 4xx naming what was wrong; never a panic.
+        #[test]
+        fn chat_bodies_never_panic(body in crate::fuzz::body()) {
+            let body = Bytes::from(body);
+            if let (Ok(_common), Ok(req)) = (parse::<Common>(&body), parse::<ChatRequest>(&body)) {
+                if let Err(e) = chat_prompt(&req) {
+                    prop_assert!(e.status.is_client_error(), "{}", e.message);
+                }
+                if let Some(format) = &req.response_format {
+                    let _ = format.expectation();
+                }
+            }
+            let _ = parse::<CompletionRequest>(&body);
+        }
+    }
+}

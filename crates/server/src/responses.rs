@@ -659,3 +659,21 @@ struct Calling {
     /// The arguments streamed so far.
     arguments: String,
 }
+
+#[cfg(test)]
+mod fuzz {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn responses_bodies_never_panic(body in crate::fuzz::body()) {
+            let body = Bytes::from(body);
+            if let Ok(req) = parse::<ResponsesRequest>(&body) {
+                if let Err(e) = prompt(&req) {
+                    prop_assert!(e.status.is_client_error(), "{}", e.message);
+                }
+            }
+        }
+    }
+}

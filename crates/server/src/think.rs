@@ -128,4 +128,38 @@ mod tests {
         assert_eq!(run(true, &["never closed"]), ("never closed".into(), "".into()));
         assert_eq!(run(false, &["\n", "<think>x</think>y"]), ("x".into(), "y".into()));
     }
+
+    mod fuzz {
+        use super::*;
+        use proptest::prelude::*;
+
+        fn answer() -> impl Strategy<Value = String> {
+            let piece = prop_oneof![
+                Just("<think>".to_string()),
+                Just("</think>".to_string()),
+                Just("\n".to_string()),
+                "\\PC{0,10}"
+            ];
+            prop::collection::vec(piece, 0..12).prop_map(|p| p.concat())
+        }
+
+        proptest! {
+            /// Any split of any text gives the same reasoning and content, and loses nothing
+            /// but the tags and the blank line after a closing tag.
+            #[test]
+            fn any_split_gives_the_same_split(text in answer(), thinking in any::<bool>(), cuts in prop::collection::vec(any::<prop::sample::Index>(), 0..8)) {
+                let whole = run(thinking, &[&text]);
+                let mut at: Vec<usize> = cuts.iter().map(|i| i.index(text.len() + 1)).filter(|&i| text.is_char_boundary(i)).collect();
+                at.sort();
+                let (mut pieces, mut last) = (vec![], 0);
+                for i in at {
+                    pieces.push(&text[last..i]);
+                    last = i;
+                }
+                pieces.push(&text[last..]);
+                prop_assert_eq!(run(thinking, &pieces), whole.clone());
+                prop_assert!(whole.0.len() + whole.1.len() <= text.len());
+            }
+        }
+    }
 }

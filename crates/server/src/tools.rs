@@ -467,4 +467,52 @@ mod tests {
         let want = ParsedCall { name: "w".into(), arguments: Value::String("{\"a\": 1".into()) };
         assert_eq!(events.last(), Some(&CallEvent::End(want)));
     }
+
+    mod fuzz {
+        use super::*;
+        use proptest::prelude::*;
+
+        /// Text with the markers the parser looks for, so calls and near-calls are common.
+        fn answer() -> impl Strategy<Value = String> {
+            let piece = prop_oneof![
+                Just("<tool_call>".to_string()),
+                Just("</tool_call>".to_string()),
+                Just("<function=run>".to_string()),
+                Just("<parameter=x>".to_string()),
+                Just("</parameter>".to_string()),
+                Just("</function>".to_string()),
+                Just("{\"name\": \"a\", \"arguments\": {".to_string()),
+                Just("}".to_string()),
+                Just("\"".to_string()),
+                "\\PC{0,12}",
+            ];
+            prop::collection::vec(piece, 0..16).prop_map(|p| p.concat())
+        }
+
+        proptest! {
+            /// However the text is split, the parser never panics, and what it returns does not
+            /// depend on the split: the same text, the same complete calls, well-ordered events.
+            #[test]
+            fn any_split_gives_the_same_answer(text in answer(), cuts in prop::collection::vec(any::<prop::sample::Index>(), 0..8)) {
+                let tools = [json!({"type": "function", "function": {"name": "run", "parameters": {"properties": {"x": {"type": "integer"}}}}})];
+                let whole = run_events(&mut ToolCallParser::for_tools(&tools), &[&text]);
+                let mut at: Vec<usize> = cuts.iter().map(|i| i.index(text.len() + 1)).filter(|&i| text.is_char_boundary(i)).collect();
+                at.sort();
+                let mut pieces = vec![];
+                let mut last = 0;
+                for i in at {
+                    pieces.push(&text[last..i]);
+                    last = i;
+                }
+                pieces.push(&text[last..]);
+                let split = run_events(&mut ToolCallParser::for_tools(&tools), &pieces);
+                prop_assert_eq!(&whole.0, &split.0);
+                let calls = |e: &Vec<CallEvent>| CallEvent::completed(e.clone()).collect::<Vec<_>>();
+                prop_assert_eq!(calls(&whole.1), calls(&split.1));
+                // Every call that began ended (streamed() checks the order).
+                let begun = streamed(&split.1).len();
+                prop_assert!(begun <= calls(&split.1).len());
+            }
+        }
+    }
 }

@@ -23,6 +23,13 @@ function bytes(n) {
   return (n / (1 << 20)).toFixed(1) + " MiB";
 }
 
+// The prompt cache: what it holds of its budget, and how much of the prompts it served.
+function promptCache(c) {
+  if (!c || !c.budget_bytes) return "off";
+  const share = c.lookup_tokens ? ` · ${(100 * c.hit_tokens / c.lookup_tokens).toFixed(0)}% of prompt tokens reused` : "";
+  return `${bytes(c.bytes)} of ${bytes(c.budget_bytes)} · ${c.entries} prompt${c.entries === 1 ? "" : "s"}${share}`;
+}
+
 function facts(el, rows) {
   el.replaceChildren(...rows.flatMap(([k, v]) => {
     const dt = document.createElement("dt"); dt.textContent = k;
@@ -225,6 +232,7 @@ function onUpdate(u) {
     ["MLX active / peak / cache", `${bytes(m.mlx_active_bytes)} / ${bytes(m.mlx_peak_bytes)} / ${bytes(m.mlx_cache_bytes)}`],
     ["System used / total", `${bytes(m.system_used_bytes)} / ${bytes(m.system_total_bytes)}`],
     ["Pressure", pressure(m)],
+    ["Prompt cache", promptCache(u.prompt_cache)],
   ]);
   const th = u.telemetry.thermal;
   const rows = [

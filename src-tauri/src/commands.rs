@@ -89,6 +89,12 @@ pub fn lines(state: &server::AppState) -> Vec<String> {
     };
     let snap = server::live::snapshot(state);
     let process = snap.memory.process_resident_bytes.map(mib).unwrap_or_else(|| "not available".into());
-    let memory = format!("Memory: MLX {} · process {process}", mib(snap.memory.mlx_active_bytes));
+    let cache = metrics.prompt_cache();
+    let cached = if cache.budget_bytes == 0 {
+        "prompt cache off".to_string()
+    } else {
+        format!("prompt cache {}", mib(cache.bytes as u64))
+    };
+    let memory = format!("Memory: MLX {} · process {process} · {cached}", mib(snap.memory.mlx_active_bytes));
     vec![model, speed, memory]
 }

@@ -89,6 +89,7 @@ fn the_apps_commands_answer_through_the_ipc() {
     assert!(lines[0].contains("sustained") && lines[0].contains("draft depth 0"), "{lines:?}");
     assert_eq!(lines[1], "No request yet");
     assert!(lines[2].starts_with("Memory: MLX ") && !lines[2].contains("not available"), "{lines:?}");
+    assert!(lines[2].contains("prompt cache"), "{lines:?}");
 
     // The models folder: kept in the shared config file, as `ferrite store set` does.
     let folder = tempfile::tempdir().unwrap();

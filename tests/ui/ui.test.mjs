@@ -77,6 +77,7 @@ test("the page shows the running model, its API URLs and memory", async () => {
   assert.equal(await page.textContent("#openai-url"), `${base}/v1`);
   await page.waitForSelector("#memory dt");
   assert.match(await page.textContent("#memory"), /This process\d/);
+  assert.match(await page.textContent("#memory"), /Prompt cache\d.* of /);
   assert.match(await page.textContent("#thermal"), /not available|rpm|°C/);
   assert.equal(await page.isHidden("#notice"), true, "no notice without one from the server");
   await page.waitForFunction(() => document.getElementById("compute").textContent.includes("weights"));

@@ -75,6 +75,21 @@ impl KvCache {
         self.keys.as_ref().map_or(0, |k| k.nbytes()) + self.values.as_ref().map_or(0, |v| v.nbytes())
     }
 
+    /// Copies of the keys and values of the first `len` positions (their own buffers, so the
+    /// cache's in-place updates never touch them), lazy.
+    pub fn prefix(&self, len: i32) -> Result<Option<(Array, Array)>> {
+        let (Some(k), Some(v)) = (&self.keys, &self.values) else { return Ok(None) };
+        let len = len.min(self.offset);
+        let copy = |a: &Array| -> Result<Array> { Ok(a.index((Ellipsis, ..len, ..)).contiguous()?) };
+        Ok(Some((copy(k)?, copy(v)?)))
+    }
+
+    /// A cache holding `keys` and `values` ([B, heads, L, head_dim]) for positions `..L`.
+    pub fn restored(keys: Array, values: Array) -> Self {
+        let offset = keys.dim(2);
+        KvCache { keys: Some(keys), values: Some(values), offset }
+    }
+
     pub fn state(&self) -> Vec<&Array> {
         self.keys.iter().chain(self.values.iter()).collect()
     }

@@ -16,13 +16,14 @@ use mlx_rs::transforms::{async_eval, eval};
 use mlx_rs::Array;
 use serde::Serialize;
 
-use crate::cache::Cache;
+use crate::cache::{Cache, LayerCache};
 use crate::device::{self, Backend};
 use crate::error::{Error, Result};
 use crate::forced::ForcedAnswer;
 use crate::models::{self, LanguageModel};
 use crate::penalties::Recent;
 use crate::profile::Profile;
+use crate::prompt_cache::{CacheStats, Checkpoint, PromptCache};
 use crate::sampling::{Sampler, SamplingParams};
 use crate::speculative::{SpecStats, Speculator};
 use crate::tokenizer::{StreamDecoder, Tokenizer};
@@ -77,6 +78,8 @@ pub enum FinishReason {
 pub struct Usage {
     pub prompt_tokens: usize,
     pub completion_tokens: usize,
+    /// Prompt tokens whose state came from the prompt cache (not prefilled again).
+    pub cached_tokens: usize,
 }
 
 #[derive(Debug, Clone, Default, Serialize)]
@@ -135,6 +138,8 @@ pub struct Engine {
     profile: Profile,
     /// Speculative-decoding figures summed over every request this engine served.
     spec_totals: std::sync::Mutex<SpecStats>,
+    /// The state after recent prompts, for requests that start the same way.
+    prompt_cache: std::sync::Mutex<PromptCache>,
 }
 
 impl Engine {
@@ -183,6 +188,23 @@ impl Engine {
         self.prefill_chunk = tokens.max(1);
     }
 
+    /// The prompt cache's counters.
+    pub fn prompt_cache_stats(&self) -> CacheStats {
+        self.prompt_cache.lock().map(|c| c.stats()).unwrap_or_default()
+    }
+
+    /// A new, empty prompt cache of `bytes` (0 turns it off).
+    pub fn set_prompt_cache_budget(&mut self, bytes: usize) {
+        self.prompt_cache = std::sync::Mutex::new(PromptCache::new(bytes));
+    }
+
+    /// Empties the prompt cache (its counters stay).
+    pub fn clear_prompt_cache(&self) {
+        if let Ok(mut c) = self.prompt_cache.lock() {
+            c.clear();
+        }
+    }
+
     /// Speculative-decoding figures summed over every request this engine served.
     pub fn spec_totals(&self) -> SpecStats {
         self.spec_totals.lock().map(|t| t.clone()).unwrap_or_default()
@@ -221,6 +243,7 @@ impl Engine {
             backend,
             weight_form,
             prefill_chunk: profile.prefill_chunk,
+            prompt_cache: std::sync::Mutex::new(PromptCache::new(profile.prompt_cache_bytes(device::total_memory()))),
             profile,
             spec_totals: Default::default(),
         };
@@ -246,6 +269,7 @@ impl Engine {
         if let Ok(mut totals) = self.spec_totals.lock() {
             *totals = SpecStats::default();
         }
+        self.clear_prompt_cache();
         tracing::info!("warm-up took {:.2} s", started.elapsed().as_secs_f64());
         Ok(())
     }
@@ -303,6 +327,7 @@ impl Engine {
             sampler,
             recent: (!penalties.is_off()).then(|| Recent::new(penalties, &request.prompt)),
             forced,
+            cached_tokens: 0,
             stops: StopMatcher::new(request.stop.clone()),
             request,
             cancel,
@@ -361,6 +386,8 @@ pub struct Generation<'a> {
     recent: Option<Recent>,
     /// Tests only: the answer fixed in advance.
     forced: Option<ForcedAnswer>,
+    /// Prompt tokens restored from the prompt cache.
+    cached_tokens: usize,
     decoder: StreamDecoder,
     stops: StopMatcher,
     /// The next token, scheduled on the device but not read back yet.
@@ -400,17 +427,48 @@ impl Generation<'_> {
         let model = self.engine.model.as_ref();
         let prompt = self.request.prompt.clone();
         let (head, last) = prompt.split_at(prompt.len() - 1);
-        for chunk in head.chunks(self.engine.prefill_chunk.max(1)) {
+        // The longest cached prefix of the prompt is restored, not computed again.
+        let mut checkpoints = Vec::new();
+        let hit = match self.engine.prompt_cache.lock() {
+            Ok(mut cache) => cache.lookup(&prompt, head.len(), self.spec.is_some())?,
+            Err(_) => None,
+        };
+        if let Some(hit) = hit {
+            self.cached_tokens = hit.len;
+            checkpoints = hit.checkpoints.clone();
+            let mtp = hit.restore(&mut self.cache);
+            if let (Some(spec), Some((layers, last_hidden))) = (&mut self.spec, mtp) {
+                spec.restore(layers, last_hidden);
+            }
+        }
+        // Chunks end at multiples of the chunk size, where a hybrid's state is checkpointed.
+        let chunk = self.engine.prefill_chunk.max(1);
+        let hybrid = self.cache.layers.iter().any(|l| matches!(l, LayerCache::Linear(_)));
+        let mut at = self.cached_tokens;
+        while at < head.len() {
             if self.cancel.is_cancelled() {
                 break;
             }
-            let ids = Array::from_slice(chunk, &[1, chunk.len() as i32]);
+            let end = ((at / chunk + 1) * chunk).min(head.len());
+            let part = &head[at..end];
+            let ids = Array::from_slice(part, &[1, part.len() as i32]);
             // Only the cache is evaluated: the logits of these positions are never computed.
             let hidden = model.hidden(&ids, &mut self.cache)?;
             if let Some(spec) = &mut self.spec {
-                spec.observe(chunk, &hidden)?;
+                spec.observe(part, &hidden)?;
             }
             eval(self.cache.arrays())?;
+            at = end;
+            if hybrid {
+                checkpoints.push(Checkpoint::of(&self.cache, self.spec.as_ref().and_then(|s| s.last_hidden())));
+            }
+        }
+        if at == head.len() && !head.is_empty() && !self.cancel.is_cancelled() {
+            // The MTP head's cache is kept only when it saw the whole head (one position fewer).
+            let mtp = self.spec.as_ref().map(|s| s.mtp_cache()).filter(|m| m.offset() as usize + 1 == head.len());
+            if let Ok(mut cache) = self.engine.prompt_cache.lock() {
+                cache.insert(head, &self.cache, mtp, checkpoints)?;
+            }
         }
         let Some(spec) = &mut self.spec else {
             return self.step(&Array::from_slice(last, &[1, 1]));
@@ -452,7 +510,11 @@ impl Generation<'_> {
         let rate = |n: usize, d: Duration| if d.as_secs_f64() > 0.0 { n as f64 / d.as_secs_f64() } else { 0.0 };
         Summary {
             finish_reason,
-            usage: Usage { prompt_tokens: self.request.prompt.len(), completion_tokens: self.generated },
+            usage: Usage {
+                prompt_tokens: self.request.prompt.len(),
+                completion_tokens: self.generated,
+                cached_tokens: self.cached_tokens,
+            },
             speculative: self.spec.as_ref().map(|s| s.stats.clone()),
             stop_string: self.stops.matched.clone(),
             timings: Timings {
@@ -532,6 +594,11 @@ impl Generation<'_> {
 }
 
 impl Generation<'_> {
+    /// The tokens generated so far.
+    pub fn tokens(&self) -> &[u32] {
+        &self.tokens
+    }
+
     /// Runs the generation to its end and returns the generated token ids.
     pub fn token_ids(mut self) -> Result<Vec<u32>> {
         for event in self.by_ref() {

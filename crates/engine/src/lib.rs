@@ -23,6 +23,7 @@ pub mod penalties;
 #[cfg(feature = "dev")]
 pub mod perplexity;
 mod profile;
+pub mod prompt_cache;
 mod sampling;
 pub mod speculative;
 pub mod tokenizer;

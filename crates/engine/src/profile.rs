@@ -55,6 +55,8 @@ pub struct Profile {
     pub trim_cache_after_tokens: Option<usize>,
     /// Ask the OS to keep the weights resident (Metal's wired limit; no effect elsewhere).
     pub wire_weights: bool,
+    /// The prompt cache's budget, as a fraction of the machine's memory (0: no cache).
+    pub prompt_cache_fraction: f64,
 }
 
 impl Profile {
@@ -67,6 +69,7 @@ impl Profile {
                 cache_limit_fraction: Some(0.25),
                 trim_cache_after_tokens: Some(8192),
                 wire_weights: false,
+                prompt_cache_fraction: 1.0 / 16.0,
             },
             ProfileName::Turbo => Profile {
                 name,
@@ -75,7 +78,17 @@ impl Profile {
                 cache_limit_fraction: None,
                 trim_cache_after_tokens: None,
                 wire_weights: true,
+                prompt_cache_fraction: 1.0 / 8.0,
             },
+        }
+    }
+
+    /// The prompt cache's budget in bytes on a machine with `total_memory` bytes
+    /// (`FERRITE_PROMPT_CACHE_MB` overrides it; 0 turns the cache off).
+    pub fn prompt_cache_bytes(&self, total_memory: u64) -> usize {
+        match std::env::var("FERRITE_PROMPT_CACHE_MB").ok().and_then(|v| v.trim().parse::<usize>().ok()) {
+            Some(mb) => mb << 20,
+            None => (total_memory as f64 * self.prompt_cache_fraction) as usize,
         }
     }
 
@@ -131,9 +144,15 @@ mod tests {
     #[test]
     fn knobs_show_every_field() {
         let k = Profile::named(ProfileName::Turbo).knobs();
-        for field in
-            ["name", "prefill_chunk", "warmup", "cache_limit_fraction", "trim_cache_after_tokens", "wire_weights"]
-        {
+        for field in [
+            "name",
+            "prefill_chunk",
+            "warmup",
+            "cache_limit_fraction",
+            "trim_cache_after_tokens",
+            "wire_weights",
+            "prompt_cache_fraction",
+        ] {
             assert!(k.get(field).is_some(), "{field} missing from {k}");
         }
         assert_eq!(k["name"], "turbo");

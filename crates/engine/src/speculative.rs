@@ -153,6 +153,23 @@ impl<'m> Speculator<'m> {
         Ok(())
     }
 
+    /// The trunk's hidden state at the last position the head was told of.
+    pub(crate) fn last_hidden(&self) -> Option<&Array> {
+        self.last_hidden.as_ref()
+    }
+
+    /// The head's own cache (what the prompt cache keeps of it).
+    pub(crate) fn mtp_cache(&self) -> &Cache {
+        &self.mtp_cache
+    }
+
+    /// Continues from a cached prompt prefix: the head's cache then, and the trunk's hidden
+    /// state at its last position.
+    pub(crate) fn restore(&mut self, layers: Vec<crate::cache::LayerCache>, last_hidden: Option<Array>) {
+        self.mtp_cache.layers = layers;
+        self.last_hidden = last_hidden;
+    }
+
     /// Starts decoding: `first` is the token sampled after the prompt.
     pub fn start(&mut self, first: u32, trunk_cache: &mut Cache) {
         self.pending_hidden = self.last_hidden.take();

@@ -123,6 +123,25 @@ fn text_of(content: &Content) -> String {
     }
 }
 
+/// Claude Code's first system block is an attribution line for Anthropic's billing
+/// (`x-anthropic-billing-header: cc_version=…; cc_entrypoint=…;`) that changes with the client's
+/// version and build: first in the prompt, it would make every cached prefix miss. It tells
+/// the model nothing, so it is left out.
+fn system_text(system: &Content) -> String {
+    let billing = |t: &str| t.trim_start().starts_with("x-anthropic-billing-header:");
+    match system {
+        Content::Text(t) if billing(t) => String::new(),
+        Content::Text(t) => t.clone(),
+        Content::Blocks(blocks) => blocks
+            .iter()
+            .filter(|b| b.kind == "text")
+            .filter_map(|b| b.text.as_deref())
+            .filter(|t| !billing(t))
+            .collect::<Vec<_>>()
+            .join(""),
+    }
+}
+
 /// A block with content the model cannot see (images, documents, ...): refused rather than
 /// silently dropped. Thinking blocks of earlier turns and server tool blocks carry nothing the
 /// prompt needs.
@@ -145,7 +164,7 @@ fn prompt(p: &PromptPart) -> Result<Prompt, ApiError> {
     }
     let mut messages = Vec::new();
     if let Some(system) = &p.system {
-        messages.push(ChatMessage::new("system", &text_of(system)));
+        messages.push(ChatMessage::new("system", &system_text(system)));
     }
     for (i, m) in p.messages.iter().enumerate() {
         // Claude Code sends reminders as system-role messages among the turns: system turns,
@@ -225,6 +244,14 @@ fn prompt(p: &PromptPart) -> Result<Prompt, ApiError> {
 /// and at the server's `--max-output-tokens` the server ended the turn (`end_turn`; the
 /// `x-ferrite-max-tokens-clamped-by: server` header says so). Agents answer `max_tokens` by
 /// asking again for more, which a cap on this server would only repeat.
+/// Anthropic's usage: `input_tokens` are the prompt tokens computed for this request, and
+/// `cache_read_input_tokens` those restored from the prompt cache (the three input counts add
+/// up to the prompt). Ferrite caches every prompt by itself, so nothing counts as cache creation.
+fn usage(u: &engine::generate::Usage) -> Value {
+    json!({"input_tokens": u.prompt_tokens - u.cached_tokens.min(u.prompt_tokens), "output_tokens": u.completion_tokens,
+           "cache_read_input_tokens": u.cached_tokens, "cache_creation_input_tokens": 0})
+}
+
 fn stop_reason(s: &Summary, tool_use: bool, clamped: Option<Clamp>) -> &'static str {
     if tool_use {
         return "tool_use";
@@ -300,7 +327,7 @@ pub async fn messages(State(state): State<AppState>, body: Bytes) -> Result<Resp
                     let body = json!({
                         "id": id, "type": "message", "role": "assistant", "model": model, "content": content,
                         "stop_reason": stop_reason(&summary, !calls.is_empty(), clamped), "stop_sequence": summary.stop_string,
-                        "usage": {"input_tokens": prompt_tokens, "output_tokens": summary.usage.completion_tokens},
+                        "usage": usage(&summary.usage),
                     });
                     return Ok((headers, Json(body)).into_response());
                 }
@@ -361,7 +388,7 @@ pub async fn messages(State(state): State<AppState>, body: Bytes) -> Result<Resp
                 let mut out = blocks.close();
                 out.push(("message_delta", json!({"type": "message_delta",
                     "delta": {"stop_reason": stop_reason(&summary, tool_uses > 0, clamped), "stop_sequence": summary.stop_string},
-                    "usage": {"output_tokens": summary.usage.completion_tokens}})));
+                    "usage": usage(&summary.usage)})));
                 out.push(("message_stop", json!({"type": "message_stop"})));
                 out
             }

@@ -330,6 +330,7 @@ pub fn status_json(s: &AppState) -> serde_json::Value {
         "max_tokens_clamped": w.metrics.max_tokens_clamped.load(Ordering::Relaxed),
         "max_output_tokens": i.max_output_tokens,
         "strict_model_names": s.strict_model_names,
+        "prompt_cache": w.metrics.prompt_cache(),
         "mlx_active_memory_bytes": mlx.active,
         "mlx_cache_memory_bytes": mlx.cache,
     })

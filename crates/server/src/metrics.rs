@@ -34,6 +34,8 @@ pub struct Metrics {
     /// Requests whose max_tokens was lowered to what the context (or the server's cap) left.
     pub max_tokens_clamped: std::sync::atomic::AtomicU64,
     live: std::sync::Mutex<Live>,
+    /// The engine's prompt cache, as of its last request.
+    prompt_cache: std::sync::Mutex<engine::prompt_cache::CacheStats>,
     registry: Registry,
     requests: Counter,
     prompt_tokens: Counter,
@@ -46,6 +48,9 @@ pub struct Metrics {
     queue_depth: Gauge,
     loaded: Gauge,
     memory: Family<Vec<(String, String)>, Gauge<f64, AtomicU64>>,
+    cached_tokens: Counter,
+    cache_lookups: Family<Vec<(String, String)>, Gauge>,
+    cache_bytes: Family<Vec<(String, String)>, Gauge>,
 }
 
 impl Default for Metrics {
@@ -62,6 +67,7 @@ impl Metrics {
             generating: Default::default(),
             max_tokens_clamped: Default::default(),
             live: Default::default(),
+            prompt_cache: Default::default(),
             requests: Counter::default(),
             prompt_tokens: Counter::default(),
             completion_tokens: Counter::default(),
@@ -73,6 +79,9 @@ impl Metrics {
             queue_depth: Gauge::default(),
             loaded: Gauge::default(),
             memory: Family::default(),
+            cached_tokens: Counter::default(),
+            cache_lookups: Family::default(),
+            cache_bytes: Family::default(),
             registry: Registry::default(),
         };
         r.register("requests", "Generations finished", m.requests.clone());
@@ -86,6 +95,9 @@ impl Metrics {
         r.register("queue_depth", "Requests waiting for the engine", m.queue_depth.clone());
         r.register("model_loaded", "1 while the model is in memory", m.loaded.clone());
         r.register("mlx_memory_bytes", "MLX memory: active, peak, cache", m.memory.clone());
+        r.register("prompt_cached_tokens", "Prompt tokens restored from the prompt cache", m.cached_tokens.clone());
+        r.register("prompt_cache_lookups", "Prompt cache lookups, by result (hit, miss)", m.cache_lookups.clone());
+        r.register("prompt_cache_bytes", "Prompt cache: bytes held and the budget, by tier", m.cache_bytes.clone());
         Metrics { registry: r, ..m }
     }
 
@@ -108,6 +120,7 @@ impl Metrics {
         }
         self.requests.inc();
         self.prompt_tokens.inc_by(s.usage.prompt_tokens as u64);
+        self.cached_tokens.inc_by(s.usage.cached_tokens as u64);
         self.completion_tokens.inc_by(s.usage.completion_tokens as u64);
         self.ttft.observe(s.timings.ttft.as_secs_f64());
         self.decode_tps.set(s.timings.decode_tps);
@@ -121,6 +134,17 @@ impl Metrics {
         }
     }
 
+    /// The prompt cache's counters, as the engine thread last saw them.
+    pub fn set_prompt_cache(&self, stats: engine::prompt_cache::CacheStats) {
+        if let Ok(mut c) = self.prompt_cache.lock() {
+            *c = stats;
+        }
+    }
+
+    pub fn prompt_cache(&self) -> engine::prompt_cache::CacheStats {
+        self.prompt_cache.lock().map(|c| c.clone()).unwrap_or_default()
+    }
+
     /// The text exposition, with the gauges read now.
     pub fn render(&self, queue_depth: usize, loaded: bool) -> String {
         self.queue_depth.set(queue_depth as i64);
@@ -129,6 +153,12 @@ impl Metrics {
         for (kind, bytes) in [("active", mlx.active), ("peak", mlx.peak), ("cache", mlx.cache)] {
             self.memory.get_or_create(&vec![("kind".to_string(), kind.to_string())]).set(bytes as f64);
         }
+        let cache = self.prompt_cache();
+        let label = |k: &str, v: &str| vec![(k.to_string(), v.to_string())];
+        self.cache_lookups.get_or_create(&label("result", "hit")).set(cache.hits as i64);
+        self.cache_lookups.get_or_create(&label("result", "miss")).set(cache.misses as i64);
+        self.cache_bytes.get_or_create(&label("tier", "memory")).set(cache.bytes as i64);
+        self.cache_bytes.get_or_create(&label("tier", "memory_budget")).set(cache.budget_bytes as i64);
         let mut out = String::new();
         let _ = encode(&mut out, &self.registry);
         out

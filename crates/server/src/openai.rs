@@ -337,8 +337,7 @@ async fn respond(
     kind: Kind,
     expect: Option<Expect>,
 ) -> Result<Response, ApiError> {
-    let Running { events: mut rx, prompt_tokens, max_tokens, clamped, guard } =
-        loaded.worker.run(prompt, request, false).await?;
+    let Running { events: mut rx, max_tokens, clamped, guard, .. } = loaded.worker.run(prompt, request, false).await?;
     let headers = state.speed_headers(&loaded, max_tokens, clamped);
     let id = format!("{}-{}", if kind == Kind::Chat { "chatcmpl" } else { "cmpl" }, state.next_id());
     let model = loaded.worker.info.id.clone();
@@ -354,7 +353,7 @@ async fn respond(
                     calls.extend(CallEvent::completed(tool_calls));
                 }
                 JobEvent::Finished { summary, reasoning_tokens } => {
-                    let usage = usage(prompt_tokens, summary.usage.completion_tokens, reasoning_tokens);
+                    let usage = usage(&summary.usage, reasoning_tokens);
                     let reason = if calls.is_empty() { finish_reason(summary.finish_reason) } else { "tool_calls" };
                     let mut body = match kind {
                         Kind::Chat => {
@@ -469,7 +468,7 @@ async fn respond(
                     if include_usage {
                         let mut u = chunk(json!({}), None);
                         u["choices"] = json!([]);
-                        u["usage"] = usage(prompt_tokens, summary.usage.completion_tokens, reasoning_tokens);
+                        u["usage"] = usage(&summary.usage, reasoning_tokens);
                         last["usage"] = Value::Null;
                         out.push(last);
                         out.push(u);
@@ -507,8 +506,10 @@ fn timings(summary: &engine::Summary) -> Value {
     v
 }
 
-fn usage(prompt: usize, completion: usize, reasoning: usize) -> Value {
-    json!({"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+fn usage(u: &engine::generate::Usage, reasoning: usize) -> Value {
+    json!({"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
+           "total_tokens": u.prompt_tokens + u.completion_tokens,
+           "prompt_tokens_details": {"cached_tokens": u.cached_tokens},
            "completion_tokens_details": {"reasoning_tokens": reasoning}})
 }
 

@@ -370,9 +370,10 @@ fn response_object(id: &str, model: &str, created: u64, status: &str, output: Ve
            "parallel_tool_calls": true, "tool_choice": "auto", "tools": []})
 }
 
-fn usage(prompt: usize, completion: usize, reasoning: usize) -> Value {
-    json!({"input_tokens": prompt, "input_tokens_details": {"cached_tokens": 0}, "output_tokens": completion,
-           "output_tokens_details": {"reasoning_tokens": reasoning}, "total_tokens": prompt + completion})
+fn usage(u: &engine::generate::Usage, reasoning: usize) -> Value {
+    json!({"input_tokens": u.prompt_tokens, "input_tokens_details": {"cached_tokens": u.cached_tokens},
+           "output_tokens": u.completion_tokens, "output_tokens_details": {"reasoning_tokens": reasoning},
+           "total_tokens": u.prompt_tokens + u.completion_tokens})
 }
 
 pub async fn responses(State(state): State<AppState>, body: Bytes) -> Result<Response, ApiError> {
@@ -392,8 +393,7 @@ pub async fn responses(State(state): State<AppState>, body: Bytes) -> Result<Res
     sampling.validate().map_err(|e| ApiError::bad_request(e.to_string()))?;
     let request =
         GenerateRequest { sampling, draft_depth: loaded.draft_depth, ..GenerateRequest::greedy(vec![], max_tokens) };
-    let Running { events: mut rx, prompt_tokens, max_tokens, clamped, guard } =
-        loaded.worker.run(prompt, request, false).await?;
+    let Running { events: mut rx, max_tokens, clamped, guard, .. } = loaded.worker.run(prompt, request, false).await?;
     let mut headers = state.speed_headers(&loaded, max_tokens, clamped);
     if !ignored_tools.is_empty() {
         // Tools the server cannot run were left out of the prompt: say which.
@@ -423,7 +423,7 @@ pub async fn responses(State(state): State<AppState>, body: Bytes) -> Result<Res
                 }
                 JobEvent::Finished { summary, reasoning_tokens } => {
                     drop(guard);
-                    let usage = usage(prompt_tokens, summary.usage.completion_tokens, reasoning_tokens);
+                    let usage = usage(&summary.usage, reasoning_tokens);
                     let body = response_object(
                         &id,
                         &model,
@@ -463,7 +463,7 @@ pub async fn responses(State(state): State<AppState>, body: Bytes) -> Result<Res
                     out.extend(stream.open(Open::Message)); // an answer with nothing in it
                 }
                 out.extend(stream.close_item());
-                let usage = usage(prompt_tokens, summary.usage.completion_tokens, reasoning_tokens);
+                let usage = usage(&summary.usage, reasoning_tokens);
                 let output = stream.items.clone();
                 let response =
                     response_object(&stream.id, &model, created, status_of(summary.finish_reason), output, usage);

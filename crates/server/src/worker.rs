@@ -262,6 +262,7 @@ impl Worker {
                 max_output_tokens,
             };
             life.loaded.store(true, Ordering::SeqCst);
+            recorder.set_prompt_cache(engine.prompt_cache_stats());
             let _ = ready_tx.send(Ok(info.clone()));
             let mut engine = Some(engine);
             // Drops the model and MLX's buffer cache, so the memory really returns.
@@ -333,6 +334,7 @@ impl Worker {
                         *c = None;
                     }
                     engine.after_request(used);
+                    recorder.set_prompt_cache(engine.prompt_cache_stats());
                 }
                 life.touch();
             }
@@ -534,8 +536,9 @@ fn run_job(
                 }
                 metrics.record(&summary);
                 tracing::info!(
-                    "{} prompt tokens ({:.1} s to the first token, {:.0} tok/s), {} generated ({:.1} tok/s), {:?}{}",
+                    "{} prompt tokens ({} from the prompt cache; {:.1} s to the first token, {:.0} tok/s), {} generated ({:.1} tok/s), {:?}{}",
                     prompt_tokens,
+                    summary.usage.cached_tokens,
                     summary.timings.ttft.as_secs_f64(),
                     summary.timings.prompt_tps,
                     summary.usage.completion_tokens,

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# The prompt cache on a real agent session: Claude Code runs a ten-step tool session against
+# `ferrite serve --model default` (answers scripted, see bench/agent_session.py) through a
+# recording proxy; the recorded requests are then replayed against fresh servers with the
+# cache off and on. Prints a table: per request, prompt tokens, tokens from the cache, and the
+# time to the first content event off and on. Target: from turn 2 on, TTFT with the cache
+# <= 10% of the cold TTFT, and >= 95% of the earlier turn's prompt served from the cache.
+#
+#   bench/prompt_cache.sh            (records once into bench/out/claude-session.json)
+set -euo pipefail
+. "$(dirname "$0")/lib.sh"
+CLAUDE=${CLAUDE:-$root/third_party/agents/node_modules/.bin/claude}
+session=$BENCH_DIR/claude-session.json
+[ -f "$session" ] || "$PYTHON" "$root/bench/agent_session.py" record --ferrite "$FERRITE" --claude "$CLAUDE" --out "$session"
+out=$BENCH_DIR/prompt_cache.jsonl
+: > "$out"
+for cache in off on; do
+  "$PYTHON" "$root/bench/agent_session.py" replay --ferrite "$FERRITE" --session "$session" --cache "$cache" | tee -a "$out"
+done
+"$PYTHON" - "$out" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+off = {r["request"]: r for r in rows if r["cache"] == "off"}
+on = {r["request"]: r for r in rows if r["cache"] == "on"}
+print("| request | tools | prompt tokens | from cache (on) | TTFT off (s) | TTFT on (s) | on / off |")
+print("| --- | --- | --- | --- | --- | --- | --- |")
+for i in sorted(on):
+    a, b = off[i], on[i]
+    ratio = b["ttft_s"] / a["ttft_s"] if a["ttft_s"] else float("nan")
+    print(f"| {i} | {b['tools']} | {b['prompt_tokens']} | {b['cached_tokens']} | {a['ttft_s']:.2f} | {b['ttft_s']:.2f} | {ratio:.3f} |")
+PY

@@ -1,0 +1,255 @@
+//! The prompt cache: the model state after a prompt, kept so the next request that starts with
+//! the same tokens (an agent's next turn resends the whole conversation) prefills only what is
+//! new.
+//!
+//! An entry holds the state after a prompt's tokens (all but the last, which the request
+//! always runs to get its first token's logits). Attention layers keep keys and values: any
+//! prefix of them is the state after that prefix, so a KV-only model reuses the longest common
+//! prefix. Gated DeltaNet layers keep one recurrent state that cannot be rewound, so hybrids
+//! also keep checkpoints: their linear-attention state (and the MTP head's last hidden state)
+//! at every prefill chunk boundary, at positions that are multiples of the chunk, so a prompt
+//! that diverges anywhere reuses all but less than a chunk. The MTP head's own KV is kept like
+//! the trunk's. Entries are evicted least recently used first when they outgrow the byte
+//! budget; an entry that extends another (the next turn of one conversation) replaces it.
+
+use mlx_rs::ops::indexing::{Ellipsis, IndexOp};
+use mlx_rs::{transforms::eval, Array};
+use serde::Serialize;
+
+use crate::cache::{Cache, KvCache, LayerCache, LinearState};
+use crate::error::Result;
+
+/// The linear-attention state of every layer (None for attention layers) at one position, and
+/// the trunk's hidden state there (what the MTP head drafts from).
+#[derive(Clone)]
+pub struct Checkpoint {
+    pub position: usize,
+    linear: Vec<Option<(Array, Array)>>,
+    last_hidden: Option<Array>,
+}
+
+impl Checkpoint {
+    /// The state of `cache` (its linear-attention layers) at its current position.
+    pub fn of(cache: &Cache, last_hidden: Option<&Array>) -> Self {
+        let linear = cache
+            .layers
+            .iter()
+            .map(|l| match l {
+                LayerCache::Linear(s) => s.conv.clone().zip(s.recurrent.clone()),
+                LayerCache::Kv(_) => None,
+            })
+            .collect();
+        Checkpoint { position: cache.offset() as usize, linear, last_hidden: last_hidden.cloned() }
+    }
+
+    fn nbytes(&self) -> usize {
+        let pair = |p: &Option<(Array, Array)>| p.as_ref().map_or(0, |(a, b)| a.nbytes() + b.nbytes());
+        self.linear.iter().map(pair).sum::<usize>() + self.last_hidden.as_ref().map_or(0, Array::nbytes)
+    }
+}
+
+/// What a request restores: the state after `len` prompt tokens.
+pub struct Hit {
+    pub len: usize,
+    layers: Vec<LayerCache>,
+    mtp: Option<(Vec<LayerCache>, Option<Array>)>,
+    /// The checkpoints at or before `len`, for the entry the request will store.
+    pub checkpoints: Vec<Checkpoint>,
+}
+
+impl Hit {
+    /// Puts the trunk's state into `cache`; returns the MTP head's (its cache's layers and the
+    /// trunk's hidden state at the last position), when the entry had one.
+    pub fn restore(self, cache: &mut Cache) -> Option<(Vec<LayerCache>, Option<Array>)> {
+        cache.layers = self.layers;
+        self.mtp
+    }
+}
+
+struct Entry {
+    /// The tokens whose state this is.
+    tokens: Vec<u32>,
+    /// Per layer: an attention layer's keys and values for `tokens` (None for linear attention).
+    kv: Vec<Option<(Array, Array)>>,
+    /// The MTP head's keys and values (it has seen one position fewer than the trunk).
+    mtp_kv: Option<Vec<Option<(Array, Array)>>>,
+    /// Hybrids: the linear-attention state at chunk boundaries and at the end, by position.
+    checkpoints: Vec<Checkpoint>,
+    bytes: usize,
+    last_used: u64,
+}
+
+impl Entry {
+    /// The longest prefix of `prompt` (at most `limit` tokens) this entry can restore.
+    fn usable(&self, prompt: &[u32], limit: usize) -> usize {
+        let common = self.tokens.iter().zip(prompt).take(limit).take_while(|(a, b)| a == b).count();
+        if self.kv.iter().all(Option::is_some) {
+            return common; // attention only: any prefix
+        }
+        self.checkpoints.iter().map(|c| c.position).filter(|&p| p <= common).max().unwrap_or(0)
+    }
+}
+
+/// Counters for `/v1/status`, the metrics and the UI.
+#[derive(Debug, Clone, Default, Serialize, PartialEq)]
+pub struct CacheStats {
+    pub entries: usize,
+    pub bytes: usize,
+    pub budget_bytes: usize,
+    pub hits: u64,
+    pub misses: u64,
+    /// Prompt tokens served from the cache, and prompt tokens looked up, over all requests.
+    pub hit_tokens: u64,
+    pub lookup_tokens: u64,
+    pub evictions: u64,
+}
+
+pub struct PromptCache {
+    entries: Vec<Entry>,
+    budget: usize,
+    clock: u64,
+    stats: CacheStats,
+}
+
+impl PromptCache {
+    /// A cache of at most `budget` bytes (0: off).
+    pub fn new(budget: usize) -> Self {
+        PromptCache { entries: Vec::new(), budget, clock: 0, stats: CacheStats::default() }
+    }
+
+    pub fn stats(&self) -> CacheStats {
+        CacheStats {
+            entries: self.entries.len(),
+            bytes: self.entries.iter().map(|e| e.bytes).sum(),
+            budget_bytes: self.budget,
+            ..self.stats.clone()
+        }
+    }
+
+    pub fn clear(&mut self) {
+        self.entries.clear();
+    }
+
+    /// The state after the longest cached prefix of `prompt`'s first `limit` tokens, if any.
+    /// `with_mtp`: the request speculates, so the head's state is wanted too.
+    pub fn lookup(&mut self, prompt: &[u32], limit: usize, with_mtp: bool) -> Result<Option<Hit>> {
+        if self.budget == 0 {
+            return Ok(None);
+        }
+        self.stats.lookup_tokens += limit as u64;
+        let best = self.entries.iter().enumerate().map(|(i, e)| (e.usable(prompt, limit), i)).max();
+        let Some((len, i)) = best.filter(|&(len, _)| len > 0) else {
+            self.stats.misses += 1;
+            return Ok(None);
+        };
+        self.clock += 1;
+        let entry = &mut self.entries[i];
+        entry.last_used = self.clock;
+        let at = |position: usize| entry.checkpoints.iter().find(|c| c.position == position);
+        let checkpoint = at(len);
+        let slice = |(k, v): &(Array, Array), n: usize| -> (Array, Array) {
+            let n = n as i32;
+            (k.index((Ellipsis, ..n, ..)), v.index((Ellipsis, ..n, ..)))
+        };
+        let mut layers = Vec::with_capacity(entry.kv.len());
+        for (i, kv) in entry.kv.iter().enumerate() {
+            layers.push(match (kv, checkpoint.and_then(|c| c.linear[i].clone())) {
+                (Some(kv), _) => {
+                    let (k, v) = slice(kv, len);
+                    LayerCache::Kv(KvCache::restored(k, v))
+                }
+                (None, Some((conv, recurrent))) => LayerCache::Linear(LinearState {
+                    conv: Some(conv),
+                    recurrent: Some(recurrent),
+                    offset: len as i32,
+                    ..Default::default()
+                }),
+                (None, None) => {
+                    self.stats.misses += 1;
+                    return Ok(None);
+                }
+            });
+        }
+        let mtp = match (&entry.mtp_kv, with_mtp) {
+            (Some(mtp_kv), true) => {
+                let layers = mtp_kv
+                    .iter()
+                    .map(|kv| match kv {
+                        Some(kv) => {
+                            let (k, v) = slice(kv, len - 1);
+                            LayerCache::Kv(KvCache::restored(k, v))
+                        }
+                        None => LayerCache::Kv(KvCache::default()),
+                    })
+                    .collect();
+                Some((layers, checkpoint.and_then(|c| c.last_hidden.clone())))
+            }
+            _ => None,
+        };
+        let checkpoints = entry.checkpoints.iter().filter(|c| c.position <= len).cloned().collect();
+        self.stats.hits += 1;
+        self.stats.hit_tokens += len as u64;
+        Ok(Some(Hit { len, layers, mtp, checkpoints }))
+    }
+
+    /// Keeps the state of `cache` after `tokens` (its offset must be their count), with the
+    /// MTP head's cache when the request speculated, and the hybrid's checkpoints (the last
+    /// at the end). An entry whose tokens this one extends is replaced.
+    pub fn insert(
+        &mut self,
+        tokens: &[u32],
+        cache: &Cache,
+        mtp: Option<&Cache>,
+        mut checkpoints: Vec<Checkpoint>,
+    ) -> Result<()> {
+        if self.budget == 0 || tokens.is_empty() || cache.offset() as usize != tokens.len() {
+            return Ok(());
+        }
+        let hybrid = cache.layers.iter().any(|l| matches!(l, LayerCache::Linear(_)));
+        if !hybrid {
+            checkpoints.clear();
+        }
+        let kv = prefixes(cache, tokens.len())?;
+        let mtp_kv = match mtp {
+            Some(m) => Some(prefixes(m, tokens.len().saturating_sub(1))?),
+            None => None,
+        };
+        let mut arrays: Vec<&Array> = kv.iter().flatten().flat_map(|(k, v)| [k, v]).collect();
+        arrays.extend(mtp_kv.iter().flatten().flatten().flat_map(|(k, v)| [k, v]));
+        eval(arrays)?;
+        let pairs = |kv: &[Option<(Array, Array)>]| -> usize {
+            kv.iter().flatten().map(|(k, v)| k.nbytes() + v.nbytes()).sum()
+        };
+        let bytes = pairs(&kv)
+            + mtp_kv.as_deref().map_or(0, pairs)
+            + checkpoints.iter().map(Checkpoint::nbytes).sum::<usize>()
+            + tokens.len() * 4;
+        if bytes > self.budget {
+            return Ok(());
+        }
+        // An older entry whose every token starts this one says nothing this one does not.
+        self.entries.retain(|e| !(e.tokens.len() <= tokens.len() && tokens.starts_with(&e.tokens)));
+        self.clock += 1;
+        self.entries.push(Entry { tokens: tokens.to_vec(), kv, mtp_kv, checkpoints, bytes, last_used: self.clock });
+        while self.entries.iter().map(|e| e.bytes).sum::<usize>() > self.budget {
+            let Some(oldest) = self.entries.iter().enumerate().min_by_key(|(_, e)| e.last_used).map(|(i, _)| i) else {
+                break;
+            };
+            self.entries.remove(oldest);
+            self.stats.evictions += 1;
+        }
+        Ok(())
+    }
+}
+
+/// Copies of each attention layer's keys and values for the first `len` positions.
+fn prefixes(cache: &Cache, len: usize) -> Result<Vec<Option<(Array, Array)>>> {
+    cache
+        .layers
+        .iter()
+        .map(|l| match l {
+            LayerCache::Kv(kv) => kv.prefix(len as i32),
+            LayerCache::Linear(_) => Ok(None),
+        })
+        .collect()
+}

@@ -1,0 +1,106 @@
+//! The prompt cache is exact: for every architecture, with and without MTP speculation, the
+//! tokens generated with a cache hit are the tokens generated cold, for prompts that share
+//! nothing, part of and all of a cached prompt. It also reuses what it should (the cached
+//! token counts), and keeps within its byte budget, least recently used out first.
+
+mod common;
+
+use engine::checkpoint::{Architecture, Dtype};
+use engine::{Engine, GenerateRequest, SamplingParams};
+
+const CHUNK: usize = 16;
+
+fn engine(arch: Architecture, budget: usize) -> (tempfile::TempDir, Engine) {
+    let mut o = common::options(arch, "tiny", None, 64, Dtype::Float32);
+    o.mtp = matches!(arch, Architecture::Qwen35 | Architecture::Qwen3Next);
+    let d = common::make(&o);
+    let mut e = Engine::load(d.path()).unwrap();
+    e.set_prefill_chunk(CHUNK);
+    e.set_prompt_cache_budget(budget);
+    (d, e)
+}
+
+fn ids(seed: u32, n: usize) -> Vec<u32> {
+    (0..n as u32).map(|i| (i * 31 + seed * 17 + 3) % 400 + 5).collect()
+}
+
+/// The generated ids and the cached-token count.
+fn generate(e: &Engine, prompt: &[u32], depth: usize, temperature: f32) -> (Vec<u32>, usize) {
+    let sampling = SamplingParams { temperature, seed: Some(7), ..Default::default() };
+    let req = GenerateRequest {
+        ignore_eos: true,
+        draft_depth: depth,
+        sampling,
+        ..GenerateRequest::greedy(prompt.to_vec(), 12)
+    };
+    let mut generation = e.generate(req, Default::default()).unwrap();
+    let mut tokens = Vec::new();
+    let mut cached = 0;
+    for event in generation.by_ref() {
+        if let engine::Event::Finished(s) = event.unwrap() {
+            cached = s.usage.cached_tokens;
+        }
+    }
+    tokens.extend(generation.tokens());
+    (tokens, cached)
+}
+
+#[test]
+fn a_hit_generates_what_a_cold_run_does_for_every_architecture() {
+    let first = ids(1, 100);
+    let longer = [first.clone(), ids(2, 30)].concat(); // all of `first`, then more
+    let diverging = [first[..57].to_vec(), ids(3, 40)].concat(); // part of it
+    let unrelated = ids(4, 70); // none of it
+    for arch in [Architecture::Qwen3, Architecture::Qwen3Moe, Architecture::Qwen3Next, Architecture::Qwen35] {
+        let (_d, cold) = engine(arch, 0);
+        let (_d2, warm) = engine(arch, 64 << 20);
+        let hybrid = matches!(arch, Architecture::Qwen3Next | Architecture::Qwen35);
+        let depths: &[usize] = if hybrid { &[0, 2] } else { &[0] };
+        for &depth in depths {
+            for temperature in [0.0, 0.8] {
+                warm.clear_prompt_cache();
+                // The reused prefix: attention-only models reuse any common prefix; hybrids up
+                // to their last checkpoint (a multiple of the chunk, or a cached prompt's end).
+                let part = if hybrid { 48 } else { 57 };
+                for (prompt, expect_cached) in
+                    [(&first, 0), (&longer, 99), (&diverging, part), (&unrelated, 0), (&first, 99)]
+                {
+                    let (want, none) = generate(&cold, prompt, depth, temperature);
+                    let (got, cached) = generate(&warm, prompt, depth, temperature);
+                    let case = format!("{arch:?} depth {depth} T {temperature} prompt of {}", prompt.len());
+                    assert_eq!(none, 0, "{case}: the cold engine has no cache");
+                    assert_eq!(got, want, "{case}: a hit changed the answer");
+                    assert_eq!(cached, expect_cached, "{case}: cached tokens");
+                }
+            }
+        }
+        let stats = warm.prompt_cache_stats();
+        assert!(stats.hits > 0 && stats.misses > 0 && stats.bytes <= stats.budget_bytes, "{stats:?}");
+    }
+}
+
+#[test]
+fn the_budget_holds_and_the_least_recently_used_goes_first() {
+    let (_d, mut e) = engine(Architecture::Qwen35, 64 << 20);
+    let (a, b, c) = (ids(1, 80), ids(2, 80), ids(3, 80));
+    generate(&e, &a, 0, 0.0);
+    let one = e.prompt_cache_stats().bytes;
+    assert!(one > 0);
+    // Room for two entries: a, b; a is used again; c pushes out b, the least recently used.
+    e.set_prompt_cache_budget(one * 2 + one / 2);
+    for p in [&a, &b, &a, &c] {
+        generate(&e, p, 0, 0.0);
+    }
+    let stats = e.prompt_cache_stats();
+    assert_eq!((stats.entries, stats.evictions), (2, 1), "{stats:?}");
+    assert!(stats.bytes <= stats.budget_bytes);
+    assert_eq!(generate(&e, &a, 0, 0.0).1, 79, "a stayed");
+    assert_eq!(generate(&e, &b, 0, 0.0).1, 0, "b went");
+    // An entry larger than the whole budget is not kept; 0 turns the cache off.
+    e.set_prompt_cache_budget(one / 2);
+    generate(&e, &a, 0, 0.0);
+    assert_eq!(e.prompt_cache_stats().entries, 0);
+    e.set_prompt_cache_budget(0);
+    generate(&e, &a, 0, 0.0);
+    assert_eq!(generate(&e, &a, 0, 0.0).1, 0);
+}

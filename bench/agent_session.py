@@ -172,6 +172,9 @@ def main():
     q.add_argument("--cache", choices=["off", "on"], required=True)
     q.set_defaults(run=replay)
     args = p.parse_args()
+    for name in ("ferrite", "claude"):
+        if getattr(args, name, None):
+            setattr(args, name, str(Path(getattr(args, name)).resolve()))
     args.run(args)
 
 

@@ -33,6 +33,18 @@ pub struct Report {
     pub weights: String,
 }
 
+/// The checks a model folder must pass before it counts as installed, without loading any
+/// weights: its config (every size within bounds), its weight files (inside the folder, their
+/// safetensors headers whole) and its tokenizer. A pull runs them on what it downloaded.
+pub fn check_folder(dir: &Path) -> Result<()> {
+    ModelConfig::load(dir)?;
+    for file in weights::weight_files(dir)? {
+        weights::check_header(&file)?;
+    }
+    crate::tokenizer::Tokenizer::load(dir)?;
+    Ok(())
+}
+
 pub fn inspect(dir: &Path) -> Result<Report> {
     let config = ModelConfig::load(dir)?;
     let files = weights::weight_files(dir)?;

@@ -18,6 +18,8 @@ pub struct Tokenizer {
     /// Ids that end a generation: generation_config.json, config.json and the eos token.
     pub eos_ids: Vec<u32>,
     path: PathBuf,
+    /// Bytes of the vocabulary's longest token string.
+    longest_token: usize,
 }
 
 /// One turn as chat templates see it. Assistant turns may carry tool calls; `tool` turns
@@ -128,7 +130,8 @@ impl Tokenizer {
         }
         eos_ids.sort_unstable();
         eos_ids.dedup();
-        Ok(Tokenizer { inner, templates, bos_token, eos_token, eos_ids, path })
+        let longest_token = inner.get_vocab(true).keys().map(String::len).max().unwrap_or(1).max(1);
+        Ok(Tokenizer { inner, templates, bos_token, eos_token, eos_ids, path, longest_token })
     }
 
     pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
@@ -148,6 +151,13 @@ impl Tokenizer {
 
     pub fn decode(&self, ids: &[u32]) -> Result<String> {
         self.inner.decode(ids, true).map_err(|e| Error::Tokenizer { path: self.path.clone(), message: e.to_string() })
+    }
+
+    /// At least this many tokens encode `bytes` bytes of text: no token stands for more bytes
+    /// than its vocabulary string has (byte-level BPE writes each byte as one or two). Lets a
+    /// prompt far beyond the context be refused before the template renders it.
+    pub fn at_least_tokens(&self, bytes: usize) -> usize {
+        bytes / self.longest_token
     }
 
     pub fn vocab_size(&self) -> usize {

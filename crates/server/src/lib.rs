@@ -3,6 +3,7 @@
 //! It knows nothing of the app that may embed it.
 
 pub mod anthropic;
+pub mod connections;
 pub mod error;
 #[cfg(test)]
 mod fuzz;
@@ -417,12 +418,12 @@ pub async fn serve_until(
     // Graceful: requests in flight finish. Event streams (an open web UI) never end on
     // their own, so after a short grace the server stops waiting for them.
     let (begun, grace) = tokio::sync::oneshot::channel::<()>();
-    let graceful = axum::serve(listener, app).with_graceful_shutdown(async move {
+    let graceful = connections::serve(listener, app, async move {
         shutdown.await;
         let _ = begun.send(());
     });
     tokio::select! {
-        served = graceful => served?,
+        _ = graceful => {},
         _ = async {
             if grace.await.is_ok() {
                 tokio::time::sleep(SHUTDOWN_GRACE).await;

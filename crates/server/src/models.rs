@@ -46,7 +46,12 @@ impl StoreAccess {
         match slot.as_ref() {
             Some((dir, d)) if dir == models_dir => d.clone(),
             _ => {
-                let d = Downloader::new(models_dir.to_path_buf(), self.download.clone().unwrap_or_default());
+                let mut options = self.download.clone().unwrap_or_default();
+                // A download counts as installed only if the engine would load it.
+                options.model_check.get_or_insert_with(|| {
+                    Arc::new(|dir: &std::path::Path| engine::inspect::check_folder(dir).map_err(|e| e.to_string()))
+                });
+                let d = Downloader::new(models_dir.to_path_buf(), options);
                 *slot = Some((models_dir.to_path_buf(), d.clone()));
                 d
             }

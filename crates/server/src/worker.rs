@@ -455,6 +455,24 @@ fn run_job(
     if job.cancel.is_cancelled() || job.events.is_closed() {
         return 0;
     }
+    // A prompt whose text alone cannot fit is refused before the template renders it.
+    let text_bytes = match &job.prompt {
+        Prompt::Text(t) => t.len(),
+        Prompt::Chat { messages, .. } => messages
+            .iter()
+            .map(|m| {
+                m.content.len() + m.tool_calls.iter().map(|c| c.function.arguments.to_string().len()).sum::<usize>()
+            })
+            .sum(),
+    };
+    let least = engine.tokenizer().at_least_tokens(text_bytes);
+    if least >= info.context {
+        send(JobEvent::Failed(JobError::BadRequest(format!(
+            "the prompt is at least {least} tokens ({text_bytes} bytes of text), and the model's context is {} tokens: it does not fit",
+            info.context
+        ))));
+        return 0;
+    }
     let (ids, text, thinking) = match render(engine, &job.prompt) {
         Ok(r) => r,
         Err(e) => {

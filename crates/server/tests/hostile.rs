@@ -256,3 +256,42 @@ async fn a_subnormal_temperature_is_greedy() {
         assert_eq!(v["choices"][0]["message"], greedy["choices"][0]["message"], "temperature {t}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn half_sent_requests_and_idle_connections_are_dropped() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let app = axum::Router::new().route("/", axum::routing::get(|| async { "ok" }));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let timeout = std::time::Duration::from_millis(500);
+    tokio::spawn(server::connections::serve_with(listener, app, std::future::pending(), timeout));
+    // 200 clients that send half a request head and then nothing.
+    let mut slow = Vec::new();
+    for _ in 0..200 {
+        let mut c = tokio::net::TcpStream::connect(addr).await.unwrap();
+        c.write_all(b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\n").await.unwrap();
+        slow.push(c);
+    }
+    // A whole request is still answered meanwhile.
+    let r = reqwest::get(format!("http://{addr}/")).await.unwrap();
+    assert_eq!(r.text().await.unwrap(), "ok");
+    // Each half-sent connection is closed by the server (EOF, or an error response then EOF).
+    for mut c in slow {
+        let mut buf = Vec::new();
+        let read = tokio::time::timeout(std::time::Duration::from_secs(20), c.read_to_end(&mut buf)).await;
+        assert!(read.is_ok(), "a half-sent request kept its connection open");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_prompt_that_cannot_fit_is_refused_before_it_is_rendered() {
+    let s = start(None).await;
+    let huge = "fn main() {} ".repeat(300_000); // 3.9 MB, under the body limit
+    let (status, v) =
+        post(&s, "/v1/chat/completions", &chat(json!({"messages": [{"role": "user", "content": huge}]}))).await;
+    assert_eq!(status, 400);
+    let message = v["error"]["message"].as_str().unwrap();
+    assert!(message.contains("at least") && message.contains("40960"), "{message}");
+    // The engine is free again at once: the next request is answered.
+    assert_eq!(post(&s, "/v1/chat/completions", &chat(json!({}))).await.0, 200);
+}

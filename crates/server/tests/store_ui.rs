@@ -26,6 +26,7 @@ async fn choose_pull_list_and_delete_from_the_ui() {
         retries: 0,
         chunk_bytes: 64 << 10,
         offline: false,
+        model_check: None,
     };
     let access = StoreAccess::new(Some(tmp.path().join("config")), Some(options));
     let s = common::start_configured(None, Default::default(), move |state| state.store = access).await;
@@ -69,4 +70,50 @@ async fn choose_pull_list_and_delete_from_the_ui() {
     assert!(v["error"]["message"].as_str().unwrap().contains("ships with Ferrite"));
     let (code, _) = post(&s, "/v1/store/cancel", &json!({"model": "test/hybrid"})).await;
     assert_eq!(code, 404);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_model_the_engine_would_refuse_never_counts_as_installed() {
+    // A hub model whose config asks for a hundred million layers: every file's hash is right,
+    // the store's own checks pass, but the engine refuses it, so the pull fails and leaves
+    // nothing installed.
+    let tmp = tempfile::tempdir().unwrap();
+    let hub = hub::start().await;
+    let src = tmp.path().join("src");
+    hub::checkpoint(&src, true, 4);
+    let config = src.join("config.json");
+    let mut c: Value = serde_json::from_str(&std::fs::read_to_string(&config).unwrap()).unwrap();
+    c["text_config"]["num_hidden_layers"] = json!(100_000_000);
+    c["num_hidden_layers"] = json!(100_000_000);
+    std::fs::write(&config, c.to_string()).unwrap();
+    hub.hub.publish("test/hostile", &src);
+    let options = store::download::Options {
+        endpoint: hub.endpoint.clone(),
+        space: Arc::new(|p: &std::path::Path| store::download::free_space(p)),
+        margin_bytes: 0,
+        retries: 0,
+        chunk_bytes: 64 << 10,
+        ..Default::default()
+    };
+    let access = StoreAccess::new(Some(tmp.path().join("config")), Some(options));
+    let s = common::start_configured(None, Default::default(), move |state| state.store = access).await;
+    let (code, v) = post(&s, "/v1/store/folder", &json!({"dir": tmp.path().join("models")})).await;
+    assert_eq!(code, 200, "{v}");
+    let (code, v) = post(&s, "/v1/store/pull", &json!({"model": "test/hostile"})).await;
+    assert_eq!(code, 202, "{v}");
+    let ended = async {
+        loop {
+            let v: Value = reqwest::get(format!("{}/v1/store", s.base)).await.unwrap().json().await.unwrap();
+            let state = v["downloads"][0]["state"]["state"].clone();
+            if state == "done" || state == "failed" {
+                return v;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    };
+    let v = tokio::time::timeout(Duration::from_secs(60), ended).await.expect("the download ended");
+    assert_eq!(v["downloads"][0]["state"]["state"], "failed", "{v}");
+    let why = v["downloads"][0]["state"]["detail"].as_str().unwrap();
+    assert!(why.contains("does not load") && why.contains("num_hidden_layers"), "{why}");
+    assert!(!v["installed"].as_array().unwrap().iter().any(|m| m["id"] == "test/hostile"), "{v}");
 }

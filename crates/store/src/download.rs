@@ -84,6 +84,10 @@ pub enum DownloadError {
     Unsafe(String),
 }
 
+/// A check of a downloaded model folder by the program that will run it (the server passes
+/// the engine's): `Err(why)` and the download fails, its files removed, never installed.
+pub type ModelCheck = Arc<dyn Fn(&Path) -> Result<(), String> + Send + Sync>;
+
 /// Free bytes on the volume holding a folder; injectable so tests can play a full disk.
 pub type SpaceProbe = Arc<dyn Fn(&Path) -> std::io::Result<u64> + Send + Sync>;
 
@@ -101,6 +105,8 @@ pub struct Options {
     pub chunk_bytes: usize,
     /// No network: `$HF_HUB_OFFLINE`.
     pub offline: bool,
+    /// Run on the folder once every file is verified (`None`: the store's own checks only).
+    pub model_check: Option<ModelCheck>,
 }
 
 impl Default for Options {
@@ -116,6 +122,7 @@ impl Default for Options {
             retries: 2,
             chunk_bytes: 8 << 20,
             offline: offline(),
+            model_check: None,
         }
     }
 }
@@ -476,6 +483,20 @@ impl Job {
             }
         }
         verify::check_model_dir(snapshot, expect_mtp).map_err(|e| DownloadError::Corrupt(e.to_string()))?;
+        if let Some(check) = &self.options.model_check {
+            if let Err(why) = check(snapshot) {
+                // Not a model that runs: nothing of it stays to be listed as installed.
+                for file in files {
+                    let link = snapshot.join(&file.rfilename);
+                    if let Ok(blob) = link.canonicalize() {
+                        let _ = std::fs::remove_file(blob);
+                    }
+                    let _ = std::fs::remove_file(&link);
+                }
+                let _ = std::fs::remove_dir_all(snapshot);
+                return Err(DownloadError::Corrupt(format!("the model does not load: {why}")));
+            }
+        }
         Ok(())
     }
 }

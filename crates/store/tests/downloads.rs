@@ -39,6 +39,7 @@ fn options(s: &Setup) -> Options {
         retries: 0,
         chunk_bytes: 64 << 10,
         offline: false,
+        model_check: None,
     }
 }
 

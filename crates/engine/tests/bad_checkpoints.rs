@@ -271,3 +271,13 @@ fn the_hub_layout_links_into_blobs_are_followed() {
     }
     Engine::load(&snapshot).unwrap();
 }
+
+#[test]
+fn weights_larger_than_memory_are_refused_before_loading() {
+    // A (sparse) weight file larger than the machine's memory: refused by its size, unread.
+    let d = tiny(None);
+    let file = std::fs::OpenOptions::new().write(true).open(d.path().join("model.safetensors")).unwrap();
+    file.set_len(engine::device::total_memory() + (1 << 30)).unwrap();
+    let e = load_err(d.path());
+    assert!(e.contains("more than this machine's") && e.contains("GB of memory"), "{e}");
+}

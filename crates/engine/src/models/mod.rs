@@ -72,8 +72,30 @@ pub fn load(dir: &Path) -> Result<Box<dyn LanguageModel>> {
 
 /// Loads the model in `dir` with the weight form this backend and machine call for, or the
 /// one `wanted` names ([`crate::weight_form`]), and says which it is.
+/// Weights larger than the machine's memory cannot run here: refused before anything is
+/// mapped or allocated (`total_memory` 0: unknown, not checked).
+fn check_fits_memory(dir: &Path, total_memory: u64) -> Result<()> {
+    let mut bytes = 0u64;
+    for file in crate::weights::weight_files(dir)? {
+        bytes += std::fs::metadata(&file).map_err(|e| crate::error::Error::io(&file, e))?.len();
+    }
+    if total_memory > 0 && bytes > total_memory {
+        let gb = |b: u64| b as f64 / 1e9;
+        return Err(crate::error::Error::malformed(
+            dir,
+            format!(
+                "its weights are {:.1} GB, more than this machine's {:.1} GB of memory: it cannot run here",
+                gb(bytes),
+                gb(total_memory)
+            ),
+        ));
+    }
+    Ok(())
+}
+
 pub fn load_with_form(dir: &Path, wanted: weight_form::Override) -> Result<(Box<dyn LanguageModel>, WeightChoice)> {
     let mut config = ModelConfig::load(dir)?;
+    check_fits_memory(dir, crate::device::total_memory())?;
     let mut weights = Weights::load(dir)?;
     if config.is_hybrid() {
         hybrid::normalize_layout(&mut weights, config.quant.as_mut())?;

@@ -4,6 +4,7 @@
 
 pub mod anthropic;
 pub mod connections;
+mod engine_threads;
 pub mod error;
 #[cfg(test)]
 mod fuzz;

@@ -1,4 +1,5 @@
-//! The engine runs on one thread of its own (MLX state stays on it); requests reach it as
+//! The engine runs on one thread of its own (MLX state stays on it; the thread is reused by
+//! the next engine, see `engine_threads.rs`); requests reach it as
 //! jobs through a FIFO queue and answer through a channel of events. A job whose client has
 //! gone is cancelled at its next token, and its cache is dropped with it.
 
@@ -104,7 +105,8 @@ pub struct Worker {
     current: Arc<std::sync::Mutex<Option<CancelToken>>>,
     /// Set by shutdown: a running tune stops at its next run instead of outliving the server.
     stopping: Arc<AtomicBool>,
-    thread: std::sync::Mutex<Option<std::thread::JoinHandle<()>>>,
+    /// Set when the engine's body has ended (it runs on a reused thread: `engine_threads.rs`).
+    finished: crate::engine_threads::Finished,
     pub queue_depth: Arc<AtomicUsize>,
     /// See [`WorkerOptions::max_queued`].
     max_queued: usize,
@@ -240,7 +242,7 @@ impl Worker {
         let running = current.clone();
         let stopping = Arc::new(AtomicBool::new(false));
         let stop_tune = stopping.clone();
-        let thread = std::thread::Builder::new().name("ferrite-engine".into()).spawn(move || {
+        let finished = crate::engine_threads::run(move || {
             let engine = match Engine::load_with(&dir, profile.clone()) {
                 Ok(e) => e,
                 Err(e) => {
@@ -338,13 +340,16 @@ impl Worker {
                 }
                 life.touch();
             }
+            // The worker is gone (a model swap, a shutdown): the model goes now; the thread
+            // waits for the next engine.
+            drop(engine);
         })?;
         let info = ready_rx.recv().map_err(|_| anyhow::anyhow!("the engine thread stopped while loading"))??;
         Ok(Worker {
             jobs: std::sync::Mutex::new(Some(jobs)),
             current,
             stopping,
-            thread: std::sync::Mutex::new(Some(thread)),
+            finished,
             queue_depth,
             max_queued: max_queued.unwrap_or(MAX_QUEUED_JOBS),
             info,
@@ -399,14 +404,11 @@ impl Worker {
         if let Some(cancel) = self.current.lock().ok().and_then(|c| c.clone()) {
             cancel.cancel();
         }
-        let Some(thread) = self.thread.lock().ok().and_then(|mut t| t.take()) else { return };
         let deadline = std::time::Instant::now() + wait;
-        while !thread.is_finished() && std::time::Instant::now() < deadline {
+        while !self.finished.is_finished() && std::time::Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(10));
         }
-        if thread.is_finished() {
-            let _ = thread.join();
-        } else {
+        if !self.finished.is_finished() {
             tracing::warn!("the engine thread did not stop within {wait:?}");
         }
     }

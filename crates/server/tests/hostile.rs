@@ -18,7 +18,7 @@ fn control_requests() -> Vec<(&'static str, Value)> {
         ("/v1/store/cancel", json!({"model": "test/none"})),
         ("/v1/store/delete", json!({"model": "test/none"})),
         ("/v1/store/folder", json!({"dir": "/tmp/ferrite-hostile-folder"})),
-        ("/v1/tune", json!({"tokens": 8, "repetitions": 1})),
+        ("/v1/tune", json!({"tokens": 8, "reps": 1})),
         ("/v1/tune/cancel", json!({})),
     ]
 }

@@ -1,6 +1,7 @@
 """`ferrite serve` on the embedded default model, as a user starts it for an agent, with the real
 agent clients that scripts/setup.sh --tests installs from npm (third_party/agents)."""
 
+import json
 import os
 import re
 import socket
@@ -88,6 +89,35 @@ def home(tmp_path):
     (tmp_path / "home").mkdir()
     (tmp_path / "work").mkdir()
     return tmp_path
+
+
+def opencode_config(base: str, work: Path) -> Path:
+    """An opencode config with Ferrite as an `@ai-sdk/openai-compatible` provider, in `work`."""
+    config = {
+        "$schema": "https://opencode.ai/config.json",
+        "provider": {"ferrite": {
+            "npm": "@ai-sdk/openai-compatible",
+            "name": "Ferrite",
+            "options": {"baseURL": base + "/v1"},
+            "models": {"default": {"name": "Ferrite default"}},
+        }},
+        "model": "ferrite/default",
+    }
+    path = work / "opencode.json"
+    path.write_text(json.dumps(config))
+    return path
+
+
+def codex_home(base: str, home: Path) -> Path:
+    """A CODEX_HOME whose config adds Ferrite as a model provider (Responses is the only wire
+    API Codex speaks): the one setting a Codex user adds."""
+    config = home / ".codex"
+    config.mkdir()
+    (config / "config.toml").write_text(
+        'model_provider = "ferrite"\n\n[model_providers.ferrite]\nname = "Ferrite"\n'
+        f'base_url = "{base}/v1"\nwire_api = "responses"\n'
+    )
+    return config
 
 
 def client(name: str) -> Path:

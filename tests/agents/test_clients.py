@@ -2,9 +2,7 @@
 address, complete a turn against `ferrite serve` on the embedded model: exit status 0, the
 answer on stdout, and no request of theirs refused (the server log has no 4xx)."""
 
-import json
-
-from conftest import client, run_client
+from conftest import client, codex_home, opencode_config, run_client
 
 
 def check(done, server, name):
@@ -23,31 +21,13 @@ def test_claude_code_completes_a_turn(server, home):
 
 def test_opencode_completes_a_turn(server, home):
     opencode = client("opencode")
-    config = {
-        "$schema": "https://opencode.ai/config.json",
-        "provider": {"ferrite": {
-            "npm": "@ai-sdk/openai-compatible",
-            "name": "Ferrite",
-            "options": {"baseURL": server.base + "/v1"},
-            "models": {"default": {"name": "Ferrite default"}},
-        }},
-        "model": "ferrite/default",
-    }
-    path = home / "work" / "opencode.json"
-    path.write_text(json.dumps(config))
+    path = opencode_config(server.base, home / "work")
     done = run_client([opencode, "run", "Say hello"], home, {"OPENCODE_CONFIG": str(path)})
     check(done, server, "opencode")
 
 
 def test_codex_completes_a_turn(server, home):
     codex = client("codex")
-    # A model provider for Ferrite: the one setting a Codex user adds (Responses is the only
-    # wire API Codex speaks).
-    config = home / "home" / ".codex"
-    config.mkdir()
-    (config / "config.toml").write_text(
-        'model_provider = "ferrite"\n\n[model_providers.ferrite]\nname = "Ferrite"\n'
-        f'base_url = "{server.base}/v1"\nwire_api = "responses"\n'
-    )
+    config = codex_home(server.base, home / "home")
     done = run_client([codex, "exec", "--skip-git-repo-check", "Say hello"], home, {"CODEX_HOME": str(config)})
     check(done, server, "codex")

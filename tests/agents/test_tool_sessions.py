@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import client, run_client, start_server
+from conftest import client, codex_home, opencode_config, run_client, start_server
 
 CONTENT = "hello from ferrite\n"
 # Room for the scripted replies (Codex's is ~70 tokens); unscripted requests (titles) stop here.
@@ -87,18 +87,7 @@ def test_claude_code_writes_a_file_with_its_write_tool(session):
 def test_opencode_writes_a_file_with_its_write_tool(session):
     server, root = session
     opencode, mark = client("opencode"), server.mark()
-    config = {
-        "$schema": "https://opencode.ai/config.json",
-        "provider": {"ferrite": {
-            "npm": "@ai-sdk/openai-compatible",
-            "name": "Ferrite",
-            "options": {"baseURL": server.base + "/v1"},
-            "models": {"default": {"name": "Ferrite default"}},
-        }},
-        "model": "ferrite/default",
-    }
-    path = root / "opencode" / "work" / "opencode.json"
-    path.write_text(json.dumps(config))
+    path = opencode_config(server.base, root / "opencode" / "work")
     done = run_client([opencode, "run", "Create opencode.txt"], home_of(root, "opencode"), {"OPENCODE_CONFIG": str(path)})
     check_session(done, server, mark, root, "opencode")
 
@@ -106,12 +95,7 @@ def test_opencode_writes_a_file_with_its_write_tool(session):
 def test_codex_writes_a_file_with_apply_patch(session):
     server, root = session
     codex, mark = client("codex"), server.mark()
-    config = root / "codex" / "home" / ".codex"
-    config.mkdir()
-    (config / "config.toml").write_text(
-        'model_provider = "ferrite"\n\n[model_providers.ferrite]\nname = "Ferrite"\n'
-        f'base_url = "{server.base}/v1"\nwire_api = "responses"\n'
-    )
+    config = codex_home(server.base, root / "codex" / "home")
     # Codex's Linux sandbox (Landlock) cannot write in this container: the test's own temporary
     # folder is the sandbox.
     done = run_client([codex, "exec", "--skip-git-repo-check", "--dangerously-bypass-approvals-and-sandbox",

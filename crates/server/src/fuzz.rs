@@ -99,3 +99,17 @@ pub fn body() -> impl Strategy<Value = Vec<u8>> {
         1 => prop::collection::vec(any::<u8>(), 0..64),
     ]
 }
+
+/// `text` cut at the (character-boundary) positions `cuts` pick, in order.
+pub fn split<'t>(text: &'t str, cuts: &[prop::sample::Index]) -> Vec<&'t str> {
+    let mut at: Vec<usize> =
+        cuts.iter().map(|i| i.index(text.len() + 1)).filter(|&i| text.is_char_boundary(i)).collect();
+    at.sort();
+    let (mut pieces, mut last) = (vec![], 0);
+    for i in at {
+        pieces.push(&text[last..i]);
+        last = i;
+    }
+    pieces.push(&text[last..]);
+    pieces
+}

@@ -149,14 +149,7 @@ mod tests {
             #[test]
             fn any_split_gives_the_same_split(text in answer(), thinking in any::<bool>(), cuts in prop::collection::vec(any::<prop::sample::Index>(), 0..8)) {
                 let whole = run(thinking, &[&text]);
-                let mut at: Vec<usize> = cuts.iter().map(|i| i.index(text.len() + 1)).filter(|&i| text.is_char_boundary(i)).collect();
-                at.sort();
-                let (mut pieces, mut last) = (vec![], 0);
-                for i in at {
-                    pieces.push(&text[last..i]);
-                    last = i;
-                }
-                pieces.push(&text[last..]);
+                let pieces = crate::fuzz::split(&text, &cuts);
                 prop_assert_eq!(run(thinking, &pieces), whole.clone());
                 prop_assert!(whole.0.len() + whole.1.len() <= text.len());
             }

@@ -496,15 +496,7 @@ mod tests {
             fn any_split_gives_the_same_answer(text in answer(), cuts in prop::collection::vec(any::<prop::sample::Index>(), 0..8)) {
                 let tools = [json!({"type": "function", "function": {"name": "run", "parameters": {"properties": {"x": {"type": "integer"}}}}})];
                 let whole = run_events(&mut ToolCallParser::for_tools(&tools), &[&text]);
-                let mut at: Vec<usize> = cuts.iter().map(|i| i.index(text.len() + 1)).filter(|&i| text.is_char_boundary(i)).collect();
-                at.sort();
-                let mut pieces = vec![];
-                let mut last = 0;
-                for i in at {
-                    pieces.push(&text[last..i]);
-                    last = i;
-                }
-                pieces.push(&text[last..]);
+                let pieces = crate::fuzz::split(&text, &cuts);
                 let split = run_events(&mut ToolCallParser::for_tools(&tools), &pieces);
                 prop_assert_eq!(&whole.0, &split.0);
                 let calls = |e: &Vec<CallEvent>| CallEvent::completed(e.clone()).collect::<Vec<_>>();

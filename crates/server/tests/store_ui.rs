@@ -12,6 +12,21 @@ use common::post;
 use serde_json::{json, Value};
 use server::models::StoreAccess;
 
+/// The store listing once the first download has ended (done or failed).
+async fn download_ended(s: &common::Server) -> Value {
+    let ended = async {
+        loop {
+            let v: Value = reqwest::get(format!("{}/v1/store", s.base)).await.unwrap().json().await.unwrap();
+            let state = v["downloads"][0]["state"]["state"].clone();
+            if state == "done" || state == "failed" {
+                return v;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(60), ended).await.expect("the download ended")
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn choose_pull_list_and_delete_from_the_ui() {
     let tmp = tempfile::tempdir().unwrap();
@@ -40,17 +55,7 @@ async fn choose_pull_list_and_delete_from_the_ui() {
     let (code, v) = post(&s, "/v1/store/pull", &json!({"model": "test/hybrid"})).await;
     assert_eq!(code, 202, "{v}");
     assert_eq!(v["repo"], "test/hybrid");
-    let listing = async {
-        loop {
-            let v: Value = reqwest::get(format!("{}/v1/store", s.base)).await.unwrap().json().await.unwrap();
-            let state = v["downloads"][0]["state"]["state"].clone();
-            if state == "done" || state == "failed" {
-                return v;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    };
-    let v = tokio::time::timeout(Duration::from_secs(60), listing).await.expect("the download ended");
+    let v = download_ended(&s).await;
     assert_eq!(v["downloads"][0]["state"]["state"], "done", "{v}");
     assert_eq!(v["downloads"][0]["done_bytes"], v["downloads"][0]["total_bytes"]);
     let installed = v["installed"].as_array().unwrap();
@@ -101,17 +106,7 @@ async fn a_model_the_engine_would_refuse_never_counts_as_installed() {
     assert_eq!(code, 200, "{v}");
     let (code, v) = post(&s, "/v1/store/pull", &json!({"model": "test/hostile"})).await;
     assert_eq!(code, 202, "{v}");
-    let ended = async {
-        loop {
-            let v: Value = reqwest::get(format!("{}/v1/store", s.base)).await.unwrap().json().await.unwrap();
-            let state = v["downloads"][0]["state"]["state"].clone();
-            if state == "done" || state == "failed" {
-                return v;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    };
-    let v = tokio::time::timeout(Duration::from_secs(60), ended).await.expect("the download ended");
+    let v = download_ended(&s).await;
     assert_eq!(v["downloads"][0]["state"]["state"], "failed", "{v}");
     let why = v["downloads"][0]["state"]["detail"].as_str().unwrap();
     assert!(why.contains("does not load") && why.contains("num_hidden_layers"), "{why}");

@@ -262,9 +262,8 @@ fn is_hex(s: &str, len: usize) -> bool {
 }
 
 /// The hub's answer is untrusted: its commit names a folder, its file names name files, its
-/// hashes name blobs. (hf-hub itself names each blob after the download's ETag header, which
-/// Ferrite does not see before hf-hub writes; the hash checked after the download is the
-/// answer's, validated here.)
+/// hashes name blobs. (The download's own headers, which hf-hub names its paths after, are
+/// checked by `check_download_headers` and `check_written`.)
 fn check_answer(repo: &str, info: &RepoInfo) -> Result<(), DownloadError> {
     let bad = |what: String| Err(DownloadError::Unsafe(format!("the hub's answer for `{repo}`: {what}")));
     if !is_hex(&info.sha, 40) {
@@ -285,6 +284,23 @@ fn check_answer(repo: &str, info: &RepoInfo) -> Result<(), DownloadError> {
         }
     }
     Ok(())
+}
+
+/// Where hf-hub wrote a file must be the repository's `blobs/`, linked from the snapshot: a
+/// file written elsewhere (a hub that named another path the second time it was asked) is
+/// removed and the download refused.
+fn check_written(repo_dir: &Path, snapshot: &Path, written: &Path) -> Result<(), DownloadError> {
+    let blobs = repo_dir.join("blobs").canonicalize().ok();
+    let blob = written.canonicalize().ok();
+    let inside = matches!((&blob, &blobs), (Some(b), Some(dir)) if b.starts_with(dir)) && written.starts_with(snapshot);
+    if inside {
+        return Ok(());
+    }
+    if let Some(blob) = blob {
+        let _ = std::fs::remove_file(blob);
+    }
+    let _ = std::fs::remove_file(written);
+    Err(DownloadError::Unsafe(format!("hf-hub wrote {} outside the repository's folder", written.display())))
 }
 
 /// Files a model needs (weights, configs, tokenizer, template); not other formats' weights.
@@ -361,12 +377,16 @@ impl Job {
                     last: Arc::new(Mutex::new(Instant::now())),
                 };
                 let mut cancel = self.cancel.clone();
+                self.check_download_headers(&endpoint, &info.sha, &file.rfilename).await?;
                 let result = tokio::select! {
                     r = api_repo.download_with_progress(&file.rfilename, counter) => r,
                     _ = cancel.wait_for(|c| *c) => return Err(DownloadError::Cancelled),
                 };
                 match result {
-                    Ok(_) => break,
+                    Ok(written) => {
+                        check_written(&repo_dir, &snapshot, &written)?;
+                        break;
+                    }
                     Err(e) => {
                         let e = self.classify(&repo_dir, &file.rfilename, e);
                         let resumable = matches!(e, DownloadError::Interrupted { .. } | DownloadError::Network { .. });
@@ -393,6 +413,34 @@ impl Job {
         let _ = std::fs::create_dir_all(&refs);
         let _ = std::fs::write(refs.join(revision), &info.sha);
         Ok(snapshot)
+    }
+
+    /// hf-hub names a file's blob after the `ETag` (or `X-Linked-Etag`) header of its download
+    /// and its snapshot folder after `X-Repo-Commit`, as the hub sends them. Before hf-hub
+    /// asks, Ferrite asks the same way and refuses values that are not the hashes they should
+    /// be (a hub whose second answer differs is caught after the download: `check_written`).
+    async fn check_download_headers(&self, endpoint: &str, commit: &str, file: &str) -> Result<(), DownloadError> {
+        let Request { repo, revision, .. } = &self.request;
+        let url = format!("{endpoint}/{repo}/resolve/{}/{file}", revision.replace('/', "%2F"));
+        let network =
+            |e: reqwest::Error| DownloadError::Network { endpoint: endpoint.to_string(), message: e.to_string() };
+        let client = reqwest::Client::builder().redirect(reqwest::redirect::Policy::none()).build().map_err(network)?;
+        let mut req = client.get(&url).header(reqwest::header::RANGE, "bytes=0-0");
+        if let Some(token) = &self.options.token {
+            req = req.bearer_auth(token);
+        }
+        let res = req.send().await.map_err(network)?;
+        let header = |name: &str| res.headers().get(name).and_then(|v| v.to_str().ok()).map(|v| v.replace('"', ""));
+        let bad = |what: String| Err(DownloadError::Unsafe(format!("the hub's answer for `{repo}`: {what}")));
+        if let Some(etag) = header("x-linked-etag").or_else(|| header("etag")) {
+            if !(is_hex(&etag, 40) || is_hex(&etag, 64)) {
+                return bad(format!("the ETag of {file} (`{}`) is not a hash", etag.escape_debug()));
+            }
+        }
+        if let Some(head) = header("x-repo-commit").filter(|c| c != commit) {
+            return bad(format!("the commit of {file} (`{}`) is not the repository's `{commit}`", head.escape_debug()));
+        }
+        Ok(())
     }
 
     async fn repo_info(&self, endpoint: &str) -> Result<RepoInfo, DownloadError> {

@@ -248,13 +248,16 @@ async fn hostile_names_and_hub_answers_never_reach_a_path() {
         assert!(matches!(err, DownloadError::Unsafe(_)), "{repo}@{revision}: {err}");
         assert!(err.to_string().contains("refused"), "{err}");
     }
-    // Values in the hub's answer: a commit, a file name, a hash that would name paths.
+    // Values in the hub's answer: a commit, a file name, a hash, headers that would name paths.
     type Fault = fn(&mut hub::Faults);
-    let hostile: [(Fault, &str); 4] = [
+    let hostile: [(Fault, &str); 6] = [
         (|f| f.commit = Some("../../../../escaped".into()), "commit"),
         (|f| f.commit = Some("g".repeat(40)), "commit"),
         (|f| f.first_name = Some("../../../escaped.json".into()), "file name"),
         (|f| f.sha256 = Some("../../escaped".into()), "hash"),
+        // The download's own headers, which hf-hub names its blob and snapshot after.
+        (|f| f.etag_header = Some("../../../../escaped-blob".into()), "ETag"),
+        (|f| f.commit_header = Some("../../../../escaped-snapshot".into()), "commit"),
     ];
     for (fault, what) in hostile {
         *s.hub.hub.faults.lock().unwrap() = Default::default();

@@ -37,8 +37,11 @@ pub struct Faults {
     pub commit: Option<String>,
     /// ... this name for the first file ...
     pub first_name: Option<String>,
-    /// ... this LFS hash for every LFS file.
+    /// ... this LFS hash for every LFS file ...
     pub sha256: Option<String>,
+    /// ... these download headers (what hf-hub names its blob and snapshot folders after).
+    pub etag_header: Option<String>,
+    pub commit_header: Option<String>,
 }
 
 /// A repository's commit hash and files.
@@ -164,18 +167,22 @@ async fn resolve(
     let Some((commit, f)) = hub.file(&repo, &file) else {
         return StatusCode::NOT_FOUND.into_response();
     };
+    let (commit, etag) = {
+        let faults = hub.faults.lock().unwrap();
+        (faults.commit_header.clone().unwrap_or(commit), faults.etag_header.clone().unwrap_or_else(|| f.etag.clone()))
+    };
     if f.lfs {
         // As the hub does for LFS files: metadata on the redirect, bytes from elsewhere.
         return Response::builder()
             .status(StatusCode::FOUND)
             .header("location", format!("{cdn_base}/cdn/{repo}/{file}"))
             .header("x-repo-commit", commit)
-            .header("x-linked-etag", format!("\"{}\"", f.etag))
+            .header("x-linked-etag", format!("\"{etag}\""))
             .header("x-linked-size", f.bytes.len())
             .body(Body::empty())
             .unwrap();
     }
-    body(&hub, &repo, &f, &headers, Some(commit))
+    body(&hub, &repo, &f, &headers, Some((commit, etag)))
 }
 
 async fn cdn(
@@ -191,7 +198,7 @@ async fn cdn(
 }
 
 /// The file's bytes, or the requested range of them, with the injected faults.
-fn body(hub: &Hub, repo: &str, f: &File, headers: &HeaderMap, commit: Option<String>) -> Response {
+fn body(hub: &Hub, repo: &str, f: &File, headers: &HeaderMap, commit: Option<(String, String)>) -> Response {
     let len = f.bytes.len() as u64;
     let (start, end) = headers
         .get("range")
@@ -239,8 +246,8 @@ fn body(hub: &Hub, repo: &str, f: &File, headers: &HeaderMap, commit: Option<Str
         .header("content-range", format!("bytes {start}-{end}/{len}"))
         .header("accept-ranges", "bytes")
         .header("content-length", end - start + 1);
-    if let Some(commit) = commit {
-        r = r.header("x-repo-commit", commit).header("etag", format!("\"{}\"", f.etag));
+    if let Some((commit, etag)) = commit {
+        r = r.header("x-repo-commit", commit).header("etag", format!("\"{etag}\""));
     }
     r.body(Body::from_stream(stream)).unwrap()
 }

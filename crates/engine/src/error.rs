@@ -29,6 +29,10 @@ pub enum Error {
     Template(String),
     #[error("request: {0}")]
     Request(String),
+    /// A request setting out of range: the field (as the APIs name it) and what is wrong with
+    /// it, so a server can point at the field without reading the message.
+    #[error("request: {field} {message}")]
+    Field { field: &'static str, message: String },
     /// The caller stopped a long operation (a tune) before it ended.
     #[error("cancelled: {0}")]
     Cancelled(String),

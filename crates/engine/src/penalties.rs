@@ -38,15 +38,15 @@ impl Penalties {
     }
 
     pub fn validate(&self) -> Result<()> {
-        let bad = |m: String| Err(Error::Request(m));
+        let bad = |field: &'static str, message: String| Err(Error::Field { field, message });
         if !(self.repetition > 0.0 && self.repetition.is_finite()) {
-            return bad(format!("repetition_penalty must be > 0, got {}", self.repetition));
+            return bad("repetition_penalty", format!("must be > 0, got {}", self.repetition));
         }
         if !(-2.0..=2.0).contains(&self.presence) {
-            return bad(format!("presence_penalty must be in [-2, 2], got {}", self.presence));
+            return bad("presence_penalty", format!("must be in [-2, 2], got {}", self.presence));
         }
         if !(-2.0..=2.0).contains(&self.frequency) {
-            return bad(format!("frequency_penalty must be in [-2, 2], got {}", self.frequency));
+            return bad("frequency_penalty", format!("must be in [-2, 2], got {}", self.frequency));
         }
         Ok(())
     }

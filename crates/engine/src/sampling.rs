@@ -40,18 +40,18 @@ impl SamplingParams {
     }
 
     pub fn validate(&self) -> Result<()> {
-        let bad = |m: String| Err(Error::Request(m));
+        let bad = |field: &'static str, message: String| Err(Error::Field { field, message });
         if !(self.temperature >= 0.0 && self.temperature.is_finite()) {
-            return bad(format!("temperature must be >= 0, got {}", self.temperature));
+            return bad("temperature", format!("must be >= 0, got {}", self.temperature));
         }
         if !(self.top_p > 0.0 && self.top_p <= 1.0) {
-            return bad(format!("top_p must be in (0, 1], got {}", self.top_p));
+            return bad("top_p", format!("must be in (0, 1], got {}", self.top_p));
         }
         if self.top_k < 0 {
-            return bad(format!("top_k must be >= 0, got {}", self.top_k));
+            return bad("top_k", format!("must be >= 0, got {}", self.top_k));
         }
         if !(0.0..=1.0).contains(&self.min_p) {
-            return bad(format!("min_p must be in [0, 1], got {}", self.min_p));
+            return bad("min_p", format!("must be in [0, 1], got {}", self.min_p));
         }
         self.penalties.validate()
     }

@@ -173,7 +173,29 @@ impl Tokenizer {
     }
 
     /// Renders the chat template. `extra` adds template variables such as `enable_thinking`.
+    ///
+    /// Agents send system turns among the others (Claude Code's reminders), and some
+    /// templates refuse any system turn but the first (Qwen3.5's raises "System message must be
+    /// at the beginning"). When a template raises on such a conversation, it is rendered again
+    /// with the system turns folded where the template takes them ([`fold_system_turns`]).
     pub fn apply_chat_template(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+        extra: &serde_json::Map<String, serde_json::Value>,
+    ) -> Result<String> {
+        let raised = match self.render(messages, add_generation_prompt, extra) {
+            Err(Error::Template(e)) if e.starts_with(RAISED) => Error::Template(e),
+            other => return other,
+        };
+        let later_system = messages.iter().skip(1).any(|m| m.role == "system");
+        if !later_system {
+            return Err(raised);
+        }
+        self.render(&fold_system_turns(messages), add_generation_prompt, extra).map_err(|_| raised)
+    }
+
+    fn render(
         &self,
         messages: &[ChatMessage],
         add_generation_prompt: bool,
@@ -203,10 +225,51 @@ impl Tokenizer {
                 "the chat template of {} ran longer than {TEMPLATE_FUEL} steps: refused (a template that loops)",
                 self.path.display()
             )),
+            minijinja::ErrorKind::InvalidOperation if e.detail().is_some_and(|d| d.starts_with(RAISED)) => {
+                Error::Template(e.detail().unwrap_or_default().to_string())
+            }
             _ => Error::Template(e.to_string()),
         })?;
         String::from_utf8(out.text).map_err(|e| Error::Template(format!("the chat template wrote invalid UTF-8: {e}")))
     }
+}
+
+/// How an error the template raised itself (`raise_exception`) begins.
+const RAISED: &str = "the chat template refused the conversation: ";
+
+/// The same conversation with system turns only at its start, for templates that take no
+/// other: the leading system turns joined into one, and each later one put before the next
+/// user turn's text (or, with no user turn right after it, as a user turn of its own).
+pub fn fold_system_turns(messages: &[ChatMessage]) -> Vec<ChatMessage> {
+    let leading = messages.iter().take_while(|m| m.role == "system").count();
+    let mut out = Vec::with_capacity(messages.len());
+    if leading > 0 {
+        let text: Vec<&str> = messages[..leading].iter().map(|m| m.content.as_str()).collect();
+        out.push(ChatMessage::new("system", &text.join("\n\n")));
+    }
+    let mut pending: Vec<&str> = Vec::new();
+    for m in &messages[leading..] {
+        if m.role == "system" {
+            pending.push(&m.content);
+            continue;
+        }
+        if !pending.is_empty() {
+            let system = pending.join("\n\n");
+            pending.clear();
+            if m.role == "user" {
+                let mut turn = m.clone();
+                turn.content = format!("{system}\n\n{}", m.content);
+                out.push(turn);
+                continue;
+            }
+            out.push(ChatMessage::new("user", &system));
+        }
+        out.push(m.clone());
+    }
+    if !pending.is_empty() {
+        out.push(ChatMessage::new("user", &pending.join("\n\n")));
+    }
+    out
 }
 
 /// Templates ship with models, so they are untrusted: a render may take at most this many
@@ -240,11 +303,15 @@ impl std::io::Write for Bounded {
 /// Hugging Face templates use.
 fn template_env(template: String) -> Result<minijinja::Environment<'static>> {
     let mut env = minijinja::Environment::new();
+    // As transformers compiles chat templates: a block tag's newline is dropped, and the
+    // whitespace before a block tag on its line.
+    env.set_trim_blocks(true);
+    env.set_lstrip_blocks(true);
     env.set_fuel(Some(TEMPLATE_FUEL));
     minijinja_contrib::add_to_environment(&mut env);
     env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
     env.add_function("raise_exception", |msg: String| -> std::result::Result<String, minijinja::Error> {
-        Err(minijinja::Error::new(minijinja::ErrorKind::InvalidOperation, msg))
+        Err(minijinja::Error::new(minijinja::ErrorKind::InvalidOperation, format!("{RAISED}{msg}")))
     });
     env.add_filter("tojson", python_tojson);
     env.add_template_owned("chat", template).map_err(|e| Error::Template(e.to_string()))?;
@@ -348,8 +415,46 @@ impl StreamDecoder {
 }
 
 #[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn system_turns_fold_to_the_start_and_before_the_next_user_turn() {
+        let m = |role: &str, text: &str| ChatMessage::new(role, text);
+        let folded = fold_system_turns(&[
+            m("system", "a"),
+            m("system", "b"),
+            m("user", "u1"),
+            m("assistant", "x"),
+            m("system", "r1"),
+            m("system", "r2"),
+            m("user", "u2"),
+            m("assistant", "y"),
+            m("system", "r3"),
+            m("tool", "t"),
+            m("system", "last"),
+        ]);
+        let got: Vec<(&str, &str)> = folded.iter().map(|m| (m.role.as_str(), m.content.as_str())).collect();
+        assert_eq!(
+            got,
+            [
+                ("system", "a\n\nb"),
+                ("user", "u1"),
+                ("assistant", "x"),
+                ("user", "r1\n\nr2\n\nu2"),
+                ("assistant", "y"),
+                ("user", "r3"),
+                ("tool", "t"),
+                ("user", "last")
+            ]
+        );
+    }
+}
+
+#[cfg(test)]
 mod fuzz {
     use super::*;
+
     use proptest::prelude::*;
 
     fn embedded() -> &'static Tokenizer {

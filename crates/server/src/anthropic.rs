@@ -9,15 +9,14 @@ use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use engine::tokenizer::{ChatMessage, ToolCall};
-use engine::{FinishReason, GenerateRequest, SamplingParams, Summary};
+use engine::{GenerateRequest, SamplingParams};
 use futures_util::stream::StreamExt;
-use serde::Deserialize;
-use serde_json::{json, Value};
-use tokio_stream::wrappers::ReceiverStream;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
 
+use crate::answer::{self, Answer, Finish, Settings, Step, TemplateTool};
 use crate::error::{parse, AnthropicError, ApiError};
-use crate::tools::CallEvent;
-use crate::worker::{Clamp, ClampedBy, JobEvent, Prompt, Running};
+use crate::worker::{ClampedBy, Prompt};
 use crate::AppState;
 
 #[derive(Debug, Deserialize)]
@@ -196,7 +195,7 @@ fn prompt(p: &PromptPart) -> Result<Prompt, ApiError> {
             match b.kind.as_str() {
                 "tool_use" => turn
                     .tool_calls
-                    .push(ToolCall::new(b.name.as_deref().unwrap_or_default(), b.input.clone().unwrap_or(json!({})))),
+                    .push(ToolCall::new(b.name.as_deref().unwrap_or_default(), b.input.clone().unwrap_or_default())),
                 "tool_result" => {
                     let mut result = ChatMessage::new("tool", &b.content.as_deref().map(text_of).unwrap_or_default());
                     result.tool_call_id = b.tool_use_id.clone();
@@ -211,15 +210,12 @@ fn prompt(p: &PromptPart) -> Result<Prompt, ApiError> {
     }
     let mut vars = serde_json::Map::new();
     if !p.tools.is_empty() {
-        let tools: Vec<Value> = p
+        let tools: Vec<TemplateTool> = p
             .tools
             .iter()
-            .map(|t| {
-                json!({"type": "function", "function": {"name": t.name, "description": t.description,
-            "parameters": t.input_schema.clone().unwrap_or(json!({"type": "object", "properties": {}}))}})
-            })
+            .map(|t| TemplateTool::function(&t.name, t.description.clone(), t.input_schema.clone()))
             .collect();
-        vars.insert("tools".into(), Value::Array(tools));
+        vars.insert("tools".into(), TemplateTool::variable(&tools));
     }
     let effort = p.output_config.as_ref().and_then(|o| o.effort.as_deref());
     let thinking = match (p.thinking.as_ref().map(|t| t.kind.as_str()), effort) {
@@ -244,24 +240,13 @@ fn prompt(p: &PromptPart) -> Result<Prompt, ApiError> {
 /// and at the server's `--max-output-tokens` the server ended the turn (`end_turn`; the
 /// `x-ferrite-max-tokens-clamped-by: server` header says so). Agents answer `max_tokens` by
 /// asking again for more, which a cap on this server would only repeat.
-/// Anthropic's usage: `input_tokens` are the prompt tokens computed for this request, and
-/// `cache_read_input_tokens` those restored from the prompt cache (the three input counts add
-/// up to the prompt). Ferrite caches every prompt by itself, so nothing counts as cache creation.
-fn usage(u: &engine::generate::Usage) -> Value {
-    json!({"input_tokens": u.prompt_tokens - u.cached_tokens.min(u.prompt_tokens), "output_tokens": u.completion_tokens,
-           "cache_read_input_tokens": u.cached_tokens, "cache_creation_input_tokens": 0})
-}
-
-fn stop_reason(s: &Summary, tool_use: bool, clamped: Option<Clamp>) -> &'static str {
-    if tool_use {
-        return "tool_use";
-    }
-    match (s.finish_reason, &s.stop_string, clamped.map(|c| c.by)) {
-        (FinishReason::Length, _, None) => "max_tokens",
-        (FinishReason::Length, _, Some(ClampedBy::Context)) => "model_context_window_exceeded",
-        (FinishReason::Length, _, Some(ClampedBy::ServerCap)) => "end_turn",
-        (_, Some(_), _) => "stop_sequence",
-        _ => "end_turn",
+fn stop_reason(answer: &Answer) -> &'static str {
+    match answer.finish {
+        _ if !answer.calls.is_empty() => "tool_use",
+        Finish::OutOfTokens(None) => "max_tokens",
+        Finish::OutOfTokens(Some(ClampedBy::Context)) => "model_context_window_exceeded",
+        Finish::OutOfTokens(Some(ClampedBy::ServerCap)) | Finish::EndOfTurn => "end_turn",
+        Finish::StopSequence => "stop_sequence",
     }
 }
 
@@ -270,7 +255,7 @@ pub async fn count_tokens(State(state): State<AppState>, body: Bytes) -> Result<
     let loaded = state.resolve_model(&p.model)?;
     let prompt = prompt(&p)?;
     let running = loaded.worker.run(prompt, GenerateRequest::greedy(vec![], 1), true).await?;
-    Ok(Json(json!({"input_tokens": running.prompt_tokens})).into_response())
+    Ok(Json(TokenCount { input_tokens: running.prompt_tokens }).into_response())
 }
 
 pub async fn messages(State(state): State<AppState>, body: Bytes) -> Result<Response, AnthropicError> {
@@ -278,172 +263,257 @@ pub async fn messages(State(state): State<AppState>, body: Bytes) -> Result<Resp
     let g: Generation = parse(&body)?;
     let loaded = state.resolve_model(&p.model)?;
     let prompt = prompt(&p)?;
-    if g.max_tokens == 0 {
-        return Err(ApiError::bad_request("max_tokens: must be at least 1").with_param("max_tokens").into());
-    }
-    if g.stop_sequences.iter().any(String::is_empty) {
-        return Err(ApiError::bad_request("stop_sequences: must not contain empty strings").into());
-    }
-    let sampling = SamplingParams {
-        temperature: g.temperature.unwrap_or(0.0),
-        top_p: g.top_p.unwrap_or(1.0),
-        top_k: g.top_k.unwrap_or(0),
-        ..Default::default()
-    };
-    sampling.validate().map_err(|e| ApiError::bad_request(e.to_string()))?;
-    let request = GenerateRequest {
-        sampling,
+    let settings = Settings {
+        max_tokens: g.max_tokens,
+        max_tokens_field: "max_tokens",
         stop: g.stop_sequences.clone(),
-        draft_depth: loaded.draft_depth,
-        ..GenerateRequest::greedy(vec![], g.max_tokens)
+        stop_field: "stop_sequences",
+        sampling: SamplingParams {
+            temperature: g.temperature.unwrap_or(0.0),
+            top_p: g.top_p.unwrap_or(1.0),
+            top_k: g.top_k.unwrap_or(0),
+            ..Default::default()
+        },
+        ignore_eos: false,
     };
-    let Running { events: mut rx, prompt_tokens, max_tokens, clamped, guard } =
-        loaded.worker.run(prompt, request, false).await?;
-    let headers = state.speed_headers(&loaded, max_tokens, clamped);
-    let id = format!("msg_{:024}", state.next_id());
-    let model = loaded.worker.info.id.clone();
+    let request = settings.request(&loaded)?;
+    let running = loaded.worker.run(prompt, request, false).await?;
+    let headers = state.speed_headers(&loaded, running.max_tokens, running.clamped);
+    let head = Head { id: format!("msg_{:024}", state.next_id()), model: loaded.worker.info.id.clone() };
 
     if !g.stream {
-        let (mut text, mut thinking, mut calls) = (String::new(), String::new(), Vec::new());
-        while let Some(event) = rx.recv().await {
-            match event {
-                JobEvent::Delta { content, reasoning, tool_calls } => {
-                    text.push_str(&content);
-                    thinking.push_str(&reasoning);
-                    calls.extend(CallEvent::completed(tool_calls));
-                }
-                JobEvent::Finished { summary, .. } => {
-                    let mut content = vec![];
-                    if !thinking.is_empty() {
-                        content.push(json!({"type": "thinking", "thinking": thinking, "signature": ""}));
-                    }
-                    if !text.is_empty() || calls.is_empty() {
-                        content.push(json!({"type": "text", "text": text}));
-                    }
-                    for (i, c) in calls.iter().enumerate() {
-                        content.push(json!({"type": "tool_use", "id": format!("toolu_{id}_{i}"), "name": c.name, "input": c.arguments}));
-                    }
-                    drop(guard);
-                    let body = json!({
-                        "id": id, "type": "message", "role": "assistant", "model": model, "content": content,
-                        "stop_reason": stop_reason(&summary, !calls.is_empty(), clamped), "stop_sequence": summary.stop_string,
-                        "usage": usage(&summary.usage),
-                    });
-                    return Ok((headers, Json(body)).into_response());
-                }
-                JobEvent::Failed(e) => return Err(e.into()),
-                JobEvent::Started { .. } => {}
-            }
+        let answer = answer::collect(running).await?;
+        let mut content = vec![];
+        if !answer.reasoning.is_empty() {
+            content.push(OutBlock::Thinking { thinking: answer.reasoning.clone(), signature: String::new() });
         }
-        return Err(ApiError::internal("the engine ended the request without a summary").into());
+        if !answer.text.is_empty() || answer.calls.is_empty() {
+            content.push(OutBlock::Text { text: answer.text.clone() });
+        }
+        for (i, c) in answer.calls.iter().enumerate() {
+            content.push(OutBlock::ToolUse {
+                id: head.tool_use_id(i),
+                name: c.name.clone(),
+                input: c.arguments.clone(),
+            });
+        }
+        return Ok((headers, Json(head.message(content, Some(&answer), Usage::of(&answer)))).into_response());
     }
 
-    // Streaming: a thinking block (if any) then a text block, each opened on its first delta.
-    let start = json!({"type": "message_start", "message": {
-        "id": id, "type": "message", "role": "assistant", "model": model, "content": [],
-        "stop_reason": null, "stop_sequence": null, "usage": {"input_tokens": prompt_tokens, "output_tokens": 0}}});
-    let mut blocks = BlockState::default();
-    let (mut tool_uses, mut tool_open) = (0usize, false);
-    let events = ReceiverStream::new(rx).flat_map(move |event| {
-        let _keep = &guard; // cancels the job when the client goes
-        let out = match event {
-            JobEvent::Delta { content, reasoning, tool_calls } => {
-                let mut out = vec![];
-                if !reasoning.is_empty() {
-                    out.extend(blocks.delta("thinking", json!({"type": "thinking_delta", "thinking": reasoning})));
-                }
-                if !content.is_empty() {
-                    out.extend(blocks.delta("text", json!({"type": "text_delta", "text": content})));
-                }
-                // A tool_use block streams as the call is written: it starts with the name and
-                // empty input, the input follows in JSON fragments, and it stops at the call's end.
-                for event in tool_calls {
-                    let delta = |index: usize, json: String| {
-                        ("content_block_delta", json!({"type": "content_block_delta", "index": index,
-                            "delta": {"type": "input_json_delta", "partial_json": json}}))
-                    };
-                    match event {
-                        CallEvent::Begin { name } => {
-                            out.extend(blocks.close());
-                            out.push(tool_use_start(&blocks, &id, tool_uses, &name));
-                            tool_open = true;
-                        }
-                        CallEvent::Arguments(a) => out.push(delta(blocks.index, a)),
-                        CallEvent::End(c) => {
-                            if !tool_open {
-                                out.extend(blocks.close());
-                                out.push(tool_use_start(&blocks, &id, tool_uses, &c.name));
-                                out.push(delta(blocks.index, c.arguments.to_string()));
-                            }
-                            out.push(("content_block_stop", json!({"type": "content_block_stop", "index": blocks.index})));
-                            blocks.index += 1;
-                            tool_uses += 1;
-                            tool_open = false;
-                        }
-                    }
-                }
-                out
-            }
-            JobEvent::Finished { summary, .. } => {
-                let mut out = blocks.close();
-                out.push(("message_delta", json!({"type": "message_delta",
-                    "delta": {"stop_reason": stop_reason(&summary, tool_uses > 0, clamped), "stop_sequence": summary.stop_string},
-                    "usage": usage(&summary.usage)})));
-                out.push(("message_stop", json!({"type": "message_stop"})));
-                out
-            }
-            JobEvent::Failed(e) => vec![("error", json!({"type": "error", "error": {"type": "api_error", "message": format!("{e:?}")}}))],
-            JobEvent::Started { .. } => vec![],
-        };
-        futures_util::stream::iter(out)
-    });
-    let stream = futures_util::stream::iter([("message_start", start), ("ping", json!({"type": "ping"}))])
-        .chain(events)
-        .map(|(name, data)| Ok::<_, Infallible>(SseEvent::default().event(name).data(data.to_string())));
+    // Streaming: a thinking block (if any) then a text block, each opened on its first delta;
+    // tool_use blocks as their calls are written.
+    let start = head.message(vec![], None, Usage { input_tokens: running.prompt_tokens, ..Default::default() });
+    let mut blocks = Blocks { head, open: None, index: 0 };
+    let stream = futures_util::stream::iter([Event::MessageStart { message: start }, Event::Ping])
+        .chain(answer::steps(running).flat_map(move |step| futures_util::stream::iter(blocks.of(step))))
+        .map(|event| Ok::<_, Infallible>(event.sse()));
     Ok((headers, Sse::new(stream).keep_alive(KeepAlive::default())).into_response())
 }
 
-/// The start of a streamed tool_use block (its input follows as JSON deltas).
-fn tool_use_start(blocks: &BlockState, id: &str, n: usize, name: &str) -> (&'static str, Value) {
-    let block = json!({"type": "tool_use", "id": format!("toolu_{id}_{n}"), "name": name, "input": {}});
-    ("content_block_start", json!({"type": "content_block_start", "index": blocks.index, "content_block": block}))
+/// What every message of one answer repeats.
+struct Head {
+    id: String,
+    model: String,
 }
 
-/// Which content block is open in a streamed message.
-#[derive(Default)]
-struct BlockState {
-    open: Option<&'static str>,
+impl Head {
+    fn tool_use_id(&self, n: usize) -> String {
+        format!("toolu_{}_{n}", self.id)
+    }
+
+    /// The message object (whole, or empty in `message_start`).
+    fn message(&self, content: Vec<OutBlock>, answer: Option<&Answer>, usage: Usage) -> OutMessage {
+        OutMessage {
+            id: self.id.clone(),
+            kind: "message",
+            role: "assistant",
+            model: self.model.clone(),
+            content,
+            stop_reason: answer.map(stop_reason),
+            stop_sequence: answer.and_then(|a| a.summary.stop_string.clone()),
+            usage,
+        }
+    }
+}
+
+/// A stream's content blocks: which one is open, and the index of the next.
+struct Blocks {
+    head: Head,
+    open: Option<Open>,
     index: usize,
 }
 
-impl BlockState {
-    fn delta(&mut self, kind: &'static str, delta: Value) -> Vec<(&'static str, Value)> {
+#[derive(Clone, Copy, PartialEq)]
+enum Open {
+    Thinking,
+    Text,
+    ToolUse,
+}
+
+impl Blocks {
+    fn of(&mut self, step: Step) -> Vec<Event> {
+        match step {
+            Step::Reasoning(thinking) => self.delta(Open::Thinking, Delta::Thinking { thinking }),
+            Step::Text(text) => self.delta(Open::Text, Delta::Text { text }),
+            // A tool_use block starts with the name and empty input; the input follows in JSON
+            // fragments, and it stops at the call's end.
+            Step::CallBegin { index, name } => self.open_tool_use(index, name),
+            Step::CallArguments { fragment, .. } => vec![self.input(fragment)],
+            Step::CallEnd { index, call, streamed } => {
+                let mut out = vec![];
+                if !streamed {
+                    out.extend(self.open_tool_use(index, call.name.clone()));
+                    out.push(self.input(call.arguments.to_string()));
+                }
+                out.extend(self.close());
+                out
+            }
+            Step::Finished(answer) => {
+                let mut out = self.close();
+                let delta = MessageDelta {
+                    stop_reason: stop_reason(&answer),
+                    stop_sequence: answer.summary.stop_string.clone(),
+                };
+                out.push(Event::MessageDelta { delta, usage: Usage::of(&answer) });
+                out.push(Event::MessageStop);
+                out
+            }
+            Step::Failed(e) => vec![Event::Error { error: ErrorBody { kind: "api_error", message: e.message } }],
+        }
+    }
+
+    fn delta(&mut self, kind: Open, delta: Delta) -> Vec<Event> {
         let mut out = vec![];
         if self.open != Some(kind) {
             out.extend(self.close());
-            let block = if kind == "thinking" {
-                json!({"type": "thinking", "thinking": "", "signature": ""})
-            } else {
-                json!({"type": "text", "text": ""})
+            let block = match kind {
+                Open::Thinking => OutBlock::Thinking { thinking: String::new(), signature: String::new() },
+                _ => OutBlock::Text { text: String::new() },
             };
-            out.push((
-                "content_block_start",
-                json!({"type": "content_block_start", "index": self.index, "content_block": block}),
-            ));
+            out.push(Event::ContentBlockStart { index: self.index, content_block: block });
             self.open = Some(kind);
         }
-        out.push(("content_block_delta", json!({"type": "content_block_delta", "index": self.index, "delta": delta})));
+        out.push(Event::ContentBlockDelta { index: self.index, delta });
         out
     }
 
-    fn close(&mut self) -> Vec<(&'static str, Value)> {
+    fn open_tool_use(&mut self, n: usize, name: String) -> Vec<Event> {
+        let mut out = self.close();
+        let block = OutBlock::ToolUse { id: self.head.tool_use_id(n), name, input: Value::Object(Default::default()) };
+        out.push(Event::ContentBlockStart { index: self.index, content_block: block });
+        self.open = Some(Open::ToolUse);
+        out
+    }
+
+    fn input(&self, partial_json: String) -> Event {
+        Event::ContentBlockDelta { index: self.index, delta: Delta::InputJson { partial_json } }
+    }
+
+    fn close(&mut self) -> Vec<Event> {
         match self.open.take() {
             Some(_) => {
-                let e = ("content_block_stop", json!({"type": "content_block_stop", "index": self.index}));
                 self.index += 1;
-                vec![e]
+                vec![Event::ContentBlockStop { index: self.index - 1 }]
             }
             None => vec![],
+        }
+    }
+}
+
+#[derive(Serialize)]
+struct TokenCount {
+    input_tokens: usize,
+}
+
+#[derive(Serialize)]
+struct OutMessage {
+    id: String,
+    #[serde(rename = "type")]
+    kind: &'static str,
+    role: &'static str,
+    model: String,
+    content: Vec<OutBlock>,
+    stop_reason: Option<&'static str>,
+    stop_sequence: Option<String>,
+    usage: Usage,
+}
+
+/// A content block of the answer.
+#[derive(Serialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+enum OutBlock {
+    Text { text: String },
+    Thinking { thinking: String, signature: String },
+    ToolUse { id: String, name: String, input: Value },
+}
+
+/// The streamed events; the SSE event's name is the payload's `type`.
+#[derive(Serialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+enum Event {
+    MessageStart { message: OutMessage },
+    Ping,
+    ContentBlockStart { index: usize, content_block: OutBlock },
+    ContentBlockDelta { index: usize, delta: Delta },
+    ContentBlockStop { index: usize },
+    MessageDelta { delta: MessageDelta, usage: Usage },
+    MessageStop,
+    Error { error: ErrorBody },
+}
+
+impl Event {
+    fn sse(&self) -> SseEvent {
+        let data = serde_json::to_value(self).unwrap_or(Value::Null);
+        let name = data["type"].as_str().unwrap_or("error").to_string();
+        SseEvent::default().event(name).data(data.to_string())
+    }
+}
+
+#[derive(Serialize)]
+#[serde(tag = "type")]
+enum Delta {
+    #[serde(rename = "text_delta")]
+    Text { text: String },
+    #[serde(rename = "thinking_delta")]
+    Thinking { thinking: String },
+    #[serde(rename = "input_json_delta")]
+    InputJson { partial_json: String },
+}
+
+#[derive(Serialize)]
+struct MessageDelta {
+    stop_reason: &'static str,
+    stop_sequence: Option<String>,
+}
+
+#[derive(Serialize)]
+struct ErrorBody {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    message: String,
+}
+
+/// Anthropic's usage: `input_tokens` are the prompt tokens computed for this request, and
+/// `cache_read_input_tokens` those restored from the prompt cache (the three input counts add
+/// up to the prompt). Ferrite caches every prompt by itself, so nothing counts as cache creation.
+#[derive(Default, Serialize)]
+struct Usage {
+    input_tokens: usize,
+    output_tokens: usize,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cache_read_input_tokens: Option<usize>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cache_creation_input_tokens: Option<usize>,
+}
+
+impl Usage {
+    fn of(answer: &Answer) -> Self {
+        let u = &answer.summary.usage;
+        Usage {
+            input_tokens: u.prompt_tokens - u.cached_tokens.min(u.prompt_tokens),
+            output_tokens: u.completion_tokens,
+            cache_read_input_tokens: Some(u.cached_tokens),
+            cache_creation_input_tokens: Some(0),
         }
     }
 }

@@ -2,6 +2,7 @@
 //! on its own thread ([`worker`]); handlers only translate between HTTP and engine events.
 //! It knows nothing of the app that may embed it.
 
+mod answer;
 pub mod anthropic;
 pub mod connections;
 mod engine_threads;

@@ -5,21 +5,22 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use axum::body::Bytes;
 use axum::extract::State;
+use axum::http::HeaderValue;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use engine::tokenizer::{ChatMessage, ToolCall};
-use engine::{FinishReason, GenerateRequest, SamplingParams};
+use engine::{GenerateRequest, SamplingParams};
 use futures_util::stream::StreamExt;
-use serde::Deserialize;
-use serde_json::{json, Value};
-use tokio_stream::wrappers::ReceiverStream;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use std::sync::Arc;
 
+use crate::answer::{self, Answer, Finish, Settings, Step, TemplateTool};
 use crate::error::{parse, ApiError};
 use crate::response_format::{Expect, ResponseFormat};
-use crate::tools::CallEvent;
-use crate::worker::{JobEvent, Prompt, Running};
-use std::sync::Arc;
+use crate::tools::ParsedCall;
+use crate::worker::Prompt;
 
 use crate::{AppState, Loaded};
 
@@ -168,10 +169,12 @@ fn now() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
 }
 
-fn finish_reason(r: FinishReason) -> &'static str {
-    match r {
-        FinishReason::Length => "length",
-        _ => "stop",
+/// OpenAI's finish reason: tool calls first, then why the text ended.
+fn finish_reason(answer: &Answer) -> &'static str {
+    match answer.finish {
+        _ if !answer.calls.is_empty() => "tool_calls",
+        Finish::OutOfTokens(_) => "length",
+        Finish::EndOfTurn | Finish::StopSequence => "stop",
     }
 }
 
@@ -179,10 +182,6 @@ impl Common {
     /// The request for the engine, and the model that will run it.
     fn generate_request(&self, state: &AppState) -> Result<(GenerateRequest, Arc<Loaded>), ApiError> {
         let loaded = state.resolve_model(&self.model)?;
-        let max_tokens = self.max_completion_tokens.or(self.max_tokens).unwrap_or(DEFAULT_MAX_TOKENS);
-        if max_tokens == 0 {
-            return Err(ApiError::bad_request("max_tokens must be at least 1").with_param("max_tokens"));
-        }
         if self.n.is_some_and(|n| n != 1) {
             return Err(ApiError::bad_request(
                 "n: Ferrite returns one choice per request; send several requests for more",
@@ -199,44 +198,30 @@ impl Common {
                 ApiError::bad_request("logprobs: Ferrite does not return log-probabilities").with_param("logprobs")
             );
         }
-        let sampling = SamplingParams {
-            temperature: self.temperature.unwrap_or(0.0),
-            top_p: self.top_p.unwrap_or(1.0),
-            top_k: self.top_k.unwrap_or(0),
-            min_p: self.min_p.unwrap_or(0.0),
-            seed: self.seed,
-            penalties: engine::Penalties {
-                repetition: self.repetition_penalty.unwrap_or(1.0),
-                presence: self.presence_penalty.unwrap_or(0.0),
-                frequency: self.frequency_penalty.unwrap_or(0.0),
+        let settings = Settings {
+            max_tokens: self.max_completion_tokens.or(self.max_tokens).unwrap_or(DEFAULT_MAX_TOKENS),
+            max_tokens_field: if self.max_completion_tokens.is_some() { "max_completion_tokens" } else { "max_tokens" },
+            stop: match &self.stop {
+                None => vec![],
+                Some(Stop::One(s)) => vec![s.clone()],
+                Some(Stop::Many(v)) => v.clone(),
             },
-        };
-        sampling.validate().map_err(|e| {
-            let message = e.to_string();
-            // The engine names the field first: "request: top_p must be in (0, 1], got 0".
-            let field = message.trim_start_matches("request: ").split_once(" must").map(|(f, _)| f.to_string());
-            let error = ApiError::bad_request(message.clone());
-            match field {
-                Some(f) => error.with_param(&f),
-                None => error,
-            }
-        })?;
-        let stop = match &self.stop {
-            None => vec![],
-            Some(Stop::One(s)) => vec![s.clone()],
-            Some(Stop::Many(v)) => v.clone(),
-        };
-        if stop.iter().any(String::is_empty) {
-            return Err(ApiError::bad_request("stop strings must not be empty").with_param("stop"));
-        }
-        let request = GenerateRequest {
-            max_tokens,
-            sampling,
-            stop,
-            draft_depth: loaded.draft_depth,
+            stop_field: "stop",
+            sampling: SamplingParams {
+                temperature: self.temperature.unwrap_or(0.0),
+                top_p: self.top_p.unwrap_or(1.0),
+                top_k: self.top_k.unwrap_or(0),
+                min_p: self.min_p.unwrap_or(0.0),
+                seed: self.seed,
+                penalties: engine::Penalties {
+                    repetition: self.repetition_penalty.unwrap_or(1.0),
+                    presence: self.presence_penalty.unwrap_or(0.0),
+                    frequency: self.frequency_penalty.unwrap_or(0.0),
+                },
+            },
             ignore_eos: self.ignore_eos,
-            ..GenerateRequest::greedy(vec![], max_tokens)
         };
+        let request = settings.request(&loaded)?;
         Ok((request, loaded))
     }
 }
@@ -278,10 +263,10 @@ fn chat_prompt(req: &ChatRequest) -> Result<Prompt, ApiError> {
                 return Err(ApiError::bad_request(format!("tools[{i}]: only named functions are supported"))
                     .with_param("tools"));
             }
-            tools.push(json!({"type": "function", "function": {"name": t.function.name, "description": t.function.description,
-                              "parameters": t.function.parameters.clone().unwrap_or(json!({"type": "object", "properties": {}}))}}));
+            let f = &t.function;
+            tools.push(TemplateTool::function(&f.name, f.description.clone(), f.parameters.clone()));
         }
-        vars.insert("tools".into(), Value::Array(tools));
+        vars.insert("tools".into(), TemplateTool::variable(&tools));
     }
     if req.reasoning_effort.as_deref() == Some("none") {
         vars.insert("enable_thinking".into(), false.into());
@@ -308,15 +293,13 @@ pub async fn completions(State(state): State<AppState>, body: Bytes) -> Result<R
     respond(state, loaded, Prompt::Text(req.prompt), request, &common, Kind::Text, None).await
 }
 
-pub async fn models(State(state): State<AppState>) -> Json<Value> {
+pub async fn models(State(state): State<AppState>) -> Json<ModelList> {
     let loaded = state.loaded();
-    let info = &loaded.worker.info;
-    let mut data =
-        vec![json!({"id": info.id, "object": "model", "created": state.started_unix, "owned_by": "ferrite"})];
-    for alias in &loaded.aliases {
-        data.push(json!({"id": alias, "object": "model", "created": state.started_unix, "owned_by": "ferrite"}));
-    }
-    Json(json!({"object": "list", "data": data}))
+    let card =
+        |id: &str| ModelCard { id: id.to_string(), object: "model", created: state.started_unix, owned_by: "ferrite" };
+    let mut data = vec![card(&loaded.worker.info.id)];
+    data.extend(loaded.aliases.iter().map(|a| card(a)));
+    Json(ModelList { object: "list", data })
 }
 
 #[derive(Clone, Copy, PartialEq)]
@@ -337,180 +320,420 @@ async fn respond(
     kind: Kind,
     expect: Option<Expect>,
 ) -> Result<Response, ApiError> {
-    let Running { events: mut rx, max_tokens, clamped, guard, .. } = loaded.worker.run(prompt, request, false).await?;
-    let headers = state.speed_headers(&loaded, max_tokens, clamped);
-    let id = format!("{}-{}", if kind == Kind::Chat { "chatcmpl" } else { "cmpl" }, state.next_id());
-    let model = loaded.worker.info.id.clone();
-    let created = now();
+    let running = loaded.worker.run(prompt, request, false).await?;
+    let mut headers = state.speed_headers(&loaded, running.max_tokens, running.clamped);
+    let head = Head {
+        id: format!("{}-{}", if kind == Kind::Chat { "chatcmpl" } else { "cmpl" }, state.next_id()),
+        model: loaded.worker.info.id.clone(),
+        created: now(),
+        kind,
+    };
 
     if !common.stream {
-        let (mut content, mut reasoning, mut calls) = (String::new(), String::new(), Vec::new());
-        while let Some(event) = rx.recv().await {
-            match event {
-                JobEvent::Delta { content: c, reasoning: r, tool_calls } => {
-                    content.push_str(&c);
-                    reasoning.push_str(&r);
-                    calls.extend(CallEvent::completed(tool_calls));
-                }
-                JobEvent::Finished { summary, reasoning_tokens } => {
-                    let usage = usage(&summary.usage, reasoning_tokens);
-                    let reason = if calls.is_empty() { finish_reason(summary.finish_reason) } else { "tool_calls" };
-                    let mut body = match kind {
-                        Kind::Chat => {
-                            let mut message = json!({"role": "assistant", "content": content});
-                            if !reasoning.is_empty() {
-                                message["reasoning_content"] = json!(reasoning);
-                            }
-                            if !calls.is_empty() {
-                                let base = id.clone();
-                                message["tool_calls"] = Value::Array(
-                                    calls.iter().enumerate().map(|(i, c)| out_call(&base, i, c)).collect(),
-                                );
-                                if content.is_empty() {
-                                    message["content"] = Value::Null;
-                                }
-                            }
-                            json!({"id": id, "object": "chat.completion", "created": created, "model": model,
-                                   "choices": [{"index": 0, "message": message, "finish_reason": reason}], "usage": usage,
-                                   "timings": timings(&summary)})
-                        }
-                        Kind::Text => json!({"id": id, "object": "text_completion", "created": created, "model": model,
-                                   "choices": [{"index": 0, "text": reasoning + &content, "finish_reason": reason}], "usage": usage,
-                                   "timings": timings(&summary)}),
-                    };
-                    drop(guard);
-                    let mut headers = headers;
-                    if let Some(expect) = &expect {
-                        let check = expect.report(&content);
-                        let valid = check["valid"] == json!(true);
-                        headers.insert(
-                            "x-ferrite-response-format",
-                            axum::http::HeaderValue::from_static(if valid { "valid" } else { "invalid" }),
-                        );
-                        body["response_format_check"] = check;
-                    }
-                    return Ok((headers, Json(body)).into_response());
-                }
-                JobEvent::Failed(e) => return Err(e.into()),
-                JobEvent::Started { .. } => {}
-            }
+        let answer = answer::collect(running).await?;
+        let check = expect.map(|e| e.report(&answer.text));
+        if let Some(check) = &check {
+            let valid = check["valid"] == Value::Bool(true);
+            let verdict = HeaderValue::from_static(if valid { "valid" } else { "invalid" });
+            headers.insert("x-ferrite-response-format", verdict);
         }
-        return Err(ApiError::internal("the engine ended the request without a summary"));
+        let body = match kind {
+            Kind::Chat => serde_json::to_value(head.chat_completion(&answer, check)),
+            Kind::Text => serde_json::to_value(head.text_completion(&answer)),
+        };
+        let body = body.map_err(|e| ApiError::internal(e.to_string()))?;
+        return Ok((headers, Json(body)).into_response());
     }
 
     let include_usage = common.stream_options.as_ref().is_some_and(|o| o.include_usage);
-    let chunk = move |delta: Value, finish: Option<&str>| -> Value {
-        match kind {
-            Kind::Chat => json!({"id": id, "object": "chat.completion.chunk", "created": created, "model": model,
-                                 "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}),
-            Kind::Text => json!({"id": id, "object": "text_completion", "created": created, "model": model,
-                                 "choices": [{"index": 0, "text": delta.get("content").cloned().unwrap_or(json!("")), "finish_reason": finish}]}),
-        }
-    };
-    let first = chunk(json!({"role": "assistant", "content": ""}), None);
-    let events = ReceiverStream::new(rx);
-    let call_base = format!("call-{created}");
-    let (mut calls_sent, mut call_open) = (0usize, false);
-    // Only kept when the finished answer must be checked.
-    let mut answer = String::new();
+    let mut chunks = Chunks { head, call_base: format!("call-{}", now()), include_usage, expect };
+    let first = chunks
+        .head
+        .chunk(ChunkDelta { role: Some("assistant"), content: Some(String::new()), ..Default::default() }, None);
     let stream = futures_util::stream::once(async move { first })
-        .chain(events.flat_map(move |event| {
-            let _keep = &guard; // cancels the job when the client goes
-            let out: Vec<Value> = match event {
-                JobEvent::Delta { content, reasoning, tool_calls } => {
-                    let mut delta = json!({});
-                    if expect.is_some() {
-                        answer.push_str(&content);
-                    }
-                    if !content.is_empty() {
-                        delta["content"] = json!(content);
-                    }
-                    if !reasoning.is_empty() {
-                        delta["reasoning_content"] = json!(reasoning);
-                    }
-                    let mut out = vec![];
-                    if delta.as_object().is_some_and(|d| !d.is_empty()) || tool_calls.is_empty() {
-                        out.push(chunk(delta, None));
-                    }
-                    // A call streams as it is written: its id and name, then its arguments in fragments.
-                    for event in tool_calls {
-                        let call = match event {
-                            CallEvent::Begin { name } => {
-                                call_open = true;
-                                json!({"index": calls_sent, "id": format!("{call_base}-{calls_sent}"), "type": "function",
-                                       "function": {"name": name, "arguments": ""}})
-                            }
-                            CallEvent::Arguments(a) => json!({"index": calls_sent, "function": {"arguments": a}}),
-                            CallEvent::End(c) => {
-                                let whole = (!call_open).then(|| {
-                                    let mut v = out_call(&call_base, calls_sent, &c);
-                                    v["index"] = json!(calls_sent);
-                                    v
-                                });
-                                call_open = false;
-                                calls_sent += 1;
-                                let Some(whole) = whole else { continue };
-                                whole
-                            }
-                        };
-                        out.push(chunk(json!({"tool_calls": [call]}), None));
-                    }
-                    out
-                }
-                JobEvent::Finished { summary, reasoning_tokens } => {
-                    let reason = if calls_sent > 0 { "tool_calls" } else { finish_reason(summary.finish_reason) };
-                    let mut last = chunk(json!({}), Some(reason));
-                    last["timings"] = timings(&summary);
-                    if let Some(expect) = &expect {
-                        last["response_format_check"] = expect.report(&answer);
-                    }
-                    let mut out = vec![];
-                    if include_usage {
-                        let mut u = chunk(json!({}), None);
-                        u["choices"] = json!([]);
-                        u["usage"] = usage(&summary.usage, reasoning_tokens);
-                        last["usage"] = Value::Null;
-                        out.push(last);
-                        out.push(u);
-                    } else {
-                        out.push(last);
-                    }
-                    out
-                }
-                JobEvent::Failed(e) => vec![json!({"error": {"message": format!("{e:?}"), "type": "server_error"}})],
-                JobEvent::Started { .. } => vec![],
-            };
-            futures_util::stream::iter(out)
-        }))
-        .map(|v| Ok::<_, Infallible>(SseEvent::default().data(v.to_string())))
+        .chain(answer::steps(running).flat_map(move |step| futures_util::stream::iter(chunks.of(step))))
+        .map(|chunk| Ok::<_, Infallible>(SseEvent::default().data(chunk.to_string())))
         .chain(futures_util::stream::once(async { Ok(SseEvent::default().data("[DONE]")) }));
     Ok((headers, Sse::new(stream).keep_alive(KeepAlive::default())).into_response())
 }
 
+/// What every object of one answer repeats.
+struct Head {
+    id: String,
+    model: String,
+    created: u64,
+    kind: Kind,
+}
+
+impl Head {
+    fn chat_completion(&self, answer: &Answer, check: Option<Value>) -> ChatCompletion {
+        let calls: Vec<OutCall> =
+            answer.calls.iter().enumerate().map(|(i, c)| OutCall::whole(&self.id, i, c)).collect();
+        let content = (!answer.text.is_empty() || calls.is_empty()).then(|| answer.text.clone());
+        let message = AssistantMessage {
+            role: "assistant",
+            content,
+            reasoning_content: (!answer.reasoning.is_empty()).then(|| answer.reasoning.clone()),
+            tool_calls: calls,
+        };
+        ChatCompletion {
+            id: self.id.clone(),
+            object: "chat.completion",
+            created: self.created,
+            model: self.model.clone(),
+            choices: vec![ChatChoice { index: 0, message, finish_reason: finish_reason(answer) }],
+            usage: Usage::of(answer),
+            timings: Timings::of(&answer.summary),
+            response_format_check: check,
+        }
+    }
+
+    fn text_completion(&self, answer: &Answer) -> TextCompletion {
+        let text = format!("{}{}", answer.reasoning, answer.text);
+        TextCompletion {
+            choices: vec![TextChoice { index: 0, text, finish_reason: Some(finish_reason(answer)) }],
+            usage: Some(Usage::of(answer)),
+            timings: Some(Timings::of(&answer.summary)),
+            ..self.text_chunk(String::new(), None)
+        }
+    }
+
+    fn text_chunk(&self, text: String, finish_reason: Option<&'static str>) -> TextCompletion {
+        TextCompletion {
+            id: self.id.clone(),
+            object: "text_completion",
+            created: self.created,
+            model: self.model.clone(),
+            choices: vec![TextChoice { index: 0, text, finish_reason }],
+            usage: None,
+            timings: None,
+        }
+    }
+
+    /// One streamed chunk (chat, or the text of a text completion).
+    fn chunk(&self, delta: ChunkDelta, finish_reason: Option<&'static str>) -> Value {
+        let chunk = match self.kind {
+            Kind::Chat => serde_json::to_value(ChatChunk {
+                id: self.id.clone(),
+                object: "chat.completion.chunk",
+                created: self.created,
+                model: self.model.clone(),
+                choices: vec![ChunkChoice { index: 0, delta, finish_reason }],
+                usage: None,
+                timings: None,
+                response_format_check: None,
+            }),
+            Kind::Text => {
+                let text =
+                    format!("{}{}", delta.reasoning_content.unwrap_or_default(), delta.content.unwrap_or_default());
+                serde_json::to_value(self.text_chunk(text, finish_reason))
+            }
+        };
+        chunk.unwrap_or(Value::Null)
+    }
+}
+
+/// A stream's state: the chunks each step becomes.
+struct Chunks {
+    head: Head,
+    call_base: String,
+    include_usage: bool,
+    /// The response format the finished text is checked against, if one was asked for.
+    expect: Option<Expect>,
+}
+
+impl Chunks {
+    fn of(&mut self, step: Step) -> Vec<Value> {
+        let delta = |d: ChunkDelta| vec![self.head.chunk(d, None)];
+        let call = |c: ChunkCall| vec![self.head.chunk(ChunkDelta { tool_calls: vec![c], ..Default::default() }, None)];
+        match step {
+            Step::Text(t) => delta(ChunkDelta { content: Some(t), ..Default::default() }),
+            Step::Reasoning(r) => delta(ChunkDelta { reasoning_content: Some(r), ..Default::default() }),
+            // A call streams as it is written: its id and name, then its arguments in fragments.
+            Step::CallBegin { index, name } => call(ChunkCall {
+                index,
+                id: Some(format!("{}-{index}", self.call_base)),
+                kind: Some("function"),
+                function: ChunkFunction { name: Some(name), arguments: String::new() },
+            }),
+            Step::CallArguments { index, fragment } => call(ChunkCall {
+                index,
+                id: None,
+                kind: None,
+                function: ChunkFunction { name: None, arguments: fragment },
+            }),
+            Step::CallEnd { streamed: true, .. } => vec![],
+            Step::CallEnd { index, call: c, streamed: false } => {
+                let whole = OutCall::whole(&self.call_base, index, &c);
+                call(ChunkCall {
+                    index,
+                    id: Some(whole.id),
+                    kind: Some("function"),
+                    function: ChunkFunction { name: Some(whole.function.name), arguments: whole.function.arguments },
+                })
+            }
+            Step::Finished(answer) => self.last(&answer),
+            Step::Failed(e) => {
+                let error = StreamError { error: ErrorBody { message: e.message, kind: "server_error" } };
+                vec![serde_json::to_value(error).unwrap_or(Value::Null)]
+            }
+        }
+    }
+
+    /// The finish chunk (with the engine's timings and any format check), then the usage
+    /// chunk (no choices) when the client asked for one.
+    fn last(&self, answer: &Answer) -> Vec<Value> {
+        let (reason, timings, usage) = (Some(finish_reason(answer)), Timings::of(&answer.summary), Usage::of(answer));
+        let usage = self.include_usage.then_some(usage);
+        let out = match self.head.kind {
+            Kind::Text => {
+                let mut last = self.head.text_chunk(String::new(), reason);
+                last.timings = Some(timings);
+                let usage = usage.map(|u| TextCompletion {
+                    choices: vec![],
+                    usage: Some(u),
+                    ..self.head.text_chunk(String::new(), None)
+                });
+                [serde_json::to_value(last)].into_iter().chain(usage.map(serde_json::to_value)).collect::<Vec<_>>()
+            }
+            Kind::Chat => {
+                let chunk = |choices, usage, timings, check| ChatChunk {
+                    id: self.head.id.clone(),
+                    object: "chat.completion.chunk",
+                    created: self.head.created,
+                    model: self.head.model.clone(),
+                    choices,
+                    usage,
+                    timings,
+                    response_format_check: check,
+                };
+                let finish = vec![ChunkChoice { index: 0, delta: ChunkDelta::default(), finish_reason: reason }];
+                let check = self.expect.as_ref().map(|e| e.report(&answer.text));
+                let last = chunk(finish, None, Some(timings), check);
+                let usage = usage.map(|u| chunk(vec![], Some(u), None, None));
+                [serde_json::to_value(last)].into_iter().chain(usage.map(serde_json::to_value)).collect()
+            }
+        };
+        out.into_iter().map(|v| v.unwrap_or(Value::Null)).collect()
+    }
+}
+
+#[derive(Serialize)]
+pub struct ModelList {
+    object: &'static str,
+    data: Vec<ModelCard>,
+}
+
+#[derive(Serialize)]
+struct ModelCard {
+    id: String,
+    object: &'static str,
+    created: u64,
+    owned_by: &'static str,
+}
+
+#[derive(Serialize)]
+struct ChatCompletion {
+    id: String,
+    object: &'static str,
+    created: u64,
+    model: String,
+    choices: Vec<ChatChoice>,
+    usage: Usage,
+    timings: Timings,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    response_format_check: Option<Value>,
+}
+
+#[derive(Serialize)]
+struct ChatChoice {
+    index: u32,
+    message: AssistantMessage,
+    finish_reason: &'static str,
+}
+
+#[derive(Serialize)]
+struct AssistantMessage {
+    role: &'static str,
+    /// `null` when the turn is only tool calls.
+    content: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reasoning_content: Option<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    tool_calls: Vec<OutCall>,
+}
+
 /// A tool call in OpenAI's response shape (arguments as a JSON string).
-fn out_call(base: &str, i: usize, c: &crate::tools::ParsedCall) -> Value {
-    json!({"id": format!("{base}-{i}"), "type": "function", "function": {"name": c.name, "arguments": c.arguments.to_string()}})
+#[derive(Serialize)]
+struct OutCall {
+    id: String,
+    #[serde(rename = "type")]
+    kind: &'static str,
+    function: OutFunction,
+}
+
+#[derive(Serialize)]
+struct OutFunction {
+    name: String,
+    arguments: String,
+}
+
+impl OutCall {
+    fn whole(base: &str, i: usize, c: &ParsedCall) -> Self {
+        OutCall {
+            id: format!("{base}-{i}"),
+            kind: "function",
+            function: OutFunction { name: c.name.clone(), arguments: c.arguments.to_string() },
+        }
+    }
+}
+
+#[derive(Serialize)]
+struct TextCompletion {
+    id: String,
+    object: &'static str,
+    created: u64,
+    model: String,
+    choices: Vec<TextChoice>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    usage: Option<Usage>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    timings: Option<Timings>,
+}
+
+#[derive(Serialize)]
+struct TextChoice {
+    index: u32,
+    text: String,
+    finish_reason: Option<&'static str>,
+}
+
+#[derive(Serialize)]
+struct ChatChunk {
+    id: String,
+    object: &'static str,
+    created: u64,
+    model: String,
+    choices: Vec<ChunkChoice>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    usage: Option<Usage>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    timings: Option<Timings>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    response_format_check: Option<Value>,
+}
+
+#[derive(Serialize)]
+struct ChunkChoice {
+    index: u32,
+    delta: ChunkDelta,
+    finish_reason: Option<&'static str>,
+}
+
+#[derive(Default, Serialize)]
+struct ChunkDelta {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    role: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    content: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reasoning_content: Option<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    tool_calls: Vec<ChunkCall>,
+}
+
+/// A streamed call: its first chunk has the id, type and name; the rest, argument fragments.
+#[derive(Serialize)]
+struct ChunkCall {
+    index: usize,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    id: Option<String>,
+    #[serde(rename = "type", skip_serializing_if = "Option::is_none")]
+    kind: Option<&'static str>,
+    function: ChunkFunction,
+}
+
+#[derive(Serialize)]
+struct ChunkFunction {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    name: Option<String>,
+    arguments: String,
+}
+
+#[derive(Serialize)]
+struct StreamError {
+    error: ErrorBody,
+}
+
+#[derive(Serialize)]
+struct ErrorBody {
+    message: String,
+    #[serde(rename = "type")]
+    kind: &'static str,
+}
+
+#[derive(Serialize)]
+struct Usage {
+    prompt_tokens: usize,
+    completion_tokens: usize,
+    total_tokens: usize,
+    prompt_tokens_details: PromptDetails,
+    completion_tokens_details: CompletionDetails,
+}
+
+#[derive(Serialize)]
+struct PromptDetails {
+    cached_tokens: usize,
+}
+
+#[derive(Serialize)]
+struct CompletionDetails {
+    reasoning_tokens: usize,
+}
+
+impl Usage {
+    fn of(answer: &Answer) -> Self {
+        let u = &answer.summary.usage;
+        Usage {
+            prompt_tokens: u.prompt_tokens,
+            completion_tokens: u.completion_tokens,
+            total_tokens: u.prompt_tokens + u.completion_tokens,
+            prompt_tokens_details: PromptDetails { cached_tokens: u.cached_tokens },
+            completion_tokens_details: CompletionDetails { reasoning_tokens: answer.reasoning_tokens },
+        }
+    }
 }
 
 /// The engine's own figures for the request, so a client can compare what it saw at the
 /// HTTP boundary with what the engine did (an extension field; SDKs ignore it).
-fn timings(summary: &engine::Summary) -> Value {
-    let t = &summary.timings;
-    let mut v = json!({"ttft_ms": t.ttft.as_secs_f64() * 1e3, "prompt_tps": t.prompt_tps, "decode_tps": t.decode_tps,
-                       "peak_memory_bytes": t.peak_memory_bytes});
-    if let Some(spec) = &summary.speculative {
-        v["draft_depth"] = json!(spec.depth);
-        v["acceptance"] = json!(spec.acceptance());
-        v["tokens_per_cycle"] = json!(spec.tokens_per_cycle());
-    }
-    v
+#[derive(Serialize)]
+struct Timings {
+    ttft_ms: f64,
+    prompt_tps: f64,
+    decode_tps: f64,
+    peak_memory_bytes: usize,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    draft_depth: Option<usize>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    acceptance: Option<Vec<f64>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tokens_per_cycle: Option<f64>,
 }
 
-fn usage(u: &engine::generate::Usage, reasoning: usize) -> Value {
-    json!({"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
-           "total_tokens": u.prompt_tokens + u.completion_tokens,
-           "prompt_tokens_details": {"cached_tokens": u.cached_tokens},
-           "completion_tokens_details": {"reasoning_tokens": reasoning}})
+impl Timings {
+    fn of(summary: &engine::Summary) -> Self {
+        let t = &summary.timings;
+        let spec = summary.speculative.as_ref();
+        Timings {
+            ttft_ms: t.ttft.as_secs_f64() * 1e3,
+            prompt_tps: t.prompt_tps,
+            decode_tps: t.decode_tps,
+            peak_memory_bytes: t.peak_memory_bytes,
+            draft_depth: spec.map(|s| s.depth),
+            acceptance: spec.map(|s| s.acceptance()),
+            tokens_per_cycle: spec.map(|s| s.tokens_per_cycle()),
+        }
+    }
 }
 
 #[cfg(test)]

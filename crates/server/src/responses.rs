@@ -7,7 +7,6 @@
 
 use std::collections::HashSet;
 use std::convert::Infallible;
-use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use axum::body::Bytes;
@@ -17,16 +16,16 @@ use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use engine::tokenizer::{ChatMessage, ToolCall};
-use engine::{FinishReason, GenerateRequest, SamplingParams};
+use engine::SamplingParams;
 use futures_util::stream::StreamExt;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
-use tokio_stream::wrappers::ReceiverStream;
 
+use crate::answer::{self, Answer, Finish, Settings, Step, TemplateTool};
 use crate::error::{parse, ApiError};
 use crate::openai::Content;
-use crate::tools::{CallEvent, ParsedCall};
-use crate::worker::{JobEvent, Prompt, Running};
+use crate::tools::ParsedCall;
+use crate::worker::Prompt;
 use crate::AppState;
 
 /// What a Responses request carries that Ferrite reads. Also accepted and not used (nothing to
@@ -61,13 +60,13 @@ struct ResponsesRequest {
 #[serde(untagged)]
 enum Input {
     Text(String),
-    Items(Vec<Item>),
+    Items(Vec<InputItem>),
 }
 
 /// One input item. Messages may omit `type`; item types that hold nothing the model reads
 /// (web search calls, images, ...) are refused by name.
 #[derive(Debug, Deserialize)]
-struct Item {
+struct InputItem {
     #[serde(rename = "type", default)]
     kind: Option<String>,
     #[serde(default)]
@@ -115,8 +114,8 @@ struct Tool {
 /// The tools a request offers, as the chat template shows them to the model.
 #[derive(Debug, Default)]
 struct Offered {
-    /// Chat-template tool definitions (`{type: function, function: {name, description, parameters}}`).
-    tools: Vec<Value>,
+    /// The tools as the chat template shows them.
+    tools: Vec<TemplateTool>,
     /// Custom (free-form) tools: offered as a function with one string parameter, `input`,
     /// and answered as `custom_tool_call` items (Codex's `exec` and `apply_patch` are custom).
     custom: HashSet<String>,
@@ -129,9 +128,9 @@ impl Offered {
     fn add(&mut self, tools: &[Tool]) {
         for t in tools {
             match (t.kind.as_str(), &t.name) {
-                ("function", Some(name)) => self.tools.push(json!({"type": "function", "function": {
-                    "name": name, "description": t.description,
-                    "parameters": t.parameters.clone().unwrap_or(json!({"type": "object", "properties": {}}))}})),
+                ("function", Some(name)) => {
+                    self.tools.push(TemplateTool::function(name, t.description.clone(), t.parameters.clone()))
+                }
                 ("custom", Some(name)) => {
                     self.tools.push(custom_as_function(name, t));
                     self.custom.insert(name.clone());
@@ -145,7 +144,7 @@ impl Offered {
 
 /// A custom tool as the model sees it: a function whose one argument, `input`, is the free
 /// text the tool takes (the grammar it must follow, if any, is in the description).
-fn custom_as_function(name: &str, tool: &Tool) -> Value {
+fn custom_as_function(name: &str, tool: &Tool) -> TemplateTool {
     let mut description = tool.description.clone().unwrap_or_default();
     let grammar = tool.format.as_ref().filter(|f| f["type"] == "grammar");
     let input = match grammar {
@@ -160,8 +159,9 @@ fn custom_as_function(name: &str, tool: &Tool) -> Value {
         description.push_str("\n\n");
     }
     description.push_str("Pass the input as the `input` argument.");
-    json!({"type": "function", "function": {"name": name, "description": description, "parameters": {
-        "type": "object", "properties": {"input": {"type": "string", "description": input}}, "required": ["input"]}}})
+    let parameters = json!({"type": "object", "properties": {"input": {"type": "string", "description": input}},
+                            "required": ["input"]});
+    TemplateTool::function(name, Some(description), Some(parameters))
 }
 
 /// The text a custom tool receives from a call the model wrote as a function call.
@@ -287,7 +287,8 @@ fn prompt(req: &ResponsesRequest) -> Result<(Prompt, Offered), ApiError> {
         offered.tools.clear();
     }
     if !offered.tools.is_empty() {
-        vars.insert("tools".into(), Value::Array(std::mem::take(&mut offered.tools)));
+        vars.insert("tools".into(), TemplateTool::variable(&offered.tools));
+        offered.tools.clear();
     }
     if matches!(req.reasoning.as_ref().and_then(|r| r.effort.as_deref()), Some("none" | "minimal")) {
         vars.insert("enable_thinking".into(), false.into());
@@ -299,184 +300,148 @@ fn now() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
 }
 
-/// What the answer has become so far, as Responses output items.
-#[derive(Default)]
-struct Answer {
-    reasoning: String,
-    text: String,
-    calls: Vec<ParsedCall>,
-    /// The names of the custom tools offered (their calls are `custom_tool_call` items).
-    custom: Arc<HashSet<String>>,
+pub async fn responses(State(state): State<AppState>, body: Bytes) -> Result<Response, ApiError> {
+    let req: ResponsesRequest = parse(&body)?;
+    let loaded = state.resolve_model(&req.model)?;
+    let (prompt, offered) = prompt(&req)?;
+    let settings = Settings {
+        max_tokens: req.max_output_tokens.unwrap_or(crate::openai::DEFAULT_MAX_TOKENS),
+        max_tokens_field: "max_output_tokens",
+        stop: vec![],
+        stop_field: "stop",
+        sampling: SamplingParams {
+            temperature: req.temperature.unwrap_or(0.0),
+            top_p: req.top_p.unwrap_or(1.0),
+            ..Default::default()
+        },
+        ignore_eos: false,
+    };
+    let request = settings.request(&loaded)?;
+    let running = loaded.worker.run(prompt, request, false).await?;
+    let mut headers = state.speed_headers(&loaded, running.max_tokens, running.clamped);
+    if !offered.ignored.is_empty() {
+        // Tools the server cannot run were left out of the prompt: say which.
+        if let Ok(v) = HeaderValue::from_str(&offered.ignored.join(", ")) {
+            headers.insert("x-ferrite-tools-ignored", v);
+        }
+    }
+    let ids = Ids { id: format!("{:024}", state.next_id()), custom: offered.custom };
+    let head = Head { model: loaded.worker.info.id.clone(), created: now() };
+
+    if !req.stream {
+        let answer = answer::collect(running).await?;
+        let output = ids.output(&answer);
+        return Ok((headers, Json(head.response(&ids, Some(&answer), output))).into_response());
+    }
+
+    let created = head.response(&ids, None, vec![]);
+    let mut stream =
+        EventStream { ids, head, sequence: 0, open: None, items: Vec::new(), text: String::new(), calling: None };
+    let first = stream.event(Event::Created { response: created });
+    let events = answer::steps(running).flat_map(move |step| futures_util::stream::iter(stream.of(step)));
+    let all = futures_util::stream::once(async move { first }).chain(events).map(Ok::<_, Infallible>);
+    Ok((headers, Sse::new(all).keep_alive(KeepAlive::default())).into_response())
 }
 
-impl Answer {
-    fn new(custom: Arc<HashSet<String>>) -> Self {
-        Answer { custom, ..Default::default() }
+/// The ids of one response's items, and which tools are custom (their calls are
+/// `custom_tool_call` items).
+struct Ids {
+    id: String,
+    custom: HashSet<String>,
+}
+
+impl Ids {
+    fn reasoning(&self) -> String {
+        format!("rs_{}", self.id)
+    }
+
+    fn message(&self) -> String {
+        format!("msg_{}", self.id)
+    }
+
+    fn call(&self, n: usize, custom: bool) -> String {
+        format!("{}_{}_{n}", if custom { "ctc" } else { "fc" }, self.id)
+    }
+
+    fn call_id(&self, n: usize) -> String {
+        format!("call_{}_{n}", self.id)
     }
 
     fn is_custom(&self, call: &ParsedCall) -> bool {
         self.custom.contains(&call.name)
     }
 
-    fn output(&self, id: &str) -> Vec<Value> {
+    fn reasoning_item(&self, text: &str) -> Item {
+        Item::Reasoning { id: self.reasoning(), summary: vec![SummaryText::new(text)] }
+    }
+
+    /// A message item: completed with its text, or in progress and empty.
+    fn message_item(&self, text: Option<&str>) -> Item {
+        let (status, content) = match text {
+            Some(t) => ("completed", vec![OutputText::new(t)]),
+            None => ("in_progress", vec![]),
+        };
+        Item::Message { id: self.message(), status, role: "assistant", content }
+    }
+
+    /// Call `n` as an output item: `function_call` (arguments: a JSON document in a string)
+    /// or `custom_tool_call` (input: the free text); in progress (empty) or completed.
+    fn call_item(&self, n: usize, call: &ParsedCall, completed: bool) -> Item {
+        let status = if completed { "completed" } else { "in_progress" };
+        let (call_id, name) = (self.call_id(n), call.name.clone());
+        if self.is_custom(call) {
+            let input = if completed { custom_input(&call.arguments) } else { String::new() };
+            return Item::CustomToolCall { id: self.call(n, true), call_id, name, input, status };
+        }
+        let arguments = if completed { call.arguments.to_string() } else { String::new() };
+        Item::FunctionCall { id: self.call(n, false), call_id, name, arguments, status }
+    }
+
+    /// The output items of a whole answer.
+    fn output(&self, answer: &Answer) -> Vec<Item> {
         let mut out = Vec::new();
-        if !self.reasoning.is_empty() {
-            out.push(reasoning_item(id, &self.reasoning));
+        if !answer.reasoning.is_empty() {
+            out.push(self.reasoning_item(&answer.reasoning));
         }
-        if !self.text.is_empty() || self.calls.is_empty() {
-            out.push(message_item(id, &self.text, "completed"));
+        if !answer.text.is_empty() || answer.calls.is_empty() {
+            out.push(self.message_item(Some(&answer.text)));
         }
-        out.extend(self.calls.iter().enumerate().map(|(i, c)| call_item(id, i, c, self.is_custom(c), "completed")));
+        out.extend(answer.calls.iter().enumerate().map(|(n, c)| self.call_item(n, c, true)));
         out
     }
 }
 
-fn reasoning_item(id: &str, text: &str) -> Value {
-    json!({"type": "reasoning", "id": format!("rs_{id}"), "summary": [{"type": "summary_text", "text": text}]})
+/// What every response object of one answer repeats.
+struct Head {
+    model: String,
+    created: u64,
 }
 
-fn message_item(id: &str, text: &str, status: &str) -> Value {
-    let content = if status == "completed" {
-        json!([{"type": "output_text", "text": text, "annotations": []}])
-    } else {
-        json!([])
-    };
-    json!({"type": "message", "id": format!("msg_{id}"), "status": status, "role": "assistant", "content": content})
-}
-
-/// A tool call as an output item: `function_call` (arguments: a JSON document in a string) or
-/// `custom_tool_call` (input: the free text).
-fn call_item(id: &str, i: usize, c: &ParsedCall, custom: bool, status: &str) -> Value {
-    let done = status == "completed";
-    if custom {
-        let input = if done { custom_input(&c.arguments) } else { String::new() };
-        return json!({"type": "custom_tool_call", "id": call_item_id(id, i, true), "call_id": format!("call_{id}_{i}"),
-                      "name": c.name, "input": input, "status": status});
-    }
-    let arguments = if done { c.arguments.to_string() } else { String::new() };
-    json!({"type": "function_call", "id": call_item_id(id, i, false), "call_id": format!("call_{id}_{i}"),
-           "name": c.name, "arguments": arguments, "status": status})
-}
-
-fn call_item_id(id: &str, i: usize, custom: bool) -> String {
-    format!("{}_{id}_{i}", if custom { "ctc" } else { "fc" })
-}
-
-/// The response object (also the payload of `response.created` and `response.completed`).
-fn response_object(id: &str, model: &str, created: u64, status: &str, output: Vec<Value>, usage: Value) -> Value {
-    let incomplete = (status == "incomplete").then(|| json!({"reason": "max_output_tokens"}));
-    json!({"id": format!("resp_{id}"), "object": "response", "created_at": created, "status": status,
-           "model": model, "output": output, "usage": usage, "incomplete_details": incomplete, "error": null,
-           "parallel_tool_calls": true, "tool_choice": "auto", "tools": []})
-}
-
-fn usage(u: &engine::generate::Usage, reasoning: usize) -> Value {
-    json!({"input_tokens": u.prompt_tokens, "input_tokens_details": {"cached_tokens": u.cached_tokens},
-           "output_tokens": u.completion_tokens, "output_tokens_details": {"reasoning_tokens": reasoning},
-           "total_tokens": u.prompt_tokens + u.completion_tokens})
-}
-
-pub async fn responses(State(state): State<AppState>, body: Bytes) -> Result<Response, ApiError> {
-    let req: ResponsesRequest = parse(&body)?;
-    let loaded = state.resolve_model(&req.model)?;
-    let (prompt, offered) = prompt(&req)?;
-    let (ignored_tools, custom) = (offered.ignored, Arc::new(offered.custom));
-    let max_tokens = req.max_output_tokens.unwrap_or(crate::openai::DEFAULT_MAX_TOKENS);
-    if max_tokens == 0 {
-        return Err(ApiError::bad_request("max_output_tokens: must be at least 1").with_param("max_output_tokens"));
-    }
-    let sampling = SamplingParams {
-        temperature: req.temperature.unwrap_or(0.0),
-        top_p: req.top_p.unwrap_or(1.0),
-        ..Default::default()
-    };
-    sampling.validate().map_err(|e| ApiError::bad_request(e.to_string()))?;
-    let request =
-        GenerateRequest { sampling, draft_depth: loaded.draft_depth, ..GenerateRequest::greedy(vec![], max_tokens) };
-    let Running { events: mut rx, max_tokens, clamped, guard, .. } = loaded.worker.run(prompt, request, false).await?;
-    let mut headers = state.speed_headers(&loaded, max_tokens, clamped);
-    if !ignored_tools.is_empty() {
-        // Tools the server cannot run were left out of the prompt: say which.
-        if let Ok(v) = HeaderValue::from_str(&ignored_tools.join(", ")) {
-            headers.insert("x-ferrite-tools-ignored", v);
-        }
-    }
-    let id = format!("{:024}", state.next_id());
-    let model = loaded.worker.info.id.clone();
-    let created = now();
-    let status_of = move |reason: FinishReason| {
-        if reason == FinishReason::Length && clamped.is_none() {
-            "incomplete"
-        } else {
-            "completed"
-        }
-    };
-
-    if !req.stream {
-        let mut answer = Answer::new(custom);
-        while let Some(event) = rx.recv().await {
-            match event {
-                JobEvent::Delta { content, reasoning, tool_calls } => {
-                    answer.text.push_str(&content);
-                    answer.reasoning.push_str(&reasoning);
-                    answer.calls.extend(CallEvent::completed(tool_calls));
-                }
-                JobEvent::Finished { summary, reasoning_tokens } => {
-                    drop(guard);
-                    let usage = usage(&summary.usage, reasoning_tokens);
-                    let body = response_object(
-                        &id,
-                        &model,
-                        created,
-                        status_of(summary.finish_reason),
-                        answer.output(&id),
-                        usage,
-                    );
-                    return Ok((headers, Json(body)).into_response());
-                }
-                JobEvent::Failed(e) => return Err(e.into()),
-                JobEvent::Started { .. } => {}
-            }
-        }
-        return Err(ApiError::internal("the engine stopped before finishing"));
-    }
-
-    let mut stream = EventStream {
-        id: id.clone(),
-        sequence: 0,
-        open: None,
-        items: Vec::new(),
-        answer: Answer::new(custom),
-        calling: None,
-    };
-    let first = stream.event(
-        "response.created",
-        json!({"response": response_object(&id, &model, created, "in_progress", vec![], Value::Null)}),
-    );
-    let events = ReceiverStream::new(rx).flat_map(move |event| {
-        let _keep = &guard;
-        let out = match event {
-            JobEvent::Delta { content, reasoning, tool_calls } => stream.delta(&reasoning, &content, &tool_calls),
-            JobEvent::Finished { summary, reasoning_tokens } => {
-                let mut out = Vec::new();
-                if stream.items.is_empty() && stream.open.is_none() {
-                    out.extend(stream.open(Open::Message)); // an answer with nothing in it
-                }
-                out.extend(stream.close_item());
-                let usage = usage(&summary.usage, reasoning_tokens);
-                let output = stream.items.clone();
-                let response =
-                    response_object(&stream.id, &model, created, status_of(summary.finish_reason), output, usage);
-                out.push(stream.event("response.completed", json!({"response": response})));
-                out
-            }
-            JobEvent::Failed(e) => vec![stream.event("error", json!({"message": format!("{e:?}")}))],
-            JobEvent::Started { .. } => vec![],
+impl Head {
+    /// The response object: in progress (no answer yet), or the answer's.
+    fn response(&self, ids: &Ids, answer: Option<&Answer>, output: Vec<Item>) -> ResponseObject {
+        // Out of the request's own tokens: incomplete. A limit the server set ends it complete.
+        let incomplete = answer.is_some_and(|a| a.finish == Finish::OutOfTokens(None));
+        let status = match answer {
+            None => "in_progress",
+            Some(_) if incomplete => "incomplete",
+            Some(_) => "completed",
         };
-        futures_util::stream::iter(out.into_iter().map(Ok::<_, Infallible>))
-    });
-    let all = futures_util::stream::once(async move { Ok(first) }).chain(events);
-    Ok((headers, Sse::new(all).keep_alive(KeepAlive::default())).into_response())
+        ResponseObject {
+            id: format!("resp_{}", ids.id),
+            object: "response",
+            created_at: self.created,
+            status,
+            model: self.model.clone(),
+            output,
+            usage: answer.map(Usage::of),
+            incomplete_details: incomplete.then_some(Incomplete { reason: "max_output_tokens" }),
+            error: None,
+            parallel_tool_calls: true,
+            tool_choice: "auto",
+            tools: vec![],
+        }
+    }
 }
 
 /// The kind of output item being streamed now.
@@ -489,166 +454,16 @@ enum Open {
 /// The Responses event sequence: items are opened (`output_item.added`), filled by deltas and
 /// closed (`output_item.done`) one at a time; every event carries a `sequence_number`.
 struct EventStream {
-    id: String,
+    ids: Ids,
+    head: Head,
     sequence: u64,
     open: Option<Open>,
     /// Output items closed so far (their index is their position).
-    items: Vec<Value>,
-    answer: Answer,
+    items: Vec<Item>,
+    /// The text of the open reasoning or message item so far.
+    text: String,
     /// The tool call being streamed, if one is.
     calling: Option<Calling>,
-}
-
-impl EventStream {
-    fn event(&mut self, kind: &str, mut data: Value) -> SseEvent {
-        data["type"] = json!(kind);
-        data["sequence_number"] = json!(self.sequence);
-        self.sequence += 1;
-        SseEvent::default().event(kind).data(data.to_string())
-    }
-
-    fn index(&self) -> usize {
-        self.items.len()
-    }
-
-    fn open(&mut self, kind: Open) -> Vec<SseEvent> {
-        if self.open == Some(kind) {
-            return vec![];
-        }
-        let mut out = self.close_item();
-        self.open = Some(kind);
-        let index = self.index();
-        match kind {
-            Open::Reasoning => {
-                let item = json!({"type": "reasoning", "id": format!("rs_{}", self.id), "summary": []});
-                out.push(self.event("response.output_item.added", json!({"output_index": index, "item": item})));
-                let part = json!({"item_id": format!("rs_{}", self.id), "output_index": index, "summary_index": 0,
-                                  "part": {"type": "summary_text", "text": ""}});
-                out.push(self.event("response.reasoning_summary_part.added", part));
-            }
-            Open::Message => {
-                let item = message_item(&self.id, "", "in_progress");
-                out.push(self.event("response.output_item.added", json!({"output_index": index, "item": item})));
-                let part = json!({"item_id": format!("msg_{}", self.id), "output_index": index, "content_index": 0,
-                                  "part": {"type": "output_text", "text": "", "annotations": []}});
-                out.push(self.event("response.content_part.added", part));
-            }
-        }
-        out
-    }
-
-    fn close_item(&mut self) -> Vec<SseEvent> {
-        let Some(kind) = self.open.take() else { return vec![] };
-        let index = self.index();
-        let mut out = Vec::new();
-        let item = match kind {
-            Open::Reasoning => {
-                let (item_id, text) = (format!("rs_{}", self.id), self.answer.reasoning.clone());
-                let done = json!({"item_id": item_id, "output_index": index, "summary_index": 0, "text": text});
-                out.push(self.event("response.reasoning_summary_text.done", done));
-                let part = json!({"item_id": item_id, "output_index": index, "summary_index": 0,
-                                  "part": {"type": "summary_text", "text": text}});
-                out.push(self.event("response.reasoning_summary_part.done", part));
-                reasoning_item(&self.id, &text)
-            }
-            Open::Message => {
-                let (item_id, text) = (format!("msg_{}", self.id), self.answer.text.clone());
-                let done = json!({"item_id": item_id, "output_index": index, "content_index": 0, "text": text});
-                out.push(self.event("response.output_text.done", done));
-                let part = json!({"item_id": item_id, "output_index": index, "content_index": 0,
-                                  "part": {"type": "output_text", "text": text, "annotations": []}});
-                out.push(self.event("response.content_part.done", part));
-                message_item(&self.id, &text, "completed")
-            }
-        };
-        out.push(self.event("response.output_item.done", json!({"output_index": index, "item": item})));
-        self.items.push(item);
-        out
-    }
-
-    fn delta(&mut self, reasoning: &str, content: &str, calls: &[CallEvent]) -> Vec<SseEvent> {
-        let mut out = Vec::new();
-        if !reasoning.is_empty() {
-            out.extend(self.open(Open::Reasoning));
-            self.answer.reasoning.push_str(reasoning);
-            let (item_id, index) = (format!("rs_{}", self.id), self.index());
-            let delta = json!({"item_id": item_id, "output_index": index, "summary_index": 0, "delta": reasoning});
-            out.push(self.event("response.reasoning_summary_text.delta", delta));
-        }
-        if !content.is_empty() {
-            out.extend(self.open(Open::Message));
-            self.answer.text.push_str(content);
-            let (item_id, index) = (format!("msg_{}", self.id), self.index());
-            let delta = json!({"item_id": item_id, "output_index": index, "content_index": 0, "delta": content});
-            out.push(self.event("response.output_text.delta", delta));
-        }
-        for event in calls {
-            match event {
-                CallEvent::Begin { name } => {
-                    let call = ParsedCall { name: name.clone(), arguments: Value::Null };
-                    out.extend(self.open_call(&call));
-                }
-                // A custom tool's input is inside the arguments' JSON: it is sent whole at the end.
-                CallEvent::Arguments(a) => match &mut self.calling {
-                    Some(c) if !c.custom => {
-                        c.arguments.push_str(a);
-                        let delta = json!({"item_id": c.item_id, "output_index": c.index, "delta": a});
-                        out.push(self.event("response.function_call_arguments.delta", delta));
-                    }
-                    _ => {}
-                },
-                CallEvent::End(call) => {
-                    if self.calling.is_none() {
-                        out.extend(self.open_call(call));
-                    }
-                    out.extend(self.close_call(call));
-                }
-            }
-        }
-        out
-    }
-
-    /// Opens a call's output item (a `function_call`, or a `custom_tool_call`).
-    fn open_call(&mut self, call: &ParsedCall) -> Vec<SseEvent> {
-        let mut out = self.close_item();
-        let (n, index, custom) = (self.answer.calls.len(), self.index(), self.answer.is_custom(call));
-        let added = call_item(&self.id, n, call, custom, "in_progress");
-        out.push(self.event("response.output_item.added", json!({"output_index": index, "item": added})));
-        let item_id = call_item_id(&self.id, n, custom);
-        self.calling = Some(Calling { item_id, index, custom, arguments: String::new() });
-        out
-    }
-
-    /// Closes the open call's item: its whole arguments (as streamed) or custom input.
-    fn close_call(&mut self, call: &ParsedCall) -> Vec<SseEvent> {
-        let Some(c) = self.calling.take() else { return vec![] };
-        let (mut out, n) = (Vec::new(), self.answer.calls.len());
-        let mut item = call_item(&self.id, n, call, c.custom, "completed");
-        if c.custom {
-            let input = custom_input(&call.arguments);
-            let delta = json!({"item_id": c.item_id, "output_index": c.index, "delta": input});
-            out.push(self.event("response.custom_tool_call_input.delta", delta));
-            let done = json!({"item_id": c.item_id, "output_index": c.index, "input": input});
-            out.push(self.event("response.custom_tool_call_input.done", done));
-        } else {
-            // The arguments as streamed (a call that was not streamed sends them whole now).
-            let arguments = if c.arguments.is_empty() {
-                let whole = call.arguments.to_string();
-                let delta = json!({"item_id": c.item_id, "output_index": c.index, "delta": whole});
-                out.push(self.event("response.function_call_arguments.delta", delta));
-                whole
-            } else {
-                c.arguments
-            };
-            item["arguments"] = json!(arguments);
-            let done = json!({"item_id": c.item_id, "output_index": c.index, "arguments": arguments});
-            out.push(self.event("response.function_call_arguments.done", done));
-        }
-        out.push(self.event("response.output_item.done", json!({"output_index": c.index, "item": item.clone()})));
-        self.items.push(item);
-        self.answer.calls.push(call.clone());
-        out
-    }
 }
 
 /// The call whose output item is open in a stream.
@@ -658,6 +473,321 @@ struct Calling {
     custom: bool,
     /// The arguments streamed so far.
     arguments: String,
+}
+
+impl EventStream {
+    fn event(&mut self, event: Event) -> SseEvent {
+        let sequence_number = self.sequence;
+        self.sequence += 1;
+        let data = serde_json::to_value(Sequenced { event: &event, sequence_number }).unwrap_or(Value::Null);
+        let name = data["type"].as_str().unwrap_or("error").to_string();
+        SseEvent::default().event(name).data(data.to_string())
+    }
+
+    fn index(&self) -> usize {
+        self.items.len()
+    }
+
+    fn of(&mut self, step: Step) -> Vec<SseEvent> {
+        match step {
+            Step::Reasoning(delta) => {
+                let mut out = self.open(Open::Reasoning);
+                self.text.push_str(&delta);
+                let (item_id, output_index) = (self.ids.reasoning(), self.index());
+                out.push(self.event(Event::ReasoningSummaryTextDelta {
+                    item_id,
+                    output_index,
+                    summary_index: 0,
+                    delta,
+                }));
+                out
+            }
+            Step::Text(delta) => {
+                let mut out = self.open(Open::Message);
+                self.text.push_str(&delta);
+                let (item_id, output_index) = (self.ids.message(), self.index());
+                out.push(self.event(Event::OutputTextDelta { item_id, output_index, content_index: 0, delta }));
+                out
+            }
+            Step::CallBegin { index, name } => self.open_call(index, &ParsedCall { name, arguments: Value::Null }),
+            // A custom tool's input is inside the arguments' JSON: it is sent whole at the end.
+            Step::CallArguments { fragment, .. } => match &mut self.calling {
+                Some(c) if !c.custom => {
+                    c.arguments.push_str(&fragment);
+                    let (item_id, output_index) = (c.item_id.clone(), c.index);
+                    vec![self.event(Event::FunctionCallArgumentsDelta { item_id, output_index, delta: fragment })]
+                }
+                _ => vec![],
+            },
+            Step::CallEnd { index, call, streamed } => {
+                let mut out = if streamed { vec![] } else { self.open_call(index, &call) };
+                out.extend(self.close_call(index, &call));
+                out
+            }
+            Step::Finished(answer) => {
+                let mut out = Vec::new();
+                if self.items.is_empty() && self.open.is_none() {
+                    out.extend(self.open(Open::Message)); // an answer with nothing in it
+                }
+                out.extend(self.close_item());
+                let response = self.head.response(&self.ids, Some(&answer), self.items.clone());
+                out.push(self.event(Event::Completed { response }));
+                out
+            }
+            Step::Failed(e) => vec![self.event(Event::Error { message: e.message })],
+        }
+    }
+
+    fn open(&mut self, kind: Open) -> Vec<SseEvent> {
+        if self.open == Some(kind) {
+            return vec![];
+        }
+        let mut out = self.close_item();
+        self.open = Some(kind);
+        let output_index = self.index();
+        match kind {
+            Open::Reasoning => {
+                let item = Item::Reasoning { id: self.ids.reasoning(), summary: vec![] };
+                out.push(self.event(Event::OutputItemAdded { output_index, item }));
+                let part = SummaryText::new("");
+                let item_id = self.ids.reasoning();
+                out.push(self.event(Event::ReasoningSummaryPartAdded {
+                    item_id,
+                    output_index,
+                    summary_index: 0,
+                    part,
+                }));
+            }
+            Open::Message => {
+                let item = self.ids.message_item(None);
+                out.push(self.event(Event::OutputItemAdded { output_index, item }));
+                let (item_id, part) = (self.ids.message(), OutputText::new(""));
+                out.push(self.event(Event::ContentPartAdded { item_id, output_index, content_index: 0, part }));
+            }
+        }
+        out
+    }
+
+    /// Closes the open reasoning or message item with its whole text.
+    fn close_item(&mut self) -> Vec<SseEvent> {
+        let Some(kind) = self.open.take() else { return vec![] };
+        let (output_index, text) = (self.index(), std::mem::take(&mut self.text));
+        let mut out = Vec::new();
+        let item = match kind {
+            Open::Reasoning => {
+                let item_id = self.ids.reasoning();
+                let done = Event::ReasoningSummaryTextDone {
+                    item_id: item_id.clone(),
+                    output_index,
+                    summary_index: 0,
+                    text: text.clone(),
+                };
+                out.push(self.event(done));
+                let part = SummaryText::new(&text);
+                out.push(self.event(Event::ReasoningSummaryPartDone { item_id, output_index, summary_index: 0, part }));
+                self.ids.reasoning_item(&text)
+            }
+            Open::Message => {
+                let item_id = self.ids.message();
+                let done = Event::OutputTextDone {
+                    item_id: item_id.clone(),
+                    output_index,
+                    content_index: 0,
+                    text: text.clone(),
+                };
+                out.push(self.event(done));
+                let part = OutputText::new(&text);
+                out.push(self.event(Event::ContentPartDone { item_id, output_index, content_index: 0, part }));
+                self.ids.message_item(Some(&text))
+            }
+        };
+        out.push(self.event(Event::OutputItemDone { output_index, item: item.clone() }));
+        self.items.push(item);
+        out
+    }
+
+    /// Opens call `n`'s output item (a `function_call`, or a `custom_tool_call`).
+    fn open_call(&mut self, n: usize, call: &ParsedCall) -> Vec<SseEvent> {
+        let mut out = self.close_item();
+        let (output_index, custom) = (self.index(), self.ids.is_custom(call));
+        let item = self.ids.call_item(n, call, false);
+        out.push(self.event(Event::OutputItemAdded { output_index, item }));
+        let item_id = self.ids.call(n, custom);
+        self.calling = Some(Calling { item_id, index: output_index, custom, arguments: String::new() });
+        out
+    }
+
+    /// Closes the open call's item: its whole arguments (as streamed) or custom input.
+    fn close_call(&mut self, n: usize, call: &ParsedCall) -> Vec<SseEvent> {
+        let Some(c) = self.calling.take() else { return vec![] };
+        let (item_id, output_index) = (c.item_id.clone(), c.index);
+        let mut out = Vec::new();
+        let mut item = self.ids.call_item(n, call, true);
+        if c.custom {
+            let input = custom_input(&call.arguments);
+            let delta =
+                Event::CustomToolCallInputDelta { item_id: item_id.clone(), output_index, delta: input.clone() };
+            out.push(self.event(delta));
+            out.push(self.event(Event::CustomToolCallInputDone { item_id, output_index, input }));
+        } else {
+            // The arguments as streamed (a call that was not streamed sends them whole now).
+            let arguments = if c.arguments.is_empty() {
+                let whole = call.arguments.to_string();
+                let delta =
+                    Event::FunctionCallArgumentsDelta { item_id: item_id.clone(), output_index, delta: whole.clone() };
+                out.push(self.event(delta));
+                whole
+            } else {
+                c.arguments
+            };
+            if let Item::FunctionCall { arguments: a, .. } = &mut item {
+                *a = arguments.clone();
+            }
+            out.push(self.event(Event::FunctionCallArgumentsDone { item_id, output_index, arguments }));
+        }
+        out.push(self.event(Event::OutputItemDone { output_index, item: item.clone() }));
+        self.items.push(item);
+        out
+    }
+}
+
+/// The response object (also the payload of `response.created` and `response.completed`).
+#[derive(Serialize)]
+struct ResponseObject {
+    id: String,
+    object: &'static str,
+    created_at: u64,
+    status: &'static str,
+    model: String,
+    output: Vec<Item>,
+    usage: Option<Usage>,
+    incomplete_details: Option<Incomplete>,
+    error: Option<String>,
+    parallel_tool_calls: bool,
+    tool_choice: &'static str,
+    tools: Vec<Value>,
+}
+
+#[derive(Serialize)]
+struct Incomplete {
+    reason: &'static str,
+}
+
+/// An output item.
+#[derive(Clone, Serialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+enum Item {
+    Reasoning { id: String, summary: Vec<SummaryText> },
+    Message { id: String, status: &'static str, role: &'static str, content: Vec<OutputText> },
+    FunctionCall { id: String, call_id: String, name: String, arguments: String, status: &'static str },
+    CustomToolCall { id: String, call_id: String, name: String, input: String, status: &'static str },
+}
+
+#[derive(Clone, Serialize)]
+struct SummaryText {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    text: String,
+}
+
+impl SummaryText {
+    fn new(text: &str) -> Self {
+        SummaryText { kind: "summary_text", text: text.to_string() }
+    }
+}
+
+#[derive(Clone, Serialize)]
+struct OutputText {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    text: String,
+    annotations: Vec<Value>,
+}
+
+impl OutputText {
+    fn new(text: &str) -> Self {
+        OutputText { kind: "output_text", text: text.to_string(), annotations: vec![] }
+    }
+}
+
+#[derive(Serialize)]
+struct Usage {
+    input_tokens: usize,
+    input_tokens_details: InputDetails,
+    output_tokens: usize,
+    output_tokens_details: OutputDetails,
+    total_tokens: usize,
+}
+
+#[derive(Serialize)]
+struct InputDetails {
+    cached_tokens: usize,
+}
+
+#[derive(Serialize)]
+struct OutputDetails {
+    reasoning_tokens: usize,
+}
+
+impl Usage {
+    fn of(answer: &Answer) -> Self {
+        let u = &answer.summary.usage;
+        Usage {
+            input_tokens: u.prompt_tokens,
+            input_tokens_details: InputDetails { cached_tokens: u.cached_tokens },
+            output_tokens: u.completion_tokens,
+            output_tokens_details: OutputDetails { reasoning_tokens: answer.reasoning_tokens },
+            total_tokens: u.prompt_tokens + u.completion_tokens,
+        }
+    }
+}
+
+/// A streamed event and its place in the stream.
+#[derive(Serialize)]
+struct Sequenced<'a> {
+    #[serde(flatten)]
+    event: &'a Event,
+    sequence_number: u64,
+}
+
+/// The Responses stream's events; the SSE event's name is the payload's `type`.
+#[derive(Serialize)]
+#[serde(tag = "type")]
+enum Event {
+    #[serde(rename = "response.created")]
+    Created { response: ResponseObject },
+    #[serde(rename = "response.output_item.added")]
+    OutputItemAdded { output_index: usize, item: Item },
+    #[serde(rename = "response.output_item.done")]
+    OutputItemDone { output_index: usize, item: Item },
+    #[serde(rename = "response.content_part.added")]
+    ContentPartAdded { item_id: String, output_index: usize, content_index: usize, part: OutputText },
+    #[serde(rename = "response.content_part.done")]
+    ContentPartDone { item_id: String, output_index: usize, content_index: usize, part: OutputText },
+    #[serde(rename = "response.output_text.delta")]
+    OutputTextDelta { item_id: String, output_index: usize, content_index: usize, delta: String },
+    #[serde(rename = "response.output_text.done")]
+    OutputTextDone { item_id: String, output_index: usize, content_index: usize, text: String },
+    #[serde(rename = "response.reasoning_summary_part.added")]
+    ReasoningSummaryPartAdded { item_id: String, output_index: usize, summary_index: usize, part: SummaryText },
+    #[serde(rename = "response.reasoning_summary_part.done")]
+    ReasoningSummaryPartDone { item_id: String, output_index: usize, summary_index: usize, part: SummaryText },
+    #[serde(rename = "response.reasoning_summary_text.delta")]
+    ReasoningSummaryTextDelta { item_id: String, output_index: usize, summary_index: usize, delta: String },
+    #[serde(rename = "response.reasoning_summary_text.done")]
+    ReasoningSummaryTextDone { item_id: String, output_index: usize, summary_index: usize, text: String },
+    #[serde(rename = "response.function_call_arguments.delta")]
+    FunctionCallArgumentsDelta { item_id: String, output_index: usize, delta: String },
+    #[serde(rename = "response.function_call_arguments.done")]
+    FunctionCallArgumentsDone { item_id: String, output_index: usize, arguments: String },
+    #[serde(rename = "response.custom_tool_call_input.delta")]
+    CustomToolCallInputDelta { item_id: String, output_index: usize, delta: String },
+    #[serde(rename = "response.custom_tool_call_input.done")]
+    CustomToolCallInputDone { item_id: String, output_index: usize, input: String },
+    #[serde(rename = "response.completed")]
+    Completed { response: ResponseObject },
+    #[serde(rename = "error")]
+    Error { message: String },
 }
 
 #[cfg(test)]

@@ -310,8 +310,13 @@ fn parameter_value(raw: &str, key: &str, properties: Option<&Value>) -> Value {
 }
 
 fn typed(raw: &str, kind: &str) -> Value {
-    match kind {
-        "string" => Value::String(raw.to_string()),
+    // The templates write values with Jinja's `string` filter, which is Python's `str`: the
+    // models learnt `True`, `False` and `None` for JSON's `true`, `false` and `null`.
+    match (kind, raw.trim()) {
+        ("string", _) => Value::String(raw.to_string()),
+        ("boolean", "True" | "true") => Value::Bool(true),
+        ("boolean", "False" | "false") => Value::Bool(false),
+        (_, "None") => Value::Null,
         // A value that does not parse as its type stays text: the client sees what was written.
         _ => serde_json::from_str(raw.trim()).unwrap_or_else(|_| Value::String(raw.to_string())),
     }

@@ -10,6 +10,7 @@ mkdir -p "$tp"
 MLX_VERSION=0.32.2          # must equal the MLX tag that mlx-c (mlx-sys 0.7.0) pins
 MLX_LM_VERSION=0.32.0       # last mlx-lm whose MoE path runs on MLX 0.32.2
 MLX_SYS_VERSION=0.7.0
+HF_HUB_VERSION=0.4.3        # patched: third_party/hf-hub.patch
 ZIG_VERSION=0.17.1          # zig cc and Darwin's C headers for `make check-mac` off a Mac
 TAURI_CLI_VERSION=2.12.5    # Tauri's bundler (`make bundle`), from npm
 # The agent clients tests/agents runs against Ferrite, from npm.
@@ -137,25 +138,33 @@ case "$(uname -s)" in
       say "warning: no OpenBLAS found (Debian: libopenblas0-pthread); MLX keeps the wheel's slow reference BLAS"
     fi
 
-    # 2. mlx-sys from cargo's registry, with the Linux build branch patched in.
-    stamp=$tp/mlx-sys/.ferrite-patch-sha
-    want=$(sha256sum "$tp/mlx-sys.patch" | cut -d' ' -f1)
-    if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
-      say "preparing third_party/mlx-sys ($MLX_SYS_VERSION + Linux patch)"
-      fetch=$(mktemp -d)
-      mkdir -p "$fetch/src" && touch "$fetch/src/lib.rs"
-      printf '[package]\nname="fetch-mlx-sys"\nversion="0.0.0"\nedition="2021"\n[dependencies]\nmlx-sys={version="=%s",default-features=false}\n' \
-        "$MLX_SYS_VERSION" > "$fetch/Cargo.toml"
-      (cd "$fetch" && cargo fetch -q)
-      src=$(ls -d "${CARGO_HOME:-$HOME/.cargo}"/registry/src/*/mlx-sys-$MLX_SYS_VERSION | head -n1)
-      rm -rf "$fetch" "$tp/mlx-sys"
-      cp -r "$src" "$tp/mlx-sys"
-      patch -s -p1 -d "$tp/mlx-sys" < "$tp/mlx-sys.patch"
-      echo "$want" > "$stamp"
-    fi
     ;;
   *) echo "setup: unsupported OS $(uname -s)"; exit 1 ;;
 esac
+
+# 2. Crates Cargo.toml patches ([patch.crates-io]), on every OS: a copy from cargo's registry
+#    with Ferrite's patch applied. mlx-sys gets its Linux build branch (on a Mac it builds as
+#    upstream); hf-hub refuses hub answers that are not hashes before they name cache paths.
+sha256() { if command -v sha256sum >/dev/null; then sha256sum "$1"; else shasum -a 256 "$1"; fi | cut -d' ' -f1; }
+patched_crate() {
+  local name=$1 version=$2 stamp want fetch src
+  stamp=$tp/$name/.ferrite-patch-sha
+  want=$(sha256 "$tp/$name.patch")
+  [ "$(cat "$stamp" 2>/dev/null)" = "$want" ] && return
+  say "preparing third_party/$name ($version + third_party/$name.patch)"
+  fetch=$(mktemp -d)
+  mkdir -p "$fetch/src" && touch "$fetch/src/lib.rs"
+  printf '[package]\nname="fetch-%s"\nversion="0.0.0"\nedition="2021"\n[dependencies]\n%s={version="=%s",default-features=false}\n' \
+    "$name" "$name" "$version" > "$fetch/Cargo.toml"
+  (cd "$fetch" && cargo fetch -q)
+  src=$(ls -d "${CARGO_HOME:-$HOME/.cargo}"/registry/src/*/"$name-$version" | head -n1)
+  rm -rf "$fetch" "$tp/$name"
+  cp -r "$src" "$tp/$name"
+  patch -s -p1 -d "$tp/$name" < "$tp/$name.patch"
+  echo "$want" > "$stamp"
+}
+patched_crate mlx-sys "$MLX_SYS_VERSION"
+patched_crate hf-hub "$HF_HUB_VERSION"
 
 # 3. The reference implementation and the official API clients, in their own venv (tests and
 #    benchmarks compare against mlx-lm and drive the server with the real SDKs).

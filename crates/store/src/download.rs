@@ -482,6 +482,14 @@ impl Job {
         if !self.models_dir.exists() {
             return DownloadError::FolderGone { dir: self.models_dir.clone() };
         }
+        // The patched hf-hub (third_party/hf-hub.patch) refuses an ETag or commit header that
+        // is not a hash, before it names a path after it.
+        if let ApiError::InvalidHeader(header) = &e {
+            let repo = &self.request.repo;
+            return DownloadError::Unsafe(format!(
+                "the hub's answer for `{repo}`: the `{header}` header of {file} is not a hash: refused before anything was written"
+            ));
+        }
         let io = match &e {
             ApiError::IoError(io) => Some(io),
             ApiError::TooManyRetries(inner) => match inner.as_ref() {

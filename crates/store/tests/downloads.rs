@@ -265,6 +265,22 @@ async fn hostile_names_and_hub_answers_never_reach_a_path() {
         let err = d.pull(request("test/hybrid", true)).wait().await.unwrap_err();
         assert!(matches!(err, DownloadError::Unsafe(_)) && err.to_string().contains(what), "{what}: {err}");
     }
+    // A hub that answers Ferrite's own header check truly and hf-hub's request for the same
+    // file with paths: hf-hub (patched, third_party/hf-hub.patch) refuses them before writing.
+    let second_answer: [(Fault, &str); 2] = [
+        (|f| f.etag_header = Some("../../../escaped-blob".into()), "etag"),
+        (|f| f.commit_header = Some("../../../escaped-snapshot".into()), "x-repo-commit"),
+    ];
+    for (fault, what) in second_answer {
+        let mut faults = hub::Faults {
+            headers_after: s.hub.hub.resolves.load(std::sync::atomic::Ordering::SeqCst) + 1,
+            ..Default::default()
+        };
+        fault(&mut faults);
+        *s.hub.hub.faults.lock().unwrap() = faults;
+        let err = d.pull(request("test/hybrid", true)).wait().await.unwrap_err();
+        assert!(err.to_string().contains(what), "{what}: {err}");
+    }
     let after: Vec<_> = std::fs::read_dir(&outside).unwrap().flatten().map(|e| e.file_name()).collect();
     assert_eq!(before, after, "nothing was created beside the models folder");
     assert!(s.store.list().installed.is_empty(), "nothing counts as installed");

@@ -42,6 +42,9 @@ pub struct Faults {
     /// ... these download headers (what hf-hub names its blob and snapshot folders after).
     pub etag_header: Option<String>,
     pub commit_header: Option<String>,
+    /// ... and those headers only from this many resolve requests on: a hub whose second
+    /// answer for a file differs from its first.
+    pub headers_after: usize,
 }
 
 /// A repository's commit hash and files.
@@ -53,6 +56,8 @@ pub struct Hub {
     pub faults: Mutex<Faults>,
     /// `(repo, file, first byte)` of every body request.
     pub ranges: Mutex<Vec<(String, String, u64)>>,
+    /// How many resolve requests were answered.
+    pub resolves: std::sync::atomic::AtomicUsize,
 }
 
 pub struct Running {
@@ -167,9 +172,17 @@ async fn resolve(
     let Some((commit, f)) = hub.file(&repo, &file) else {
         return StatusCode::NOT_FOUND.into_response();
     };
+    let seen = hub.resolves.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
     let (commit, etag) = {
         let faults = hub.faults.lock().unwrap();
-        (faults.commit_header.clone().unwrap_or(commit), faults.etag_header.clone().unwrap_or_else(|| f.etag.clone()))
+        if seen >= faults.headers_after {
+            (
+                faults.commit_header.clone().unwrap_or(commit),
+                faults.etag_header.clone().unwrap_or_else(|| f.etag.clone()),
+            )
+        } else {
+            (commit, f.etag.clone())
+        }
     };
     if f.lfs {
         // As the hub does for LFS files: metadata on the redirect, bytes from elsewhere.

@@ -51,6 +51,11 @@ pub struct Args {
     /// context leaves after the prompt). Responses say when they were capped.
     #[arg(long)]
     max_output_tokens: Option<usize>,
+    /// The most memory the model and its caches may take, in GB (default: the machine's
+    /// memory). A request whose KV cache would not fit what is left is refused, or its answer
+    /// shortened (said in a header).
+    #[arg(long)]
+    max_memory_gb: Option<f64>,
     /// Tests only: answer prompts that match a rule of this JSON file with the rule's reply,
     /// enforced token by token on the model's logits (crates/server/src/scripted.rs).
     #[arg(long, hide = true)]
@@ -76,6 +81,7 @@ pub fn run(args: Args) -> Result<()> {
             on_idle: args.idle_action,
             profile: engine::Profile::named(args.profile),
             max_output_tokens: args.max_output_tokens.filter(|&n| n > 0),
+            memory_budget: args.max_memory_gb.filter(|gb| *gb > 0.0).map(|gb| (gb * 1e9) as u64),
             scripted,
             ..Default::default()
         },

@@ -140,6 +140,8 @@ pub struct Engine {
     spec_totals: std::sync::Mutex<SpecStats>,
     /// The state after recent prompts, for requests that start the same way.
     prompt_cache: std::sync::Mutex<PromptCache>,
+    /// What one more token of context takes in the KV caches ([`crate::memory::kv_bytes_per_token`]).
+    kv_bytes_per_token: u64,
 }
 
 impl Engine {
@@ -205,6 +207,11 @@ impl Engine {
         }
     }
 
+    /// Bytes one more token of context takes in the KV caches.
+    pub fn kv_bytes_per_token(&self) -> u64 {
+        self.kv_bytes_per_token
+    }
+
     /// Speculative-decoding figures summed over every request this engine served.
     pub fn spec_totals(&self) -> SpecStats {
         self.spec_totals.lock().map(|t| t.clone()).unwrap_or_default()
@@ -236,6 +243,7 @@ impl Engine {
             tracing::info!("CPU matmuls run on {}", crate::blas::describe());
         }
         profile.apply_memory_settings(weight_bytes(dir));
+        let kv_bytes_per_token = crate::memory::kv_bytes_per_token(model.as_ref())?;
         let engine = Engine {
             model,
             tokenizer,
@@ -246,6 +254,7 @@ impl Engine {
             prompt_cache: std::sync::Mutex::new(PromptCache::new(profile.prompt_cache_bytes(device::total_memory()))),
             profile,
             spec_totals: Default::default(),
+            kv_bytes_per_token,
         };
         if engine.profile.warmup {
             engine.warm_up()?;

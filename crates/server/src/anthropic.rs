@@ -244,7 +244,7 @@ fn stop_reason(answer: &Answer) -> &'static str {
     match answer.finish {
         _ if !answer.calls.is_empty() => "tool_use",
         Finish::OutOfTokens(None) => "max_tokens",
-        Finish::OutOfTokens(Some(ClampedBy::Context)) => "model_context_window_exceeded",
+        Finish::OutOfTokens(Some(ClampedBy::Context | ClampedBy::Memory)) => "model_context_window_exceeded",
         Finish::OutOfTokens(Some(ClampedBy::ServerCap)) | Finish::EndOfTurn => "end_turn",
         Finish::StopSequence => "stop_sequence",
     }

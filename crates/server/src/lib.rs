@@ -222,6 +222,7 @@ impl AppState {
             let by = match c.by {
                 worker::ClampedBy::Context => "context",
                 worker::ClampedBy::ServerCap => "server",
+                worker::ClampedBy::Memory => "memory",
             };
             put("x-ferrite-max-tokens-clamped-by", by.into());
         }
@@ -332,6 +333,8 @@ pub fn status_json(s: &AppState) -> serde_json::Value {
         "reloads": w.lifecycle.reloads.load(Ordering::SeqCst),
         "max_tokens_clamped": w.metrics.max_tokens_clamped.load(Ordering::Relaxed),
         "max_output_tokens": i.max_output_tokens,
+        "memory_budget_bytes": i.memory_budget,
+        "kv_bytes_per_token": i.kv_bytes_per_token,
         "strict_model_names": s.strict_model_names,
         "prompt_cache": w.metrics.prompt_cache(),
         "mlx_active_memory_bytes": mlx.active,

@@ -70,6 +70,8 @@ pub enum ClampedBy {
     Context,
     /// The server's `--max-output-tokens`.
     ServerCap,
+    /// The memory left beside the model: the KV cache of a longer answer would not fit.
+    Memory,
 }
 
 /// Why a job could not run: the client's fault (4xx), a full queue (429), or the server's (5xx).
@@ -96,6 +98,12 @@ pub struct ModelInfo {
     pub profile: Profile,
     /// The server's cap on tokens generated per request (`--max-output-tokens`), if any.
     pub max_output_tokens: Option<usize>,
+    /// The most memory the model and its caches may take (`--max-memory-gb`, or the
+    /// machine's memory): a request whose KV cache would not fit what is left is refused or
+    /// its answer shortened.
+    pub memory_budget: u64,
+    /// What one more token of context takes in the KV caches.
+    pub kv_bytes_per_token: u64,
 }
 
 pub struct Worker {
@@ -178,6 +186,8 @@ pub struct WorkerOptions {
     /// At most this many jobs wait behind the running one (`None`: [`MAX_QUEUED_JOBS`]); more
     /// are refused with a 429.
     pub max_queued: Option<usize>,
+    /// The most memory, in bytes, the model and its caches may take (`None`: the machine's).
+    pub memory_budget: Option<u64>,
 }
 
 /// Jobs that may wait for the engine by default: several agents' turns, not a flood.
@@ -229,7 +239,8 @@ impl Worker {
     /// cache released, so the memory really returns; the next job loads it again (or, with
     /// [`IdleAction::Stop`], the server is asked to stop).
     pub fn start(dir: PathBuf, id: String, options: WorkerOptions) -> anyhow::Result<Worker> {
-        let WorkerOptions { idle, on_idle, profile, stop, max_output_tokens, scripted, max_queued } = options;
+        let WorkerOptions { idle, on_idle, profile, stop, max_output_tokens, scripted, max_queued, memory_budget } =
+            options;
         let (jobs, rx) = mpsc::channel::<Message>();
         let (ready_tx, ready_rx) = mpsc::channel();
         let queue_depth = Arc::new(AtomicUsize::new(0));
@@ -262,6 +273,8 @@ impl Worker {
                 has_mtp: engine.model().mtp().is_some(),
                 profile: profile.clone(),
                 max_output_tokens,
+                memory_budget: memory_budget.unwrap_or_else(engine::device::total_memory),
+                kv_bytes_per_token: engine.kv_bytes_per_token(),
             };
             life.loaded.store(true, Ordering::SeqCst);
             recorder.set_prompt_cache(engine.prompt_cache_stats());
@@ -445,6 +458,20 @@ fn render(engine: &Engine, prompt: &Prompt) -> Result<(Vec<u32>, String, bool), 
     Ok((ids, text, thinking))
 }
 
+/// Why a prompt does not fit the memory left: the figures a user can act on.
+fn memory_says(info: &ModelInfo, room: usize) -> String {
+    let gb = |b: u64| b as f64 / 1e9;
+    let held = engine::memory::mlx_memory().active;
+    format!(
+        "the memory left beside the model ({:.2} GB of a {:.1} GB budget, {:.2} GB held) holds the KV cache of {room} tokens \
+         at {} bytes a token: it does not fit (a smaller model, or a larger --max-memory-gb)",
+        gb(info.memory_budget.saturating_sub(held)),
+        gb(info.memory_budget),
+        gb(held),
+        info.kv_bytes_per_token
+    )
+}
+
 /// Runs one job; returns how many tokens of context it used (for the profile's cache trim).
 fn run_job(
     engine: &Engine,
@@ -467,7 +494,16 @@ fn run_job(
             })
             .sum(),
     };
+    // The KV cache of prompt and answer must also fit the memory left beside the model.
+    let memory_room = engine::memory::kv_room_tokens(info.memory_budget, info.kv_bytes_per_token);
     let least = engine.tokenizer().at_least_tokens(text_bytes);
+    if least >= memory_room {
+        send(JobEvent::Failed(JobError::BadRequest(format!(
+            "the prompt is at least {least} tokens ({text_bytes} bytes of text): {}",
+            memory_says(info, memory_room)
+        ))));
+        return 0;
+    }
     if least >= info.context {
         send(JobEvent::Failed(JobError::BadRequest(format!(
             "the prompt is at least {least} tokens ({text_bytes} bytes of text), and the model's context is {} tokens: it does not fit",
@@ -498,13 +534,28 @@ fn run_job(
         ))));
         return 0;
     }
+    if prompt_tokens >= memory_room {
+        send(JobEvent::Failed(JobError::BadRequest(format!(
+            "the prompt is {prompt_tokens} tokens: {}",
+            memory_says(info, memory_room)
+        ))));
+        return 0;
+    }
     // Agents ask for more than any context leaves (Claude Code 32K-128K): they get what fits.
-    let (asked, context_room) = (job.request.max_tokens, info.context - prompt_tokens);
+    let asked = job.request.max_tokens;
+    let (context_room, memory_room) = (info.context - prompt_tokens, memory_room - prompt_tokens);
     let cap = info.max_output_tokens.unwrap_or(usize::MAX);
-    let by = if cap < context_room { ClampedBy::ServerCap } else { ClampedBy::Context };
-    let clamped = (asked > context_room.min(cap)).then_some(Clamp { asked, by });
+    let room = context_room.min(memory_room).min(cap);
+    let by = if cap == room {
+        ClampedBy::ServerCap
+    } else if memory_room < context_room {
+        ClampedBy::Memory
+    } else {
+        ClampedBy::Context
+    };
+    let clamped = (asked > room).then_some(Clamp { asked, by });
     if clamped.is_some() {
-        job.request.max_tokens = context_room.min(cap);
+        job.request.max_tokens = room;
         metrics.max_tokens_clamped.fetch_add(1, Ordering::Relaxed);
     }
     let max_tokens = job.request.max_tokens;

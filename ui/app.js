@@ -27,7 +27,8 @@ function bytes(n) {
 function promptCache(c) {
   if (!c || !c.budget_bytes) return "off";
   const share = c.lookup_tokens ? ` · ${(100 * c.hit_tokens / c.lookup_tokens).toFixed(0)}% of prompt tokens reused` : "";
-  return `${bytes(c.bytes)} of ${bytes(c.budget_bytes)} · ${c.entries} prompt${c.entries === 1 ? "" : "s"}${share}`;
+  const disk = c.disk ? ` · disk ${bytes(c.disk.bytes)} of ${bytes(c.disk.budget_bytes)}` : "";
+  return `${bytes(c.bytes)} of ${bytes(c.budget_bytes)} · ${c.entries} prompt${c.entries === 1 ? "" : "s"}${share}${disk}`;
 }
 
 function facts(el, rows) {

@@ -102,6 +102,7 @@ async fn serve(name: &str, profile: engine::ProfileName, addr: SocketAddr) -> an
         worker: server::worker::WorkerOptions {
             idle: Some(std::time::Duration::from_secs(600)),
             profile: engine::Profile::named(profile),
+            prompt_disk: server::launch::prompt_disk(),
             ..Default::default()
         },
         cors_origins: server::APP_ORIGINS.iter().map(|o| o.to_string()).collect(),

@@ -53,7 +53,8 @@ def start_server(tmp: Path, *extra: str):
     """`ferrite serve --model default` on a free port, its log in `tmp`; yields a Server."""
     assert FERRITE.exists(), f"{FERRITE} is missing: build it first (cargo build -p ferrite-cli)"
     port, log = free_port(), tmp / "serve.log"
-    env = dict(os.environ, RUST_LOG="info", FERRITE_CONFIG_DIR=str(tmp / "config"))
+    # The prompt cache's disk tier off: one test's blocks must not serve another's turns.
+    env = dict(os.environ, RUST_LOG="info", FERRITE_CONFIG_DIR=str(tmp / "config"), FERRITE_PROMPT_DISK_GB="0")
     with open(log, "w") as out:
         proc = subprocess.Popen(
             [FERRITE, "serve", "--model", "default", "--port", str(port), "--idle-minutes", "0", *extra],

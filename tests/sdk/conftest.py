@@ -21,19 +21,23 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(tmp: Path, *extra):
-    """`ferrite serve` on a made tiny Qwen3 checkpoint (id `tiny`); yields its base URL."""
+def start_server(tmp: Path, *extra, env=None):
+    """`ferrite serve` on a made tiny Qwen3 checkpoint (id `tiny`); yields its base URL. The
+    prompt cache's disk tier is off unless `env` turns it on (tests must not hit each other's
+    blocks); `env` adds to the server's environment."""
     assert FERRITE.exists(), f"{FERRITE} is missing: build it first (cargo build -p ferrite-cli)"
     model = tmp / "tiny"
-    subprocess.run(
-        [FERRITE, "dev", "make-checkpoint", "--arch", "qwen3", "--preset", "tiny", "--bits", "4",
-         "--group-size", "32", "--out", model],
-        check=True, capture_output=True,
-    )
+    if not model.exists():
+        subprocess.run(
+            [FERRITE, "dev", "make-checkpoint", "--arch", "qwen3", "--preset", "tiny", "--bits", "4",
+             "--group-size", "32", "--out", model],
+            check=True, capture_output=True,
+        )
     port = free_port()
     proc = subprocess.Popen(
         [FERRITE, "serve", "--model", model, "--port", str(port), "--alias", "ferrite-tiny", *extra],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        env={**os.environ, "FERRITE_PROMPT_DISK_GB": "0", **(env or {})},
     )
     base = f"http://127.0.0.1:{port}"
     try:

@@ -3,8 +3,13 @@ earlier prompt is served mostly from the cache, and says so in its API's own usa
 (OpenAI `prompt_tokens_details.cached_tokens`, Responses `input_tokens_details.cached_tokens`,
 Anthropic `cache_read_input_tokens`). Claude Code's per-build billing line does not break it."""
 
+import tempfile
+from pathlib import Path
+
 import anthropic
 import openai
+
+from conftest import start_server
 
 # Long enough that the shared part dominates; unique per test so earlier tests do not hit it.
 LONG = " ".join(f"line {i}: fn f{i}(x: u32) -> u32 {{ x + {i} }}" for i in range(60))
@@ -42,3 +47,26 @@ def test_anthropic_reports_cache_reads_and_ignores_the_billing_line(server):
     assert u.cache_read_input_tokens > 0 and u.input_tokens == 1, u
     assert u.cache_creation_input_tokens == 0
     assert u.input_tokens + u.cache_read_input_tokens == first.usage.input_tokens + first.usage.cache_read_input_tokens
+
+
+def test_a_restarted_server_serves_the_next_turn_from_disk():
+    """The disk tier (config.toml's [prompt_cache]): a server stopped after a turn and started
+    again serves the next turn's shared prefix from the blocks the first one wrote."""
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        (tmp / "config").mkdir()
+        (tmp / "config" / "config.toml").write_text(
+            f'[prompt_cache]\ndir = "{tmp / "blocks"}"\ndisk_gb = 1.0\n')
+        env = {"FERRITE_CONFIG_DIR": str(tmp / "config"), "FERRITE_PROMPT_DISK_GB": ""}
+        messages = [{"role": "system", "content": "disk " + LONG}, {"role": "user", "content": "Sum them."}]
+        def turn(server, messages):
+            client = openai.OpenAI(base_url=server + "/v1", api_key="unused", max_retries=0)
+            return client.chat.completions.create(model="tiny", messages=messages, max_tokens=4)
+        for server in start_server(tmp, env=env):
+            first = turn(server, messages)
+        assert list((tmp / "blocks").rglob("*.safetensors")), "the first server wrote its blocks"
+        for server in start_server(tmp, env=env):
+            grown = turn(server, messages + [{"role": "assistant", "content": "Done."},
+                                             {"role": "user", "content": "And now?"}])
+        assert first.usage.prompt_tokens_details.cached_tokens == 0
+        assert grown.usage.prompt_tokens_details.cached_tokens == first.usage.prompt_tokens - 1

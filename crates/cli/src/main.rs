@@ -1,6 +1,7 @@
 //! `ferrite`: the command-line face of the engine.
 
 mod bench;
+mod cache;
 mod dev;
 mod generate;
 mod models;
@@ -46,6 +47,9 @@ enum Command {
     Tune(tune::Args),
     /// List the runtime profiles and every knob each sets.
     Profiles,
+    /// The prompt cache's disk tier: show its folder and blocks, or clear it.
+    #[command(subcommand)]
+    Cache(cache::CacheCommand),
     /// Developer tools: make test checkpoints.
     #[command(subcommand)]
     Dev(dev::Command),
@@ -86,6 +90,7 @@ fn main() {
         Command::Dev(cmd) => dev::run(cmd),
         Command::Inspect { dir, json } => inspect(&dir, json),
         Command::Profiles => profiles(),
+        Command::Cache(cmd) => cache::run(cmd),
         Command::Tune(args) => tune::run(args),
         Command::Pull { model } => models::pull(&model),
         Command::Ls => models::ls(),

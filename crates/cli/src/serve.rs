@@ -82,6 +82,7 @@ pub fn run(args: Args) -> Result<()> {
             profile: engine::Profile::named(args.profile),
             max_output_tokens: args.max_output_tokens.filter(|&n| n > 0),
             memory_budget: args.max_memory_gb.filter(|gb| *gb > 0.0).map(|gb| (gb * 1e9) as u64),
+            prompt_disk: server::launch::prompt_disk(),
             scripted,
             ..Default::default()
         },

@@ -200,6 +200,34 @@ impl Engine {
         self.prompt_cache = std::sync::Mutex::new(PromptCache::new(bytes));
     }
 
+    /// Gives the prompt cache a disk tier in `root` (shared by every model and process that
+    /// uses the folder) of at most `budget` bytes; 0 takes it away.
+    pub fn set_prompt_disk(&self, root: &Path, budget: u64) -> Result<()> {
+        let tier = match budget {
+            0 => None,
+            _ => Some(
+                crate::prompt_cache::DiskTier::open(root, &self.identity()?, budget).map_err(|e| Error::io(root, e))?,
+            ),
+        };
+        if let Ok(mut c) = self.prompt_cache.lock() {
+            c.set_disk(tier);
+        }
+        Ok(())
+    }
+
+    /// What makes this model's cached state this model's: its config, its weight files, the
+    /// form they were loaded in and where it runs (a block written by another is never read).
+    fn identity(&self) -> Result<Vec<u8>> {
+        let config = self.dir.join("config.json");
+        let mut id = std::fs::read(&config).map_err(|e| Error::io(&config, e))?;
+        for file in crate::weights::weight_files(&self.dir)? {
+            let size = std::fs::metadata(&file).map_err(|e| Error::io(&file, e))?.len();
+            id.extend(format!("\n{}:{size}", file.file_name().unwrap_or_default().to_string_lossy()).bytes());
+        }
+        id.extend(format!("\n{}\n{}", self.weight_form, self.backend).bytes());
+        Ok(id)
+    }
+
     /// Empties the prompt cache (its counters stay).
     pub fn clear_prompt_cache(&self) {
         if let Ok(mut c) = self.prompt_cache.lock() {
@@ -283,9 +311,14 @@ impl Engine {
         Ok(())
     }
 
-    /// Called once a request is over: at long context the Sustained profile hands MLX's
-    /// buffer cache back to the system.
+    /// Called once a request is over (its client has the answer): the prompt cache's new entry
+    /// goes to its disk tier, and at long context the Sustained profile hands MLX's buffer
+    /// cache back to the system.
     pub fn after_request(&self, context_tokens: usize) {
+        // The request has answered: its prompt's state goes to disk now.
+        if let Ok(mut c) = self.prompt_cache.lock() {
+            c.persist();
+        }
         if self.profile.trim_cache_after_tokens.is_some_and(|limit| context_tokens >= limit) {
             let _ = mlx_rs::memory::clear_cache();
         }

@@ -74,6 +74,24 @@ pub fn spec(name: &str, draft_depth_arg: &str, profile: ProfileName) -> Result<M
     Ok(ModelSpec { dir: model.dir, id: model.id, aliases: model.aliases, draft_depth, draft_depth_source })
 }
 
+/// The prompt cache's disk tier as the config file sets it (`[prompt_cache]`; default: in
+/// the models folder), or `FERRITE_PROMPT_DISK_GB` (0: off); `None` without a usable store.
+pub fn prompt_disk() -> Option<(std::path::PathBuf, u64)> {
+    let gb = std::env::var("FERRITE_PROMPT_DISK_GB").ok().and_then(|v| v.parse::<f64>().ok());
+    let (dir, budget) = match store::Store::open_default() {
+        Ok(store) => store.prompt_disk()?,
+        Err(e) => {
+            tracing::warn!("the prompt cache stays in memory (no store: {e})");
+            return None;
+        }
+    };
+    match gb {
+        Some(gb) if gb <= 0.0 => None,
+        Some(gb) => Some((dir, (gb * 1e9) as u64)),
+        None => Some((dir, budget)),
+    }
+}
+
 /// How `/v1/models/load` (the UI's Start buttons and profile choice) finds a model.
 pub fn resolver() -> Resolver {
     std::sync::Arc::new(|name: &str, profile: ProfileName| spec(name, "auto", profile))

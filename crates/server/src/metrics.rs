@@ -159,6 +159,10 @@ impl Metrics {
         self.cache_lookups.get_or_create(&label("result", "miss")).set(cache.misses as i64);
         self.cache_bytes.get_or_create(&label("tier", "memory")).set(cache.bytes as i64);
         self.cache_bytes.get_or_create(&label("tier", "memory_budget")).set(cache.budget_bytes as i64);
+        if let Some(disk) = &cache.disk {
+            self.cache_bytes.get_or_create(&label("tier", "disk")).set(disk.bytes as i64);
+            self.cache_bytes.get_or_create(&label("tier", "disk_budget")).set(disk.budget_bytes as i64);
+        }
         let mut out = String::new();
         let _ = encode(&mut out, &self.registry);
         out

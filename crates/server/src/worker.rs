@@ -188,6 +188,8 @@ pub struct WorkerOptions {
     pub max_queued: Option<usize>,
     /// The most memory, in bytes, the model and its caches may take (`None`: the machine's).
     pub memory_budget: Option<u64>,
+    /// The prompt cache's disk tier: its folder and byte budget (`None`: memory only).
+    pub prompt_disk: Option<(PathBuf, u64)>,
 }
 
 /// Jobs that may wait for the engine by default: several agents' turns, not a flood.
@@ -239,8 +241,17 @@ impl Worker {
     /// cache released, so the memory really returns; the next job loads it again (or, with
     /// [`IdleAction::Stop`], the server is asked to stop).
     pub fn start(dir: PathBuf, id: String, options: WorkerOptions) -> anyhow::Result<Worker> {
-        let WorkerOptions { idle, on_idle, profile, stop, max_output_tokens, scripted, max_queued, memory_budget } =
-            options;
+        let WorkerOptions {
+            idle,
+            on_idle,
+            profile,
+            stop,
+            max_output_tokens,
+            scripted,
+            max_queued,
+            memory_budget,
+            prompt_disk,
+        } = options;
         let (jobs, rx) = mpsc::channel::<Message>();
         let (ready_tx, ready_rx) = mpsc::channel();
         let queue_depth = Arc::new(AtomicUsize::new(0));
@@ -254,8 +265,17 @@ impl Worker {
         let stopping = Arc::new(AtomicBool::new(false));
         let stop_tune = stopping.clone();
         let finished = crate::engine_threads::run(move || {
+            // The prompt cache's disk tier: a folder that cannot be used leaves memory only.
+            let with_disk = |engine: Engine| {
+                if let Some((root, budget)) = &prompt_disk {
+                    if let Err(e) = engine.set_prompt_disk(root, *budget) {
+                        tracing::warn!("the prompt cache stays in memory: {e}");
+                    }
+                }
+                engine
+            };
             let engine = match Engine::load_with(&dir, profile.clone()) {
-                Ok(e) => e,
+                Ok(e) => with_disk(e),
                 Err(e) => {
                     let _ = ready_tx.send(Err(anyhow::anyhow!("loading {}: {e}", dir.display())));
                     return;
@@ -311,6 +331,7 @@ impl Worker {
                 let reload = |engine: &mut Option<Engine>| -> Result<(), String> {
                     if engine.is_none() {
                         let e = Engine::load_with(&dir, profile.clone())
+                            .map(with_disk)
                             .map_err(|e| format!("reloading the model: {e}"))?;
                         tracing::info!("reloaded {} for a new request", info.id);
                         life.loaded.store(true, Ordering::SeqCst);

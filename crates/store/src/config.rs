@@ -18,6 +18,27 @@ pub struct Config {
     /// What the menu-bar app served last, so that its next launch starts it again.
     #[serde(default, skip_serializing_if = "AppChoice::is_empty")]
     pub app: AppChoice,
+    /// The prompt cache's disk tier.
+    #[serde(default, skip_serializing_if = "PromptCacheConfig::is_empty")]
+    pub prompt_cache: PromptCacheConfig,
+}
+
+/// The `[prompt_cache]` table: where the disk tier keeps its blocks (default: a `.ferrite`
+/// folder in the models folder, on the models volume) and its size in GB (default: a tenth of
+/// the volume's free space, at most 50 GB; 0 turns the disk tier off).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PromptCacheConfig {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dir: Option<PathBuf>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disk_gb: Option<f64>,
+}
+
+impl PromptCacheConfig {
+    pub fn is_empty(&self) -> bool {
+        self.dir.is_none() && self.disk_gb.is_none()
+    }
 }
 
 /// The `[app]` table: the model and profile the person last started from the app (its tray
@@ -117,6 +138,7 @@ mod tests {
             models_dir: Some("/Volumes/External/models".into()),
             local_models: vec![LocalModel { id: "mine".into(), path: "/m".into() }],
             app: AppChoice { model: Some("qwen3-8b".into()), profile: Some("turbo".into()) },
+            prompt_cache: PromptCacheConfig { dir: Some("/Volumes/External/cache".into()), disk_gb: Some(20.0) },
         };
         c.save(dir.path()).unwrap();
         assert_eq!(Config::load(dir.path()).unwrap(), c);

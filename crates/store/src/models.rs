@@ -82,6 +82,21 @@ impl Store {
     }
 
     /// Opens the store of the platform config directory (or `$FERRITE_CONFIG_DIR`).
+    /// The prompt cache's disk tier: its folder and byte budget (`None`: turned off).
+    pub fn prompt_disk(&self) -> Option<(PathBuf, u64)> {
+        const CAP: u64 = 50_000_000_000;
+        let c = &self.config.prompt_cache;
+        let dir = c.dir.clone().unwrap_or_else(|| self.models_dir.join(".ferrite").join("prompt-cache"));
+        let budget = match c.disk_gb {
+            Some(gb) => (gb.max(0.0) * 1e9) as u64,
+            None => {
+                let volume = dir.ancestors().find(|d| d.exists())?;
+                (crate::download::free_space(volume).ok()? / 10).min(CAP)
+            }
+        };
+        (budget > 0).then_some((dir, budget))
+    }
+
     pub fn open_default() -> Result<Store, StoreError> {
         Self::open(&crate::config::config_dir())
     }

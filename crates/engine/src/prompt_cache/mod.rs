@@ -11,6 +11,8 @@
 //! that diverges anywhere reuses all but less than a chunk. The MTP head's own KV is kept like
 //! the trunk's. Entries are evicted least recently used first when they outgrow the byte
 //! budget; an entry that extends another (the next turn of one conversation) replaces it.
+//! With a disk tier ([`disk`]), each request's entry is also written to disk once it has
+//! answered, and a prefix longer than memory holds is read back from there.
 
 use mlx_rs::ops::indexing::{Ellipsis, IndexOp};
 use mlx_rs::{transforms::eval, Array};
@@ -18,6 +20,9 @@ use serde::Serialize;
 
 use crate::cache::{Cache, KvCache, LayerCache, LinearState};
 use crate::error::Result;
+
+pub mod disk;
+pub use disk::{DiskStats, DiskTier};
 
 /// The linear-attention state of every layer (None for attention layers) at one position, and
 /// the trunk's hidden state there (what the MTP head drafts from).
@@ -80,6 +85,67 @@ struct Entry {
 }
 
 impl Entry {
+    fn new(
+        tokens: Vec<u32>,
+        kv: Vec<Option<(Array, Array)>>,
+        mtp_kv: Option<Vec<Option<(Array, Array)>>>,
+        checkpoints: Vec<Checkpoint>,
+        last_used: u64,
+    ) -> Self {
+        let pairs = |kv: &[Option<(Array, Array)>]| -> usize {
+            kv.iter().flatten().map(|(k, v)| k.nbytes() + v.nbytes()).sum()
+        };
+        let bytes = pairs(&kv)
+            + mtp_kv.as_deref().map_or(0, pairs)
+            + checkpoints.iter().map(Checkpoint::nbytes).sum::<usize>()
+            + tokens.len() * 4;
+        Entry { tokens, kv, mtp_kv, checkpoints, bytes, last_used }
+    }
+
+    /// The state after this entry's first `len` tokens (`usable` said they can be restored).
+    fn hit(&self, len: usize, with_mtp: bool) -> Option<Hit> {
+        let at = |position: usize| self.checkpoints.iter().find(|c| c.position == position);
+        let checkpoint = at(len);
+        let slice = |(k, v): &(Array, Array), n: usize| -> (Array, Array) {
+            let n = n as i32;
+            (k.index((Ellipsis, ..n, ..)), v.index((Ellipsis, ..n, ..)))
+        };
+        let mut layers = Vec::with_capacity(self.kv.len());
+        for (i, kv) in self.kv.iter().enumerate() {
+            layers.push(match (kv, checkpoint.and_then(|c| c.linear[i].clone())) {
+                (Some(kv), _) => {
+                    let (k, v) = slice(kv, len);
+                    LayerCache::Kv(KvCache::restored(k, v))
+                }
+                (None, Some((conv, recurrent))) => LayerCache::Linear(LinearState {
+                    conv: Some(conv),
+                    recurrent: Some(recurrent),
+                    offset: len as i32,
+                    ..Default::default()
+                }),
+                (None, None) => return None,
+            });
+        }
+        let mtp = match (&self.mtp_kv, with_mtp) {
+            (Some(mtp_kv), true) => {
+                let layers = mtp_kv
+                    .iter()
+                    .map(|kv| match kv {
+                        Some(kv) => {
+                            let (k, v) = slice(kv, len - 1);
+                            LayerCache::Kv(KvCache::restored(k, v))
+                        }
+                        None => LayerCache::Kv(KvCache::default()),
+                    })
+                    .collect();
+                Some((layers, checkpoint.and_then(|c| c.last_hidden.clone())))
+            }
+            _ => None,
+        };
+        let checkpoints = self.checkpoints.iter().filter(|c| c.position <= len).cloned().collect();
+        Some(Hit { len, layers, mtp, checkpoints })
+    }
+
     /// The longest prefix of `prompt` (at most `limit` tokens) this entry can restore.
     fn usable(&self, prompt: &[u32], limit: usize) -> usize {
         let common = self.tokens.iter().zip(prompt).take(limit).take_while(|(a, b)| a == b).count();
@@ -102,6 +168,8 @@ pub struct CacheStats {
     pub hit_tokens: u64,
     pub lookup_tokens: u64,
     pub evictions: u64,
+    /// The disk tier, when there is one.
+    pub disk: Option<DiskStats>,
 }
 
 pub struct PromptCache {
@@ -109,12 +177,16 @@ pub struct PromptCache {
     budget: usize,
     clock: u64,
     stats: CacheStats,
+    /// Blocks on disk, when the server gave it a folder.
+    disk: Option<DiskTier>,
+    /// The tokens of the entry the last request kept, not yet given to the disk tier.
+    unsaved: Option<Vec<u32>>,
 }
 
 impl PromptCache {
     /// A cache of at most `budget` bytes (0: off).
     pub fn new(budget: usize) -> Self {
-        PromptCache { entries: Vec::new(), budget, clock: 0, stats: CacheStats::default() }
+        PromptCache { entries: Vec::new(), budget, clock: 0, stats: CacheStats::default(), disk: None, unsaved: None }
     }
 
     pub fn stats(&self) -> CacheStats {
@@ -122,6 +194,7 @@ impl PromptCache {
             entries: self.entries.len(),
             bytes: self.entries.iter().map(|e| e.bytes).sum(),
             budget_bytes: self.budget,
+            disk: self.disk.as_ref().map(DiskTier::stats),
             ..self.stats.clone()
         }
     }
@@ -130,66 +203,62 @@ impl PromptCache {
         self.entries.clear();
     }
 
-    /// The state after the longest cached prefix of `prompt`'s first `limit` tokens, if any.
-    /// `with_mtp`: the request speculates, so the head's state is wanted too.
+    /// The state after the longest cached prefix of `prompt`'s first `limit` tokens, if any:
+    /// from memory, or from the disk tier when it holds a longer one (which then stays in
+    /// memory too). `with_mtp`: the request speculates, so the head's state is wanted too.
     pub fn lookup(&mut self, prompt: &[u32], limit: usize, with_mtp: bool) -> Result<Option<Hit>> {
         if self.budget == 0 {
             return Ok(None);
         }
         self.stats.lookup_tokens += limit as u64;
-        let best = self.entries.iter().enumerate().map(|(i, e)| (e.usable(prompt, limit), i)).max();
-        let Some((len, i)) = best.filter(|&(len, _)| len > 0) else {
-            self.stats.misses += 1;
-            return Ok(None);
-        };
+        let best = |entries: &[Entry]| entries.iter().enumerate().map(|(i, e)| (e.usable(prompt, limit), i)).max();
+        let in_memory = best(&self.entries).map_or(0, |(len, _)| len);
         self.clock += 1;
-        let entry = &mut self.entries[i];
-        entry.last_used = self.clock;
-        let at = |position: usize| entry.checkpoints.iter().find(|c| c.position == position);
-        let checkpoint = at(len);
-        let slice = |(k, v): &(Array, Array), n: usize| -> (Array, Array) {
-            let n = n as i32;
-            (k.index((Ellipsis, ..n, ..)), v.index((Ellipsis, ..n, ..)))
-        };
-        let mut layers = Vec::with_capacity(entry.kv.len());
-        for (i, kv) in entry.kv.iter().enumerate() {
-            layers.push(match (kv, checkpoint.and_then(|c| c.linear[i].clone())) {
-                (Some(kv), _) => {
-                    let (k, v) = slice(kv, len);
-                    LayerCache::Kv(KvCache::restored(k, v))
-                }
-                (None, Some((conv, recurrent))) => LayerCache::Linear(LinearState {
-                    conv: Some(conv),
-                    recurrent: Some(recurrent),
-                    offset: len as i32,
-                    ..Default::default()
-                }),
-                (None, None) => {
-                    self.stats.misses += 1;
-                    return Ok(None);
-                }
-            });
-        }
-        let mtp = match (&entry.mtp_kv, with_mtp) {
-            (Some(mtp_kv), true) => {
-                let layers = mtp_kv
-                    .iter()
-                    .map(|kv| match kv {
-                        Some(kv) => {
-                            let (k, v) = slice(kv, len - 1);
-                            LayerCache::Kv(KvCache::restored(k, v))
-                        }
-                        None => LayerCache::Kv(KvCache::default()),
-                    })
-                    .collect();
-                Some((layers, checkpoint.and_then(|c| c.last_hidden.clone())))
+        let from_disk = self.disk.as_mut().and_then(|d| d.load(prompt, limit, in_memory));
+        let hit = match from_disk {
+            Some(mut entry) if entry.bytes > self.budget => {
+                // Larger than memory may keep: used once, straight from disk.
+                entry.last_used = self.clock;
+                let len = entry.usable(prompt, limit);
+                entry.hit(len, with_mtp)
             }
-            _ => None,
+            from_disk => {
+                if let Some(mut entry) = from_disk {
+                    entry.last_used = self.clock;
+                    self.keep(entry);
+                }
+                match best(&self.entries).filter(|&(len, _)| len > 0) {
+                    Some((len, i)) => {
+                        let entry = &mut self.entries[i];
+                        entry.last_used = self.clock;
+                        entry.hit(len, with_mtp)
+                    }
+                    None => None,
+                }
+            }
         };
-        let checkpoints = entry.checkpoints.iter().filter(|c| c.position <= len).cloned().collect();
-        self.stats.hits += 1;
-        self.stats.hit_tokens += len as u64;
-        Ok(Some(Hit { len, layers, mtp, checkpoints }))
+        match &hit {
+            Some(h) => {
+                self.stats.hits += 1;
+                self.stats.hit_tokens += h.len as u64;
+            }
+            None => self.stats.misses += 1,
+        }
+        Ok(hit)
+    }
+
+    /// Gives the disk tier the entry the last request kept (called once the request has
+    /// answered, so its client never waits for the write).
+    pub fn persist(&mut self) {
+        let (Some(disk), Some(tokens)) = (self.disk.as_mut(), self.unsaved.take()) else { return };
+        if let Some(entry) = self.entries.iter().find(|e| e.tokens == tokens) {
+            disk.save(entry);
+        }
+    }
+
+    /// Adds a disk tier (or takes it away).
+    pub fn set_disk(&mut self, disk: Option<DiskTier>) {
+        self.disk = disk;
     }
 
     /// Keeps the state of `cache` after `tokens` (its offset must be their count), with the
@@ -217,20 +286,22 @@ impl PromptCache {
         let mut arrays: Vec<&Array> = kv.iter().flatten().flat_map(|(k, v)| [k, v]).collect();
         arrays.extend(mtp_kv.iter().flatten().flatten().flat_map(|(k, v)| [k, v]));
         eval(arrays)?;
-        let pairs = |kv: &[Option<(Array, Array)>]| -> usize {
-            kv.iter().flatten().map(|(k, v)| k.nbytes() + v.nbytes()).sum()
-        };
-        let bytes = pairs(&kv)
-            + mtp_kv.as_deref().map_or(0, pairs)
-            + checkpoints.iter().map(Checkpoint::nbytes).sum::<usize>()
-            + tokens.len() * 4;
-        if bytes > self.budget {
+        self.clock += 1;
+        let entry = Entry::new(tokens.to_vec(), kv, mtp_kv, checkpoints, self.clock);
+        if entry.bytes > self.budget {
             return Ok(());
         }
+        self.unsaved = Some(entry.tokens.clone());
+        self.keep(entry);
+        Ok(())
+    }
+
+    /// Adds `entry` to memory, evicting the least recently used beyond the budget.
+    fn keep(&mut self, entry: Entry) {
         // An older entry whose every token starts this one says nothing this one does not.
+        let tokens = &entry.tokens;
         self.entries.retain(|e| !(e.tokens.len() <= tokens.len() && tokens.starts_with(&e.tokens)));
-        self.clock += 1;
-        self.entries.push(Entry { tokens: tokens.to_vec(), kv, mtp_kv, checkpoints, bytes, last_used: self.clock });
+        self.entries.push(entry);
         while self.entries.iter().map(|e| e.bytes).sum::<usize>() > self.budget {
             let Some(oldest) = self.entries.iter().enumerate().min_by_key(|(_, e)| e.last_used).map(|(i, _)| i) else {
                 break;
@@ -238,7 +309,6 @@ impl PromptCache {
             self.entries.remove(oldest);
             self.stats.evictions += 1;
         }
-        Ok(())
     }
 }
 

@@ -1,0 +1,452 @@
+//! The prompt cache's disk tier: entries written as blocks of [`BLOCK`] tokens to a folder on
+//! the models volume, so an agent's next turn still hits after a restart.
+//!
+//! A block holds one stretch of an entry: the attention layers' keys and values for its
+//! positions, the MTP head's, its tokens, and (when the entry has one there) the hybrid's
+//! checkpoint at its end. It is named after the chain hash of every token up to its end (the
+//! model's identity first), so the blocks of one prompt are found by hashing the prompt, an
+//! entry's shared start is written once, and a longer turn adds only its new blocks; the last
+//! block of an entry ends where the entry does. The name also carries the sha256 of the file:
+//! a block whose bytes do not match, or whose contents do not match its name, is removed and
+//! never loaded.
+//!
+//! The folder holds one sub-folder per model identity (its config, weight files, weight form
+//! and backend). Files are written whole to a temporary name and renamed, under a lock on the
+//! folder, after the least recently used blocks of every model made room: two processes that
+//! share the folder never see a half-written block and keep it under the byte budget together.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
+
+use mlx_rs::ops::indexing::{Ellipsis, IndexOp};
+use mlx_rs::Array;
+use serde::Serialize;
+use sha2::{Digest, Sha256};
+
+use super::{Checkpoint, Entry};
+
+/// Tokens per block: a multiple of every profile's prefill chunk, so a hybrid's checkpoints
+/// fall on block ends.
+pub const BLOCK: usize = 8192;
+const FORMAT: &str = "ferrite-prompt-block-1";
+const LOCK: &str = ".lock";
+
+/// What the disk tier holds and did, for `/v1/status` and `ferrite cache show`.
+#[derive(Debug, Clone, Default, Serialize, PartialEq)]
+pub struct DiskStats {
+    pub dir: PathBuf,
+    /// Blocks and bytes of every model in the folder.
+    pub blocks: usize,
+    pub bytes: u64,
+    pub budget_bytes: u64,
+    /// Blocks read into memory, written, removed to keep the budget, and removed as corrupt,
+    /// truncated or foreign.
+    pub loaded: u64,
+    pub written: u64,
+    pub evicted: u64,
+    pub rejected: u64,
+}
+
+pub struct DiskTier {
+    root: PathBuf,
+    dir: PathBuf,
+    /// The chain hash before the first token: the model's identity.
+    seed: [u8; 32],
+    budget: u64,
+    stats: DiskStats,
+    next_tmp: u64,
+}
+
+/// A block file found in the folder.
+struct Found {
+    path: PathBuf,
+    checksum: String,
+}
+
+impl DiskTier {
+    /// The tier in `root` for the model whose identity `identity` describes, at most `budget`
+    /// bytes for every model together.
+    pub fn open(root: &Path, identity: &[u8], budget: u64) -> std::io::Result<Self> {
+        let seed: [u8; 32] = Sha256::digest([FORMAT.as_bytes(), identity].concat()).into();
+        let dir = root.join(hex(&seed[..8]));
+        std::fs::create_dir_all(&dir)?;
+        remove_stale_temporaries(&dir);
+        let stats = DiskStats { dir: root.to_path_buf(), budget_bytes: budget, ..Default::default() };
+        Ok(DiskTier { root: root.to_path_buf(), dir, seed, budget, stats, next_tmp: 0 })
+    }
+
+    pub fn stats(&self) -> DiskStats {
+        let (blocks, bytes) = usage(&self.root);
+        DiskStats { blocks, bytes, ..self.stats.clone() }
+    }
+
+    /// Writes the blocks of `entry` the folder does not hold yet. A block that cannot be
+    /// written (a full disk) is dropped: the cache is an optimisation, never an error.
+    pub(super) fn save(&mut self, entry: &Entry) {
+        let found = self.found();
+        let mut parent = self.seed;
+        let mut start = 0;
+        while start < entry.tokens.len() {
+            let end = (start + BLOCK).min(entry.tokens.len());
+            let chain = chain(&parent, &entry.tokens[start..end]);
+            if !found.contains_key(&hex(&chain)) {
+                if let Err(e) = self.write(entry, start, end, &chain) {
+                    tracing::warn!("prompt cache: a block was not written to {}: {e}", self.dir.display());
+                    return;
+                }
+            }
+            parent = chain;
+            start = end;
+        }
+    }
+
+    /// The longest prefix of `prompt` (at most `limit` tokens) the folder can restore, as an
+    /// entry, when it is longer than `at_least` tokens.
+    pub(super) fn load(&mut self, prompt: &[u32], limit: usize, at_least: usize) -> Option<Entry> {
+        let found = self.found();
+        if found.is_empty() {
+            return None;
+        }
+        // The chain of blocks present: whole blocks, then the longest last one.
+        let mut chain_of = Vec::new(); // (start, end, name)
+        let (mut parent, mut start) = (self.seed, 0);
+        loop {
+            let whole = start + BLOCK;
+            if whole <= limit {
+                let c = chain(&parent, &prompt[start..whole]);
+                if found.contains_key(&hex(&c)) {
+                    chain_of.push((start, whole, hex(&c)));
+                    (parent, start) = (c, whole);
+                    continue;
+                }
+            }
+            if let Some((end, c)) = longest_present(&parent, &prompt[start..limit.min(whole)], &found) {
+                chain_of.push((start, start + end, hex(&c)));
+            }
+            break;
+        }
+        if chain_of.last().is_none_or(|&(_, end, _)| end <= at_least) {
+            return None;
+        }
+        let mut blocks = Vec::new();
+        for (start, end, name) in &chain_of {
+            match self.read(&found[name], &prompt[*start..*end], *start) {
+                Ok(block) => blocks.push(block),
+                Err(why) => {
+                    tracing::warn!("prompt cache: {} removed: {why}", found[name].path.display());
+                    let _ = std::fs::remove_file(&found[name].path);
+                    self.stats.rejected += 1;
+                    break;
+                }
+            }
+        }
+        let entry = assemble(prompt, blocks)?;
+        (entry.tokens.len() > at_least).then_some(entry)
+    }
+
+    /// Block files of this model, by chain hash.
+    fn found(&self) -> HashMap<String, Found> {
+        let Ok(dir) = std::fs::read_dir(&self.dir) else { return HashMap::new() };
+        dir.flatten()
+            .filter_map(|e| {
+                let name = e.file_name().into_string().ok()?;
+                let (chain, checksum) = parse_name(&name)?;
+                Some((chain.to_string(), Found { path: e.path(), checksum: checksum.to_string() }))
+            })
+            .collect()
+    }
+
+    fn write(&mut self, entry: &Entry, start: usize, end: usize, chain: &[u8; 32]) -> std::io::Result<()> {
+        let mut arrays: Vec<(String, Array)> = Vec::new();
+        let range = |a: &Array, from: usize, to: usize| a.index((Ellipsis, from as i32..to as i32, ..));
+        for (i, kv) in entry.kv.iter().enumerate() {
+            if let Some((k, v)) = kv {
+                arrays.push((format!("k.{i}"), range(k, start, end)));
+                arrays.push((format!("v.{i}"), range(v, start, end)));
+            }
+        }
+        // The MTP head has seen one position fewer than the trunk.
+        if let Some(mtp) = &entry.mtp_kv {
+            let mtp_end = end.min(entry.tokens.len() - 1);
+            for (i, (k, v)) in mtp.iter().enumerate().filter_map(|(i, kv)| Some((i, kv.as_ref()?))) {
+                if start < mtp_end {
+                    arrays.push((format!("mtp_k.{i}"), range(k, start, mtp_end)));
+                    arrays.push((format!("mtp_v.{i}"), range(v, start, mtp_end)));
+                }
+            }
+        }
+        if let Some(c) = entry.checkpoints.iter().find(|c| c.position == end) {
+            for (i, (conv, recurrent)) in c.linear.iter().enumerate().filter_map(|(i, l)| Some((i, l.as_ref()?))) {
+                arrays.push((format!("conv.{i}"), conv.clone()));
+                arrays.push((format!("rec.{i}"), recurrent.clone()));
+            }
+            if let Some(h) = &c.last_hidden {
+                arrays.push(("hidden".into(), h.clone()));
+            }
+            arrays.push(("checkpoint".into(), Array::from_int(1)));
+        }
+        let tokens: Vec<u32> = entry.tokens[start..end].to_vec();
+        arrays.push(("tokens".into(), Array::from_slice(&tokens, &[tokens.len() as i32])));
+        let mut metadata = HashMap::from([
+            ("format".to_string(), FORMAT.to_string()),
+            ("start".to_string(), start.to_string()),
+            ("layers".to_string(), entry.kv.len().to_string()),
+        ]);
+        if let Some(mtp) = &entry.mtp_kv {
+            metadata.insert("mtp_layers".into(), mtp.len().to_string());
+        }
+        self.next_tmp += 1;
+        let tmp = self.dir.join(format!(".tmp-{}-{}.safetensors", std::process::id(), self.next_tmp));
+        let written = (|| -> std::io::Result<String> {
+            Array::save_safetensors(arrays.iter().map(|(n, a)| (n.as_str(), a)), &metadata, &tmp)
+                .map_err(|e| std::io::Error::other(e.to_string()))?;
+            file_sha256(&tmp)
+        })();
+        let checksum = match written {
+            Ok(c) => c,
+            Err(e) => {
+                let _ = std::fs::remove_file(&tmp);
+                return Err(e);
+            }
+        };
+        let size = std::fs::metadata(&tmp)?.len();
+        let lock = self.lock()?;
+        let made_room = self.make_room(size);
+        let placed = made_room.and_then(|()| {
+            std::fs::rename(&tmp, self.dir.join(format!("{}.{}.safetensors", hex(chain), &checksum[..16])))
+        });
+        drop(lock);
+        if placed.is_err() {
+            let _ = std::fs::remove_file(&tmp);
+        } else {
+            self.stats.written += 1;
+        }
+        placed
+    }
+
+    fn read(&mut self, found: &Found, tokens: &[u32], start: usize) -> Result<Block, String> {
+        let actual = file_sha256(&found.path).map_err(|e| e.to_string())?;
+        if !actual.starts_with(&found.checksum) {
+            return Err("its bytes do not match its checksum (corrupt or truncated)".into());
+        }
+        let (arrays, metadata) =
+            Array::load_safetensors_with_metadata(&found.path).map_err(|e| format!("not a readable block: {e}"))?;
+        let field = |k: &str| metadata.get(k).map(String::as_str);
+        if field("format") != Some(FORMAT) || field("start") != Some(start.to_string().as_str()) {
+            return Err("not a block of this chain (foreign)".into());
+        }
+        let stored = arrays.get("tokens").ok_or("it has no tokens")?;
+        stored.eval().map_err(|e| e.to_string())?;
+        if stored.try_as_slice::<u32>().map_err(|e| e.to_string())? != tokens {
+            return Err("its tokens are not the prompt's (foreign)".into());
+        }
+        // Used now: the last to be evicted.
+        if let Ok(f) = File::options().append(true).open(&found.path) {
+            let _ = f.set_modified(SystemTime::now());
+        }
+        let count = |k: &str| field(k).and_then(|v| v.parse::<usize>().ok());
+        let layers = count("layers").ok_or("it does not say its layers")?;
+        self.stats.loaded += 1;
+        Ok(Block { end: start + tokens.len(), layers, mtp_layers: count("mtp_layers"), arrays })
+    }
+
+    /// A lock on the whole folder, held while blocks are removed and placed.
+    fn lock(&self) -> std::io::Result<File> {
+        let file = File::options().create(true).truncate(false).write(true).open(self.root.join(LOCK))?;
+        file.lock()?;
+        Ok(file)
+    }
+
+    /// Removes the least recently used blocks of every model until `incoming` more bytes fit
+    /// the budget (the caller holds the lock).
+    fn make_room(&mut self, incoming: u64) -> std::io::Result<()> {
+        if incoming > self.budget {
+            return Err(std::io::Error::other(format!("a block of {incoming} bytes exceeds the whole budget")));
+        }
+        let mut blocks = all_blocks(&self.root);
+        let mut total: u64 = blocks.iter().map(|b| b.1).sum();
+        blocks.sort_by_key(|b| b.2);
+        for (path, size, _) in blocks {
+            if total + incoming <= self.budget {
+                break;
+            }
+            if std::fs::remove_file(&path).is_ok() {
+                self.stats.evicted += 1;
+            }
+            total -= size;
+        }
+        Ok(())
+    }
+}
+
+/// One block read back: where it ends, and its arrays by name.
+struct Block {
+    end: usize,
+    /// The trunk's layers, and the MTP head's when the entry kept its cache.
+    layers: usize,
+    mtp_layers: Option<usize>,
+    arrays: HashMap<String, Array>,
+}
+
+/// The entry the loaded blocks make, up to the last one it can be restored from (a hybrid's
+/// last checkpoint); `None` when they make nothing usable or do not fit together.
+fn assemble(prompt: &[u32], mut blocks: Vec<Block>) -> Option<Entry> {
+    let (layers, mtp_layers) = (blocks.first()?.layers, blocks.first()?.mtp_layers);
+    if blocks.iter().any(|b| b.layers != layers || b.mtp_layers != mtp_layers) {
+        return None;
+    }
+    let hybrid = blocks.iter().any(|b| b.arrays.keys().any(|k| k.starts_with("conv.")));
+    if hybrid {
+        let last = blocks.iter().rposition(|b| b.arrays.contains_key("checkpoint"))?;
+        blocks.truncate(last + 1);
+    }
+    let end = blocks.last()?.end;
+    let joined = |name: &str| -> Option<Array> {
+        let parts: Vec<&Array> = blocks.iter().filter_map(|b| b.arrays.get(name)).collect();
+        match parts.len() {
+            0 => None,
+            _ => mlx_rs::ops::concatenate(&parts, 2).ok(),
+        }
+    };
+    let pair = |k: &str, v: &str| Some((joined(k)?, joined(v)?));
+    let kv: Vec<Option<(Array, Array)>> = (0..layers).map(|i| pair(&format!("k.{i}"), &format!("v.{i}"))).collect();
+    // Attention layers cover every position; a layer with no keys is linear attention.
+    if kv.iter().flatten().any(|(k, _)| k.dim(2) as usize != end) {
+        return None;
+    }
+    // The MTP head's keys and values cover one position fewer than the trunk's.
+    let mtp_kv = mtp_layers
+        .map(|n| (0..n).map(|i| pair(&format!("mtp_k.{i}"), &format!("mtp_v.{i}"))).collect::<Vec<_>>())
+        .filter(|m| m.iter().all(|kv| kv.as_ref().is_some_and(|(k, _)| k.dim(2) as usize + 1 == end)));
+    let checkpoints: Vec<Checkpoint> = blocks
+        .iter()
+        .filter(|b| b.arrays.contains_key("checkpoint"))
+        .map(|b| Checkpoint {
+            position: b.end,
+            linear: (0..layers)
+                .map(|i| {
+                    Some((b.arrays.get(&format!("conv.{i}"))?.clone(), b.arrays.get(&format!("rec.{i}"))?.clone()))
+                })
+                .collect(),
+            last_hidden: b.arrays.get("hidden").cloned(),
+        })
+        .collect();
+    let mut arrays: Vec<&Array> = kv.iter().flatten().flat_map(|(k, v)| [k, v]).collect();
+    arrays.extend(mtp_kv.iter().flatten().flatten().flat_map(|(k, v)| [k, v]));
+    mlx_rs::transforms::eval(arrays).ok()?;
+    Some(Entry::new(prompt[..end].to_vec(), kv, mtp_kv, checkpoints, 0))
+}
+
+/// The chain hash after `tokens`, from `parent`'s.
+fn chain(parent: &[u8; 32], tokens: &[u32]) -> [u8; 32] {
+    let mut h = Sha256::new();
+    h.update(parent);
+    for t in tokens {
+        h.update(t.to_le_bytes());
+    }
+    h.finalize().into()
+}
+
+/// The longest start of `tokens` (at least one) whose block is in `found`, and its hash.
+fn longest_present(parent: &[u8; 32], tokens: &[u32], found: &HashMap<String, Found>) -> Option<(usize, [u8; 32])> {
+    let mut h = Sha256::new();
+    h.update(parent);
+    let mut best = None;
+    for (i, t) in tokens.iter().enumerate() {
+        h.update(t.to_le_bytes());
+        let c: [u8; 32] = h.clone().finalize().into();
+        if found.contains_key(&hex(&c)) {
+            best = Some((i + 1, c));
+        }
+    }
+    best
+}
+
+/// `<chain: 64 hex>.<checksum: 16 hex>.safetensors`.
+fn parse_name(name: &str) -> Option<(&str, &str)> {
+    let stem = name.strip_suffix(".safetensors")?;
+    let (chain, checksum) = stem.split_once('.')?;
+    let is_hex = |s: &str, n: usize| s.len() == n && s.bytes().all(|b| b.is_ascii_hexdigit());
+    (is_hex(chain, 64) && is_hex(checksum, 16)).then_some((chain, checksum))
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn file_sha256(path: &Path) -> std::io::Result<String> {
+    let mut file = File::open(path)?;
+    let mut h = Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = file.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        h.update(&buf[..n]);
+    }
+    Ok(hex(&h.finalize()))
+}
+
+/// Every block of every model in `root`: path, size, last use.
+fn all_blocks(root: &Path) -> Vec<(PathBuf, u64, SystemTime)> {
+    let Ok(models) = std::fs::read_dir(root) else { return vec![] };
+    models
+        .flatten()
+        .filter_map(|m| std::fs::read_dir(m.path()).ok())
+        .flat_map(|d| d.flatten())
+        .filter(|e| e.file_name().to_str().is_some_and(|n| parse_name(n).is_some()))
+        .filter_map(|e| {
+            let m = e.metadata().ok()?;
+            Some((e.path(), m.len(), m.modified().unwrap_or(SystemTime::UNIX_EPOCH)))
+        })
+        .collect()
+}
+
+/// Blocks and bytes in `root`.
+pub fn usage(root: &Path) -> (usize, u64) {
+    let blocks = all_blocks(root);
+    (blocks.len(), blocks.iter().map(|b| b.1).sum())
+}
+
+/// Blocks and bytes of one model's folder in the root.
+pub fn usage_of_model(dir: &Path) -> (usize, u64) {
+    let sizes: Vec<u64> = std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| e.file_name().to_str().is_some_and(|n| parse_name(n).is_some()))
+        .filter_map(|e| e.metadata().ok().map(|m| m.len()))
+        .collect();
+    (sizes.len(), sizes.iter().sum())
+}
+
+/// Removes every block in `root` (under its lock); returns the bytes freed.
+pub fn clear(root: &Path) -> std::io::Result<u64> {
+    let lock = File::options().create(true).truncate(false).write(true).open(root.join(LOCK))?;
+    lock.lock()?;
+    let mut freed = 0;
+    for (path, size, _) in all_blocks(root) {
+        if std::fs::remove_file(path).is_ok() {
+            freed += size;
+        }
+    }
+    Ok(freed)
+}
+
+/// Temporary files a crashed writer left (an hour old: no live writer takes that long).
+fn remove_stale_temporaries(dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    for e in entries.flatten() {
+        let stale = e
+            .metadata()
+            .and_then(|m| m.modified())
+            .is_ok_and(|t| SystemTime::now().duration_since(t).unwrap_or_default() > Duration::from_secs(3600));
+        if e.file_name().to_string_lossy().starts_with(".tmp-") && stale {
+            let _ = std::fs::remove_file(e.path());
+        }
+    }
+}

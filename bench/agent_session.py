@@ -7,7 +7,9 @@ proxy in front of the server keeps every request Claude Code sends, as it sent i
 
 replay: the recorded requests, in order, against a fresh `ferrite serve` with the cache off,
 then with it on (each streamed as recorded): time to the first content event, prompt tokens,
-tokens served from the cache. Prints one JSON object per request.
+tokens served from the cache. Prints one JSON object per request. `--cache disk` is `on` with
+the disk tier in a fresh folder, and `--restart-at N` stops the server before request N and
+starts a new one (nothing in memory: what it reuses comes from disk).
 """
 
 import argparse
@@ -127,13 +129,22 @@ def replay(args):
     requests = json.loads(Path(args.session).read_text())
     work = Path(tempfile.mkdtemp(prefix="ferrite-replay-"))
     (work / "rules.json").write_text(json.dumps(rules()))
-    env = dict(os.environ, FERRITE_CONFIG_DIR=str(work / "config"), RUST_LOG="warn")
+    env = dict(os.environ, FERRITE_CONFIG_DIR=str(work / "config"), RUST_LOG="warn", FERRITE_PROMPT_DISK_GB="0")
     if args.cache == "off":
         env["FERRITE_PROMPT_CACHE_MB"] = "0"
+    if args.cache == "disk":
+        (work / "config").mkdir()
+        (work / "config" / "config.toml").write_text(f'[prompt_cache]\ndir = "{work / "blocks"}"\ndisk_gb = 20.0\n')
+        env["FERRITE_PROMPT_DISK_GB"] = ""
     port = free_port()
-    server = serve(args.ferrite, port, env, "--scripted-replies", str(work / "rules.json"))
+    start = lambda: serve(args.ferrite, port, env, "--scripted-replies", str(work / "rules.json"))
+    server = start()
     try:
         for i, body in enumerate(requests):
+            if i == args.restart_at:
+                server.terminate()
+                server.wait()
+                server = start()
             body["stream"] = True
             req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/messages", data=json.dumps(body).encode(),
                                          headers={"content-type": "application/json", "anthropic-version": "2023-06-01"})
@@ -150,7 +161,8 @@ def replay(args):
                     if event["type"] == "message_delta":
                         usage = event["usage"]
             prompt = usage.get("input_tokens", 0) + usage.get("cache_read_input_tokens", 0)
-            print(json.dumps({"cache": args.cache, "request": i, "tools": len(body.get("tools", [])),
+            print(json.dumps({"cache": args.cache, "request": i, "restarted": i == args.restart_at,
+                              "tools": len(body.get("tools", [])),
                               "prompt_tokens": prompt, "cached_tokens": usage.get("cache_read_input_tokens", 0),
                               "ttft_s": first}), flush=True)
     finally:
@@ -169,7 +181,8 @@ def main():
     q = sub.add_parser("replay")
     q.add_argument("--ferrite", required=True)
     q.add_argument("--session", required=True)
-    q.add_argument("--cache", choices=["off", "on"], required=True)
+    q.add_argument("--cache", choices=["off", "on", "disk"], required=True)
+    q.add_argument("--restart-at", type=int, default=-1, help="restart the server before this request")
     q.set_defaults(run=replay)
     args = p.parse_args()
     for name in ("ferrite", "claude"):

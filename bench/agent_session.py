@@ -161,7 +161,12 @@ def replay(args):
                     if event["type"] == "message_delta":
                         usage = event["usage"]
             prompt = usage.get("input_tokens", 0) + usage.get("cache_read_input_tokens", 0)
+            status = json.load(urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/status", timeout=30))
+            cache = status.get("prompt_cache") or {}
             print(json.dumps({"cache": args.cache, "request": i, "restarted": i == args.restart_at,
+                              "cache_bytes": cache.get("bytes"), "cache_budget_bytes": cache.get("budget_bytes"),
+                              "disk_bytes": (cache.get("disk") or {}).get("bytes"),
+                              "mlx_active_bytes": status.get("mlx_active_memory_bytes"),
                               "tools": len(body.get("tools", [])),
                               "prompt_tokens": prompt, "cached_tokens": usage.get("cache_read_input_tokens", 0),
                               "ttft_s": first}), flush=True)

@@ -34,4 +34,11 @@ for i in sorted(on):
     mark = " (restarted)" if d["restarted"] else ""
     print(f"| {i} | {b['tools']} | {b['prompt_tokens']} | {b['cached_tokens']} | {a['ttft_s']:.2f} | {b['ttft_s']:.2f} | "
           f"{ratio(b):.3f} | {d['cached_tokens']}{mark} | {d['ttft_s']:.2f} | {ratio(d):.3f} |")
+mib = lambda b: f"{(b or 0) / 2**20:.1f}"
+print()
+print("| request | memory tier (on), MiB | its budget, MiB | MLX active (on), MiB | disk tier (disk), MiB |")
+print("| --- | --- | --- | --- | --- |")
+for i in sorted(on):
+    b, d = on[i], disk[i]
+    print(f"| {i} | {mib(b['cache_bytes'])} | {mib(b['cache_budget_bytes'])} | {mib(b['mlx_active_bytes'])} | {mib(d['disk_bytes'])} |")
 PY

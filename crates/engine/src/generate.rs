@@ -377,6 +377,7 @@ impl Engine {
             pending: None,
             generated: 0,
             tokens: Vec::new(),
+            checkpoints: Vec::new(),
             started: Instant::now(),
             first_token_at: None,
             last_token_at: None,
@@ -440,6 +441,8 @@ pub struct Generation<'a> {
     generated: usize,
     /// Every token generated so far (including one that ended the generation).
     tokens: Vec<u32>,
+    /// A hybrid's checkpoints of the prompt, for the entry kept at the answer's end.
+    checkpoints: Vec<Checkpoint>,
     started: Instant,
     first_token_at: Option<Instant>,
     last_token_at: Option<Instant>,
@@ -508,6 +511,7 @@ impl Generation<'_> {
         if at == head.len() && !head.is_empty() && !self.cancel.is_cancelled() {
             // The MTP head's cache is kept only when it saw the whole head (one position fewer).
             let mtp = self.spec.as_ref().map(|s| s.mtp_cache()).filter(|m| m.offset() as usize + 1 == head.len());
+            self.checkpoints = checkpoints.clone();
             if let Ok(mut cache) = self.engine.prompt_cache.lock() {
                 cache.insert(head, &self.cache, mtp, checkpoints)?;
             }
@@ -569,13 +573,43 @@ impl Generation<'_> {
         }
     }
 
-    /// The final event; speculative figures also go into the engine's totals.
+    /// The final event; speculative figures also go into the engine's totals, and the state
+    /// after the answer into the prompt cache.
     fn finished(&self, reason: FinishReason) -> Event {
+        self.keep_answer_state();
         let summary = self.summary(reason);
         if let (Some(stats), Ok(mut totals)) = (&summary.speculative, self.engine.spec_totals.lock()) {
             totals.merge(stats);
         }
         Event::Finished(summary)
+    }
+
+    /// Keeps the state after the prompt and the answer (where an agent's next turn begins)
+    /// in the prompt cache: it replaces the prompt's entry, which it extends. The cache holds
+    /// every token fed to the model: the prompt, then the answer but its last token.
+    fn keep_answer_state(&self) {
+        let fed = self.cache.offset() as usize;
+        let prompt = &self.request.prompt;
+        if fed <= prompt.len() || fed > prompt.len() + self.tokens.len() || self.cancel.is_cancelled() {
+            return;
+        }
+        let tokens: Vec<u32> = prompt.iter().chain(&self.tokens).take(fed).copied().collect();
+        // The MTP head's cache must end one position before the trunk's (as after a prefill):
+        // an entry without it would change how a speculating request drafts.
+        let mtp = match &self.spec {
+            Some(s) if s.mtp_cache().offset() as usize + 1 != fed => return,
+            Some(s) => Some(s.mtp_cache()),
+            None => None,
+        };
+        let mut checkpoints = self.checkpoints.clone();
+        if self.cache.layers.iter().any(|l| matches!(l, LayerCache::Linear(_))) {
+            checkpoints.push(Checkpoint::of(&self.cache, self.spec.as_ref().and_then(|s| s.last_hidden())));
+        }
+        if let Ok(mut cache) = self.engine.prompt_cache.lock() {
+            if let Err(e) = cache.insert(&tokens, &self.cache, mtp, checkpoints) {
+                tracing::warn!("the state after the answer was not kept: {e}");
+            }
+        }
     }
 
     fn advance(&mut self) -> Result<Event> {

@@ -59,11 +59,12 @@ fn a_hit_generates_what_a_cold_run_does_for_every_architecture() {
         for &depth in depths {
             for temperature in [0.0, 0.8] {
                 warm.clear_prompt_cache();
-                // The reused prefix: attention-only models reuse any common prefix; hybrids up
-                // to their last checkpoint (a multiple of the chunk, or a cached prompt's end).
-                let part = if hybrid { 48 } else { 57 };
+                // The reused prefix: attention-only models reuse any common prefix (here all of
+                // `first`, kept with the answer after it); hybrids up to their last checkpoint (a
+                // multiple of the chunk, or a cached prompt's or answer's end).
+                let (part, whole) = if hybrid { (48, 99) } else { (57, 100) };
                 for (prompt, expect_cached) in
-                    [(&first, 0), (&longer, 99), (&diverging, part), (&unrelated, 0), (&first, 99)]
+                    [(&first, 0), (&longer, whole), (&diverging, part), (&unrelated, 0), (&first, 99)]
                 {
                     let (want, none) = generate(&cold, prompt, depth, temperature);
                     let (got, cached) = generate(&warm, prompt, depth, temperature);
@@ -103,4 +104,40 @@ fn the_budget_holds_and_the_least_recently_used_goes_first() {
     e.set_prompt_cache_budget(0);
     generate(&e, &a, 0, 0.0);
     assert_eq!(generate(&e, &a, 0, 0.0).1, 0);
+}
+
+#[test]
+fn the_next_turn_reuses_the_answer_too() {
+    // An agent's next turn: the prompt, the answer as generated, then more.
+    let prompt = ids(6, 70);
+    for arch in [Architecture::Qwen3, Architecture::Qwen35] {
+        let (_d, cold) = engine(arch, 0);
+        let (_d2, warm) = engine(arch, 64 << 20);
+        let depths: &[usize] = if arch == Architecture::Qwen35 { &[0, 2] } else { &[0] };
+        for &depth in depths {
+            for temperature in [0.0, 0.8] {
+                let case = format!("{arch:?} depth {depth} T {temperature}");
+                warm.clear_prompt_cache();
+                let (answer, _) = generate(&warm, &prompt, depth, temperature);
+                let next = [prompt.clone(), answer.clone(), ids(7, 20)].concat();
+                let (want, _) = generate(&cold, &next, depth, temperature);
+                let (got, cached) = generate(&warm, &next, depth, temperature);
+                // Greedy: the same tokens. Sampled with speculation, the same distribution but
+                // not the same draws: the answer's MTP state was computed by verify passes, so
+                // drafts (and the random numbers their checks take) differ from a cold prefill's.
+                if depth == 0 || temperature == 0.0 {
+                    assert_eq!(got, want, "{case}");
+                } else {
+                    assert_eq!(got.len(), want.len(), "{case}");
+                }
+                // Everything fed to the model: the prompt and the answer but its last token
+                // (a speculating request: when the MTP head's cache lines up with it).
+                let whole = prompt.len() + answer.len() - 1;
+                assert!(cached == whole || (depth > 0 && cached == prompt.len() - 1), "{case}: {cached}");
+                if depth == 0 {
+                    assert_eq!(cached, whole, "{case}");
+                }
+            }
+        }
+    }
 }

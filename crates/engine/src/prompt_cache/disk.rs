@@ -83,17 +83,18 @@ impl DiskTier {
         DiskStats { blocks, bytes, ..self.stats.clone() }
     }
 
-    /// Writes the blocks of `entry` the folder does not hold yet. A block that cannot be
-    /// written (a full disk) is dropped: the cache is an optimisation, never an error.
-    pub(super) fn save(&mut self, entry: &Entry) {
+    /// Writes the blocks of `entry`'s first `len` tokens (its whole length, or a turn's end
+    /// inside it) the folder does not hold yet. A block that cannot be written (a full disk) is
+    /// dropped: the cache is an optimisation, never an error.
+    pub(super) fn save(&mut self, entry: &Entry, len: usize) {
         let found = self.found();
         let mut parent = self.seed;
         let mut start = 0;
-        while start < entry.tokens.len() {
-            let end = (start + BLOCK).min(entry.tokens.len());
+        while start < len {
+            let end = (start + BLOCK).min(len);
             let chain = chain(&parent, &entry.tokens[start..end]);
             if !found.contains_key(&hex(&chain)) {
-                if let Err(e) = self.write(entry, start, end, &chain) {
+                if let Err(e) = self.write(entry, start, end, len, &chain) {
                     tracing::warn!("prompt cache: a block was not written to {}: {e}", self.dir.display());
                     return;
                 }
@@ -159,7 +160,7 @@ impl DiskTier {
             .collect()
     }
 
-    fn write(&mut self, entry: &Entry, start: usize, end: usize, chain: &[u8; 32]) -> std::io::Result<()> {
+    fn write(&mut self, entry: &Entry, start: usize, end: usize, len: usize, chain: &[u8; 32]) -> std::io::Result<()> {
         let mut arrays: Vec<(String, Array)> = Vec::new();
         let range = |a: &Array, from: usize, to: usize| a.index((Ellipsis, from as i32..to as i32, ..));
         for (i, kv) in entry.kv.iter().enumerate() {
@@ -170,7 +171,7 @@ impl DiskTier {
         }
         // The MTP head has seen one position fewer than the trunk.
         if let Some(mtp) = &entry.mtp_kv {
-            let mtp_end = end.min(entry.tokens.len() - 1);
+            let mtp_end = end.min(len - 1);
             for (i, (k, v)) in mtp.iter().enumerate().filter_map(|(i, kv)| Some((i, kv.as_ref()?))) {
                 if start < mtp_end {
                     arrays.push((format!("mtp_k.{i}"), range(k, start, mtp_end)));

@@ -179,14 +179,15 @@ pub struct PromptCache {
     stats: CacheStats,
     /// Blocks on disk, when the server gave it a folder.
     disk: Option<DiskTier>,
-    /// The tokens of the entry the last request kept, not yet given to the disk tier.
-    unsaved: Option<Vec<u32>>,
+    /// The tokens whose state the last request kept (its prompt's, its answer's), not yet
+    /// given to the disk tier.
+    unsaved: Vec<Vec<u32>>,
 }
 
 impl PromptCache {
     /// A cache of at most `budget` bytes (0: off).
     pub fn new(budget: usize) -> Self {
-        PromptCache { entries: Vec::new(), budget, clock: 0, stats: CacheStats::default(), disk: None, unsaved: None }
+        PromptCache { entries: Vec::new(), budget, clock: 0, stats: CacheStats::default(), disk: None, unsaved: Vec::new() }
     }
 
     pub fn stats(&self) -> CacheStats {
@@ -250,9 +251,15 @@ impl PromptCache {
     /// Gives the disk tier the entry the last request kept (called once the request has
     /// answered, so its client never waits for the write).
     pub fn persist(&mut self) {
-        let (Some(disk), Some(tokens)) = (self.disk.as_mut(), self.unsaved.take()) else { return };
-        if let Some(entry) = self.entries.iter().find(|e| e.tokens == tokens) {
-            disk.save(entry);
+        let unsaved = std::mem::take(&mut self.unsaved);
+        let Some(disk) = self.disk.as_mut() else { return };
+        // Each turn's end gets its own last block: the next turn may share the prompt but not
+        // the answer as it was generated (a template writes it back in its own way).
+        for tokens in unsaved {
+            let len = tokens.len();
+            if let Some(entry) = self.entries.iter().find(|e| e.usable(&tokens, len) == len) {
+                disk.save(entry, len);
+            }
         }
     }
 
@@ -274,6 +281,17 @@ impl PromptCache {
         if self.budget == 0 || tokens.is_empty() || cache.offset() as usize != tokens.len() {
             return Ok(());
         }
+        // An entry that already restores all of these tokens (the state after an earlier
+        // answer that began with this prompt) is used again rather than copied.
+        let len = tokens.len();
+        if let Some(e) =
+            self.entries.iter_mut().find(|e| e.usable(tokens, len) == len && (mtp.is_none() || e.mtp_kv.is_some()))
+        {
+            self.clock += 1;
+            e.last_used = self.clock;
+            self.unsaved.push(tokens.to_vec());
+            return Ok(());
+        }
         let hybrid = cache.layers.iter().any(|l| matches!(l, LayerCache::Linear(_)));
         if !hybrid {
             checkpoints.clear();
@@ -291,7 +309,7 @@ impl PromptCache {
         if entry.bytes > self.budget {
             return Ok(());
         }
-        self.unsaved = Some(entry.tokens.clone());
+        self.unsaved.push(entry.tokens.clone());
         self.keep(entry);
         Ok(())
     }

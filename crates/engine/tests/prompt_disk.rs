@@ -83,7 +83,11 @@ fn a_restarted_engine_restores_from_disk_exactly() {
                 let (_, cached) = generate(&before, &first, depth);
                 assert_eq!(cached, 0, "{case}");
             }
-            assert_eq!(blocks(root.path()).len(), 3, "{case}: a whole block, then one to the prompt's end and one to the answer's");
+            assert_eq!(
+                blocks(root.path()).len(),
+                3,
+                "{case}: a whole block, then one to the prompt's end and one to the answer's"
+            );
             // A new process: nothing in memory, the blocks on disk.
             let after = engine(model.path(), root.path(), 1 << 30);
             let (want, _) = generate(&cold, &next_turn, depth);

@@ -187,7 +187,14 @@ pub struct PromptCache {
 impl PromptCache {
     /// A cache of at most `budget` bytes (0: off).
     pub fn new(budget: usize) -> Self {
-        PromptCache { entries: Vec::new(), budget, clock: 0, stats: CacheStats::default(), disk: None, unsaved: Vec::new() }
+        PromptCache {
+            entries: Vec::new(),
+            budget,
+            clock: 0,
+            stats: CacheStats::default(),
+            disk: None,
+            unsaved: Vec::new(),
+        }
     }
 
     pub fn stats(&self) -> CacheStats {

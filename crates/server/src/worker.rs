@@ -518,7 +518,7 @@ fn run_job(
     // The KV cache of prompt and answer must also fit the memory left beside the model.
     let memory_room = engine::memory::kv_room_tokens(info.memory_budget, info.kv_bytes_per_token);
     let least = engine.tokenizer().at_least_tokens(text_bytes);
-    if least >= memory_room {
+    if least >= memory_room && !job.count_only {
         send(JobEvent::Failed(JobError::BadRequest(format!(
             "the prompt is at least {least} tokens ({text_bytes} bytes of text): {}",
             memory_says(info, memory_room)

@@ -228,7 +228,11 @@ impl PromptCache {
                 // Larger than memory may keep: used once, straight from disk.
                 entry.last_used = self.clock;
                 let len = entry.usable(prompt, limit);
-                entry.hit(len, with_mtp)
+                if len > 0 {
+                    entry.hit(len, with_mtp)
+                } else {
+                    None
+                }
             }
             from_disk => {
                 if let Some(mut entry) = from_disk {

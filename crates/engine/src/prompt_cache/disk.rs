@@ -57,8 +57,10 @@ pub struct DiskTier {
     seed: [u8; 32],
     budget: u64,
     stats: DiskStats,
-    next_tmp: u64,
 }
+
+/// Numbers this process's temporary files.
+static NEXT_TMP: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 /// A block file found in the folder.
 struct Found {
@@ -75,7 +77,7 @@ impl DiskTier {
         std::fs::create_dir_all(&dir)?;
         remove_stale_temporaries(&dir);
         let stats = DiskStats { dir: root.to_path_buf(), budget_bytes: budget, ..Default::default() };
-        Ok(DiskTier { root: root.to_path_buf(), dir, seed, budget, stats, next_tmp: 0 })
+        Ok(DiskTier { root: root.to_path_buf(), dir, seed, budget, stats })
     }
 
     pub fn stats(&self) -> DiskStats {
@@ -199,8 +201,9 @@ impl DiskTier {
         if let Some(mtp) = &entry.mtp_kv {
             metadata.insert("mtp_layers".into(), mtp.len().to_string());
         }
-        self.next_tmp += 1;
-        let tmp = self.dir.join(format!(".tmp-{}-{}.safetensors", std::process::id(), self.next_tmp));
+        // Unique among every writer: other processes (the pid) and other engines of this one.
+        let n = NEXT_TMP.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let tmp = self.dir.join(format!(".tmp-{}-{n}.safetensors", std::process::id()));
         let written = (|| -> std::io::Result<String> {
             Array::save_safetensors(arrays.iter().map(|(n, a)| (n.as_str(), a)), &metadata, &tmp)
                 .map_err(|e| std::io::Error::other(e.to_string()))?;

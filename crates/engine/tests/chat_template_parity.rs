@@ -40,6 +40,18 @@ fn ferrite_render(tokenizer: &Tokenizer, case: &Value) -> String {
     tokenizer.apply_chat_template(&messages, true, &vars).unwrap()
 }
 
+/// Ferrite's rendering equals transformers', or the test fails showing where they part.
+fn assert_same(case: &str, got: &str, want: &str) {
+    if got != want {
+        let at = got.bytes().zip(want.bytes()).position(|(a, b)| a != b).unwrap_or(got.len().min(want.len()));
+        panic!(
+            "{case} differs at byte {at}:\nferrite:      {:?}\ntransformers: {:?}",
+            &got[at.saturating_sub(80)..(at + 80).min(got.len())],
+            &want[at.saturating_sub(80)..(at + 80).min(want.len())]
+        );
+    }
+}
+
 #[test]
 fn qwen3s_template_renders_as_transformers_renders_it() {
     let Some(dir) = qwen3_dir() else {
@@ -83,15 +95,7 @@ fn qwen3s_template_renders_as_transformers_renders_it() {
     let expected: Vec<String> = serde_json::from_slice(&out.stdout).unwrap();
     let tokenizer = Tokenizer::load(&dir).unwrap();
     for (i, (case, want)) in cases.iter().zip(&expected).enumerate() {
-        let got = ferrite_render(&tokenizer, case);
-        if &got != want {
-            let at = got.bytes().zip(want.bytes()).position(|(a, b)| a != b).unwrap_or(got.len().min(want.len()));
-            panic!(
-                "case {i} differs at byte {at}:\nferrite:      {:?}\ntransformers: {:?}",
-                &got[at.saturating_sub(80)..(at + 80).min(got.len())],
-                &want[at.saturating_sub(80)..(at + 80).min(want.len())]
-            );
-        }
+        assert_same(&format!("case {i}"), &ferrite_render(&tokenizer, case), want);
     }
 }
 
@@ -184,14 +188,7 @@ fn qwen3_5_and_qwen3_coder_templates_render_as_transformers_renders_them() {
         ];
         for (i, (case, want)) in ours.iter().zip(&expected).enumerate() {
             let got = ferrite_render(&tokenizer, case);
-            if &got != want {
-                let at = got.bytes().zip(want.bytes()).position(|(a, b)| a != b).unwrap_or(got.len().min(want.len()));
-                panic!(
-                    "{name} case {i} differs at byte {at}:\nferrite:      {:?}\ntransformers: {:?}",
-                    &got[at.saturating_sub(80)..(at + 80).min(got.len())],
-                    &want[at.saturating_sub(80)..(at + 80).min(want.len())]
-                );
-            }
+            assert_same(&format!("{name} case {i}"), &got, want);
             // Arguments in the order the client wrote them, strings raw, the rest as JSON.
             let call = "<function=edit>\n<parameter=path>\nsrc/a.rs\n</parameter>\n<parameter=line>\n3\n</parameter>\n\
                         <parameter=lines>\n[\"fn main() {\", \"}\"]\n</parameter>\n";

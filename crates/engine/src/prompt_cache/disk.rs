@@ -395,19 +395,23 @@ fn file_sha256(path: &Path) -> std::io::Result<String> {
     Ok(hex(&h.finalize()))
 }
 
-/// Every block of every model in `root`: path, size, last use.
-fn all_blocks(root: &Path) -> Vec<(PathBuf, u64, SystemTime)> {
-    let Ok(models) = std::fs::read_dir(root) else { return vec![] };
-    models
+/// The blocks of one model's folder: path, size, last use.
+fn blocks_in(dir: &Path) -> Vec<(PathBuf, u64, SystemTime)> {
+    let Ok(entries) = std::fs::read_dir(dir) else { return vec![] };
+    entries
         .flatten()
-        .filter_map(|m| std::fs::read_dir(m.path()).ok())
-        .flat_map(|d| d.flatten())
         .filter(|e| e.file_name().to_str().is_some_and(|n| parse_name(n).is_some()))
         .filter_map(|e| {
             let m = e.metadata().ok()?;
             Some((e.path(), m.len(), m.modified().unwrap_or(SystemTime::UNIX_EPOCH)))
         })
         .collect()
+}
+
+/// Every block of every model in `root`.
+fn all_blocks(root: &Path) -> Vec<(PathBuf, u64, SystemTime)> {
+    let Ok(models) = std::fs::read_dir(root) else { return vec![] };
+    models.flatten().flat_map(|m| blocks_in(&m.path())).collect()
 }
 
 /// Blocks and bytes in `root`.
@@ -418,14 +422,8 @@ pub fn usage(root: &Path) -> (usize, u64) {
 
 /// Blocks and bytes of one model's folder in the root.
 pub fn usage_of_model(dir: &Path) -> (usize, u64) {
-    let sizes: Vec<u64> = std::fs::read_dir(dir)
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter(|e| e.file_name().to_str().is_some_and(|n| parse_name(n).is_some()))
-        .filter_map(|e| e.metadata().ok().map(|m| m.len()))
-        .collect();
-    (sizes.len(), sizes.iter().sum())
+    let blocks = blocks_in(dir);
+    (blocks.len(), blocks.iter().map(|b| b.1).sum())
 }
 
 /// Removes every block in `root` (under its lock); returns the bytes freed.

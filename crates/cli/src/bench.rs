@@ -42,7 +42,10 @@ pub fn run(args: Args) -> Result<()> {
             format!("{}: expected a JSON array of token ids, or an array of such arrays", args.prompt_ids.display())
         })?;
     anyhow::ensure!(!prompts.is_empty(), "{}: no prompt", args.prompt_ids.display());
-    let engine = Engine::load_with(&args.model, engine::Profile::named(args.profile))?;
+    let mut engine = Engine::load_with(&args.model, engine::Profile::named(args.profile))?;
+    // Every run after the warm-up repeats its prompt: the prompt cache would answer it, and
+    // this measures computing it (bench/agent_session.py measures the cache).
+    engine.set_prompt_cache_budget(0);
     let request = GenerateRequest { ignore_eos: true, ..GenerateRequest::greedy(prompts[0].clone(), args.gen_tokens) };
     if args.spec {
         let mut request = request;

@@ -49,11 +49,14 @@ def rules():
     return out
 
 
-def serve(ferrite, port, env, *extra):
-    proc = subprocess.Popen([ferrite, "serve", "--model", "default", "--port", str(port), "--idle-minutes", "0",
+def serve(ferrite, port, env, *extra, model="default", log=None):
+    proc = subprocess.Popen([ferrite, "serve", "--model", model, "--port", str(port), "--idle-minutes", "0",
                              "--max-output-tokens", "160", *extra],
-                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    for _ in range(600):
+                            env=env, stdout=subprocess.DEVNULL, stderr=open(log, "a") if log else subprocess.DEVNULL)
+    for _ in range(6000):  # a big checkpoint takes a while to load
+        if proc.poll() is not None:
+            tail = Path(log).read_text()[-2000:] if log else ""
+            raise RuntimeError(f"ferrite serve exited with {proc.returncode}\n{tail}")
         try:
             urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1)
             return proc
@@ -137,7 +140,8 @@ def replay(args):
         (work / "config" / "config.toml").write_text(f'[prompt_cache]\ndir = "{work / "blocks"}"\ndisk_gb = 20.0\n')
         env["FERRITE_PROMPT_DISK_GB"] = ""
     port = free_port()
-    start = lambda: serve(args.ferrite, port, env, "--scripted-replies", str(work / "rules.json"))
+    start = lambda: serve(args.ferrite, port, env, "--scripted-replies", str(work / "rules.json"), model=args.model,
+                          log=work / "serve.log")
     server = start()
     try:
         for i, body in enumerate(requests):
@@ -186,6 +190,7 @@ def main():
     q = sub.add_parser("replay")
     q.add_argument("--ferrite", required=True)
     q.add_argument("--session", required=True)
+    q.add_argument("--model", default="default", help="a model name or folder (the recording's server ran the default)")
     q.add_argument("--cache", choices=["off", "on", "disk"], required=True)
     q.add_argument("--restart-at", type=int, default=-1, help="restart the server before this request")
     q.set_defaults(run=replay)

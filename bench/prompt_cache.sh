@@ -9,17 +9,20 @@
 # restart, the same from disk.
 #
 #   bench/prompt_cache.sh            (records once into bench/out/claude-session.json)
+#   MODEL=DIR bench/prompt_cache.sh  replays the recording against another model (a GPU
+#                                    machine: the 35B-A3B checkpoint, see bench/README.md)
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
+MODEL=${MODEL:-default}
 CLAUDE=${CLAUDE:-$root/third_party/agents/node_modules/.bin/claude}
 session=$BENCH_DIR/claude-session.json
 [ -f "$session" ] || "$PYTHON" "$root/bench/agent_session.py" record --ferrite "$FERRITE" --claude "$CLAUDE" --out "$session"
 out=$BENCH_DIR/prompt_cache.jsonl
 : > "$out"
 for cache in off on; do
-  "$PYTHON" "$root/bench/agent_session.py" replay --ferrite "$FERRITE" --session "$session" --cache "$cache" | tee -a "$out"
+  "$PYTHON" "$root/bench/agent_session.py" replay --ferrite "$FERRITE" --session "$session" --model "$MODEL" --cache "$cache" | tee -a "$out"
 done
-"$PYTHON" "$root/bench/agent_session.py" replay --ferrite "$FERRITE" --session "$session" --cache disk --restart-at 5 | tee -a "$out"
+"$PYTHON" "$root/bench/agent_session.py" replay --ferrite "$FERRITE" --session "$session" --model "$MODEL" --cache disk --restart-at 5 | tee -a "$out"
 "$PYTHON" - "$out" <<'PY'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]

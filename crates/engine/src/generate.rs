@@ -228,6 +228,14 @@ impl Engine {
         Ok(id)
     }
 
+    /// Waits until the prompt cache's disk tier has written every block it was given (tests,
+    /// and anything that reads the folder right after a request).
+    pub fn wait_for_prompt_disk(&self) {
+        if let Ok(c) = self.prompt_cache.lock() {
+            c.flush_disk();
+        }
+    }
+
     /// Empties the prompt cache (its counters stay).
     pub fn clear_prompt_cache(&self) {
         if let Ok(mut c) = self.prompt_cache.lock() {

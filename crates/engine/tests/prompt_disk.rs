@@ -46,6 +46,7 @@ fn generate(e: &Engine, prompt: &[u32], depth: usize) -> (Vec<u32>, usize) {
     let tokens = generation.tokens().to_vec();
     drop(generation);
     e.after_request(prompt.len());
+    e.wait_for_prompt_disk(); // the blocks are written on a thread of their own
     (tokens, cached)
 }
 

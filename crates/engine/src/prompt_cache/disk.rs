@@ -14,11 +14,16 @@
 //! and backend). Files are written whole to a temporary name and renamed, under a lock on the
 //! folder, after the least recently used blocks of every model made room: two processes that
 //! share the folder never see a half-written block and keep it under the byte budget together.
+//! The writing happens on a thread of its own ([`writer`]).
+
+mod writer;
 
 use std::collections::HashMap;
 use std::fs::File;
 use std::io::Read;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use mlx_rs::ops::indexing::{Ellipsis, IndexOp};
@@ -27,6 +32,7 @@ use serde::Serialize;
 use sha2::{Digest, Sha256};
 
 use super::{Checkpoint, Entry};
+use writer::{copy_out, Counters, Folder, Pending, Writer};
 
 /// Tokens per block: a multiple of every profile's prefill chunk, so a hybrid's checkpoints
 /// fall on block ends.
@@ -48,19 +54,17 @@ pub struct DiskStats {
     pub written: u64,
     pub evicted: u64,
     pub rejected: u64,
+    /// Blocks this process has queued and not yet written.
+    pub writing: usize,
 }
 
 pub struct DiskTier {
-    root: PathBuf,
-    dir: PathBuf,
+    folder: Folder,
     /// The chain hash before the first token: the model's identity.
     seed: [u8; 32],
-    budget: u64,
-    stats: DiskStats,
+    counters: Arc<Counters>,
+    writer: Writer,
 }
-
-/// Numbers this process's temporary files.
-static NEXT_TMP: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 /// A block file found in the folder.
 struct Found {
@@ -76,34 +80,59 @@ impl DiskTier {
         let dir = root.join(hex(&seed[..8]));
         std::fs::create_dir_all(&dir)?;
         remove_stale_temporaries(&dir);
-        let stats = DiskStats { dir: root.to_path_buf(), budget_bytes: budget, ..Default::default() };
-        Ok(DiskTier { root: root.to_path_buf(), dir, seed, budget, stats })
+        let folder = Folder { root: root.to_path_buf(), dir, budget };
+        let counters = Arc::new(Counters::default());
+        let writer = Writer::start(folder.clone(), counters.clone())?;
+        Ok(DiskTier { folder, seed, counters, writer })
     }
 
     pub fn stats(&self) -> DiskStats {
-        let (blocks, bytes) = usage(&self.root);
-        DiskStats { blocks, bytes, ..self.stats.clone() }
+        let (blocks, bytes) = usage(&self.folder.root);
+        let count = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed);
+        DiskStats {
+            dir: self.folder.root.clone(),
+            blocks,
+            bytes,
+            budget_bytes: self.folder.budget,
+            loaded: count(&self.counters.loaded),
+            written: count(&self.counters.written),
+            evicted: count(&self.counters.evicted),
+            rejected: count(&self.counters.rejected),
+            writing: self.writer.waiting(),
+        }
     }
 
-    /// Writes the blocks of `entry`'s first `len` tokens (its whole length, or a turn's end
-    /// inside it) the folder does not hold yet. A block that cannot be written (a full disk) is
-    /// dropped: the cache is an optimisation, never an error.
+    /// Queues the blocks of `entry`'s first `len` tokens (its whole length, or a turn's end
+    /// inside it) the folder does not hold yet: copied out of MLX now, written by the writer
+    /// thread. A block that cannot be copied or written (a full disk) is dropped, with the
+    /// blocks after it: the cache is an optimisation, never an error.
     pub(super) fn save(&mut self, entry: &Entry, len: usize) {
         let found = self.found();
         let mut parent = self.seed;
         let mut start = 0;
+        let mut blocks = Vec::new();
         while start < len {
             let end = (start + BLOCK).min(len);
             let chain = chain(&parent, &entry.tokens[start..end]);
-            if !found.contains_key(&hex(&chain)) {
-                if let Err(e) = self.write(entry, start, end, len, &chain) {
-                    tracing::warn!("prompt cache: a block was not written to {}: {e}", self.dir.display());
-                    return;
+            let name = hex(&chain);
+            if !found.contains_key(&name) && !self.writer.is_queued(&name) {
+                match block_of(entry, start, end, len, name) {
+                    Ok(block) => blocks.push(block),
+                    Err(e) => {
+                        tracing::warn!("prompt cache: a block was not written to {}: {e}", self.folder.dir.display());
+                        break;
+                    }
                 }
             }
             parent = chain;
             start = end;
         }
+        self.writer.send(blocks);
+    }
+
+    /// Waits until the blocks queued so far are written (or dropped).
+    pub(super) fn flush(&self) {
+        self.writer.flush();
     }
 
     /// The longest prefix of `prompt` (at most `limit` tokens) the folder can restore, as an
@@ -141,7 +170,7 @@ impl DiskTier {
                 Err(why) => {
                     tracing::warn!("prompt cache: {} removed: {why}", found[name].path.display());
                     let _ = std::fs::remove_file(&found[name].path);
-                    self.stats.rejected += 1;
+                    self.counters.rejected.fetch_add(1, Ordering::Relaxed);
                     break;
                 }
             }
@@ -152,7 +181,7 @@ impl DiskTier {
 
     /// Block files of this model, by chain hash.
     fn found(&self) -> HashMap<String, Found> {
-        let Ok(dir) = std::fs::read_dir(&self.dir) else { return HashMap::new() };
+        let Ok(dir) = std::fs::read_dir(&self.folder.dir) else { return HashMap::new() };
         dir.flatten()
             .filter_map(|e| {
                 let name = e.file_name().into_string().ok()?;
@@ -160,75 +189,6 @@ impl DiskTier {
                 Some((chain.to_string(), Found { path: e.path(), checksum: checksum.to_string() }))
             })
             .collect()
-    }
-
-    fn write(&mut self, entry: &Entry, start: usize, end: usize, len: usize, chain: &[u8; 32]) -> std::io::Result<()> {
-        let mut arrays: Vec<(String, Array)> = Vec::new();
-        let range = |a: &Array, from: usize, to: usize| a.index((Ellipsis, from as i32..to as i32, ..));
-        for (i, kv) in entry.kv.iter().enumerate() {
-            if let Some((k, v)) = kv {
-                arrays.push((format!("k.{i}"), range(k, start, end)));
-                arrays.push((format!("v.{i}"), range(v, start, end)));
-            }
-        }
-        // The MTP head has seen one position fewer than the trunk.
-        if let Some(mtp) = &entry.mtp_kv {
-            let mtp_end = end.min(len - 1);
-            for (i, (k, v)) in mtp.iter().enumerate().filter_map(|(i, kv)| Some((i, kv.as_ref()?))) {
-                if start < mtp_end {
-                    arrays.push((format!("mtp_k.{i}"), range(k, start, mtp_end)));
-                    arrays.push((format!("mtp_v.{i}"), range(v, start, mtp_end)));
-                }
-            }
-        }
-        if let Some(c) = entry.checkpoints.iter().find(|c| c.position == end) {
-            for (i, (conv, recurrent)) in c.linear.iter().enumerate().filter_map(|(i, l)| Some((i, l.as_ref()?))) {
-                arrays.push((format!("conv.{i}"), conv.clone()));
-                arrays.push((format!("rec.{i}"), recurrent.clone()));
-            }
-            if let Some(h) = &c.last_hidden {
-                arrays.push(("hidden".into(), h.clone()));
-            }
-            arrays.push(("checkpoint".into(), Array::from_int(1)));
-        }
-        let tokens: Vec<u32> = entry.tokens[start..end].to_vec();
-        arrays.push(("tokens".into(), Array::from_slice(&tokens, &[tokens.len() as i32])));
-        let mut metadata = HashMap::from([
-            ("format".to_string(), FORMAT.to_string()),
-            ("start".to_string(), start.to_string()),
-            ("layers".to_string(), entry.kv.len().to_string()),
-        ]);
-        if let Some(mtp) = &entry.mtp_kv {
-            metadata.insert("mtp_layers".into(), mtp.len().to_string());
-        }
-        // Unique among every writer: other processes (the pid) and other engines of this one.
-        let n = NEXT_TMP.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let tmp = self.dir.join(format!(".tmp-{}-{n}.safetensors", std::process::id()));
-        let written = (|| -> std::io::Result<String> {
-            Array::save_safetensors(arrays.iter().map(|(n, a)| (n.as_str(), a)), &metadata, &tmp)
-                .map_err(|e| std::io::Error::other(e.to_string()))?;
-            file_sha256(&tmp)
-        })();
-        let checksum = match written {
-            Ok(c) => c,
-            Err(e) => {
-                let _ = std::fs::remove_file(&tmp);
-                return Err(e);
-            }
-        };
-        let size = std::fs::metadata(&tmp)?.len();
-        let lock = self.lock()?;
-        let made_room = self.make_room(size);
-        let placed = made_room.and_then(|()| {
-            std::fs::rename(&tmp, self.dir.join(format!("{}.{}.safetensors", hex(chain), &checksum[..16])))
-        });
-        drop(lock);
-        if placed.is_err() {
-            let _ = std::fs::remove_file(&tmp);
-        } else {
-            self.stats.written += 1;
-        }
-        placed
     }
 
     fn read(&mut self, found: &Found, tokens: &[u32], start: usize) -> Result<Block, String> {
@@ -253,37 +213,53 @@ impl DiskTier {
         }
         let count = |k: &str| field(k).and_then(|v| v.parse::<usize>().ok());
         let layers = count("layers").ok_or("it does not say its layers")?;
-        self.stats.loaded += 1;
+        self.counters.loaded.fetch_add(1, Ordering::Relaxed);
         Ok(Block { end: start + tokens.len(), layers, mtp_layers: count("mtp_layers"), arrays })
     }
+}
 
-    /// A lock on the whole folder, held while blocks are removed and placed.
-    fn lock(&self) -> std::io::Result<File> {
-        let file = File::options().create(true).truncate(false).write(true).open(self.root.join(LOCK))?;
-        file.lock()?;
-        Ok(file)
-    }
-
-    /// Removes the least recently used blocks of every model until `incoming` more bytes fit
-    /// the budget (the caller holds the lock).
-    fn make_room(&mut self, incoming: u64) -> std::io::Result<()> {
-        if incoming > self.budget {
-            return Err(std::io::Error::other(format!("a block of {incoming} bytes exceeds the whole budget")));
+/// The block of `entry`'s tokens `start..end` (of its first `len`, which are being saved),
+/// copied out of MLX.
+fn block_of(entry: &Entry, start: usize, end: usize, len: usize, chain: String) -> Result<Pending, String> {
+    let mut arrays: Vec<(String, Array)> = Vec::new();
+    let range = |a: &Array, from: usize, to: usize| a.index((Ellipsis, from as i32..to as i32, ..));
+    for (i, kv) in entry.kv.iter().enumerate() {
+        if let Some((k, v)) = kv {
+            arrays.push((format!("k.{i}"), range(k, start, end)));
+            arrays.push((format!("v.{i}"), range(v, start, end)));
         }
-        let mut blocks = all_blocks(&self.root);
-        let mut total: u64 = blocks.iter().map(|b| b.1).sum();
-        blocks.sort_by_key(|b| b.2);
-        for (path, size, _) in blocks {
-            if total + incoming <= self.budget {
-                break;
-            }
-            if std::fs::remove_file(&path).is_ok() {
-                self.stats.evicted += 1;
-            }
-            total -= size;
-        }
-        Ok(())
     }
+    // The MTP head has seen one position fewer than the trunk.
+    if let Some(mtp) = &entry.mtp_kv {
+        let mtp_end = end.min(len - 1);
+        for (i, (k, v)) in mtp.iter().enumerate().filter_map(|(i, kv)| Some((i, kv.as_ref()?))) {
+            if start < mtp_end {
+                arrays.push((format!("mtp_k.{i}"), range(k, start, mtp_end)));
+                arrays.push((format!("mtp_v.{i}"), range(v, start, mtp_end)));
+            }
+        }
+    }
+    if let Some(c) = entry.checkpoints.iter().find(|c| c.position == end) {
+        for (i, (conv, recurrent)) in c.linear.iter().enumerate().filter_map(|(i, l)| Some((i, l.as_ref()?))) {
+            arrays.push((format!("conv.{i}"), conv.clone()));
+            arrays.push((format!("rec.{i}"), recurrent.clone()));
+        }
+        if let Some(h) = &c.last_hidden {
+            arrays.push(("hidden".into(), h.clone()));
+        }
+        arrays.push(("checkpoint".into(), Array::from_int(1)));
+    }
+    let tokens: Vec<u32> = entry.tokens[start..end].to_vec();
+    arrays.push(("tokens".into(), Array::from_slice(&tokens, &[tokens.len() as i32])));
+    let mut metadata = HashMap::from([
+        ("format".to_string(), FORMAT.to_string()),
+        ("start".to_string(), start.to_string()),
+        ("layers".to_string(), entry.kv.len().to_string()),
+    ]);
+    if let Some(mtp) = &entry.mtp_kv {
+        metadata.insert("mtp_layers".into(), mtp.len().to_string());
+    }
+    Ok(Pending { chain, tensors: copy_out(arrays)?, metadata })
 }
 
 /// One block read back: where it ends, and its arrays by name.

@@ -260,7 +260,7 @@ impl PromptCache {
     }
 
     /// Gives the disk tier the entry the last request kept (called once the request has
-    /// answered, so its client never waits for the write).
+    /// answered; the tier copies the blocks it lacks and writes them on its own thread).
     pub fn persist(&mut self) {
         let unsaved = std::mem::take(&mut self.unsaved);
         let Some(disk) = self.disk.as_mut() else { return };
@@ -271,6 +271,13 @@ impl PromptCache {
             if let Some(entry) = self.entries.iter().find(|e| e.usable(&tokens, len) == len) {
                 disk.save(entry, len);
             }
+        }
+    }
+
+    /// Waits until the disk tier has written what it was given.
+    pub fn flush_disk(&self) {
+        if let Some(disk) = &self.disk {
+            disk.flush();
         }
     }
 

@@ -75,12 +75,12 @@ impl KvCache {
         self.keys.as_ref().map_or(0, |k| k.nbytes()) + self.values.as_ref().map_or(0, |v| v.nbytes())
     }
 
-    /// Copies of the keys and values of the first `len` positions (their own buffers, so the
+    /// Copies of the keys and values of positions `from..to` (their own buffers, so the
     /// cache's in-place updates never touch them), lazy.
-    pub fn prefix(&self, len: i32) -> Result<Option<(Array, Array)>> {
+    pub fn range(&self, from: i32, to: i32) -> Result<Option<(Array, Array)>> {
         let (Some(k), Some(v)) = (&self.keys, &self.values) else { return Ok(None) };
-        let len = len.min(self.offset);
-        let copy = |a: &Array| -> Result<Array> { Ok(a.index((Ellipsis, ..len, ..)).contiguous()?) };
+        let to = to.min(self.offset);
+        let copy = |a: &Array| -> Result<Array> { Ok(a.index((Ellipsis, from..to, ..)).contiguous()?) };
         Ok(Some((copy(k)?, copy(v)?)))
     }
 

@@ -141,3 +141,32 @@ fn the_next_turn_reuses_the_answer_too() {
         }
     }
 }
+
+#[test]
+fn entries_that_start_alike_hold_their_common_pieces_once() {
+    use engine::prompt_cache::PIECE;
+    for (arch, depth) in [(Architecture::Qwen3, 0), (Architecture::Qwen35, 2)] {
+        let (_d, cold) = engine(arch, 0);
+        let (_d2, warm) = engine(arch, 256 << 20);
+        let first = ids(1, 2 * PIECE + 100);
+        generate(&warm, &first, depth, 0.0);
+        let one = warm.prompt_cache_stats();
+        assert_eq!(one.entries, 1, "{arch:?}: the answer's entry replaces the prompt's");
+        // Another conversation with the same start (an agent's system prompt and tools),
+        // diverging two pieces and fifty tokens in.
+        let second = [&first[..2 * PIECE + 50], &ids(2, 60)].concat();
+        let (answer, cached) = generate(&warm, &second, depth, 0.0);
+        assert_eq!(answer, generate(&cold, &second, depth, 0.0).0, "{arch:?}");
+        assert!(cached > 2 * PIECE, "{arch:?}: {cached}");
+        let two = warm.prompt_cache_stats();
+        assert_eq!(two.entries, 2, "{arch:?}");
+        // Its first two pieces (and the checkpoints in them) are the first entry's: what it
+        // adds is its last stretch, not a second copy of the whole start.
+        assert!(two.bytes - one.bytes < one.bytes / 4, "{arch:?}: {} -> {} bytes", one.bytes, two.bytes);
+        // Its next turn restores from the shared pieces and generates what a cold run does.
+        let third = [second.clone(), answer, ids(3, 20)].concat();
+        let (got, cached) = generate(&warm, &third, depth, 0.0);
+        assert_eq!(got, generate(&cold, &third, depth, 0.0).0, "{arch:?}");
+        assert!(cached > second.len(), "{arch:?}: {cached}");
+    }
+}

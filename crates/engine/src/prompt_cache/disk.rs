@@ -26,7 +26,6 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use mlx_rs::ops::indexing::{Ellipsis, IndexOp};
 use mlx_rs::Array;
 use serde::Serialize;
 use sha2::{Digest, Sha256};
@@ -222,29 +221,28 @@ impl DiskTier {
 /// copied out of MLX.
 fn block_of(entry: &Entry, start: usize, end: usize, len: usize, chain: String) -> Result<Pending, String> {
     let mut arrays: Vec<(String, Array)> = Vec::new();
-    let range = |a: &Array, from: usize, to: usize| a.index((Ellipsis, from as i32..to as i32, ..));
-    for (i, kv) in entry.kv.iter().enumerate() {
+    for (i, kv) in entry.kv_range(start, end, false).into_iter().enumerate() {
         if let Some((k, v)) = kv {
-            arrays.push((format!("k.{i}"), range(k, start, end)));
-            arrays.push((format!("v.{i}"), range(v, start, end)));
+            arrays.push((format!("k.{i}"), k));
+            arrays.push((format!("v.{i}"), v));
         }
     }
     // The MTP head has seen one position fewer than the trunk.
-    if let Some(mtp) = &entry.mtp_kv {
-        let mtp_end = end.min(len - 1);
-        for (i, (k, v)) in mtp.iter().enumerate().filter_map(|(i, kv)| Some((i, kv.as_ref()?))) {
-            if start < mtp_end {
-                arrays.push((format!("mtp_k.{i}"), range(k, start, mtp_end)));
-                arrays.push((format!("mtp_v.{i}"), range(v, start, mtp_end)));
+    let mtp_end = end.min(len - 1);
+    if entry.with_mtp && start < mtp_end {
+        for (i, kv) in entry.kv_range(start, mtp_end, true).into_iter().enumerate() {
+            if let Some((k, v)) = kv {
+                arrays.push((format!("mtp_k.{i}"), k));
+                arrays.push((format!("mtp_v.{i}"), v));
             }
         }
     }
     if let Some(c) = entry.checkpoints.iter().find(|c| c.position == end) {
-        for (i, (conv, recurrent)) in c.linear.iter().enumerate().filter_map(|(i, l)| Some((i, l.as_ref()?))) {
+        for (i, (conv, recurrent)) in c.linear().iter().enumerate().filter_map(|(i, l)| Some((i, l.as_ref()?))) {
             arrays.push((format!("conv.{i}"), conv.clone()));
             arrays.push((format!("rec.{i}"), recurrent.clone()));
         }
-        if let Some(h) = &c.last_hidden {
+        if let Some(h) = c.last_hidden() {
             arrays.push(("hidden".into(), h.clone()));
         }
         arrays.push(("checkpoint".into(), Array::from_int(1)));
@@ -254,10 +252,10 @@ fn block_of(entry: &Entry, start: usize, end: usize, len: usize, chain: String) 
     let mut metadata = HashMap::from([
         ("format".to_string(), FORMAT.to_string()),
         ("start".to_string(), start.to_string()),
-        ("layers".to_string(), entry.kv.len().to_string()),
+        ("layers".to_string(), entry.layers.to_string()),
     ]);
-    if let Some(mtp) = &entry.mtp_kv {
-        metadata.insert("mtp_layers".into(), mtp.len().to_string());
+    if let Some(n) = entry.mtp_layers().filter(|_| entry.with_mtp) {
+        metadata.insert("mtp_layers".into(), n.to_string());
     }
     Ok(Pending { chain, tensors: copy_out(arrays)?, metadata })
 }
@@ -304,14 +302,13 @@ fn assemble(prompt: &[u32], mut blocks: Vec<Block>) -> Option<Entry> {
     let checkpoints: Vec<Checkpoint> = blocks
         .iter()
         .filter(|b| b.arrays.contains_key("checkpoint"))
-        .map(|b| Checkpoint {
-            position: b.end,
-            linear: (0..layers)
+        .map(|b| {
+            let linear = (0..layers)
                 .map(|i| {
                     Some((b.arrays.get(&format!("conv.{i}"))?.clone(), b.arrays.get(&format!("rec.{i}"))?.clone()))
                 })
-                .collect(),
-            last_hidden: b.arrays.get("hidden").cloned(),
+                .collect();
+            Checkpoint::new(b.end, linear, b.arrays.get("hidden").cloned())
         })
         .collect();
     let mut arrays: Vec<&Array> = kv.iter().flatten().flat_map(|(k, v)| [k, v]).collect();

@@ -9,10 +9,16 @@
 //! also keep checkpoints: their linear-attention state (and the MTP head's last hidden state)
 //! at every prefill chunk boundary, at positions that are multiples of the chunk, so a prompt
 //! that diverges anywhere reuses all but less than a chunk. The MTP head's own KV is kept like
-//! the trunk's. Entries are evicted least recently used first when they outgrow the byte
-//! budget; an entry that extends another (the next turn of one conversation) replaces it.
+//! the trunk's. Keys and values are kept in pieces of [`PIECE`] positions: entries that start
+//! alike (a prompt and its answer, the turns of one conversation) hold their common whole
+//! pieces once, as they hold their common checkpoints once. Entries are evicted least recently
+//! used first when what they hold together outgrows the byte budget (a piece another entry
+//! still holds stays); an entry that extends another replaces it.
 //! With a disk tier ([`disk`]), each request's entry is also written to disk once it has
 //! answered, and a prefix longer than memory holds is read back from there.
+
+use std::collections::HashSet;
+use std::rc::Rc;
 
 use mlx_rs::ops::indexing::{Ellipsis, IndexOp};
 use mlx_rs::{transforms::eval, Array};
@@ -24,16 +30,35 @@ use crate::error::Result;
 pub mod disk;
 pub use disk::{DiskStats, DiskTier};
 
+/// Positions per piece of an entry's keys and values (pieces start at multiples of it).
+pub const PIECE: usize = 1024;
+
 /// The linear-attention state of every layer (None for attention layers) at one position, and
-/// the trunk's hidden state there (what the MTP head drafts from).
+/// the trunk's hidden state there (what the MTP head drafts from). Clones share the state.
 #[derive(Clone)]
 pub struct Checkpoint {
     pub position: usize,
+    state: Rc<CheckpointState>,
+}
+
+struct CheckpointState {
     linear: Vec<Option<(Array, Array)>>,
     last_hidden: Option<Array>,
 }
 
 impl Checkpoint {
+    fn new(position: usize, linear: Vec<Option<(Array, Array)>>, last_hidden: Option<Array>) -> Self {
+        Checkpoint { position, state: Rc::new(CheckpointState { linear, last_hidden }) }
+    }
+
+    fn linear(&self) -> &[Option<(Array, Array)>] {
+        &self.state.linear
+    }
+
+    fn last_hidden(&self) -> Option<&Array> {
+        self.state.last_hidden.as_ref()
+    }
+
     /// The state of `cache` (its linear-attention layers) at its current position.
     pub fn of(cache: &Cache, last_hidden: Option<&Array>) -> Self {
         let linear = cache
@@ -44,12 +69,63 @@ impl Checkpoint {
                 LayerCache::Kv(_) => None,
             })
             .collect();
-        Checkpoint { position: cache.offset() as usize, linear, last_hidden: last_hidden.cloned() }
+        Checkpoint::new(cache.offset() as usize, linear, last_hidden.cloned())
     }
 
     fn nbytes(&self) -> usize {
         let pair = |p: &Option<(Array, Array)>| p.as_ref().map_or(0, |(a, b)| a.nbytes() + b.nbytes());
-        self.linear.iter().map(pair).sum::<usize>() + self.last_hidden.as_ref().map_or(0, Array::nbytes)
+        self.linear().iter().map(pair).sum::<usize>() + self.last_hidden().map_or(0, Array::nbytes)
+    }
+}
+
+/// Keys and values of positions `start..end`: every attention layer's (None for linear
+/// attention) and, when the entry kept it, the MTP head's, which has seen one position fewer
+/// than the trunk (an entry's last piece holds one position fewer of it).
+struct Piece {
+    start: usize,
+    end: usize,
+    kv: Vec<Option<(Array, Array)>>,
+    mtp_kv: Option<Vec<Option<(Array, Array)>>>,
+    bytes: usize,
+}
+
+impl Piece {
+    fn new(
+        start: usize,
+        end: usize,
+        kv: Vec<Option<(Array, Array)>>,
+        mtp_kv: Option<Vec<Option<(Array, Array)>>>,
+    ) -> Self {
+        let pairs = |kv: &[Option<(Array, Array)>]| -> usize {
+            kv.iter().flatten().map(|(k, v)| k.nbytes() + v.nbytes()).sum()
+        };
+        let bytes = pairs(&kv) + mtp_kv.as_deref().map_or(0, pairs);
+        Piece { start, end, kv, mtp_kv, bytes }
+    }
+}
+
+/// Positions `from..to` of [B, heads, L, head_dim] keys and values.
+fn positions((k, v): &(Array, Array), from: usize, to: usize) -> (Array, Array) {
+    let (from, to) = (from as i32, to as i32);
+    (k.index((Ellipsis, from..to, ..)), v.index((Ellipsis, from..to, ..)))
+}
+
+/// The pieces' layer `layer` joined over positions `from..to` (`mtp`: the head's layers).
+fn joined(pieces: &[Rc<Piece>], layer: usize, from: usize, to: usize, mtp: bool) -> Option<(Array, Array)> {
+    let mut keys = Vec::new();
+    let mut values = Vec::new();
+    for p in pieces.iter().filter(|p| p.start < to && p.end > from) {
+        let kv = if mtp { p.mtp_kv.as_ref()?.get(layer)? } else { p.kv.get(layer)? };
+        let kv = kv.as_ref()?;
+        let end = (p.start + kv.0.dim(2) as usize).min(to);
+        let (k, v) = positions(kv, from.max(p.start) - p.start, end.max(from) - p.start);
+        keys.push(k);
+        values.push(v);
+    }
+    match keys.len() {
+        0 => None,
+        1 => Some((keys.pop()?, values.pop()?)),
+        _ => Some((mlx_rs::ops::concatenate(&keys, 2).ok()?, mlx_rs::ops::concatenate(&values, 2).ok()?)),
     }
 }
 
@@ -74,17 +150,21 @@ impl Hit {
 struct Entry {
     /// The tokens whose state this is.
     tokens: Vec<u32>,
-    /// Per layer: an attention layer's keys and values for `tokens` (None for linear attention).
-    kv: Vec<Option<(Array, Array)>>,
-    /// The MTP head's keys and values (it has seen one position fewer than the trunk).
-    mtp_kv: Option<Vec<Option<(Array, Array)>>>,
+    /// Keys and values of every position, in pieces (some shared with other entries).
+    pieces: Vec<Rc<Piece>>,
+    /// Whether every layer is attention (any prefix can be restored).
+    attention_only: bool,
+    /// The trunk's layers, and whether the MTP head's keys and values were kept.
+    layers: usize,
+    with_mtp: bool,
     /// Hybrids: the linear-attention state at chunk boundaries and at the end, by position.
     checkpoints: Vec<Checkpoint>,
-    bytes: usize,
     last_used: u64,
 }
 
 impl Entry {
+    /// An entry from whole keys and values (a loaded block's): cut into pieces that are views
+    /// of them.
     fn new(
         tokens: Vec<u32>,
         kv: Vec<Option<(Array, Array)>>,
@@ -92,31 +172,55 @@ impl Entry {
         checkpoints: Vec<Checkpoint>,
         last_used: u64,
     ) -> Self {
-        let pairs = |kv: &[Option<(Array, Array)>]| -> usize {
-            kv.iter().flatten().map(|(k, v)| k.nbytes() + v.nbytes()).sum()
+        let len = tokens.len();
+        let cut = |kv: &[Option<(Array, Array)>], from: usize, to: usize| -> Vec<Option<(Array, Array)>> {
+            kv.iter().map(|p| p.as_ref().map(|p| positions(p, from, to))).collect()
         };
-        let bytes = pairs(&kv)
-            + mtp_kv.as_deref().map_or(0, pairs)
-            + checkpoints.iter().map(Checkpoint::nbytes).sum::<usize>()
-            + tokens.len() * 4;
-        Entry { tokens, kv, mtp_kv, checkpoints, bytes, last_used }
+        let pieces = piece_bounds(0, len)
+            .map(|(start, end)| {
+                let last = len.saturating_sub(1);
+                let mtp = mtp_kv.as_deref().map(|m| cut(m, start.min(last), end.min(last)));
+                Rc::new(Piece::new(start, end, cut(&kv, start, end), mtp))
+            })
+            .collect();
+        Entry {
+            tokens,
+            pieces,
+            attention_only: kv.iter().all(Option::is_some),
+            layers: kv.len(),
+            with_mtp: mtp_kv.is_some(),
+            checkpoints,
+            last_used,
+        }
+    }
+
+    /// Bytes this entry holds, shared or not.
+    fn bytes(&self) -> usize {
+        self.pieces.iter().map(|p| p.bytes).sum::<usize>()
+            + self.checkpoints.iter().map(Checkpoint::nbytes).sum::<usize>()
+            + self.tokens.len() * 4
+    }
+
+    /// The MTP head's layers, when the entry kept its keys and values.
+    fn mtp_layers(&self) -> Option<usize> {
+        self.pieces.first().and_then(|p| p.mtp_kv.as_ref()).map(Vec::len)
+    }
+
+    /// Every attention layer's keys and values over positions `from..to` (None for linear
+    /// attention), or the MTP head's (`mtp`).
+    fn kv_range(&self, from: usize, to: usize, mtp: bool) -> Vec<Option<(Array, Array)>> {
+        let layers = if mtp { self.mtp_layers().unwrap_or(0) } else { self.layers };
+        (0..layers).map(|i| joined(&self.pieces, i, from, to, mtp)).collect()
     }
 
     /// The state after this entry's first `len` tokens (`usable` said they can be restored).
     fn hit(&self, len: usize, with_mtp: bool) -> Option<Hit> {
-        let at = |position: usize| self.checkpoints.iter().find(|c| c.position == position);
-        let checkpoint = at(len);
-        let slice = |(k, v): &(Array, Array), n: usize| -> (Array, Array) {
-            let n = n as i32;
-            (k.index((Ellipsis, ..n, ..)), v.index((Ellipsis, ..n, ..)))
-        };
-        let mut layers = Vec::with_capacity(self.kv.len());
-        for (i, kv) in self.kv.iter().enumerate() {
-            layers.push(match (kv, checkpoint.and_then(|c| c.linear[i].clone())) {
-                (Some(kv), _) => {
-                    let (k, v) = slice(kv, len);
-                    LayerCache::Kv(KvCache::restored(k, v))
-                }
+        let checkpoint = self.checkpoints.iter().find(|c| c.position == len);
+        let kv = self.kv_range(0, len, false);
+        let mut layers = Vec::with_capacity(kv.len());
+        for (i, kv) in kv.into_iter().enumerate() {
+            layers.push(match (kv, checkpoint.and_then(|c| c.linear()[i].clone())) {
+                (Some((k, v)), _) => LayerCache::Kv(KvCache::restored(k, v)),
                 (None, Some((conv, recurrent))) => LayerCache::Linear(LinearState {
                     conv: Some(conv),
                     recurrent: Some(recurrent),
@@ -126,21 +230,19 @@ impl Entry {
                 (None, None) => return None,
             });
         }
-        let mtp = match (&self.mtp_kv, with_mtp) {
-            (Some(mtp_kv), true) => {
-                let layers = mtp_kv
-                    .iter()
+        let mtp = match self.with_mtp && with_mtp {
+            true => {
+                let layers = self
+                    .kv_range(0, len - 1, true)
+                    .into_iter()
                     .map(|kv| match kv {
-                        Some(kv) => {
-                            let (k, v) = slice(kv, len - 1);
-                            LayerCache::Kv(KvCache::restored(k, v))
-                        }
+                        Some((k, v)) => LayerCache::Kv(KvCache::restored(k, v)),
                         None => LayerCache::Kv(KvCache::default()),
                     })
                     .collect();
-                Some((layers, checkpoint.and_then(|c| c.last_hidden.clone())))
+                Some((layers, checkpoint.and_then(|c| c.last_hidden().cloned())))
             }
-            _ => None,
+            false => None,
         };
         let checkpoints = self.checkpoints.iter().filter(|c| c.position <= len).cloned().collect();
         Some(Hit { len, layers, mtp, checkpoints })
@@ -149,11 +251,26 @@ impl Entry {
     /// The longest prefix of `prompt` (at most `limit` tokens) this entry can restore.
     fn usable(&self, prompt: &[u32], limit: usize) -> usize {
         let common = self.tokens.iter().zip(prompt).take(limit).take_while(|(a, b)| a == b).count();
-        if self.kv.iter().all(Option::is_some) {
+        if self.attention_only {
             return common; // attention only: any prefix
         }
         self.checkpoints.iter().map(|c| c.position).filter(|&p| p <= common).max().unwrap_or(0)
     }
+
+    /// The whole pieces of this entry a new entry starting with `tokens` can hold as they are:
+    /// those inside the common start, before this entry's end (whose MTP part is complete).
+    fn shareable(&self, tokens: &[u32], with_mtp: bool) -> Vec<Rc<Piece>> {
+        if with_mtp && !self.with_mtp {
+            return Vec::new();
+        }
+        let common = self.tokens.iter().zip(tokens).take_while(|(a, b)| a == b).count();
+        self.pieces.iter().take_while(|p| p.end <= common && p.end < self.tokens.len()).cloned().collect()
+    }
+}
+
+/// The pieces' bounds over positions `from..to` (`from` a multiple of [`PIECE`]).
+fn piece_bounds(from: usize, to: usize) -> impl Iterator<Item = (usize, usize)> {
+    (from..to).step_by(PIECE).map(move |start| (start, (start + PIECE).min(to)))
 }
 
 /// Counters for `/v1/status`, the metrics and the UI.
@@ -200,7 +317,7 @@ impl PromptCache {
     pub fn stats(&self) -> CacheStats {
         CacheStats {
             entries: self.entries.len(),
-            bytes: self.entries.iter().map(|e| e.bytes).sum(),
+            bytes: self.bytes(),
             budget_bytes: self.budget,
             disk: self.disk.as_ref().map(DiskTier::stats),
             ..self.stats.clone()
@@ -209,6 +326,27 @@ impl PromptCache {
 
     pub fn clear(&mut self) {
         self.entries.clear();
+    }
+
+    /// Bytes the entries hold together (a piece or checkpoint several hold counts once).
+    fn bytes(&self) -> usize {
+        let mut pieces = HashSet::new();
+        let mut checkpoints = HashSet::new();
+        let mut total = 0;
+        for e in &self.entries {
+            total += e.tokens.len() * 4;
+            for p in &e.pieces {
+                if pieces.insert(Rc::as_ptr(p)) {
+                    total += p.bytes;
+                }
+            }
+            for c in &e.checkpoints {
+                if checkpoints.insert(Rc::as_ptr(&c.state)) {
+                    total += c.nbytes();
+                }
+            }
+        }
+        total
     }
 
     /// The state after the longest cached prefix of `prompt`'s first `limit` tokens, if any:
@@ -224,7 +362,7 @@ impl PromptCache {
         self.clock += 1;
         let from_disk = self.disk.as_mut().and_then(|d| d.load(prompt, limit, in_memory));
         let hit = match from_disk {
-            Some(mut entry) if entry.bytes > self.budget => {
+            Some(mut entry) if entry.bytes() > self.budget => {
                 // Larger than memory may keep: used once, straight from disk.
                 entry.last_used = self.clock;
                 let len = entry.usable(prompt, limit);
@@ -302,8 +440,7 @@ impl PromptCache {
         // An entry that already restores all of these tokens (the state after an earlier
         // answer that began with this prompt) is used again rather than copied.
         let len = tokens.len();
-        if let Some(e) =
-            self.entries.iter_mut().find(|e| e.usable(tokens, len) == len && (mtp.is_none() || e.mtp_kv.is_some()))
+        if let Some(e) = self.entries.iter_mut().find(|e| e.usable(tokens, len) == len && (mtp.is_none() || e.with_mtp))
         {
             self.clock += 1;
             e.last_used = self.clock;
@@ -314,17 +451,33 @@ impl PromptCache {
         if !hybrid {
             checkpoints.clear();
         }
-        let kv = prefixes(cache, tokens.len())?;
-        let mtp_kv = match mtp {
-            Some(m) => Some(prefixes(m, tokens.len().saturating_sub(1))?),
-            None => None,
-        };
-        let mut arrays: Vec<&Array> = kv.iter().flatten().flat_map(|(k, v)| [k, v]).collect();
-        arrays.extend(mtp_kv.iter().flatten().flatten().flat_map(|(k, v)| [k, v]));
-        eval(arrays)?;
+        // The whole pieces of the entry that shares the most are held as they are; the rest
+        // is copied out of the request's cache (whose buffers its next updates overwrite).
+        let mut pieces =
+            self.entries.iter().map(|e| e.shareable(tokens, mtp.is_some())).max_by_key(Vec::len).unwrap_or_default();
+        let shared_end = pieces.last().map_or(0, |p| p.end);
+        let mut arrays = Vec::new();
+        for (start, end) in piece_bounds(shared_end, len) {
+            let kv = copies(cache, start, end)?;
+            let mtp_kv = match mtp {
+                Some(m) => Some(copies(m, start.min(len - 1), end.min(len - 1))?),
+                None => None,
+            };
+            arrays.extend(kv.iter().chain(mtp_kv.iter().flatten()).flatten().flat_map(|(k, v)| [k.clone(), v.clone()]));
+            pieces.push(Rc::new(Piece::new(start, end, kv, mtp_kv)));
+        }
+        eval(&arrays)?;
         self.clock += 1;
-        let entry = Entry::new(tokens.to_vec(), kv, mtp_kv, checkpoints, self.clock);
-        if entry.bytes > self.budget {
+        let entry = Entry {
+            tokens: tokens.to_vec(),
+            pieces,
+            attention_only: !hybrid,
+            layers: cache.layers.len(),
+            with_mtp: mtp.is_some(),
+            checkpoints,
+            last_used: self.clock,
+        };
+        if entry.bytes() > self.budget {
             return Ok(());
         }
         self.unsaved.push(entry.tokens.clone());
@@ -338,7 +491,7 @@ impl PromptCache {
         let tokens = &entry.tokens;
         self.entries.retain(|e| !(e.tokens.len() <= tokens.len() && tokens.starts_with(&e.tokens)));
         self.entries.push(entry);
-        while self.entries.iter().map(|e| e.bytes).sum::<usize>() > self.budget {
+        while self.bytes() > self.budget {
             let Some(oldest) = self.entries.iter().enumerate().min_by_key(|(_, e)| e.last_used).map(|(i, _)| i) else {
                 break;
             };
@@ -348,13 +501,14 @@ impl PromptCache {
     }
 }
 
-/// Copies of each attention layer's keys and values for the first `len` positions.
-fn prefixes(cache: &Cache, len: usize) -> Result<Vec<Option<(Array, Array)>>> {
+/// Copies of each attention layer's keys and values for positions `from..to` (None for
+/// linear attention).
+fn copies(cache: &Cache, from: usize, to: usize) -> Result<Vec<Option<(Array, Array)>>> {
     cache
         .layers
         .iter()
         .map(|l| match l {
-            LayerCache::Kv(kv) => kv.prefix(len as i32),
+            LayerCache::Kv(kv) => kv.range(from as i32, to as i32),
             LayerCache::Linear(_) => Ok(None),
         })
         .collect()

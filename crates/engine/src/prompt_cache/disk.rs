@@ -31,7 +31,7 @@ use serde::Serialize;
 use sha2::{Digest, Sha256};
 
 use super::{Checkpoint, Entry};
-use writer::{copy_out, Counters, Folder, Pending, Writer};
+use writer::{evaluated, Counters, Folder, Pending, Writer};
 
 /// Tokens per block: a multiple of every profile's prefill chunk, so a hybrid's checkpoints
 /// fall on block ends.
@@ -102,7 +102,7 @@ impl DiskTier {
     }
 
     /// Queues the blocks of `entry`'s first `len` tokens (its whole length, or a turn's end
-    /// inside it) the folder does not hold yet: copied out of MLX now, written by the writer
+    /// inside it) the folder does not hold yet: cut and evaluated now, written by the writer
     /// thread. A block that cannot be copied or written (a full disk) is dropped, with the
     /// blocks after it: the cache is an optimisation, never an error.
     pub(super) fn save(&mut self, entry: &Entry, len: usize) {
@@ -218,7 +218,7 @@ impl DiskTier {
 }
 
 /// The block of `entry`'s tokens `start..end` (of its first `len`, which are being saved),
-/// copied out of MLX.
+/// cut and evaluated.
 fn block_of(entry: &Entry, start: usize, end: usize, len: usize, chain: String) -> Result<Pending, String> {
     let mut arrays: Vec<(String, Array)> = Vec::new();
     for (i, kv) in entry.kv_range(start, end, false).into_iter().enumerate() {
@@ -257,7 +257,7 @@ fn block_of(entry: &Entry, start: usize, end: usize, len: usize, chain: String) 
     if let Some(n) = entry.mtp_layers().filter(|_| entry.with_mtp) {
         metadata.insert("mtp_layers".into(), n.to_string());
     }
-    Ok(Pending { chain, tensors: copy_out(arrays)?, metadata })
+    Ok(Pending { chain, arrays: evaluated(arrays)?, metadata })
 }
 
 /// One block read back: where it ends, and its arrays by name.

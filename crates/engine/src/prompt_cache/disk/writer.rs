@@ -1,8 +1,9 @@
-//! The disk tier's writer. A block's arrays are copied out of MLX on the request's thread (so
-//! no other thread ever calls MLX); a thread of its own then writes each block to a temporary
-//! file, checksums it and places it under the folder's lock, after making room. Neither the
-//! request's client nor the next request waits for the disk; a block still being written is
-//! in memory anyway, since the entry it came from is.
+//! The disk tier's writer. A block's arrays are cut from the entry and evaluated on the
+//! request's thread (where every MLX operation runs); a thread of its own then reads their
+//! bytes, writes each block to a temporary file, checksums it and places it under the folder's
+//! lock, after making room. Neither the request's client nor the next request waits for the
+//! disk (or for the bytes to come over from a GPU); a block still being written is in memory
+//! anyway, since the entry it came from is.
 
 use std::collections::{HashMap, HashSet};
 use std::fs::File;
@@ -16,49 +17,47 @@ use safetensors::tensor::TensorView;
 
 use super::{all_blocks, file_sha256, LOCK};
 
-/// One array's bytes, as safetensors stores them.
-pub(super) struct Tensor {
-    dtype: safetensors::Dtype,
-    shape: Vec<usize>,
-    data: Vec<u8>,
-}
-
-impl Tensor {
-    /// A copy of `a`'s values (evaluated and row-contiguous: see [`copy_out`]).
-    fn of(a: &Array) -> Result<Tensor, String> {
-        let bytes = |r: Result<&[u8], mlx_rs::error::AsSliceError>| r.map(<[u8]>::to_vec).map_err(|e| e.to_string());
-        let (dtype, data) = match a.dtype() {
-            Dtype::Float32 => (safetensors::Dtype::F32, bytes(a.try_as_slice::<f32>().map(bytemuck::cast_slice))?),
-            Dtype::Bfloat16 => {
-                (safetensors::Dtype::BF16, bytes(a.try_as_slice::<half::bf16>().map(bytemuck::cast_slice))?)
-            }
-            Dtype::Float16 => {
-                (safetensors::Dtype::F16, bytes(a.try_as_slice::<half::f16>().map(bytemuck::cast_slice))?)
-            }
-            Dtype::Uint32 => (safetensors::Dtype::U32, bytes(a.try_as_slice::<u32>().map(bytemuck::cast_slice))?),
-            Dtype::Int32 => (safetensors::Dtype::I32, bytes(a.try_as_slice::<i32>().map(bytemuck::cast_slice))?),
-            other => return Err(format!("a cached array of type {other:?} cannot be written")),
-        };
-        Ok(Tensor { dtype, shape: a.shape().iter().map(|&d| d as usize).collect(), data })
-    }
-}
-
-/// Copies named arrays (lazy slices of a cache entry) out of MLX: made contiguous, evaluated
-/// together, then their bytes copied.
-pub(super) fn copy_out(arrays: Vec<(String, Array)>) -> Result<Vec<(String, Tensor)>, String> {
+/// Named arrays (lazy slices of a cache entry) made row-contiguous and evaluated together, on
+/// the thread that runs MLX: what is left for the writer is reading memory that is ready.
+pub(super) fn evaluated(arrays: Vec<(String, Array)>) -> Result<Vec<(String, Array)>, String> {
     let arrays: Vec<(String, Array)> = arrays
         .into_iter()
         .map(|(n, a)| a.contiguous().map(|a| (n, a)))
         .collect::<Result<_, _>>()
         .map_err(|e| e.to_string())?;
     mlx_rs::transforms::eval(arrays.iter().map(|(_, a)| a)).map_err(|e| e.to_string())?;
-    arrays.into_iter().map(|(n, a)| Ok((n, Tensor::of(&a)?))).collect()
+    Ok(arrays)
 }
 
-/// A block ready to be written: its name (the chain hash, hex), tensors and metadata.
+/// An evaluated, row-contiguous array's bytes, as safetensors stores them. Reading them is no
+/// MLX operation (evaluating an array already evaluated returns at once), so it may happen on
+/// the writer's thread.
+fn view(a: &Array) -> Result<TensorView<'_>, String> {
+    let (dtype, data): (safetensors::Dtype, &[u8]) = match a.dtype() {
+        Dtype::Float32 => {
+            (safetensors::Dtype::F32, bytemuck::cast_slice(a.try_as_slice::<f32>().map_err(|e| e.to_string())?))
+        }
+        Dtype::Bfloat16 => {
+            (safetensors::Dtype::BF16, bytemuck::cast_slice(a.try_as_slice::<half::bf16>().map_err(|e| e.to_string())?))
+        }
+        Dtype::Float16 => {
+            (safetensors::Dtype::F16, bytemuck::cast_slice(a.try_as_slice::<half::f16>().map_err(|e| e.to_string())?))
+        }
+        Dtype::Uint32 => {
+            (safetensors::Dtype::U32, bytemuck::cast_slice(a.try_as_slice::<u32>().map_err(|e| e.to_string())?))
+        }
+        Dtype::Int32 => {
+            (safetensors::Dtype::I32, bytemuck::cast_slice(a.try_as_slice::<i32>().map_err(|e| e.to_string())?))
+        }
+        other => return Err(format!("a cached array of type {other:?} cannot be written")),
+    };
+    TensorView::new(dtype, a.shape().iter().map(|&d| d as usize).collect(), data).map_err(|e| e.to_string())
+}
+
+/// A block ready to be written: its name (the chain hash, hex), evaluated arrays and metadata.
 pub(super) struct Pending {
     pub chain: String,
-    pub tensors: Vec<(String, Tensor)>,
+    pub arrays: Vec<(String, Array)>,
     pub metadata: HashMap<String, String>,
 }
 
@@ -92,10 +91,10 @@ impl Folder {
         let tmp = self.dir.join(format!(".tmp-{}-{n}.safetensors", std::process::id()));
         let written = (|| -> std::io::Result<String> {
             let views = block
-                .tensors
+                .arrays
                 .iter()
-                .map(|(name, t)| Ok((name.as_str(), TensorView::new(t.dtype, t.shape.clone(), &t.data)?)))
-                .collect::<Result<Vec<_>, safetensors::SafeTensorError>>()
+                .map(|(name, a)| Ok((name.as_str(), view(a)?)))
+                .collect::<Result<Vec<_>, String>>()
                 .map_err(std::io::Error::other)?;
             safetensors::serialize_to_file(views, Some(block.metadata), &tmp).map_err(std::io::Error::other)?;
             file_sha256(&tmp)

@@ -19,6 +19,15 @@ pub struct Args {
     /// With --chat: ask the template to skip the thinking block.
     #[arg(long, requires = "chat")]
     no_think: bool,
+    /// Hold the answer to the JSON Schema in this file while decoding.
+    #[arg(long, group = "grammar")]
+    json_schema: Option<std::path::PathBuf>,
+    /// Hold the answer to this regular expression while decoding.
+    #[arg(long, group = "grammar")]
+    regex: Option<String>,
+    /// Hold the answer to the Lark grammar (llguidance's dialect) in this file while decoding.
+    #[arg(long, group = "grammar")]
+    lark: Option<std::path::PathBuf>,
     #[arg(long, default_value_t = 256)]
     max_tokens: usize,
     /// Sampling temperature; 0 = greedy.
@@ -70,6 +79,16 @@ pub fn run(args: Args) -> Result<()> {
     } else {
         args.prompt.clone()
     };
+    let read =
+        |path: &std::path::Path| std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()));
+    let grammar = match (&args.json_schema, &args.regex, &args.lark) {
+        (Some(file), _, _) => Some(engine::Grammar::JsonSchema(
+            serde_json::from_str(&read(file)?).with_context(|| format!("{}: not JSON", file.display()))?,
+        )),
+        (_, Some(rx), _) => Some(engine::Grammar::Regex(rx.clone())),
+        (_, _, Some(file)) => Some(engine::Grammar::Lark(read(file)?)),
+        _ => None,
+    };
     let request = GenerateRequest {
         prompt: engine.tokenizer().encode(&text)?,
         max_tokens: args.max_tokens,
@@ -90,6 +109,7 @@ pub fn run(args: Args) -> Result<()> {
         draft_depth,
         draft_script: None,
         forced_tokens: None,
+        grammar,
     };
     let mut out = std::io::stdout().lock();
     for event in engine.generate(request, CancelToken::default())? {

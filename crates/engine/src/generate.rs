@@ -20,6 +20,7 @@ use crate::cache::{Cache, LayerCache};
 use crate::device::{self, Backend};
 use crate::error::{Error, Result};
 use crate::forced::ForcedAnswer;
+use crate::grammar::{Constraint, Ended, Grammar, Grammars};
 use crate::models::{self, LanguageModel};
 use crate::penalties::Recent;
 use crate::profile::Profile;
@@ -47,6 +48,9 @@ pub struct GenerateRequest {
     /// (see `forced.rs`); decoded plainly, without speculation.
     #[doc(hidden)]
     pub forced_tokens: Option<Vec<u32>>,
+    /// What the answer must match, enforced on the logits (decoded without speculation, for
+    /// now).
+    pub grammar: Option<Grammar>,
 }
 
 impl GenerateRequest {
@@ -60,6 +64,7 @@ impl GenerateRequest {
             draft_depth: 0,
             draft_script: None,
             forced_tokens: None,
+            grammar: None,
         }
     }
 }
@@ -72,6 +77,8 @@ pub enum FinishReason {
     /// `max_tokens` reached.
     Length,
     Cancelled,
+    /// The request's grammar allowed no token of the vocabulary next.
+    GrammarDeadEnd,
 }
 
 #[derive(Debug, Clone, Default, Serialize)]
@@ -142,6 +149,8 @@ pub struct Engine {
     prompt_cache: std::sync::Mutex<PromptCache>,
     /// What one more token of context takes in the KV caches ([`crate::memory::kv_bytes_per_token`]).
     kv_bytes_per_token: u64,
+    /// Constraint makers for this vocabulary, built by the first request with a grammar.
+    grammars: std::sync::OnceLock<std::result::Result<Grammars, String>>,
 }
 
 impl Engine {
@@ -243,6 +252,18 @@ impl Engine {
         }
     }
 
+    /// The constraint for `grammar`, on this model's vocabulary.
+    fn constraint(&self, grammar: &Grammar) -> Result<Constraint> {
+        let grammars = self.grammars.get_or_init(|| {
+            let vocab = self.model.config().vocab_size as usize;
+            Grammars::load(&self.dir, &self.tokenizer.eos_ids, vocab).map_err(|e| e.to_string())
+        });
+        match grammars {
+            Ok(g) => g.constraint(grammar),
+            Err(e) => Err(Error::Request(e.clone())),
+        }
+    }
+
     /// Bytes one more token of context takes in the KV caches.
     pub fn kv_bytes_per_token(&self) -> u64 {
         self.kv_bytes_per_token
@@ -291,6 +312,7 @@ impl Engine {
             profile,
             spec_totals: Default::default(),
             kv_bytes_per_token,
+            grammars: Default::default(),
         };
         if engine.profile.warmup {
             engine.warm_up()?;
@@ -353,7 +375,8 @@ impl Engine {
             (Some(_), None) => return Err(Error::Request("a forced answer needs an end-of-sequence token".into())),
             (None, _) => None,
         };
-        let depth = if forced.is_some() { 0 } else { request.draft_depth };
+        let constraint = request.grammar.as_ref().map(|g| self.constraint(g)).transpose()?;
+        let depth = if forced.is_some() || constraint.is_some() { 0 } else { request.draft_depth };
         let spec = match depth {
             0 => None,
             depth => {
@@ -377,6 +400,8 @@ impl Engine {
             sampler,
             recent: (!penalties.is_off()).then(|| Recent::new(penalties, &request.prompt)),
             forced,
+            constraint,
+            grammar_ended: None,
             cached_tokens: 0,
             stops: StopMatcher::new(request.stop.clone()),
             request,
@@ -437,6 +462,10 @@ pub struct Generation<'a> {
     recent: Option<Recent>,
     /// Tests only: the answer fixed in advance.
     forced: Option<ForcedAnswer>,
+    /// The request's grammar, where the answer has got to in it.
+    constraint: Option<Constraint>,
+    /// Set when the grammar allowed nothing for the last step scheduled.
+    grammar_ended: Option<Ended>,
     /// Prompt tokens restored from the prompt cache.
     cached_tokens: usize,
     decoder: StreamDecoder,
@@ -466,6 +495,12 @@ impl Generation<'_> {
         let mut last = logits.index((.., -1, ..));
         if let Some(forced) = &mut self.forced {
             last = forced.apply(&last)?;
+        }
+        if let Some(constraint) = &mut self.constraint {
+            match constraint.mask() {
+                Ok(bias) => last = last.as_dtype(mlx_rs::Dtype::Float32)?.add(&bias)?,
+                Err(ended) => self.grammar_ended = Some(ended),
+            }
         }
         let Some(recent) = &mut self.recent else {
             return self.sampler.sample(&last);
@@ -636,12 +671,32 @@ impl Generation<'_> {
                     None if self.generated == 0 => self.prefill()?,
                     None => return Ok(self.finished(FinishReason::Length)),
                 };
+                match self.grammar_ended.take() {
+                    Some(Ended::Complete) => return Ok(self.finished(FinishReason::Stop)),
+                    Some(Ended::DeadEnd(why)) => {
+                        tracing::warn!("the request's grammar ended the answer: {why}");
+                        return Ok(self.finished(FinishReason::GrammarDeadEnd));
+                    }
+                    None => {}
+                }
+                // Under a grammar the next step's mask needs this token first: no pipelining.
+                let constrained = match &mut self.constraint {
+                    Some(c) => {
+                        let token = y.try_item_cast::<u32>()?;
+                        c.accept(token)?;
+                        Some(token)
+                    }
+                    None => None,
+                };
                 if self.generated + 1 < self.request.max_tokens {
                     let next = self.step(&y.index(NewAxis))?;
                     async_eval([&next])?;
                     self.pending = Some(next);
                 }
-                y.try_item_cast::<u32>()?
+                match constrained {
+                    Some(token) => token,
+                    None => y.try_item_cast::<u32>()?,
+                }
             };
             let now = Instant::now();
             self.first_token_at.get_or_insert(now);

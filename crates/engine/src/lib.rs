@@ -12,6 +12,7 @@ mod error;
 mod ffi;
 mod forced;
 pub mod generate;
+mod grammar;
 #[cfg(feature = "dev")]
 pub mod graph;
 pub mod inspect;
@@ -35,6 +36,7 @@ pub use architecture::Architecture;
 pub use config::{ModelConfig, Quantization};
 pub use error::{Error, Result};
 pub use generate::{CancelToken, Engine, Event, FinishReason, GenerateRequest, Summary};
+pub use grammar::Grammar;
 pub use penalties::Penalties;
 pub use profile::{Profile, ProfileName};
 pub use sampling::SamplingParams;

@@ -277,12 +277,13 @@ fn chat_prompt(req: &ChatRequest) -> Result<Prompt, ApiError> {
 pub async fn chat_completions(State(state): State<AppState>, body: Bytes) -> Result<Response, ApiError> {
     let common: Common = parse(&body)?;
     let req: ChatRequest = parse(&body)?;
-    let (request, loaded) = common.generate_request(&state)?;
+    let (mut request, loaded) = common.generate_request(&state)?;
     let prompt = chat_prompt(&req)?;
     let expect = match &req.response_format {
         Some(format) => format.expectation()?,
         None => None,
     };
+    request.grammar = expect.as_ref().map(Expect::grammar);
     respond(state, loaded, prompt, request, &common, Kind::Chat, expect).await
 }
 

@@ -1,6 +1,7 @@
-//! OpenAI's `response_format`: `text`, `json_object` or `json_schema`. Decoding is not yet
-//! constrained, so the answer is checked once it is complete and the outcome is reported
-//! beside it (the text is never dropped): `{"valid": false, "error": "…"}`.
+//! OpenAI's `response_format`: `text`, `json_object` or `json_schema`. The engine holds the
+//! answer to it while decoding ([`Expect::grammar`]); the complete answer is still checked and
+//! the outcome reported beside it (`{"valid": true}`, or why not: an answer cut short by
+//! `max_tokens` is not a whole document).
 
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -26,7 +27,7 @@ struct JsonSchema {
 /// What the answer must be.
 pub enum Expect {
     JsonObject,
-    Schema { name: String, validator: Box<jsonschema::Validator> },
+    Schema { name: String, schema: Value, validator: Box<jsonschema::Validator> },
 }
 
 impl ResponseFormat {
@@ -50,6 +51,7 @@ impl ResponseFormat {
                 })?;
                 Ok(Some(Expect::Schema {
                     name: spec.name.clone().unwrap_or_else(|| "schema".into()),
+                    schema: schema.clone(),
                     validator: Box::new(validator),
                 }))
             }
@@ -62,6 +64,14 @@ impl ResponseFormat {
 }
 
 impl Expect {
+    /// The grammar the engine enforces while decoding.
+    pub fn grammar(&self) -> engine::Grammar {
+        match self {
+            Expect::JsonObject => engine::Grammar::JsonSchema(json!({"type": "object"})),
+            Expect::Schema { schema, .. } => engine::Grammar::JsonSchema(schema.clone()),
+        }
+    }
+
     /// `Ok(())` when the answer is what was asked for, else why not.
     pub fn check(&self, answer: &str) -> Result<(), String> {
         let value: Value =
@@ -69,7 +79,7 @@ impl Expect {
         match self {
             Expect::JsonObject if value.is_object() => Ok(()),
             Expect::JsonObject => Err("the answer is JSON but not an object".into()),
-            Expect::Schema { name, validator } => {
+            Expect::Schema { name, validator, .. } => {
                 let errors: Vec<String> = validator
                     .iter_errors(&value)
                     .take(5)

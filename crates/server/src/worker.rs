@@ -162,7 +162,7 @@ fn run_tune(engine: &Engine, tune: &mut TuneJob, stopping: &AtomicBool) -> Resul
 
 /// What the engine thread receives, in order.
 enum Message {
-    Job(Job),
+    Job(Box<Job>),
     /// Measure draft depths (the app's Tune button).
     Tune(TuneJob),
     /// Drop the model now (it loads again for the next job).
@@ -341,7 +341,7 @@ impl Worker {
                     Ok(())
                 };
                 let job = match message {
-                    Message::Job(job) => job,
+                    Message::Job(job) => *job,
                     Message::Unload => {
                         unload(&mut engine, "asked to stop");
                         continue;
@@ -402,7 +402,7 @@ impl Worker {
             )));
         }
         let sent = match self.jobs.lock().ok().as_ref().and_then(|j| j.as_ref()) {
-            Some(jobs) => jobs.send(Message::Job(job)).is_ok(),
+            Some(jobs) => jobs.send(Message::Job(Box::new(job))).is_ok(),
             None => false,
         };
         if !sent {

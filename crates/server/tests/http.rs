@@ -273,31 +273,47 @@ async fn metrics_count_what_was_served() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn response_format_is_checked_and_reported() {
+async fn response_format_is_enforced_and_checked() {
     let s = start(None).await;
-    // A random model writes no JSON: the answer is kept and the failure reported beside it.
+    // The grammar holds even a random model to the schema: a whole, valid document that ends
+    // the answer, with the check beside it.
+    let schema = json!({
+        "type": "object",
+        "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 9}},
+        "required": ["n"],
+        "additionalProperties": false
+    });
+    let format = json!({"type": "json_schema", "json_schema": {"name": "count", "schema": schema}});
     let r = reqwest::Client::new()
         .post(format!("{}/v1/chat/completions", s.base))
-        .json(&chat(json!({"response_format": {"type": "json_object"}})))
+        .json(&chat(json!({"response_format": format, "max_tokens": 40})))
         .send()
         .await
         .unwrap();
     assert_eq!(r.status(), 200);
-    assert_eq!(r.headers()["x-ferrite-response-format"], "invalid");
+    assert_eq!(r.headers()["x-ferrite-response-format"], "valid");
     let v: Value = r.json().await.unwrap();
-    assert!(!v["choices"][0]["message"]["content"].as_str().unwrap().is_empty());
-    assert_eq!(v["response_format_check"]["valid"], false, "{v}");
-    assert!(v["response_format_check"]["error"].as_str().unwrap().contains("not a JSON document"));
+    let content = v["choices"][0]["message"]["content"].as_str().unwrap();
+    let doc: Value = serde_json::from_str(content).unwrap_or_else(|e| panic!("{content:?}: {e}"));
+    assert!(doc["n"].as_i64().is_some_and(|n| (0..=9).contains(&n)), "{doc}");
+    assert_eq!(v["choices"][0]["finish_reason"], "stop", "{v}");
+    assert_eq!(v["response_format_check"]["valid"], true, "{v}");
     // Streaming: the check arrives with the finishing chunk.
-    let schema = json!({"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]});
-    let format = json!({"type": "json_schema", "json_schema": {"name": "count", "schema": schema}});
-    let data = sse(&s, &chat(json!({"stream": true, "response_format": format}))).await;
+    let data = sse(&s, &chat(json!({"stream": true, "response_format": format, "max_tokens": 40}))).await;
     let finish: Value = data
         .iter()
         .filter_map(|d| serde_json::from_str::<Value>(d).ok())
         .find(|c| c["choices"][0]["finish_reason"].is_string())
         .unwrap();
-    assert_eq!(finish["response_format_check"]["valid"], false, "{finish}");
+    assert_eq!(finish["response_format_check"]["valid"], true, "{finish}");
+    // An answer cut short by max_tokens is kept, and reported as not a whole document.
+    let (code, v) =
+        post(&s, "/v1/chat/completions", &chat(json!({"response_format": {"type": "json_object"}, "max_tokens": 1})))
+            .await;
+    assert_eq!(code, 200, "{v}");
+    assert!(v["choices"][0]["message"]["content"].as_str().unwrap().starts_with('{'), "{v}");
+    assert_eq!(v["response_format_check"]["valid"], false, "{v}");
+    assert!(v["response_format_check"]["error"].as_str().unwrap().contains("not a JSON document"));
     // A schema that is not one, or an unknown type, is refused before generating.
     let bad = json!({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": 5}}});
     let (code, v) = post(&s, "/v1/chat/completions", &chat(json!({"response_format": bad}))).await;

@@ -97,3 +97,23 @@ def test_a_custom_tool_call_streams_and_round_trips(scripted):
                {"type": "custom_tool_call_output", "call_id": call.call_id, "output": "Done!"}]
     after = client.responses.create(model="tiny", input=history, tools=CUSTOM, max_output_tokens=400)
     assert after.output_text == "Patched." and after.status == "completed"
+
+
+def test_structured_output_parses(client):
+    """`responses.parse` with a pydantic model: `text.format` is a strict JSON schema the grammar
+    holds the answer to, and the SDK parses `output_parsed`."""
+    from typing import Literal
+
+    from pydantic import BaseModel, Field
+
+    class Reading(BaseModel):
+        level: Literal["low", "high"]
+        count: int = Field(ge=0, le=9)
+
+    r = client.responses.parse(model="tiny", input="Report the reading.", text_format=Reading,
+                               max_output_tokens=60, temperature=0.8)
+    assert r.status == "completed", r.output_text
+    assert isinstance(r.output_parsed, Reading), r.output_text
+    with pytest.raises(openai.BadRequestError, match="text.format.schema"):
+        client.responses.create(model="tiny", input="x", max_output_tokens=4,
+                                text={"format": {"type": "json_schema", "name": "x", "schema": {"type": 5}}})

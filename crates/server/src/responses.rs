@@ -24,6 +24,7 @@ use serde_json::{json, Value};
 use crate::answer::{self, Answer, Finish, Settings, Step, TemplateTool};
 use crate::error::{parse, ApiError};
 use crate::openai::Content;
+use crate::response_format::Expect;
 use crate::tools::ParsedCall;
 use crate::worker::Prompt;
 use crate::AppState;
@@ -54,6 +55,56 @@ struct ResponsesRequest {
     stream: bool,
     #[serde(default)]
     previous_response_id: Option<String>,
+    #[serde(default)]
+    text: Option<TextOptions>,
+}
+
+/// `text`: the answer's format (`{type: text | json_object | json_schema, name, schema}`).
+#[derive(Debug, Deserialize)]
+struct TextOptions {
+    #[serde(default)]
+    format: Option<TextFormat>,
+}
+
+#[derive(Debug, Deserialize)]
+struct TextFormat {
+    #[serde(rename = "type")]
+    kind: String,
+    #[serde(default)]
+    name: Option<String>,
+    #[serde(default)]
+    schema: Option<Value>,
+}
+
+impl TextFormat {
+    /// The grammar the answer is held to, checked up front (a bad schema is a 400).
+    fn grammar(&self) -> Result<Option<engine::Grammar>, ApiError> {
+        let expect = match self.kind.as_str() {
+            "text" => return Ok(None),
+            "json_object" => Expect::JsonObject,
+            "json_schema" => {
+                let schema = self.schema.as_ref().ok_or_else(|| {
+                    ApiError::bad_request("text.format of type json_schema needs a `schema`").with_param("text.format")
+                })?;
+                let validator = jsonschema::validator_for(schema).map_err(|e| {
+                    ApiError::bad_request(format!("text.format.schema is not a valid JSON Schema: {e}"))
+                        .with_param("text.format.schema")
+                })?;
+                Expect::Schema {
+                    name: self.name.clone().unwrap_or_else(|| "schema".into()),
+                    schema: schema.clone(),
+                    validator: Box::new(validator),
+                }
+            }
+            other => {
+                return Err(ApiError::bad_request(format!(
+                    "text.format.type `{other}` is not one of text, json_object, json_schema"
+                ))
+                .with_param("text.format.type"))
+            }
+        };
+        Ok(Some(expect.grammar()))
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -316,7 +367,11 @@ pub async fn responses(State(state): State<AppState>, body: Bytes) -> Result<Res
         },
         ignore_eos: false,
     };
-    let request = settings.request(&loaded)?;
+    let mut request = settings.request(&loaded)?;
+    request.grammar = match req.text.as_ref().and_then(|t| t.format.as_ref()) {
+        Some(format) => format.grammar()?,
+        None => None,
+    };
     let running = loaded.worker.run(prompt, request, false).await?;
     let mut headers = state.speed_headers(&loaded, running.max_tokens, running.clamped);
     if !offered.ignored.is_empty() {

@@ -48,8 +48,8 @@ pub struct GenerateRequest {
     /// (see `forced.rs`); decoded plainly, without speculation.
     #[doc(hidden)]
     pub forced_tokens: Option<Vec<u32>>,
-    /// What the answer must match, enforced on the logits (decoded without speculation, for
-    /// now).
+    /// What the answer must match, enforced on the logits (speculation stays on: drafts and
+    /// verified positions are masked alike).
     pub grammar: Option<Grammar>,
 }
 
@@ -376,7 +376,7 @@ impl Engine {
             (None, _) => None,
         };
         let constraint = request.grammar.as_ref().map(|g| self.constraint(g)).transpose()?;
-        let depth = if forced.is_some() || constraint.is_some() { 0 } else { request.draft_depth };
+        let depth = if forced.is_some() { 0 } else { request.draft_depth };
         let spec = match depth {
             0 => None,
             depth => {
@@ -567,28 +567,60 @@ impl Generation<'_> {
         let last = model.logits(&hidden)?.index((.., -1, ..));
         // The first token's penalties look at the prompt alone (the speculator's cycles keep
         // their own window from here on).
-        let last = match &self.recent {
+        let mut last = match &self.recent {
             Some(recent) => recent.apply(&last)?,
             None => last,
         };
+        if let Some(constraint) = &mut self.constraint {
+            match constraint.mask() {
+                Ok(bias) => last = last.as_dtype(mlx_rs::Dtype::Float32)?.add(&bias)?,
+                Err(ended) => self.grammar_ended = Some(ended),
+            }
+        }
         self.sampler.sample(&last)
     }
 
-    /// The next token of a speculative generation: from the last cycle's commits, or a new cycle.
-    fn next_speculative(&mut self) -> Result<u32> {
+    /// The next token of a speculative generation: from the last cycle's commits, or a new
+    /// cycle; `None` when the request's grammar allows nothing more (`grammar_ended` says why).
+    fn next_speculative(&mut self) -> Result<Option<u32>> {
         if let Some(token) = self.queue.pop_front() {
-            return Ok(token);
+            return Ok(Some(token));
         }
         if self.generated == 0 {
             let token = self.prefill()?.try_item_cast::<u32>()?;
+            if self.grammar_ended.is_some() {
+                return Ok(None);
+            }
+            if let Some(c) = &mut self.constraint {
+                c.accept(token)?;
+            }
             if let Some(spec) = &mut self.spec {
                 spec.start(token, &mut self.cache);
             }
-            return Ok(token);
+            return Ok(Some(token));
+        }
+        if let Some(c) = &mut self.constraint {
+            if let Err(ended) = c.mask() {
+                self.grammar_ended = Some(ended);
+                return Ok(None);
+            }
         }
         let spec = self.spec.as_mut().ok_or_else(|| Error::Request("speculative step without a speculator".into()))?;
-        self.queue.extend(spec.cycle(&mut self.cache, &mut self.sampler)?);
-        self.queue.pop_front().ok_or_else(|| Error::Request("a speculative cycle committed no token".into()))
+        self.queue.extend(spec.cycle(&mut self.cache, &mut self.sampler, self.constraint.as_mut())?);
+        let token =
+            self.queue.pop_front().ok_or_else(|| Error::Request("a speculative cycle committed no token".into()))?;
+        Ok(Some(token))
+    }
+
+    /// The finishing event for a grammar that allows nothing more.
+    fn grammar_finished(&mut self, ended: Ended) -> Event {
+        match ended {
+            Ended::Complete => self.finished(FinishReason::Stop),
+            Ended::DeadEnd(why) => {
+                tracing::warn!("the request's grammar ended the answer: {why}");
+                self.finished(FinishReason::GrammarDeadEnd)
+            }
+        }
     }
 
     fn summary(&self, finish_reason: FinishReason) -> Summary {
@@ -664,20 +696,21 @@ impl Generation<'_> {
                 return Ok(self.finished(FinishReason::Cancelled));
             }
             let token = if self.spec.is_some() {
-                self.next_speculative()?
+                match self.next_speculative()? {
+                    Some(token) => token,
+                    None => {
+                        let ended = self.grammar_ended.take().unwrap_or(Ended::Complete);
+                        return Ok(self.grammar_finished(ended));
+                    }
+                }
             } else {
                 let y = match self.pending.take() {
                     Some(y) => y,
                     None if self.generated == 0 => self.prefill()?,
                     None => return Ok(self.finished(FinishReason::Length)),
                 };
-                match self.grammar_ended.take() {
-                    Some(Ended::Complete) => return Ok(self.finished(FinishReason::Stop)),
-                    Some(Ended::DeadEnd(why)) => {
-                        tracing::warn!("the request's grammar ended the answer: {why}");
-                        return Ok(self.finished(FinishReason::GrammarDeadEnd));
-                    }
-                    None => {}
+                if let Some(ended) = self.grammar_ended.take() {
+                    return Ok(self.grammar_finished(ended));
                 }
                 // Under a grammar the next step's mask needs this token first: no pipelining.
                 let constrained = match &mut self.constraint {

@@ -65,7 +65,7 @@ impl Grammars {
         if let Some(e) = matcher.get_error() {
             return Err(Error::Field { field: "grammar", message: format!("cannot be enforced: {e}") });
         }
-        Ok(Constraint { matcher, vocab: self.vocab })
+        Ok(Constraint { matcher, vocab: self.vocab, current: None })
     }
 }
 
@@ -86,10 +86,12 @@ fn compact(schema: &Value) -> Value {
 pub struct Constraint {
     matcher: Matcher,
     vocab: usize,
+    /// The mask for the current state, once computed (a state is masked once, whoever asks).
+    current: Option<std::result::Result<Array, Ended>>,
 }
 
 /// Why a constrained answer cannot go on.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub enum Ended {
     /// The grammar is complete: nothing more may follow.
     Complete,
@@ -99,9 +101,16 @@ pub enum Ended {
 }
 
 impl Constraint {
-    /// An additive mask [1, vocab]: 0 where the grammar allows the token, -inf elsewhere; or
-    /// why nothing may come next.
+    /// An additive mask [1, vocab] for the next token: 0 where the grammar allows it, -inf
+    /// elsewhere; or why nothing may come next.
     pub fn mask(&mut self) -> std::result::Result<Array, Ended> {
+        if self.current.is_none() {
+            self.current = Some(self.compute());
+        }
+        self.current.clone().unwrap_or(Err(Ended::Complete))
+    }
+
+    fn compute(&mut self) -> std::result::Result<Array, Ended> {
         if self.matcher.is_stopped() {
             return Err(Ended::Complete);
         }
@@ -120,6 +129,16 @@ impl Constraint {
 
     /// Advances over the chosen token.
     pub fn accept(&mut self, token: u32) -> Result<()> {
+        self.current = None;
         self.matcher.consume_token(token).map_err(|e| Error::Request(format!("the grammar refused token {token}: {e}")))
+    }
+
+    /// Steps back over the last `n` accepted tokens (drafts the verify pass rejected).
+    pub fn rollback(&mut self, n: usize) -> Result<()> {
+        if n == 0 {
+            return Ok(());
+        }
+        self.current = None;
+        self.matcher.rollback(n).map_err(|e| Error::Request(format!("the grammar could not step back: {e}")))
     }
 }

@@ -21,6 +21,7 @@ use serde::Serialize;
 
 use crate::cache::Cache;
 use crate::error::{Error, Result};
+use crate::grammar::Constraint;
 use crate::models::{LanguageModel, MtpHead};
 use crate::penalties::{window_of, Penalties, Recent};
 use crate::sampling::Sampler;
@@ -179,8 +180,20 @@ impl<'m> Speculator<'m> {
     }
 
     /// One draft-verify cycle; returns the committed tokens (1 to depth + 1).
-    pub fn cycle(&mut self, cache: &mut Cache, sampler: &mut Sampler) -> Result<Vec<u32>> {
-        let d = self.depth;
+    ///
+    /// Under a grammar (`constraint`, whose state must have a mask: the caller checked) each
+    /// draft is masked with the grammar's state after the drafts before it and advances it; a
+    /// draft after which the grammar allows nothing ends the draft there. Each verified
+    /// position is masked with the same states, so the committed tokens are what plain
+    /// constrained decoding gives; the grammar then steps back over the rejected drafts and on
+    /// over the token the verify pass chose.
+    pub fn cycle(
+        &mut self,
+        cache: &mut Cache,
+        sampler: &mut Sampler,
+        mut constraint: Option<&mut Constraint>,
+    ) -> Result<Vec<u32>> {
+        let depth = self.depth;
         let hidden = self.pending_hidden.take().ok_or_else(|| Error::Request("speculator used before start".into()))?;
         let last_token =
             *self.pending_tokens.last().ok_or_else(|| Error::Request("speculator used before start".into()))?;
@@ -190,12 +203,24 @@ impl<'m> Speculator<'m> {
         let ids = Array::from_slice(&self.pending_tokens, &[1, self.pending_tokens.len() as i32]);
         let x = self.head.forward(self.model, &hidden, &ids, &mut self.mtp_cache)?;
         let mut g = x.index((.., -1.., ..));
-        let (mut drafts, mut draft_scaled) = (Vec::with_capacity(d), Vec::with_capacity(d));
+        let (mut drafts, mut draft_scaled) = (Vec::with_capacity(depth), Vec::with_capacity(depth));
         let mut draft_window = self.penalties.as_ref().map(|(p, recent)| Recent::new(*p, recent));
-        for i in 0..d {
+        // The grammar's masks: before the first draft, then after each kept draft.
+        let mut masks = Vec::new();
+        if let Some(c) = constraint.as_deref_mut() {
+            masks.push(
+                c.mask().map_err(|e| Error::Request(format!("a speculative cycle after the grammar ended: {e:?}")))?,
+            );
+        }
+        let mut head_steps = 0;
+        for i in 0..depth {
             let logits = self.head.logits(self.model, &g)?.index((.., -1, ..));
             let logits = match &draft_window {
                 Some(window) => window.apply(&logits)?,
+                None => logits,
+            };
+            let logits = match masks.get(i) {
+                Some(mask) => logits.as_dtype(Dtype::Float32)?.add(mask)?,
                 None => logits,
             };
             let token = if sampler.is_greedy() {
@@ -206,8 +231,26 @@ impl<'m> Speculator<'m> {
                 draft_scaled.push(scaled);
                 t
             };
-            if i + 1 < d {
+            if let Some(c) = constraint.as_deref_mut() {
+                // The next mask needs this draft on the host.
+                let id = token.as_dtype(Dtype::Uint32)?.try_item_exact::<u32>()?;
+                c.accept(id)?;
+                match c.mask() {
+                    Ok(mask) => masks.push(mask),
+                    Err(_) => {
+                        // Nothing may follow this draft: it is not verified (the verify pass
+                        // chooses the token here itself).
+                        c.rollback(1)?;
+                        if draft_scaled.len() > drafts.len() {
+                            draft_scaled.pop();
+                        }
+                        break;
+                    }
+                }
+            }
+            if i + 1 < depth {
                 g = self.head.forward(self.model, &g, &token.reshape(&[1, 1])?, &mut self.mtp_cache)?;
+                head_steps += 1;
             }
             if let Some(window) = &mut draft_window {
                 window.push(&token)?;
@@ -217,7 +260,8 @@ impl<'m> Speculator<'m> {
         eval(drafts.iter().chain(draft_scaled.iter()))?;
         let mut draft_ids: Vec<u32> =
             drafts.iter().map(|t| t.try_item_exact::<u32>()).collect::<std::result::Result<_, _>>()?;
-        if let (Some(script), true) = (&self.draft_script, sampler.is_greedy()) {
+        let d = draft_ids.len();
+        if let (Some(script), true, None) = (&self.draft_script, sampler.is_greedy(), &constraint) {
             let at = 1 + self.stats.committed;
             for (i, id) in draft_ids.iter_mut().enumerate() {
                 *id = script.get(at + i).copied().unwrap_or(*id);
@@ -243,6 +287,10 @@ impl<'m> Speculator<'m> {
             }
             None => logits,
         };
+        let logits = match masks.is_empty() {
+            true => logits,
+            false => logits.as_dtype(Dtype::Float32)?.add(ops::concatenate(&masks, 0)?)?,
+        };
         let (accepted, next) = if sampler.is_greedy() {
             let target = ops::indexing::argmax_axis(&logits, -1, None)?.as_dtype(Dtype::Uint32)?;
             eval([&target, &h])?;
@@ -261,7 +309,11 @@ impl<'m> Speculator<'m> {
         // Keep the accepted prefix: the trunk drops the rejected drafts, the head the
         // positions it drafted on its own hidden states.
         cache.rollback((d - accepted) as i32)?;
-        self.mtp_cache.rollback(d.saturating_sub(1) as i32)?;
+        self.mtp_cache.rollback(head_steps)?;
+        if let Some(c) = constraint {
+            c.rollback(d - accepted)?;
+            c.accept(next)?;
+        }
         let mut committed = draft_ids[..accepted].to_vec();
         committed.push(next);
         self.pending_hidden = Some(h.index((.., ..accepted as i32 + 1, ..)));

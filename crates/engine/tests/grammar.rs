@@ -1,7 +1,8 @@
 //! Output held to a grammar: the embedded model, whose free answers are code, not JSON, writes
-//! documents that parse and validate under each request's JSON schema, greedy and sampled;
-//! a regular expression and a Lark grammar hold too; a schema the grammar engine cannot take is
-//! refused before generating.
+//! documents that parse and validate under each request's JSON schema, greedy and sampled,
+//! with and without MTP speculation (greedy: the same tokens either way); a regular expression
+//! and a Lark grammar hold too; a schema the grammar engine cannot take is refused before
+//! generating.
 
 use std::path::PathBuf;
 
@@ -13,12 +14,19 @@ fn embedded() -> Engine {
     Engine::load(&dir).unwrap()
 }
 
-fn answer(e: &Engine, grammar: Grammar, temperature: f32, seed: u64) -> (String, FinishReason) {
+fn request(e: &Engine, grammar: Grammar, temperature: f32, seed: u64, depth: usize) -> GenerateRequest {
     let prompt = e.tokenizer().encode("def parse_config(path):\n    \"\"\"Read the settings file.").unwrap();
     let sampling = SamplingParams { temperature, seed: Some(seed), ..Default::default() };
-    let req = GenerateRequest { sampling, grammar: Some(grammar), ..GenerateRequest::greedy(prompt, 160) };
-    let (text, summary) = e.generate_text(req).unwrap();
+    GenerateRequest { sampling, grammar: Some(grammar), draft_depth: depth, ..GenerateRequest::greedy(prompt, 160) }
+}
+
+fn answer_at(e: &Engine, grammar: Grammar, temperature: f32, seed: u64, depth: usize) -> (String, FinishReason) {
+    let (text, summary) = e.generate_text(request(e, grammar, temperature, seed, depth)).unwrap();
     (text, summary.finish_reason)
+}
+
+fn answer(e: &Engine, grammar: Grammar, temperature: f32, seed: u64) -> (String, FinishReason) {
+    answer_at(e, grammar, temperature, seed, 0)
 }
 
 fn schemas() -> Vec<Value> {
@@ -62,6 +70,33 @@ fn answers_parse_and_validate_under_their_schema() {
             assert_eq!(finish, FinishReason::Stop, "{case}");
         }
     }
+}
+
+#[test]
+fn speculation_stays_on_and_exact_under_the_grammar() {
+    let e = embedded();
+    let before = e.spec_totals();
+    for (i, schema) in schemas().into_iter().enumerate() {
+        let validator = jsonschema::validator_for(&schema).unwrap();
+        let grammar = Grammar::JsonSchema(schema);
+        // Greedy: the drafts and the verified positions masked alike give plain constrained
+        // decoding's tokens.
+        let plain = e.generate(request(&e, grammar.clone(), 0.0, 0, 0), Default::default()).unwrap().token_ids();
+        for depth in [1, 2, 3] {
+            let spec = e.generate(request(&e, grammar.clone(), 0.0, 0, depth), Default::default()).unwrap().token_ids();
+            assert_eq!(spec.unwrap(), *plain.as_ref().unwrap(), "schema {i} depth {depth}");
+        }
+        // Sampled: valid documents.
+        for seed in [1, 2] {
+            let (text, finish) = answer_at(&e, grammar.clone(), 0.7, seed, 2);
+            let case = format!("schema {i} sampled at depth 2, seed {seed}: {text:?} ({finish:?})");
+            let value: Value = serde_json::from_str(&text).unwrap_or_else(|err| panic!("{case}: {err}"));
+            assert!(validator.is_valid(&value), "{case}");
+        }
+    }
+    let spec = e.spec_totals();
+    assert!(spec.cycles > before.cycles, "the speculative path ran");
+    eprintln!("MTP acceptance under the grammar, by position: {:?}", spec.acceptance());
 }
 
 #[test]

@@ -491,8 +491,19 @@ pub struct Generation<'a> {
 impl Generation<'_> {
     /// Logits of the last position → the next token (lazy).
     fn step(&mut self, tokens: &Array) -> Result<Array> {
+        let last = self.last_logits(tokens)?;
+        self.choose(last)
+    }
+
+    /// The logits of the last position after `tokens` (lazy).
+    fn last_logits(&mut self, tokens: &Array) -> Result<Array> {
         let logits = self.engine.model.forward(tokens, &mut self.cache)?;
-        let mut last = logits.index((.., -1, ..));
+        Ok(logits.index((.., -1, ..)))
+    }
+
+    /// The next token from the last position's logits (lazy): the forced answer's, the
+    /// grammar's mask and the penalties applied, then sampled.
+    fn choose(&mut self, mut last: Array) -> Result<Array> {
         if let Some(forced) = &mut self.forced {
             last = forced.apply(&last)?;
         }
@@ -712,23 +723,34 @@ impl Generation<'_> {
                 if let Some(ended) = self.grammar_ended.take() {
                     return Ok(self.grammar_finished(ended));
                 }
-                // Under a grammar the next step's mask needs this token first: no pipelining.
-                let constrained = match &mut self.constraint {
-                    Some(c) => {
-                        let token = y.try_item_cast::<u32>()?;
+                let more = self.generated + 1 < self.request.max_tokens;
+                if self.constraint.is_some() {
+                    // The next mask needs this token, the next forward pass only its array:
+                    // the pass runs while the host reads the token and computes the mask.
+                    let logits = if more {
+                        let l = self.last_logits(&y.index(NewAxis))?;
+                        async_eval([&l])?;
+                        Some(l)
+                    } else {
+                        None
+                    };
+                    let token = y.try_item_cast::<u32>()?;
+                    if let Some(c) = &mut self.constraint {
                         c.accept(token)?;
-                        Some(token)
                     }
-                    None => None,
-                };
-                if self.generated + 1 < self.request.max_tokens {
-                    let next = self.step(&y.index(NewAxis))?;
-                    async_eval([&next])?;
-                    self.pending = Some(next);
-                }
-                match constrained {
-                    Some(token) => token,
-                    None => y.try_item_cast::<u32>()?,
+                    if let Some(l) = logits {
+                        let next = self.choose(l)?;
+                        async_eval([&next])?;
+                        self.pending = Some(next);
+                    }
+                    token
+                } else {
+                    if more {
+                        let next = self.step(&y.index(NewAxis))?;
+                        async_eval([&next])?;
+                        self.pending = Some(next);
+                    }
+                    y.try_item_cast::<u32>()?
                 }
             };
             let now = Instant::now();

@@ -13,7 +13,7 @@
 use std::time::{Duration, Instant};
 
 use mlx_rs::ops::indexing::IndexOp;
-use mlx_rs::transforms::eval;
+use mlx_rs::transforms::{async_eval, eval};
 use mlx_rs::{ops, Array, Dtype};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -231,6 +231,14 @@ impl<'m> Speculator<'m> {
                 draft_scaled.push(scaled);
                 t
             };
+            if i + 1 < depth {
+                g = self.head.forward(self.model, &g, &token.reshape(&[1, 1])?, &mut self.mtp_cache)?;
+                head_steps += 1;
+                if constraint.is_some() {
+                    // The head's next step runs while the host masks the grammar's next state.
+                    async_eval([&g])?;
+                }
+            }
             if let Some(c) = constraint.as_deref_mut() {
                 // The next mask needs this draft on the host.
                 let id = token.as_dtype(Dtype::Uint32)?.try_item_exact::<u32>()?;
@@ -239,7 +247,8 @@ impl<'m> Speculator<'m> {
                     Ok(mask) => masks.push(mask),
                     Err(_) => {
                         // Nothing may follow this draft: it is not verified (the verify pass
-                        // chooses the token here itself).
+                        // chooses the token here itself); the head's step on it is rolled back
+                        // with its other drafts.
                         c.rollback(1)?;
                         if draft_scaled.len() > drafts.len() {
                             draft_scaled.pop();
@@ -247,10 +256,6 @@ impl<'m> Speculator<'m> {
                         break;
                     }
                 }
-            }
-            if i + 1 < depth {
-                g = self.head.forward(self.model, &g, &token.reshape(&[1, 1])?, &mut self.mtp_cache)?;
-                head_steps += 1;
             }
             if let Some(window) = &mut draft_window {
                 window.push(&token)?;

@@ -35,7 +35,7 @@ def leaf(rng):
         return {"type": "string", "minLength": rng.randint(0, 3), "maxLength": rng.randint(4, 16)}
     if kind == "pattern":
         return {"type": "string", "pattern": rng.choice(["^[a-z]{1,8}$", "^[A-Z][a-z]{0,6}$", "^[0-9]{2,4}$",
-                                                         "^[a-z]+-[0-9]{1,3}$"])}
+                                                         "^[a-z]{1,8}-[0-9]{1,3}$"])}
     if kind == "enum":
         return {"enum": rng.sample(WORDS, rng.randint(2, 4))}
     if kind == "integer":

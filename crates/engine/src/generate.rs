@@ -507,12 +507,7 @@ impl Generation<'_> {
         if let Some(forced) = &mut self.forced {
             last = forced.apply(&last)?;
         }
-        if let Some(constraint) = &mut self.constraint {
-            match constraint.mask() {
-                Ok(bias) => last = last.as_dtype(mlx_rs::Dtype::Float32)?.add(&bias)?,
-                Err(ended) => self.grammar_ended = Some(ended),
-            }
-        }
+        let last = self.constrain(last)?;
         let Some(recent) = &mut self.recent else {
             return self.sampler.sample(&last);
         };
@@ -578,17 +573,26 @@ impl Generation<'_> {
         let last = model.logits(&hidden)?.index((.., -1, ..));
         // The first token's penalties look at the prompt alone (the speculator's cycles keep
         // their own window from here on).
-        let mut last = match &self.recent {
+        let last = match &self.recent {
             Some(recent) => recent.apply(&last)?,
             None => last,
         };
-        if let Some(constraint) = &mut self.constraint {
-            match constraint.mask() {
-                Ok(bias) => last = last.as_dtype(mlx_rs::Dtype::Float32)?.add(&bias)?,
-                Err(ended) => self.grammar_ended = Some(ended),
+        let last = self.constrain(last)?;
+        self.sampler.sample(&last)
+    }
+
+    /// `last` with the grammar's mask added (-inf outside the allowed tokens); when the
+    /// grammar allows nothing, unchanged, and `grammar_ended` says why (the token drawn from
+    /// it is never used).
+    fn constrain(&mut self, last: Array) -> Result<Array> {
+        let Some(constraint) = &mut self.constraint else { return Ok(last) };
+        match constraint.mask() {
+            Ok(bias) => Ok(last.as_dtype(mlx_rs::Dtype::Float32)?.add(&bias)?),
+            Err(ended) => {
+                self.grammar_ended = Some(ended);
+                Ok(last)
             }
         }
-        self.sampler.sample(&last)
     }
 
     /// The next token of a speculative generation: from the last cycle's commits, or a new

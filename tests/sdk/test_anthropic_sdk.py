@@ -91,3 +91,17 @@ def test_tools_and_tool_use_history(client):
     assert with_tools.input_tokens > bare.input_tokens
     m = ask(client, messages=history, tools=tools)
     assert m.stop_reason in ("max_tokens", "end_turn", "tool_use")
+
+
+def test_forced_tool_use(client):
+    """`tool_choice` naming a tool: the grammar holds even a random model to a tool_use block
+    whose input validates against the tool's schema."""
+    schema = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 99},
+              "mode": {"enum": ["fast", "slow"]}}, "required": ["n", "mode"], "additionalProperties": False}
+    for choice in ({"type": "tool", "name": "count"}, {"type": "any", "disable_parallel_tool_use": True}):
+        m = ask(client, max_tokens=80, tools=[{"name": "count", "input_schema": schema}], tool_choice=choice,
+                thinking={"type": "disabled"})
+        assert m.stop_reason == "tool_use"
+        (use,) = [b for b in m.content if b.type == "tool_use"]
+        assert use.name == "count"
+        assert 0 <= use.input["n"] <= 99 and use.input["mode"] in ("fast", "slow"), use.input

@@ -129,3 +129,27 @@ def test_structured_output_parses(client):
         reading = r.choices[0].message.parsed
         assert isinstance(reading, Reading), r.choices[0].message.content
         assert reading.level in ("low", "high") and 0 <= reading.count <= 9
+
+
+def test_forced_tool_call_parses(client):
+    """`tool_choice` naming a function, with a strict tool made by the SDK from a pydantic model:
+    the grammar holds even a random model to a call of that tool, and the SDK parses its
+    arguments into the model. Thinking is off: a random model need not close a think block."""
+    from typing import Literal
+
+    from pydantic import BaseModel, Field
+
+    class Count(BaseModel):
+        n: int = Field(ge=0, le=99)
+        mode: Literal["fast", "slow"]
+
+    tool = openai.pydantic_function_tool(Count, name="count")
+    for choice in ({"type": "function", "function": {"name": "count"}}, "required"):
+        r = client.chat.completions.parse(
+            model="tiny", messages=[{"role": "user", "content": "Count."}], tools=[tool], tool_choice=choice,
+            parallel_tool_calls=False, max_tokens=80, extra_body={"reasoning_effort": "none"},
+        )
+        assert r.choices[0].finish_reason == "tool_calls"
+        (call,) = r.choices[0].message.tool_calls
+        assert call.function.name == "count"
+        assert isinstance(call.function.parsed_arguments, Count), call.function.arguments

@@ -20,7 +20,7 @@ use crate::cache::{Cache, LayerCache};
 use crate::device::{self, Backend};
 use crate::error::{Error, Result};
 use crate::forced::ForcedAnswer;
-use crate::grammar::{Constraint, Ended, Grammar, Grammars};
+use crate::grammar::{Constraint, Ended, Grammar, Grammars, Thinking};
 use crate::models::{self, LanguageModel};
 use crate::penalties::Recent;
 use crate::profile::Profile;
@@ -252,15 +252,31 @@ impl Engine {
         }
     }
 
-    /// The constraint for `grammar`, on this model's vocabulary.
-    fn constraint(&self, grammar: &Grammar) -> Result<Constraint> {
+    /// The constraint for `grammar`, on this model's vocabulary, holding what follows the think
+    /// block the answer to `prompt` may have.
+    fn constraint(&self, grammar: &Grammar, prompt: &[u32]) -> Result<Constraint> {
         let grammars = self.grammars.get_or_init(|| {
             let vocab = self.model.config().vocab_size as usize;
             Grammars::load(&self.dir, &self.tokenizer.eos_ids, vocab).map_err(|e| e.to_string())
         });
         match grammars {
-            Ok(g) => g.constraint(grammar),
+            Ok(g) => g.constraint(grammar, self.thinking_after(prompt)),
             Err(e) => Err(Error::Request(e.clone())),
+        }
+    }
+
+    /// Where the answer to `prompt` starts with respect to a think block: inside one the
+    /// template opened (the prompt ends with `<think>` and a newline), after one it closed
+    /// (thinking turned off: `<think>\n\n</think>\n\n`), or free to open one.
+    fn thinking_after(&self, prompt: &[u32]) -> Thinking {
+        let tag = |t: &str| self.tokenizer.token_to_id(t);
+        let tail = &prompt[prompt.len().saturating_sub(4)..];
+        let last = |id: Option<u32>| id.and_then(|id| tail.iter().rposition(|&t| t == id));
+        let rest_blank = |at: usize| self.tokenizer.decode(&tail[at + 1..]).is_ok_and(|rest| rest.trim().is_empty());
+        match (last(tag("<think>")), last(tag("</think>"))) {
+            (_, Some(close)) if rest_blank(close) => Thinking::Closed,
+            (Some(open), None) if rest_blank(open) => Thinking::Open,
+            _ => Thinking::MayOpen,
         }
     }
 
@@ -375,7 +391,7 @@ impl Engine {
             (Some(_), None) => return Err(Error::Request("a forced answer needs an end-of-sequence token".into())),
             (None, _) => None,
         };
-        let constraint = request.grammar.as_ref().map(|g| self.constraint(g)).transpose()?;
+        let constraint = request.grammar.as_ref().map(|g| self.constraint(g, &request.prompt)).transpose()?;
         let depth = if forced.is_some() { 0 } else { request.draft_depth };
         let spec = match depth {
             0 => None,

@@ -4,11 +4,12 @@
 //!
 //! A JSON schema, a Lark grammar or a regular expression ([`Grammar`]) becomes a
 //! [`Constraint`] per request; the parser factory (the token trie, built once per model, the
-//! costly part) is made on the first constrained request.
+//! costly part) is made on the first constrained request. A model's think block
+//! (`<think>…</think>`) stays free text: the grammar holds what follows it ([`Thinking`]).
 
 use std::path::Path;
 
-use llguidance::api::TopLevelGrammar;
+use llguidance::api::{GrammarWithLexer, TopLevelGrammar};
 use llguidance::{Matcher, ParserFactory};
 use mlx_rs::Array;
 use serde_json::Value;
@@ -26,10 +27,33 @@ pub enum Grammar {
     Regex(String),
 }
 
+/// Where the prompt leaves the answer with respect to a think block.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Thinking {
+    /// The prompt closed the think block (thinking turned off): the grammar holds it all.
+    Closed,
+    /// The answer may open with a think block.
+    MayOpen,
+    /// The prompt opened the think block (the template ended in `<think>`): the answer begins
+    /// inside it.
+    Open,
+}
+
+/// How the model's vocabulary spells the think tags.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ThinkTags {
+    None,
+    /// Special tokens (referenced as `<think>` in Lark; no text can spell them).
+    Special,
+    /// Tokens whose text is the tag (Qwen's): matched as text.
+    Text,
+}
+
 /// Makes constraints for one model's vocabulary.
 pub struct Grammars {
     factory: ParserFactory,
     vocab: usize,
+    think_tags: ThinkTags,
 }
 
 impl Grammars {
@@ -45,17 +69,33 @@ impl Grammars {
             tokenizer.set_eos_tokens(eos);
         }
         let env = tokenizer.into_tok_env(Some(vocab)).map_err(failed)?;
+        let trie = env.tok_trie();
+        let think_tags = if trie.get_special_token("</think>").is_some() {
+            ThinkTags::Special
+        } else if trie.token_id(b"</think>").is_some() {
+            ThinkTags::Text
+        } else {
+            ThinkTags::None
+        };
         let mut factory = ParserFactory::new_simple(&env).map_err(failed)?;
         factory.quiet();
-        Ok(Grammars { factory, vocab })
+        Ok(Grammars { factory, vocab, think_tags })
     }
 
-    /// A fresh constraint for `grammar`; an error names what the grammar cannot express.
-    pub fn constraint(&self, grammar: &Grammar) -> Result<Constraint> {
-        let top = match grammar {
-            Grammar::JsonSchema(schema) => TopLevelGrammar::from_json_schema(compact(schema)),
-            Grammar::Lark(lark) => TopLevelGrammar::from_lark(lark.clone()),
-            Grammar::Regex(rx) => TopLevelGrammar::from_regex(rx),
+    /// A fresh constraint for `grammar`, applied after the think block `thinking` allows; an
+    /// error names what the grammar cannot express.
+    pub fn constraint(&self, grammar: &Grammar, thinking: Thinking) -> Result<Constraint> {
+        let mut answer = match grammar {
+            Grammar::JsonSchema(schema) => GrammarWithLexer::from_json_schema(compact(schema)),
+            Grammar::Lark(lark) => GrammarWithLexer::from_lark(lark.clone()),
+            Grammar::Regex(rx) => GrammarWithLexer::from_regex(rx),
+        };
+        let top = match self.after_thinking(thinking) {
+            None => TopLevelGrammar::from_grammar(answer),
+            Some(start) => {
+                answer.name = Some("answer".into());
+                TopLevelGrammar { grammars: vec![GrammarWithLexer::from_lark(start), answer], max_tokens: None }
+            }
         };
         let parser = self
             .factory
@@ -66,6 +106,24 @@ impl Grammars {
             return Err(Error::Field { field: "grammar", message: format!("cannot be enforced: {e}") });
         }
         Ok(Constraint { matcher, vocab: self.vocab, current: None })
+    }
+
+    /// The Lark grammar that lets a think block through free and then holds the answer to the
+    /// grammar named `answer`; `None` where the grammar holds everything.
+    fn after_thinking(&self, thinking: Thinking) -> Option<String> {
+        // The answer may follow the block after a blank line, as the templates write it.
+        let (open, thought) = match self.think_tags {
+            ThinkTags::None => return None,
+            ThinkTags::Special => ("<think>", "thought: /(?s:.*)/ </think> GAP?"),
+            // Lazy: the block's text ends at the first `</think>`.
+            ThinkTags::Text => ("\"<think>\"", "thought: thought_text GAP?\nthought_text[lazy]: /(?s:.*)<\\/think>/"),
+        };
+        let start = match thinking {
+            Thinking::Closed => return None,
+            Thinking::MayOpen => format!("start: ({open} thought)? @answer"),
+            Thinking::Open => "start: thought @answer".to_string(),
+        };
+        Some(format!("%llguidance {{}}\n{start}\n{thought}\nGAP: /\\n{{1,2}}/\n"))
     }
 }
 

@@ -122,3 +122,44 @@ fn a_grammar_that_cannot_be_built_is_refused_up_front() {
         assert!(err.to_string().contains("cannot be enforced"), "{err}");
     }
 }
+
+/// The think block stays free text and the grammar holds what follows it: where the template
+/// opens the block, where the model opens it itself, and none where thinking is turned off.
+#[test]
+fn the_think_block_stays_free_and_the_grammar_holds_after_it() {
+    use engine::tokenizer::ChatMessage;
+    let e = embedded();
+    let schema = &schemas()[1];
+    let validator = jsonschema::validator_for(schema).unwrap();
+    let messages = [ChatMessage::new("user", "Describe the server's settings as JSON.")];
+    let chat = |thinking: Option<bool>| {
+        let mut vars = serde_json::Map::new();
+        if let Some(on) = thinking {
+            vars.insert("enable_thinking".into(), on.into());
+        }
+        e.tokenizer().apply_chat_template(&messages, true, &vars).unwrap()
+    };
+    let opened = format!("{}<think>\n\n", chat(None));
+    for (case, prompt) in
+        [("the model opens it", chat(None)), ("the template opened it", opened), ("off", chat(Some(false)))]
+    {
+        let ids = e.tokenizer().encode(&prompt).unwrap();
+        let request =
+            GenerateRequest { grammar: Some(Grammar::JsonSchema(schema.clone())), ..GenerateRequest::greedy(ids, 200) };
+        let (text, summary) = e.generate_text(request).unwrap();
+        let document = match text.rsplit_once("</think>") {
+            Some((thought, rest)) => {
+                assert_ne!(case, "off", "{text:?}");
+                assert!(!thought.contains('{'), "{case}: the block is the model's own text: {text:?}");
+                rest.trim_start()
+            }
+            None => {
+                assert_eq!(case, "off", "{case}: {text:?}");
+                text.as_str()
+            }
+        };
+        let value: Value = serde_json::from_str(document).unwrap_or_else(|err| panic!("{case}: {text:?}: {err}"));
+        assert!(validator.is_valid(&value), "{case}: {text:?}");
+        assert_eq!(summary.finish_reason, FinishReason::Stop, "{case}: {text:?}");
+    }
+}

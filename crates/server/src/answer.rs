@@ -103,12 +103,16 @@ pub enum Finish {
     StopSequence,
     /// Out of tokens: the request's own limit (`None`), or a limit the server set.
     OutOfTokens(Option<ClampedBy>),
+    /// The request's grammar allowed no token of the vocabulary next: the answer is what the
+    /// grammar let through so far. Every API names it `grammar_dead_end`.
+    GrammarDeadEnd,
 }
 
 impl Finish {
     fn of(summary: &Summary, clamped: Option<Clamp>) -> Finish {
         match (summary.finish_reason, &summary.stop_string) {
             (FinishReason::Length, _) => Finish::OutOfTokens(clamped.map(|c| c.by)),
+            (FinishReason::GrammarDeadEnd, _) => Finish::GrammarDeadEnd,
             (_, Some(_)) => Finish::StopSequence,
             _ => Finish::EndOfTurn,
         }

@@ -16,6 +16,7 @@ use serde_json::Value;
 
 use crate::answer::{self, Answer, Finish, Settings, Step, TemplateTool};
 use crate::error::{parse, AnthropicError, ApiError};
+use crate::tool_choice::{self, ToolChoice};
 use crate::worker::{ClampedBy, Prompt};
 use crate::AppState;
 
@@ -88,6 +89,9 @@ struct PromptPart {
     output_config: Option<OutputConfig>,
     #[serde(default)]
     tools: Vec<Tool>,
+    /// `none` hides the tools; `any` or a named tool holds the answer to calls.
+    #[serde(default)]
+    tool_choice: Option<Value>,
     // Accepted and not used (nothing to do for a local model): `metadata`,
     // `context_management`, `cache_control` on blocks, `service_tier`, `container`, `mcp_servers`.
 }
@@ -209,7 +213,7 @@ fn prompt(p: &PromptPart) -> Result<Prompt, ApiError> {
         }
     }
     let mut vars = serde_json::Map::new();
-    if !p.tools.is_empty() {
+    if !p.tools.is_empty() && ToolChoice::anthropic(p.tool_choice.as_ref())? != ToolChoice::None {
         let tools: Vec<TemplateTool> = p
             .tools
             .iter()
@@ -247,6 +251,7 @@ fn stop_reason(answer: &Answer) -> &'static str {
         Finish::OutOfTokens(Some(ClampedBy::Context | ClampedBy::Memory)) => "model_context_window_exceeded",
         Finish::OutOfTokens(Some(ClampedBy::ServerCap)) | Finish::EndOfTurn => "end_turn",
         Finish::StopSequence => "stop_sequence",
+        Finish::GrammarDeadEnd => "grammar_dead_end",
     }
 }
 
@@ -276,7 +281,9 @@ pub async fn messages(State(state): State<AppState>, body: Bytes) -> Result<Resp
         },
         ignore_eos: false,
     };
-    let request = settings.request(&loaded)?;
+    let mut request = settings.request(&loaded)?;
+    let choice = ToolChoice::anthropic(p.tool_choice.as_ref())?;
+    request.grammar = choice.grammar(tool_choice::offered(&prompt), loaded.worker.info.call_syntax)?;
     let running = loaded.worker.run(prompt, request, false).await?;
     let headers = state.speed_headers(&loaded, running.max_tokens, running.clamped);
     let head = Head { id: format!("msg_{:024}", state.next_id()), model: loaded.worker.info.id.clone() };

@@ -19,6 +19,7 @@ pub mod response_format;
 pub mod responses;
 pub mod scripted;
 pub mod think;
+pub mod tool_choice;
 pub mod tools;
 pub mod tuning;
 pub mod ui;

@@ -19,6 +19,7 @@ use std::sync::Arc;
 use crate::answer::{self, Answer, Finish, Settings, Step, TemplateTool};
 use crate::error::{parse, ApiError};
 use crate::response_format::{Expect, ResponseFormat};
+use crate::tool_choice::{self, ToolChoice};
 use crate::tools::ParsedCall;
 use crate::worker::Prompt;
 
@@ -149,9 +150,13 @@ struct ChatRequest {
     messages: Vec<Message>,
     #[serde(default)]
     tools: Vec<Tool>,
-    /// `none` hides the tools; `auto`, `required` or a named function offer them.
+    /// `none` hides the tools; `auto` offers them; `required` or a named function holds the
+    /// answer to calls (`tool_choice.rs`).
     #[serde(default)]
     tool_choice: Option<Value>,
+    /// With `required`: `false` holds the answer to one call.
+    #[serde(default)]
+    parallel_tool_calls: Option<bool>,
     #[serde(default)]
     reasoning_effort: Option<String>,
     #[serde(default)]
@@ -174,6 +179,7 @@ fn finish_reason(answer: &Answer) -> &'static str {
     match answer.finish {
         _ if !answer.calls.is_empty() => "tool_calls",
         Finish::OutOfTokens(_) => "length",
+        Finish::GrammarDeadEnd => "grammar_dead_end",
         Finish::EndOfTurn | Finish::StopSequence => "stop",
     }
 }
@@ -226,7 +232,7 @@ impl Common {
     }
 }
 
-fn chat_prompt(req: &ChatRequest) -> Result<Prompt, ApiError> {
+fn chat_prompt(req: &ChatRequest, choice: &ToolChoice) -> Result<Prompt, ApiError> {
     if req.messages.is_empty() {
         return Err(ApiError::bad_request("messages must not be empty").with_param("messages"));
     }
@@ -255,7 +261,7 @@ fn chat_prompt(req: &ChatRequest) -> Result<Prompt, ApiError> {
         messages.push(message);
     }
     let mut vars = req.chat_template_kwargs.clone().unwrap_or_default();
-    let offer_tools = !req.tools.is_empty() && req.tool_choice.as_ref().and_then(Value::as_str) != Some("none");
+    let offer_tools = !req.tools.is_empty() && *choice != ToolChoice::None;
     if offer_tools {
         let mut tools = Vec::new();
         for (i, t) in req.tools.iter().enumerate() {
@@ -278,12 +284,21 @@ pub async fn chat_completions(State(state): State<AppState>, body: Bytes) -> Res
     let common: Common = parse(&body)?;
     let req: ChatRequest = parse(&body)?;
     let (mut request, loaded) = common.generate_request(&state)?;
-    let prompt = chat_prompt(&req)?;
-    let expect = match &req.response_format {
+    let choice = ToolChoice::openai(req.tool_choice.as_ref(), req.parallel_tool_calls)?;
+    let prompt = chat_prompt(&req, &choice)?;
+    let mut expect = match &req.response_format {
         Some(format) => format.expectation()?,
         None => None,
     };
     request.grammar = expect.as_ref().map(Expect::grammar);
+    if let Some(grammar) = req.response_format.as_ref().map(ResponseFormat::custom_grammar).transpose()?.flatten() {
+        request.grammar = Some(grammar);
+    }
+    // A forced call's grammar holds the answer; no content is left to check against a format.
+    if let Some(calls) = choice.grammar(tool_choice::offered(&prompt), loaded.worker.info.call_syntax)? {
+        request.grammar = Some(calls);
+        expect = None;
+    }
     respond(state, loaded, prompt, request, &common, Kind::Chat, expect).await
 }
 
@@ -748,8 +763,16 @@ mod fuzz {
         fn chat_bodies_never_panic(body in crate::fuzz::body()) {
             let body = Bytes::from(body);
             if let (Ok(_common), Ok(req)) = (parse::<Common>(&body), parse::<ChatRequest>(&body)) {
-                if let Err(e) = chat_prompt(&req) {
-                    prop_assert!(e.status.is_client_error(), "{}", e.message);
+                match ToolChoice::openai(req.tool_choice.as_ref(), req.parallel_tool_calls) {
+                    Ok(choice) => match chat_prompt(&req, &choice) {
+                        Ok(prompt) => {
+                            if let Err(e) = choice.grammar(tool_choice::offered(&prompt), crate::tool_choice::CallSyntax { form: crate::tool_choice::CallForm::Xml, tags_are_tokens: true }) {
+                                prop_assert!(e.status.is_client_error(), "{}", e.message);
+                            }
+                        }
+                        Err(e) => prop_assert!(e.status.is_client_error(), "{}", e.message),
+                    },
+                    Err(e) => prop_assert!(e.status.is_client_error(), "{}", e.message),
                 }
                 if let Some(format) = &req.response_format {
                     let _ = format.expectation();

@@ -2,6 +2,10 @@
 //! answer to it while decoding ([`Expect::grammar`]); the complete answer is still checked and
 //! the outcome reported beside it (`{"valid": true}`, or why not: an answer cut short by
 //! `max_tokens` is not a whole document).
+//!
+//! Ferrite's extension: `{"type": "grammar", "syntax": "lark" | "regex", "definition": …}`
+//! (the shape OpenAI gives a custom tool's grammar) holds the answer to a Lark grammar in
+//! llguidance's dialect or to a regular expression.
 
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -14,6 +18,11 @@ pub struct ResponseFormat {
     kind: String,
     #[serde(default)]
     json_schema: Option<JsonSchema>,
+    /// `grammar` (Ferrite's extension): `lark` or `regex`, and the grammar.
+    #[serde(default)]
+    syntax: Option<String>,
+    #[serde(default)]
+    definition: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -34,7 +43,7 @@ impl ResponseFormat {
     /// Checks the request's format up front, so a bad schema is a 400 before any generation.
     pub fn expectation(&self) -> Result<Option<Expect>, ApiError> {
         match self.kind.as_str() {
-            "text" => Ok(None),
+            "text" | "grammar" => Ok(None),
             "json_object" => Ok(Some(Expect::JsonObject)),
             "json_schema" => {
                 let param = "response_format.json_schema";
@@ -56,9 +65,43 @@ impl ResponseFormat {
                 }))
             }
             other => Err(ApiError::bad_request(format!(
-                "response_format.type `{other}` is not one of text, json_object, json_schema"
+                "response_format.type `{other}` is not one of text, json_object, json_schema, grammar"
             ))
             .with_param("response_format.type")),
+        }
+    }
+
+    /// The grammar of a `grammar` format (`None` for the others).
+    pub fn custom_grammar(&self) -> Result<Option<engine::Grammar>, ApiError> {
+        if self.kind != "grammar" {
+            return Ok(None);
+        }
+        custom_grammar(self.syntax.as_deref(), self.definition.as_deref(), "response_format").map(Some)
+    }
+}
+
+/// A `{"type": "grammar", "syntax", "definition"}` format's grammar; errors name `field`'s
+/// member that was wrong.
+pub fn custom_grammar(
+    syntax: Option<&str>,
+    definition: Option<&str>,
+    field: &str,
+) -> Result<engine::Grammar, ApiError> {
+    let definition = match definition {
+        Some(d) if !d.trim().is_empty() => d.to_string(),
+        _ => {
+            let param = format!("{field}.definition");
+            return Err(
+                ApiError::bad_request(format!("{param}: a grammar format needs its grammar")).with_param(&param)
+            );
+        }
+    };
+    match syntax {
+        Some("lark") => Ok(engine::Grammar::Lark(definition)),
+        Some("regex") => Ok(engine::Grammar::Regex(definition)),
+        other => {
+            let param = format!("{field}.syntax");
+            Err(ApiError::bad_request(format!("{param}: {other:?} is not `lark` or `regex`")).with_param(&param))
         }
     }
 }

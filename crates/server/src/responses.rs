@@ -24,15 +24,15 @@ use serde_json::{json, Value};
 use crate::answer::{self, Answer, Finish, Settings, Step, TemplateTool};
 use crate::error::{parse, ApiError};
 use crate::openai::Content;
-use crate::response_format::Expect;
+use crate::response_format::{self, Expect};
+use crate::tool_choice::{self, ToolChoice};
 use crate::tools::ParsedCall;
 use crate::worker::Prompt;
 use crate::AppState;
 
 /// What a Responses request carries that Ferrite reads. Also accepted and not used (nothing to
 /// do for a local, stateless model): `store`, `include`, `prompt_cache_key`, `metadata`,
-/// `parallel_tool_calls` (several calls in one turn are always allowed), `text`, `truncation`,
-/// `service_tier`, `user`.
+/// `truncation`, `service_tier`, `user`.
 #[derive(Debug, Deserialize)]
 struct ResponsesRequest {
     model: String,
@@ -41,8 +41,12 @@ struct ResponsesRequest {
     input: Input,
     #[serde(default)]
     tools: Vec<Tool>,
+    /// `none` hides the tools; `required` or a named tool holds the answer to calls.
     #[serde(default)]
     tool_choice: Option<Value>,
+    /// With `required`: `false` holds the answer to one call.
+    #[serde(default)]
+    parallel_tool_calls: Option<bool>,
     #[serde(default)]
     reasoning: Option<Reasoning>,
     #[serde(default)]
@@ -59,7 +63,8 @@ struct ResponsesRequest {
     text: Option<TextOptions>,
 }
 
-/// `text`: the answer's format (`{type: text | json_object | json_schema, name, schema}`).
+/// `text`: the answer's format (`{type: text | json_object | json_schema, name, schema}`, or
+/// Ferrite's `{type: grammar, syntax: lark | regex, definition}`).
 #[derive(Debug, Deserialize)]
 struct TextOptions {
     #[serde(default)]
@@ -74,6 +79,10 @@ struct TextFormat {
     name: Option<String>,
     #[serde(default)]
     schema: Option<Value>,
+    #[serde(default)]
+    syntax: Option<String>,
+    #[serde(default)]
+    definition: Option<String>,
 }
 
 impl TextFormat {
@@ -81,6 +90,14 @@ impl TextFormat {
     fn grammar(&self) -> Result<Option<engine::Grammar>, ApiError> {
         let expect = match self.kind.as_str() {
             "text" => return Ok(None),
+            "grammar" => {
+                return response_format::custom_grammar(
+                    self.syntax.as_deref(),
+                    self.definition.as_deref(),
+                    "text.format",
+                )
+                .map(Some)
+            }
             "json_object" => Expect::JsonObject,
             "json_schema" => {
                 let schema = self.schema.as_ref().ok_or_else(|| {
@@ -98,7 +115,7 @@ impl TextFormat {
             }
             other => {
                 return Err(ApiError::bad_request(format!(
-                    "text.format.type `{other}` is not one of text, json_object, json_schema"
+                    "text.format.type `{other}` is not one of text, json_object, json_schema, grammar"
                 ))
                 .with_param("text.format.type"))
             }
@@ -334,7 +351,7 @@ fn prompt(req: &ResponsesRequest) -> Result<(Prompt, Offered), ApiError> {
     for item in items.iter().filter(|i| i.kind.as_deref() == Some("additional_tools")) {
         offered.add(&item.tools);
     }
-    if req.tool_choice.as_ref().and_then(Value::as_str) == Some("none") {
+    if ToolChoice::responses(req.tool_choice.as_ref(), None)? == ToolChoice::None {
         offered.tools.clear();
     }
     if !offered.tools.is_empty() {
@@ -372,6 +389,10 @@ pub async fn responses(State(state): State<AppState>, body: Bytes) -> Result<Res
         Some(format) => format.grammar()?,
         None => None,
     };
+    let choice = ToolChoice::responses(req.tool_choice.as_ref(), req.parallel_tool_calls)?;
+    if let Some(calls) = choice.grammar(tool_choice::offered(&prompt), loaded.worker.info.call_syntax)? {
+        request.grammar = Some(calls);
+    }
     let running = loaded.worker.run(prompt, request, false).await?;
     let mut headers = state.speed_headers(&loaded, running.max_tokens, running.clamped);
     if !offered.ignored.is_empty() {
@@ -475,11 +496,16 @@ struct Head {
 impl Head {
     /// The response object: in progress (no answer yet), or the answer's.
     fn response(&self, ids: &Ids, answer: Option<&Answer>, output: Vec<Item>) -> ResponseObject {
-        // Out of the request's own tokens: incomplete. A limit the server set ends it complete.
-        let incomplete = answer.is_some_and(|a| a.finish == Finish::OutOfTokens(None));
+        // Out of the request's own tokens, or a grammar that dead-ended: incomplete. A limit
+        // the server set ends it complete.
+        let incomplete = match answer.map(|a| a.finish) {
+            Some(Finish::OutOfTokens(None)) => Some("max_output_tokens"),
+            Some(Finish::GrammarDeadEnd) => Some("grammar_dead_end"),
+            _ => None,
+        };
         let status = match answer {
             None => "in_progress",
-            Some(_) if incomplete => "incomplete",
+            Some(_) if incomplete.is_some() => "incomplete",
             Some(_) => "completed",
         };
         ResponseObject {
@@ -490,7 +516,7 @@ impl Head {
             model: self.model.clone(),
             output,
             usage: answer.map(Usage::of),
-            incomplete_details: incomplete.then_some(Incomplete { reason: "max_output_tokens" }),
+            incomplete_details: incomplete.map(|reason| Incomplete { reason }),
             error: None,
             parallel_tool_calls: true,
             tool_choice: "auto",

@@ -15,6 +15,7 @@ use tokio::sync::mpsc as tmpsc;
 use crate::metrics::Metrics;
 use crate::scripted::ScriptedReplies;
 use crate::think::ThinkSplitter;
+use crate::tool_choice::CallSyntax;
 use crate::tools::{CallEvent, Parsed, ToolCallParser};
 
 /// What the model is asked.
@@ -104,6 +105,8 @@ pub struct ModelInfo {
     pub memory_budget: u64,
     /// What one more token of context takes in the KV caches.
     pub kv_bytes_per_token: u64,
+    /// How the model writes a tool call (what a forced call's grammar spells).
+    pub call_syntax: CallSyntax,
 }
 
 pub struct Worker {
@@ -295,6 +298,7 @@ impl Worker {
                 max_output_tokens,
                 memory_budget: memory_budget.unwrap_or_else(engine::device::total_memory),
                 kv_bytes_per_token: engine.kv_bytes_per_token(),
+                call_syntax: CallSyntax::of(engine.tokenizer()),
             };
             life.loaded.store(true, Ordering::SeqCst);
             recorder.set_prompt_cache(engine.prompt_cache_stats());

@@ -516,3 +516,48 @@ async fn a_click_starts_another_model() {
     assert_eq!(code, 400, "{v}");
     assert_eq!(v["error"]["param"], "profile");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_lark_grammar_or_regex_holds_the_answer() {
+    let s = start(None).await;
+    // Ferrite's extension, in the shape OpenAI gives a custom tool's grammar.
+    let regex = json!({"type": "grammar", "syntax": "regex", "definition": "[0-9]{3}-[a-z]{2}"});
+    let lark = json!({"type": "grammar", "syntax": "lark", "definition": "start: \"yes\" | \"no\""});
+    for (format, holds) in [
+        (
+            regex,
+            (|t: &str| {
+                let (digits, letters) = t.split_once('-').unwrap_or_default();
+                digits.len() == 3
+                    && digits.bytes().all(|b| b.is_ascii_digit())
+                    && letters.len() == 2
+                    && letters.bytes().all(|b| b.is_ascii_lowercase())
+            }) as fn(&str) -> bool,
+        ),
+        (lark, |t: &str| t == "yes" || t == "no"),
+    ] {
+        let body = chat(json!({"response_format": format, "max_tokens": 20, "reasoning_effort": "none"}));
+        let (code, v) = post(&s, "/v1/chat/completions", &body).await;
+        assert_eq!(code, 200, "{v}");
+        let content = v["choices"][0]["message"]["content"].as_str().unwrap();
+        assert!(holds(content), "{format}: {v}");
+        assert_eq!(v["choices"][0]["finish_reason"], "stop", "{v}");
+        // The Responses API takes the same format as `text.format`.
+        let body = json!({"model": "tiny", "input": "Answer.", "max_output_tokens": 20, "reasoning": {"effort": "none"},
+                          "text": {"format": format}});
+        let (code, v) = post(&s, "/v1/responses", &body).await;
+        assert_eq!(code, 200, "{v}");
+        assert!(holds(v["output"][0]["content"][0]["text"].as_str().unwrap()), "{format}: {v}");
+    }
+    // What is missing or cannot be built is a 400 that says what.
+    let cases = [
+        (json!({"type": "grammar", "syntax": "ebnf", "definition": "x"}), "response_format.syntax"),
+        (json!({"type": "grammar", "syntax": "lark"}), "response_format.definition"),
+        (json!({"type": "grammar", "syntax": "lark", "definition": "start: undefined_rule"}), "grammar"),
+    ];
+    for (format, says) in cases {
+        let (code, v) = post(&s, "/v1/chat/completions", &chat(json!({"response_format": format}))).await;
+        assert_eq!(code, 400, "{v}");
+        assert!(v["error"]["message"].as_str().unwrap().contains(says), "{says}: {v}");
+    }
+}

@@ -75,12 +75,26 @@ pub async fn start_edited(
     options: WorkerOptions,
     configure: impl FnOnce(&mut AppState),
 ) -> Server {
+    let edit_config = |dir: &std::path::Path| {
+        let config_path = dir.join("config.json");
+        let mut config: Value = serde_json::from_str(&std::fs::read_to_string(&config_path).unwrap()).unwrap();
+        edit(&mut config);
+        std::fs::write(&config_path, config.to_string()).unwrap();
+    };
+    start_prepared(o, edit_config, api_key, options, configure).await
+}
+
+/// As [`start_checkpoint`], with the made checkpoint's folder changed by `prepare` first.
+pub async fn start_prepared(
+    o: &MakeOptions,
+    prepare: impl FnOnce(&std::path::Path),
+    api_key: Option<&str>,
+    options: WorkerOptions,
+    configure: impl FnOnce(&mut AppState),
+) -> Server {
     let dir = tempfile::tempdir().unwrap();
     checkpoint::make(o, dir.path()).unwrap();
-    let config_path = dir.path().join("config.json");
-    let mut config: Value = serde_json::from_str(&std::fs::read_to_string(&config_path).unwrap()).unwrap();
-    edit(&mut config);
-    std::fs::write(&config_path, config.to_string()).unwrap();
+    prepare(dir.path());
     let path = dir.path().to_path_buf();
     let worker =
         tokio::task::spawn_blocking(move || Worker::start(path, "tiny".into(), options)).await.unwrap().unwrap();

@@ -21,6 +21,7 @@ use crate::device::{self, Backend};
 use crate::error::{Error, Result};
 use crate::forced::ForcedAnswer;
 use crate::grammar::{Constraint, Ended, Grammar, Grammars, Thinking};
+use crate::logits::Processors;
 use crate::models::{self, LanguageModel};
 use crate::penalties::Recent;
 use crate::profile::Profile;
@@ -517,18 +518,18 @@ impl Generation<'_> {
         Ok(logits.index((.., -1, ..)))
     }
 
-    /// The next token from the last position's logits (lazy): the forced answer's, the
-    /// grammar's mask and the penalties applied, then sampled.
+    /// The next token from the last position's logits (lazy): the forced answer's, then the
+    /// logits chain (penalties, the grammar's mask), then sampled.
     fn choose(&mut self, mut last: Array) -> Result<Array> {
         if let Some(forced) = &mut self.forced {
             last = forced.apply(&last)?;
         }
-        let last = self.constrain(last)?;
-        let Some(recent) = &mut self.recent else {
-            return self.sampler.sample(&last);
-        };
-        let token = self.sampler.sample(&recent.apply(&last)?)?;
-        recent.push(&token)?;
+        let mask = self.grammar_mask();
+        let last = Processors { recent: self.recent.as_ref(), mask: mask.as_ref() }.apply(&last)?;
+        let token = self.sampler.sample(&last)?;
+        if let Some(recent) = &mut self.recent {
+            recent.push(&token)?;
+        }
         Ok(token)
     }
 
@@ -589,24 +590,20 @@ impl Generation<'_> {
         let last = model.logits(&hidden)?.index((.., -1, ..));
         // The first token's penalties look at the prompt alone (the speculator's cycles keep
         // their own window from here on).
-        let last = match &self.recent {
-            Some(recent) => recent.apply(&last)?,
-            None => last,
-        };
-        let last = self.constrain(last)?;
+        let mask = self.grammar_mask();
+        let last = Processors { recent: self.recent.as_ref(), mask: mask.as_ref() }.apply(&last)?;
         self.sampler.sample(&last)
     }
 
-    /// `last` with the grammar's mask added (-inf outside the allowed tokens); when the
-    /// grammar allows nothing, unchanged, and `grammar_ended` says why (the token drawn from
-    /// it is never used).
-    fn constrain(&mut self, last: Array) -> Result<Array> {
-        let Some(constraint) = &mut self.constraint else { return Ok(last) };
-        match constraint.mask() {
-            Ok(bias) => Ok(last.as_dtype(mlx_rs::Dtype::Float32)?.add(&bias)?),
+    /// The grammar's mask for the next token (-inf outside the allowed tokens); `None` without
+    /// a grammar, or when it allows nothing: then `grammar_ended` says why (the token drawn
+    /// without the mask is never used).
+    fn grammar_mask(&mut self) -> Option<Array> {
+        match self.constraint.as_mut()?.mask() {
+            Ok(mask) => Some(mask),
             Err(ended) => {
                 self.grammar_ended = Some(ended);
-                Ok(last)
+                None
             }
         }
     }

@@ -18,6 +18,7 @@ pub mod graph;
 pub mod inspect;
 mod laps;
 mod layers;
+mod logits;
 pub mod memory;
 pub mod models;
 pub mod penalties;

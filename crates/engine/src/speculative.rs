@@ -22,6 +22,7 @@ use serde::Serialize;
 use crate::cache::Cache;
 use crate::error::{Error, Result};
 use crate::grammar::Constraint;
+use crate::logits::{self, Processors};
 use crate::models::{LanguageModel, MtpHead};
 use crate::penalties::{window_of, Penalties, Recent};
 use crate::sampling::Sampler;
@@ -215,14 +216,7 @@ impl<'m> Speculator<'m> {
         let mut head_steps = 0;
         for i in 0..depth {
             let logits = self.head.logits(self.model, &g)?.index((.., -1, ..));
-            let logits = match &draft_window {
-                Some(window) => window.apply(&logits)?,
-                None => logits,
-            };
-            let logits = match masks.get(i) {
-                Some(mask) => logits.as_dtype(Dtype::Float32)?.add(mask)?,
-                None => logits,
-            };
+            let logits = Processors { recent: draft_window.as_ref(), mask: masks.get(i) }.apply(&logits)?;
             let token = if sampler.is_greedy() {
                 ops::indexing::argmax_axis(&logits, -1, None)?
             } else {
@@ -279,23 +273,17 @@ impl<'m> Speculator<'m> {
         input.extend(&draft_ids);
         let h = self.model.hidden(&Array::from_slice(&input, &[1, d as i32 + 1]), cache)?;
         let logits = self.model.logits(&h)?.index(0);
-        let logits = match &self.penalties {
-            // Row j predicts the token after input[j]: its window ends with drafts 1..=j.
-            Some((p, recent)) => {
-                let rows = (0..=d)
-                    .map(|j| {
-                        let context: Vec<u32> = recent.iter().chain(&draft_ids[..j]).copied().collect();
-                        Recent::new(*p, &context).apply(&logits.index(j as i32..j as i32 + 1))
-                    })
-                    .collect::<Result<Vec<_>>>()?;
-                ops::concatenate(&rows, 0)?
-            }
-            None => logits,
+        // Row j predicts the token after input[j]: its window ends with drafts 1..=j, its mask
+        // is the grammar's state after them.
+        let windows: Vec<Recent> = match &self.penalties {
+            Some((p, recent)) => (0..=d)
+                .map(|j| Recent::new(*p, &recent.iter().chain(&draft_ids[..j]).copied().collect::<Vec<_>>()))
+                .collect(),
+            None => vec![],
         };
-        let logits = match masks.is_empty() {
-            true => logits,
-            false => logits.as_dtype(Dtype::Float32)?.add(ops::concatenate(&masks, 0)?)?,
-        };
+        let rows: Vec<Processors> =
+            (0..=d).map(|j| Processors { recent: windows.get(j), mask: masks.get(j) }).collect();
+        let logits = logits::apply_rows(&logits, &rows)?;
         let (accepted, next) = if sampler.is_greedy() {
             let target = ops::indexing::argmax_axis(&logits, -1, None)?.as_dtype(Dtype::Uint32)?;
             eval([&target, &h])?;

@@ -11,7 +11,10 @@ every schema is asked for through `/v1/chat/completions` with `response_format` 
 without a grammar, as many tokens (`ignore_eos`), against the constrained answer: the engine's
 decode tok/s (its `timings`), so HTTP and templating are left out.
 
-    python bench/structured.py --ferrite target/release/ferrite [--schemas 200 --speed 40]
+    python bench/structured.py --ferrite target/release/ferrite [--schemas 200 --speed 40] [--model DIR]
+
+`--model` runs another model (the GPU runs use a project-made 35B-A3B-shaped checkpoint: its
+answers are random, so only the speed figures mean anything there).
 Prints one JSON line per (depth, temperature) and one per depth for speed.
 """
 
@@ -75,11 +78,11 @@ def free_port():
         return s.getsockname()[1]
 
 
-def serve(ferrite, depth):
+def serve(ferrite, depth, model):
     port = free_port()
     work = tempfile.mkdtemp(prefix="ferrite-structured-")
     env = dict(os.environ, FERRITE_CONFIG_DIR=work, RUST_LOG="warn", FERRITE_PROMPT_DISK_GB="0")
-    proc = subprocess.Popen([ferrite, "serve", "--model", "default", "--port", str(port), "--idle-minutes", "0",
+    proc = subprocess.Popen([ferrite, "serve", "--model", model, "--port", str(port), "--idle-minutes", "0",
                              "--draft-depth", str(depth)], env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
     for _ in range(600):
@@ -158,13 +161,14 @@ def main():
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--speed", type=int, default=40)
     p.add_argument("--depths", default="0,2")
-    p.add_argument("--temperatures", default="0,0.7")
+    p.add_argument("--temperatures", default="0,0.7", help="empty: speed only")
+    p.add_argument("--model", default="default")
     args = p.parse_args()
     all_schemas = schemas(args.schemas, args.seed)
     for depth in [int(d) for d in args.depths.split(",")]:
-        proc, base = serve(args.ferrite, depth)
+        proc, base = serve(args.ferrite, depth, args.model)
         try:
-            for t in [float(x) for x in args.temperatures.split(",")]:
+            for t in [float(x) for x in args.temperatures.split(",") if x]:
                 print(json.dumps({"depth": depth, "temperature": t, **conformance(base, all_schemas, t)}), flush=True)
             if args.speed:
                 print(json.dumps({"depth": depth, "speed": speed(base, all_schemas[:args.speed])}), flush=True)

@@ -97,15 +97,52 @@ impl Grammars {
                 TopLevelGrammar { grammars: vec![GrammarWithLexer::from_lark(start), answer], max_tokens: None }
             }
         };
-        let parser = self
-            .factory
-            .create_parser(top)
-            .map_err(|e| Error::Field { field: "grammar", message: format!("cannot be enforced: {e}") })?;
+        let refused = |e: String| {
+            let at = match grammar {
+                Grammar::JsonSchema(schema) => format!(" (the JSON schema at `{}`)", self.failing_path(schema)),
+                _ => String::new(),
+            };
+            Error::Field { field: "grammar", message: format!("cannot be enforced{at}: {e}") }
+        };
+        let parser = self.factory.create_parser(top).map_err(|e| refused(e.to_string()))?;
         let matcher = Matcher::new(Ok(parser));
         if let Some(e) = matcher.get_error() {
-            return Err(Error::Field { field: "grammar", message: format!("cannot be enforced: {e}") });
+            return Err(refused(e));
         }
         Ok(Constraint { matcher, vocab: self.vocab, current: None })
+    }
+
+    /// Where in `schema` (which llguidance refused) the refusal comes from, as a JSON
+    /// pointer: the deepest subschema that is refused alone (with the root's definitions
+    /// beside it, so references still resolve). `""` is the whole schema.
+    fn failing_path(&self, schema: &Value) -> String {
+        let defs: Vec<(&str, &Value)> =
+            ["$defs", "definitions"].into_iter().filter_map(|k| Some((k, schema.get(k)?))).collect();
+        let refused = |sub: &Value| {
+            let mut sub = compact(sub);
+            if let Some(object) = sub.as_object_mut() {
+                for (k, v) in &defs {
+                    object.entry(k.to_string()).or_insert_with(|| (*v).clone());
+                }
+            }
+            self.factory.create_parser(TopLevelGrammar::from_json_schema(sub)).is_err()
+        };
+        let (mut path, mut at, mut budget) = (String::new(), schema, 200);
+        'descend: loop {
+            for (step, child) in subschemas(at) {
+                budget -= 1;
+                if budget == 0 {
+                    break 'descend;
+                }
+                if refused(child) {
+                    path = format!("{path}/{step}");
+                    at = child;
+                    continue 'descend;
+                }
+            }
+            break;
+        }
+        path
     }
 
     /// The Lark grammar that lets a think block through free and then holds the answer to the
@@ -125,6 +162,37 @@ impl Grammars {
         };
         Some(format!("%llguidance {{}}\n{start}\n{thought}\nGAP: /\\n{{1,2}}/\n"))
     }
+}
+
+/// A schema's direct subschemas, each with its JSON pointer step (`properties/name`,
+/// `items`, `anyOf/0`, …).
+fn subschemas(schema: &Value) -> Vec<(String, &Value)> {
+    let mut out = Vec::new();
+    let Some(object) = schema.as_object() else { return out };
+    let escape = |key: &str| key.replace('~', "~0").replace('/', "~1");
+    for (keyword, value) in object {
+        match (keyword.as_str(), value) {
+            ("properties" | "patternProperties" | "$defs" | "definitions" | "dependentSchemas", Value::Object(map)) => {
+                out.extend(map.iter().map(|(k, v)| (format!("{keyword}/{}", escape(k)), v)))
+            }
+            ("anyOf" | "oneOf" | "allOf" | "prefixItems" | "items", Value::Array(list)) => {
+                out.extend(list.iter().enumerate().map(|(i, v)| (format!("{keyword}/{i}"), v)))
+            }
+            (
+                "items"
+                | "additionalProperties"
+                | "additionalItems"
+                | "not"
+                | "contains"
+                | "propertyNames"
+                | "unevaluatedProperties"
+                | "unevaluatedItems",
+                Value::Object(_),
+            ) => out.push((keyword.clone(), value)),
+            _ => {}
+        }
+    }
+    out
 }
 
 /// The schema with llguidance's JSON options set, unless it sets its own (`x-guidance`): one

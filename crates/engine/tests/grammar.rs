@@ -163,3 +163,25 @@ fn the_think_block_stays_free_and_the_grammar_holds_after_it() {
         assert_eq!(summary.finish_reason, FinishReason::Stop, "{case}: {text:?}");
     }
 }
+
+/// A schema llguidance cannot take is refused naming where in the schema the problem is.
+#[test]
+fn a_refused_schema_names_the_path_of_what_was_refused() {
+    let e = embedded();
+    let cases = [
+        (
+            json!({"type": "object", "properties": {"a": {"type": "object", "properties": {"b": {"if": {"type": "string"}, "then": {"minLength": 2}}}}}}),
+            "/properties/a/properties/b",
+        ),
+        (json!({"type": "array", "items": {"type": "string", "format": "no-such-format"}}), "/items"),
+        (json!({"anyOf": [{"type": "integer"}, {"$ref": "#/$defs/missing"}]}), "/anyOf/1"),
+    ];
+    for (schema, path) in cases {
+        let request = GenerateRequest {
+            grammar: Some(Grammar::JsonSchema(schema.clone())),
+            ..GenerateRequest::greedy(vec![1, 2, 3], 4)
+        };
+        let err = e.generate_text(request).unwrap_err().to_string();
+        assert!(err.contains(&format!("`{path}`")), "{schema}: {err}");
+    }
+}

@@ -554,6 +554,12 @@ async fn a_lark_grammar_or_regex_holds_the_answer() {
         (json!({"type": "grammar", "syntax": "ebnf", "definition": "x"}), "response_format.syntax"),
         (json!({"type": "grammar", "syntax": "lark"}), "response_format.definition"),
         (json!({"type": "grammar", "syntax": "lark", "definition": "start: undefined_rule"}), "grammar"),
+        // A valid JSON Schema with a feature the grammar engine does not take: where it is.
+        (
+            json!({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object",
+                "properties": {"a": {"if": {"type": "string"}, "then": {"minLength": 2}}}}}}),
+            "`/properties/a`",
+        ),
     ];
     for (format, says) in cases {
         let (code, v) = post(&s, "/v1/chat/completions", &chat(json!({"response_format": format}))).await;

@@ -85,17 +85,10 @@ impl Grammars {
     /// A fresh constraint for `grammar`, applied after the think block `thinking` allows; an
     /// error names what the grammar cannot express.
     pub fn constraint(&self, grammar: &Grammar, thinking: Thinking) -> Result<Constraint> {
-        let mut answer = match grammar {
-            Grammar::JsonSchema(schema) => GrammarWithLexer::from_json_schema(compact(schema)),
+        let answer = |schema_form: fn(&Value) -> Value| match grammar {
+            Grammar::JsonSchema(schema) => GrammarWithLexer::from_json_schema(schema_form(schema)),
             Grammar::Lark(lark) => GrammarWithLexer::from_lark(lark.clone()),
             Grammar::Regex(rx) => GrammarWithLexer::from_regex(rx),
-        };
-        let top = match self.after_thinking(thinking) {
-            None => TopLevelGrammar::from_grammar(answer),
-            Some(start) => {
-                answer.name = Some("answer".into());
-                TopLevelGrammar { grammars: vec![GrammarWithLexer::from_lark(start), answer], max_tokens: None }
-            }
         };
         let refused = |e: String| {
             let at = match grammar {
@@ -104,12 +97,32 @@ impl Grammars {
             };
             Error::Field { field: "grammar", message: format!("cannot be enforced{at}: {e}") }
         };
-        let parser = self.factory.create_parser(top).map_err(|e| refused(e.to_string()))?;
+        let parser = match self.factory.create_parser(self.top_level(answer(json_for_grammar), thinking)) {
+            Ok(parser) => parser,
+            // Bounds whose range holds no number of six decimals: the schema as sent.
+            Err(_) if matches!(grammar, Grammar::JsonSchema(_)) => self
+                .factory
+                .create_parser(self.top_level(answer(compact), thinking))
+                .map_err(|e| refused(e.to_string()))?,
+            Err(e) => return Err(refused(e.to_string())),
+        };
         let matcher = Matcher::new(Ok(parser));
         if let Some(e) = matcher.get_error() {
             return Err(refused(e));
         }
         Ok(Constraint { matcher, vocab: self.vocab, current: None })
+    }
+
+    /// The grammar to hold the answer to: `answer`, behind the rule that lets a think block
+    /// through where `thinking` allows one.
+    fn top_level(&self, mut answer: GrammarWithLexer, thinking: Thinking) -> TopLevelGrammar {
+        match self.after_thinking(thinking) {
+            None => TopLevelGrammar::from_grammar(answer),
+            Some(start) => {
+                answer.name = Some("answer".into());
+                TopLevelGrammar { grammars: vec![GrammarWithLexer::from_lark(start), answer], max_tokens: None }
+            }
+        }
     }
 
     /// Where in `schema` (which llguidance refused) the refusal comes from, as a JSON
@@ -195,9 +208,41 @@ fn subschemas(schema: &Value) -> Vec<(String, &Value)> {
     out
 }
 
-/// The schema with llguidance's JSON options set, unless it sets its own (`x-guidance`): one
-/// space after `,` and `:` and no other whitespace, as `json.dumps` writes. Free whitespace
-/// lets a small model wander in newlines and indentation until it runs out of tokens.
+/// The schema as the engine holds an answer to it. llguidance's JSON options are set, unless
+/// the schema sets its own (`x-guidance`): one space after `,` and `:` and no other
+/// whitespace, as `json.dumps` writes (free whitespace lets a small model wander in newlines
+/// and indentation until it runs out of tokens). Numbers are written with at most six
+/// decimals where no `multipleOf` says otherwise (a small model can loop on digits just the
+/// same); every answer still validates against the schema as sent.
+pub fn json_for_grammar(schema: &Value) -> Value {
+    let mut schema = compact(schema);
+    let mut numbers = Vec::new();
+    number_paths(&schema, String::new(), &mut numbers);
+    for path in numbers {
+        if let Some(Value::Object(number)) = schema.pointer_mut(&path) {
+            number.insert("multipleOf".into(), serde_json::json!(0.000001));
+        }
+    }
+    schema
+}
+
+/// The JSON pointers of the subschemas of `schema` (at `path`) that allow numbers and say
+/// nothing of their precision.
+fn number_paths(schema: &Value, path: String, out: &mut Vec<String>) {
+    let allows_numbers = match &schema["type"] {
+        Value::String(t) => t == "number",
+        Value::Array(types) => types.iter().any(|t| t == "number"),
+        _ => false,
+    };
+    if allows_numbers && schema.get("multipleOf").is_none() {
+        out.push(path.clone());
+    }
+    for (step, child) in subschemas(schema) {
+        number_paths(child, format!("{path}/{step}"), out);
+    }
+}
+
+/// The schema with llguidance's JSON options set (see [`json_for_grammar`]).
 fn compact(schema: &Value) -> Value {
     let mut schema = schema.clone();
     if let Some(object) = schema.as_object_mut() {
@@ -266,5 +311,34 @@ impl Constraint {
         }
         self.current = None;
         self.matcher.rollback(n).map_err(|e| Error::Request(format!("the grammar could not step back: {e}")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn numbers_get_six_decimals_unless_the_schema_says() {
+        let schema = json!({
+            "type": "object",
+            "properties": {
+                "ratio": {"type": "number"},
+                "step": {"type": "number", "multipleOf": 0.5},
+                "maybe": {"type": ["number", "null"]},
+                "list": {"type": "array", "items": {"anyOf": [{"type": "number"}, {"type": "string"}]}},
+                "fixed": {"const": {"type": "number"}}
+            }
+        });
+        let held = json_for_grammar(&schema);
+        assert_eq!(held["properties"]["ratio"]["multipleOf"], 0.000001);
+        assert_eq!(held["properties"]["step"]["multipleOf"], 0.5);
+        assert_eq!(held["properties"]["maybe"]["multipleOf"], 0.000001);
+        assert_eq!(held["properties"]["list"]["items"]["anyOf"][0]["multipleOf"], 0.000001);
+        assert!(held["properties"]["list"]["items"]["anyOf"][1].get("multipleOf").is_none());
+        // Data is not a schema: a `const` stays as sent.
+        assert_eq!(held["properties"]["fixed"], schema["properties"]["fixed"]);
+        assert_eq!(held["x-guidance"]["item_separator"], ", ");
     }
 }

@@ -37,7 +37,7 @@ pub use architecture::Architecture;
 pub use config::{ModelConfig, Quantization};
 pub use error::{Error, Result};
 pub use generate::{CancelToken, Engine, Event, FinishReason, GenerateRequest, Summary};
-pub use grammar::Grammar;
+pub use grammar::{json_for_grammar, Grammar};
 pub use penalties::Penalties;
 pub use profile::{Profile, ProfileName};
 pub use sampling::SamplingParams;

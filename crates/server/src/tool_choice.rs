@@ -188,22 +188,14 @@ fn literal(text: &str) -> String {
     serde_json::to_string(text).unwrap_or_default()
 }
 
-/// llguidance's JSON options, as `json.dumps` (and the templates' `tojson`) writes.
-fn compact(schema: &Value) -> Value {
-    let mut schema = schema.clone();
-    if let Some(object) = schema.as_object_mut() {
-        object
-            .entry("x-guidance")
-            .or_insert_with(|| json!({"item_separator": ", ", "key_separator": ": ", "whitespace_flexible": false}));
-    }
-    schema
-}
-
 /// A call's body in the JSON form, `{"name": NAME, "arguments": ARGS}` with ARGS held to the
 /// schema, and the rules it uses.
 fn json_call(i: usize, name: &str, parameters: &Value) -> (String, String) {
     let head = format!("{{\"name\": {}, \"arguments\": ", literal(name));
-    (format!("{} args_{i} {}", literal(&head), literal("}")), format!("args_{i}: %json {}\n", compact(parameters)))
+    (
+        format!("{} args_{i} {}", literal(&head), literal("}")),
+        format!("args_{i}: %json {}\n", engine::json_for_grammar(parameters)),
+    )
 }
 
 /// A call's body in the XML form: `<function=NAME>\n`, one `<parameter=KEY>\nVALUE\n</parameter>\n`
@@ -232,7 +224,7 @@ fn xml_call(i: usize, name: &str, parameters: &Value) -> (String, String) {
                 format!("text_{i}_{j} {}", literal("\n"))
             }
             _ => {
-                rules += &format!("value_{i}_{j}: %json {}\n", compact(schema));
+                rules += &format!("value_{i}_{j}: %json {}\n", engine::json_for_grammar(schema));
                 format!("value_{i}_{j} {}", literal("\n</parameter>\n"))
             }
         };

@@ -106,10 +106,10 @@ impl ToolChoice {
             (Some("none"), _) => Ok(ToolChoice::None),
             (Some("any"), _) => Ok(ToolChoice::Required { parallel }),
             (Some("tool"), Some(name)) => Ok(ToolChoice::Named(name.to_string())),
-            _ => Err(bad(
-                "tool_choice",
-                "must be {\"type\": \"auto\" | \"any\" | \"none\"} or {\"type\": \"tool\", \"name\": …}",
-            )),
+            (Some("tool"), None) => Err(bad("tool_choice", "a `tool` choice needs the tool's `name`")),
+            // Choices this server does not know leave the model to decide.
+            (Some(_), _) => Ok(ToolChoice::Auto),
+            (None, _) => Err(bad("tool_choice", "must be an object with a `type`: auto, any, tool or none")),
         }
     }
 

@@ -64,6 +64,20 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Decode speed of several sequences stepped together against one alone (interleaved
+    /// rounds; one JSON line per stream count).
+    Batch {
+        #[arg(long)]
+        model: PathBuf,
+        /// Stream counts (comma-separated).
+        #[arg(long, value_delimiter = ',', default_values_t = [1usize, 2, 4, 8])]
+        streams: Vec<usize>,
+        /// Tokens each stream generates.
+        #[arg(long, default_value_t = 64)]
+        tokens: usize,
+        #[arg(long, default_value_t = 3)]
+        rounds: usize,
+    },
 }
 
 /// The `text` of every line of a JSONL file.
@@ -205,6 +219,9 @@ pub fn run(cmd: Command) -> Result<()> {
         Command::TrainTokenizer { docs, vocab, out } => return train_tokenizer(&docs, vocab, &out),
         Command::Tokenize { tokenizer, docs, out } => return tokenize(&tokenizer, &docs, &out),
         Command::Ops { model, context, prefill, json } => return ops(&model, &context, prefill, json),
+        Command::Batch { model, streams, tokens, rounds } => {
+            return crate::batch::run(&model, &streams, tokens, rounds.max(1))
+        }
         Command::Perplexity { model, text, tokens, skip, window, chunk } => {
             return perplexity(&model, &text, tokens, skip, window, chunk)
         }

@@ -1,5 +1,6 @@
 //! `ferrite`: the command-line face of the engine.
 
+mod batch;
 mod bench;
 mod cache;
 mod dev;

@@ -770,37 +770,113 @@ impl Generation<'_> {
                     y.try_item_cast::<u32>()?
                 }
             };
-            let now = Instant::now();
-            self.first_token_at.get_or_insert(now);
-            self.last_token_at = Some(now);
-            self.generated += 1;
-            self.tokens.push(token);
-
-            let mut reason = None;
-            let mut text = if !self.request.ignore_eos && self.engine.tokenizer.eos_ids.contains(&token) {
-                reason = Some(FinishReason::Stop);
-                self.decoder.flush(&self.engine.tokenizer)?
-            } else {
-                self.decoder.push(&self.engine.tokenizer, token)?
-            };
-            if reason.is_none() && self.generated >= self.request.max_tokens {
-                reason = Some(FinishReason::Length);
-                text.push_str(&self.decoder.flush(&self.engine.tokenizer)?);
-            }
-            let (mut out, hit) = self.stops.push(&text);
-            if hit {
-                reason = Some(FinishReason::Stop);
-            } else if reason.is_some() {
-                out.push_str(&self.stops.flush());
-            }
-            if reason.is_some() {
-                self.pending = None;
-                self.finish = reason;
-            }
+            let out = self.take(token)?;
             if !out.is_empty() {
                 return Ok(Event::Text(out));
             }
         }
+    }
+
+    /// Takes a generated token: counts it, turns it into text, looks for stop strings, and
+    /// sets `finish` when it ends the answer; returns the text that may be sent now.
+    fn take(&mut self, token: u32) -> Result<String> {
+        let now = Instant::now();
+        self.first_token_at.get_or_insert(now);
+        self.last_token_at = Some(now);
+        self.generated += 1;
+        self.tokens.push(token);
+
+        let mut reason = None;
+        let mut text = if !self.request.ignore_eos && self.engine.tokenizer.eos_ids.contains(&token) {
+            reason = Some(FinishReason::Stop);
+            self.decoder.flush(&self.engine.tokenizer)?
+        } else {
+            self.decoder.push(&self.engine.tokenizer, token)?
+        };
+        if reason.is_none() && self.generated >= self.request.max_tokens {
+            reason = Some(FinishReason::Length);
+            text.push_str(&self.decoder.flush(&self.engine.tokenizer)?);
+        }
+        let (mut out, hit) = self.stops.push(&text);
+        if hit {
+            reason = Some(FinishReason::Stop);
+        } else if reason.is_some() {
+            out.push_str(&self.stops.flush());
+        }
+        if reason.is_some() {
+            self.pending = None;
+            self.finish = reason;
+        }
+        Ok(out)
+    }
+}
+
+/// What a batched decode step (`batch.rs`) asks of each generation in it.
+impl<'a> Generation<'a> {
+    /// Runs the prefill and schedules the first token, without speculation (a batch decodes
+    /// plainly).
+    pub(crate) fn start_batched(&mut self) -> Result<()> {
+        if self.generated == 0 && self.pending.is_none() {
+            self.spec = None;
+            self.pending = Some(self.prefill()?);
+        }
+        Ok(())
+    }
+
+    /// The token scheduled last (lazy) and whether another step follows it; or, when the
+    /// generation ends before it (cancelled, or its grammar allowed nothing), its last event.
+    pub(crate) fn next_input(&mut self) -> std::result::Result<(Array, bool), Box<Event>> {
+        if self.cancel.is_cancelled() {
+            self.done = true;
+            return Err(Box::new(self.finished(FinishReason::Cancelled)));
+        }
+        if let Some(ended) = self.grammar_ended.take() {
+            self.done = true;
+            return Err(Box::new(self.grammar_finished(ended)));
+        }
+        match self.pending.take() {
+            Some(token) => Ok((token, self.generated + 1 < self.request.max_tokens)),
+            None => {
+                self.done = true;
+                Err(Box::new(self.finished(FinishReason::Length)))
+            }
+        }
+    }
+
+    pub(crate) fn cache_mut(&mut self) -> &mut Cache {
+        &mut self.cache
+    }
+
+    pub(crate) fn model(&self) -> &'a dyn crate::models::LanguageModel {
+        self.engine.model.as_ref()
+    }
+
+    pub(crate) fn is_done(&self) -> bool {
+        self.done
+    }
+
+    /// Takes the token the step read back: the grammar advances over it; with `logits` (the
+    /// step that follows it) the next token is scheduled. Returns its text and, when it ended
+    /// the answer, the last event.
+    pub(crate) fn after_step(&mut self, token: u32, logits: Option<Array>) -> Result<Vec<Event>> {
+        if let Some(c) = &mut self.constraint {
+            c.accept(token)?;
+        }
+        if let Some(logits) = logits {
+            let next = self.choose(logits)?;
+            async_eval([&next])?;
+            self.pending = Some(next);
+        }
+        let out = self.take(token)?;
+        let mut events = Vec::new();
+        if !out.is_empty() {
+            events.push(Event::Text(out));
+        }
+        if let Some(reason) = self.finish {
+            events.push(self.finished(reason));
+            self.done = true;
+        }
+        Ok(events)
     }
 }
 

@@ -2,6 +2,7 @@
 //! mlx-rs, with caches, sampling and a streaming generation API. It knows nothing of HTTP.
 
 mod architecture;
+pub mod batch;
 pub mod blas;
 pub mod cache;
 #[cfg(feature = "dev")]

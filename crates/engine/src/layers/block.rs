@@ -21,6 +21,34 @@ impl Mixer {
         }
     }
 
+    /// `x` [B, L, hidden], row i with its own cache `caches[i]` (see
+    /// [`Attention::forward_rows`], [`GatedDeltaNet::forward_rows`]).
+    pub fn forward_rows(&self, x: &Array, caches: &mut [&mut LayerCache]) -> Result<Array> {
+        let wrong = || Error::Request("a layer was given the cache of another kind of layer".into());
+        match self {
+            Mixer::Attention(a) => {
+                let mut kv = caches
+                    .iter_mut()
+                    .map(|c| match &mut **c {
+                        LayerCache::Kv(kv) => Ok(kv),
+                        LayerCache::Linear(_) => Err(wrong()),
+                    })
+                    .collect::<Result<Vec<_>>>()?;
+                a.forward_rows(x, &mut kv)
+            }
+            Mixer::Linear(l) => {
+                let mut states = caches
+                    .iter_mut()
+                    .map(|c| match &mut **c {
+                        LayerCache::Linear(state) => Ok(state),
+                        LayerCache::Kv(_) => Err(wrong()),
+                    })
+                    .collect::<Result<Vec<_>>>()?;
+                l.forward_rows(x, &mut states)
+            }
+        }
+    }
+
     pub fn new_cache(&self) -> LayerCache {
         match self {
             Mixer::Attention(_) => LayerCache::Kv(Default::default()),
@@ -64,6 +92,13 @@ pub struct DecoderLayer {
 impl DecoderLayer {
     pub fn forward(&self, x: &Array, cache: &mut LayerCache) -> Result<Array> {
         let h = x.add(self.mixer.forward(&self.input_layernorm.forward(x)?, cache)?)?;
+        self.mlp.forward_plus(&self.post_attention_layernorm.forward(&h)?, &h)
+    }
+
+    /// `x` [B, L, hidden], row i a sequence with its own cache `caches[i]`: norms and
+    /// feed-forward (dense or experts) for all rows at once, the mixer per row's state.
+    pub fn forward_rows(&self, x: &Array, caches: &mut [&mut LayerCache]) -> Result<Array> {
+        let h = x.add(self.mixer.forward_rows(&self.input_layernorm.forward(x)?, caches)?)?;
         self.mlp.forward_plus(&self.post_attention_layernorm.forward(&h)?, &h)
     }
 }

@@ -36,6 +36,10 @@ pub trait LanguageModel: Send {
         let h = self.hidden(tokens, cache)?;
         self.logits(&h)
     }
+    /// Final hidden states [B, L, H] for token ids [B, L] where row i is a sequence of its
+    /// own with its own cache (`caches[i]`, of any length), advancing each by L positions:
+    /// several sequences decoded in one pass over the weights.
+    fn hidden_rows(&self, tokens: &Array, caches: &mut [&mut Cache]) -> Result<Array>;
     /// An empty cache for one sequence.
     fn new_cache(&self) -> Cache;
     fn config(&self) -> &ModelConfig;

@@ -5,7 +5,7 @@ use mlx_rs::transforms::async_eval;
 use mlx_rs::Array;
 
 use super::{LanguageModel, MtpHead};
-use crate::cache::Cache;
+use crate::cache::{Cache, LayerCache};
 use crate::config::ModelConfig;
 use crate::error::Result;
 use crate::layers::attention::Rope;
@@ -114,6 +114,27 @@ impl LanguageModel for Transformer {
                     previous.eval()?; // scheduled already: this waits for it
                 }
             }
+        }
+        self.norm.forward(&h)
+    }
+
+    fn hidden_rows(&self, tokens: &Array, caches: &mut [&mut Cache]) -> Result<Array> {
+        if caches.len() != tokens.dim(0) as usize {
+            return Err(crate::error::Error::Request(format!(
+                "{} caches for a batch of {} sequences",
+                caches.len(),
+                tokens.dim(0)
+            )));
+        }
+        let mut h = self.embed_tokens.forward(tokens)?;
+        for (i, layer) in self.layers.iter().enumerate() {
+            let mut states = caches
+                .iter_mut()
+                .map(|c| {
+                    c.layers.get_mut(i).ok_or_else(|| crate::error::Error::Request("a cache of another model".into()))
+                })
+                .collect::<Result<Vec<&mut LayerCache>>>()?;
+            h = layer.forward_rows(&h, &mut states)?;
         }
         self.norm.forward(&h)
     }

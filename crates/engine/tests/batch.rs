@@ -1,0 +1,171 @@
+//! Several sequences decoded in one pass (`LanguageModel::hidden_rows`): each sequence of a
+//! batch gives the tokens it gives alone (greedy), for every architecture, with caches of
+//! different lengths and with sequences joining and leaving the batch between steps.
+
+mod common;
+
+use engine::cache::Cache;
+use engine::checkpoint::{Architecture, Dtype};
+use engine::models::LanguageModel;
+use mlx_rs::ops::indexing::IndexOp;
+use mlx_rs::{ops, Array};
+
+fn prompts() -> Vec<Vec<u32>> {
+    vec![
+        vec![7, 300, 41],
+        (0..40u32).map(|i| (i * 37 + 11) % 490).collect(),
+        (0..75u32).map(|i| (i * 13 + 5) % 490).collect(),
+        (0..9u32).map(|i| (i * 101 + 3) % 490).collect(),
+    ]
+}
+
+fn argmax(logits: &Array) -> Vec<u32> {
+    let t = ops::indexing::argmax_axis(logits, -1, None).unwrap();
+    t.as_dtype(mlx_rs::Dtype::Uint32).unwrap().as_slice::<u32>().to_vec()
+}
+
+/// The prompt's cache and the first greedy token.
+fn prefill(model: &dyn LanguageModel, prompt: &[u32]) -> (Cache, u32) {
+    let mut cache = model.new_cache();
+    let logits = model.forward(&Array::from_slice(prompt, &[1, prompt.len() as i32]), &mut cache).unwrap();
+    (cache, argmax(&logits.index((0, -1..))).remove(0))
+}
+
+/// Greedy tokens of one sequence decoded alone.
+fn alone(model: &dyn LanguageModel, prompt: &[u32], n: usize) -> Vec<u32> {
+    let (mut cache, mut t) = prefill(model, prompt);
+    let mut out = vec![t];
+    while out.len() < n {
+        let logits = model.forward(&Array::from_slice(&[t], &[1, 1]), &mut cache).unwrap();
+        t = argmax(&logits.index((0, -1..)))[0];
+        out.push(t);
+    }
+    out
+}
+
+/// A running sequence: its cache and its tokens so far.
+struct Running {
+    index: usize,
+    cache: Cache,
+    tokens: Vec<u32>,
+}
+
+#[test]
+fn each_sequence_of_a_batch_gives_its_tokens_alone() {
+    const N: usize = 14;
+    for arch in [Architecture::Qwen3, Architecture::Qwen3Moe, Architecture::Qwen3Next, Architecture::Qwen35] {
+        let dir = common::make(&common::options(arch, "tiny", None, 32, Dtype::Float32));
+        let model = engine::models::load(dir.path()).unwrap();
+        let model = model.as_ref();
+        let prompts = prompts();
+        let expected: Vec<Vec<u32>> = prompts.iter().map(|p| alone(model, p, N)).collect();
+        // Sequences 0-2 start together; 3 joins at step 4; 0 leaves early (after 8 tokens).
+        let start = |i: usize| {
+            let (cache, t) = prefill(model, &prompts[i]);
+            Running { index: i, cache, tokens: vec![t] }
+        };
+        let mut running: Vec<Running> = (0..3).map(start).collect();
+        let mut done: Vec<Running> = vec![];
+        for step in 0.. {
+            if step == 4 {
+                running.push(start(3));
+            }
+            let (finished, still): (Vec<_>, Vec<_>) =
+                running.into_iter().partition(|r| r.tokens.len() >= if r.index == 0 { 8 } else { N });
+            done.extend(finished);
+            running = still;
+            if running.is_empty() {
+                break;
+            }
+            let last: Vec<u32> = running.iter().map(|r| *r.tokens.last().unwrap()).collect();
+            let tokens = Array::from_slice(&last, &[last.len() as i32, 1]);
+            let mut caches: Vec<&mut Cache> = running.iter_mut().map(|r| &mut r.cache).collect();
+            let hidden = model.hidden_rows(&tokens, &mut caches).unwrap();
+            let next = argmax(&model.logits(&hidden).unwrap().index((.., -1, ..)));
+            for (r, t) in running.iter_mut().zip(next) {
+                r.tokens.push(t);
+            }
+        }
+        assert_eq!(done.len(), 4, "{arch:?}");
+        for r in &done {
+            let want = if r.index == 0 { &expected[0][..8] } else { &expected[r.index][..] };
+            assert_eq!(r.tokens, want, "{arch:?}: sequence {} in a batch", r.index);
+        }
+    }
+}
+
+/// Requests decoded together through `engine::batch::Batch` answer as they do alone: greedy,
+/// with penalties, with a grammar, with a stop string; one joins late, one is cancelled
+/// mid-way and leaves the others untouched.
+#[test]
+fn requests_in_a_batch_answer_as_they_do_alone() {
+    use engine::batch::Batch;
+    use engine::{CancelToken, Engine, Event, FinishReason, GenerateRequest, Grammar, Penalties, SamplingParams};
+    use std::collections::HashMap;
+
+    let dir = common::repo_root().join("assets/models/ferrite-code-20m");
+    let e = Engine::load(&dir).unwrap();
+    e.clear_prompt_cache();
+    let ids = |text: &str| e.tokenizer().encode(text).unwrap();
+    let greedy = |text: &str, n| GenerateRequest::greedy(ids(text), n);
+    let mut requests = vec![
+        greedy("def read_config(path):\n", 40),
+        greedy("fn main() {\n    let args", 32),
+        GenerateRequest {
+            sampling: SamplingParams {
+                penalties: Penalties { repetition: 1.3, presence: 0.2, frequency: 0.1 },
+                ..SamplingParams::greedy()
+            },
+            ..greedy("import os\nimport sys\n\n", 36)
+        },
+        GenerateRequest {
+            grammar: Some(Grammar::JsonSchema(serde_json::json!({"type": "object",
+                "properties": {"port": {"type": "integer", "minimum": 1, "maximum": 9999}}, "required": ["port"]}))),
+            ..greedy("The settings as JSON:", 30)
+        },
+        GenerateRequest { stop: vec!["\n\n".into()], ..greedy("class Stack:\n    def push(self, x):", 48) },
+    ];
+    requests.push(greedy("SELECT name FROM", 40)); // cancelled after 5 steps
+    let alone: Vec<(String, FinishReason)> = requests[..5]
+        .iter()
+        .map(|r| {
+            let (text, summary) = e.generate_text(r.clone()).unwrap();
+            (text, summary.finish_reason)
+        })
+        .collect();
+
+    e.clear_prompt_cache();
+    let mut batch = Batch::default();
+    let cancel_last = CancelToken::default();
+    let mut texts: HashMap<usize, String> = HashMap::new();
+    let mut finished: HashMap<usize, FinishReason> = HashMap::new();
+    for (i, r) in requests.iter().enumerate().take(4) {
+        batch.join(i, e.generate(r.clone(), CancelToken::default()).unwrap()).unwrap();
+    }
+    batch.join(5, e.generate(requests[5].clone(), cancel_last.clone()).unwrap()).unwrap();
+    let mut step = 0;
+    while !batch.is_empty() {
+        if step == 3 {
+            batch.join(4, e.generate(requests[4].clone(), CancelToken::default()).unwrap()).unwrap();
+            assert_eq!(batch.len(), 6);
+        }
+        if step == 5 {
+            cancel_last.cancel();
+        }
+        for (key, event) in batch.step() {
+            match event.unwrap() {
+                Event::Text(t) => texts.entry(key).or_default().push_str(&t),
+                Event::Finished(summary) => {
+                    assert!(finished.insert(key, summary.finish_reason).is_none(), "{key} finished twice");
+                }
+            }
+        }
+        step += 1;
+    }
+    for (i, (text, reason)) in alone.iter().enumerate() {
+        assert_eq!(texts.get(&i).map(String::as_str).unwrap_or(""), text, "request {i}");
+        assert_eq!(finished[&i], *reason, "request {i}");
+    }
+    assert_eq!(finished[&5], FinishReason::Cancelled);
+    assert!(texts.get(&5).map_or(0, String::len) < alone[0].0.len() + 200);
+}

@@ -22,6 +22,7 @@ impl fmt::Display for Backend {
 
 /// The backend MLX runs on in this process.
 pub fn backend() -> Backend {
+    keep_constructor();
     if gpu_available() {
         if cfg!(target_os = "macos") {
             Backend::Metal
@@ -88,4 +89,32 @@ fn gpu_available() -> bool {
     // SAFETY: writes one bool through a valid pointer.
     let rc = unsafe { mlx_sys::mlx_cuda_is_available(&mut available) };
     rc == 0 && available
+}
+
+/// MLX's CUDA backend keeps the CUDA graphs it captured (400 by default) and stops with an
+/// error ("Cache thrashing is happening") when it misses too often: batched decoding
+/// (`batch.rs`), where each row attends over keys of its own length, meets more shapes than
+/// that. A constructor run before `main` raises the default to 8000 (what the H200 runs used),
+/// unless the user set `MLX_CUDA_GRAPH_CACHE_SIZE`; MLX reads it when the GPU is first used.
+#[cfg(target_os = "linux")]
+extern "C" fn raise_cuda_graph_cache(_: libc::c_int, _: *const *const libc::c_char, _: *const *const libc::c_char) {
+    // SAFETY: this runs before main, while the program has one thread, so nothing reads the
+    // environment meanwhile; both strings are NUL-terminated literals, and `overwrite = 0`
+    // keeps a value the user set.
+    unsafe {
+        libc::setenv(c"MLX_CUDA_GRAPH_CACHE_SIZE".as_ptr(), c"8000".as_ptr(), 0);
+    }
+}
+
+#[cfg(target_os = "linux")]
+#[used]
+#[link_section = ".init_array"]
+static RAISE_CUDA_GRAPH_CACHE: extern "C" fn(libc::c_int, *const *const libc::c_char, *const *const libc::c_char) =
+    raise_cuda_graph_cache;
+
+/// Keeps [`RAISE_CUDA_GRAPH_CACHE`] in every program that uses the engine (a linker takes an
+/// object from a library only when something refers to it).
+fn keep_constructor() {
+    #[cfg(target_os = "linux")]
+    std::hint::black_box(&RAISE_CUDA_GRAPH_CACHE);
 }

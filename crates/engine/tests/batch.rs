@@ -169,3 +169,12 @@ fn requests_in_a_batch_answer_as_they_do_alone() {
     assert_eq!(finished[&5], FinishReason::Cancelled);
     assert!(texts.get(&5).map_or(0, String::len) < alone[0].0.len() + 200);
 }
+
+/// The constructor that raises MLX's CUDA graph cache ran in this program too (a value the
+/// environment already had would be kept).
+#[test]
+fn the_cuda_graph_cache_is_raised_before_main() {
+    let _ = engine::device::backend();
+    let size = std::env::var("MLX_CUDA_GRAPH_CACHE_SIZE").unwrap_or_default();
+    assert!(size.parse::<u32>().is_ok(), "MLX_CUDA_GRAPH_CACHE_SIZE is {size:?}");
+}

@@ -595,6 +595,20 @@ impl Generation<'_> {
         self.sampler.sample(&last)
     }
 
+    /// Once `token` is read back: the grammar advances over it, and with `logits` (the step
+    /// after it, already running) the next token is drawn and scheduled.
+    fn schedule_after(&mut self, token: u32, logits: Option<Array>) -> Result<()> {
+        if let Some(c) = &mut self.constraint {
+            c.accept(token)?;
+        }
+        if let Some(logits) = logits {
+            let next = self.choose(logits)?;
+            async_eval([&next])?;
+            self.pending = Some(next);
+        }
+        Ok(())
+    }
+
     /// The grammar's mask for the next token (-inf outside the allowed tokens); `None` without
     /// a grammar, or when it allows nothing: then `grammar_ended` says why (the token drawn
     /// without the mask is never used).
@@ -752,14 +766,7 @@ impl Generation<'_> {
                         None
                     };
                     let token = y.try_item_cast::<u32>()?;
-                    if let Some(c) = &mut self.constraint {
-                        c.accept(token)?;
-                    }
-                    if let Some(l) = logits {
-                        let next = self.choose(l)?;
-                        async_eval([&next])?;
-                        self.pending = Some(next);
-                    }
+                    self.schedule_after(token, logits)?;
                     token
                 } else {
                     if more {
@@ -859,14 +866,7 @@ impl<'a> Generation<'a> {
     /// step that follows it) the next token is scheduled. Returns its text and, when it ended
     /// the answer, the last event.
     pub(crate) fn after_step(&mut self, token: u32, logits: Option<Array>) -> Result<Vec<Event>> {
-        if let Some(c) = &mut self.constraint {
-            c.accept(token)?;
-        }
-        if let Some(logits) = logits {
-            let next = self.choose(logits)?;
-            async_eval([&next])?;
-            self.pending = Some(next);
-        }
+        self.schedule_after(token, logits)?;
         let out = self.take(token)?;
         let mut events = Vec::new();
         if !out.is_empty() {

@@ -130,6 +130,10 @@ impl CancelToken {
     pub fn is_cancelled(&self) -> bool {
         self.0.load(Ordering::Relaxed)
     }
+    /// Whether `other` is this token (a clone of it), not just in the same state.
+    pub fn same_as(&self, other: &CancelToken) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
 }
 
 /// A loaded model with its tokenizer. Read through its accessors: what it holds is fixed at

@@ -57,6 +57,9 @@ pub struct Profile {
     pub wire_weights: bool,
     /// The prompt cache's budget, as a fraction of the machine's memory (0: no cache).
     pub prompt_cache_fraction: f64,
+    /// Requests decoded together at most (one forward pass a step for all of them); more wait
+    /// in the queue.
+    pub max_sequences: usize,
 }
 
 impl Profile {
@@ -70,6 +73,7 @@ impl Profile {
                 trim_cache_after_tokens: Some(8192),
                 wire_weights: false,
                 prompt_cache_fraction: 1.0 / 16.0,
+                max_sequences: 4,
             },
             ProfileName::Turbo => Profile {
                 name,
@@ -79,6 +83,7 @@ impl Profile {
                 trim_cache_after_tokens: None,
                 wire_weights: true,
                 prompt_cache_fraction: 1.0 / 8.0,
+                max_sequences: 8,
             },
         }
     }
@@ -152,6 +157,7 @@ mod tests {
             "trim_cache_after_tokens",
             "wire_weights",
             "prompt_cache_fraction",
+            "max_sequences",
         ] {
             assert!(k.get(field).is_some(), "{field} missing from {k}");
         }

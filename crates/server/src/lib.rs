@@ -322,6 +322,8 @@ pub fn status_json(s: &AppState) -> serde_json::Value {
         "loading": s.loading.lock().ok().and_then(|l| l.clone()),
         "notice": s.notice(),
         "queue_depth": w.queue_depth.load(Ordering::SeqCst),
+        "decoding_together": w.metrics.batch_size.load(Ordering::Relaxed),
+        "max_sequences": i.profile.max_sequences,
         "uptime_s": s.started.elapsed().as_secs(),
         "loaded": w.lifecycle.loaded.load(Ordering::SeqCst),
         "idle_s": w.lifecycle.idle_for().as_secs(),

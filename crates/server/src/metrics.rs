@@ -31,6 +31,8 @@ pub struct Metrics {
     pub tokens: std::sync::atomic::AtomicU64,
     /// True while the engine runs a generation.
     pub generating: std::sync::atomic::AtomicBool,
+    /// Requests decoding together in the running batch (0 when none is).
+    pub batch_size: std::sync::atomic::AtomicUsize,
     /// Requests whose max_tokens was lowered to what the context (or the server's cap) left.
     pub max_tokens_clamped: std::sync::atomic::AtomicU64,
     live: std::sync::Mutex<Live>,
@@ -65,6 +67,7 @@ impl Metrics {
         let m = Metrics {
             tokens: Default::default(),
             generating: Default::default(),
+            batch_size: Default::default(),
             max_tokens_clamped: Default::default(),
             live: Default::default(),
             prompt_cache: Default::default(),

@@ -112,8 +112,8 @@ pub struct ModelInfo {
 pub struct Worker {
     /// `None` once [`Worker::shutdown`] ran.
     jobs: std::sync::Mutex<Option<mpsc::Sender<Message>>>,
-    /// The running job's cancel token (so shutdown can stop it).
-    current: Arc<std::sync::Mutex<Option<CancelToken>>>,
+    /// The running jobs' cancel tokens (so shutdown can stop them).
+    current: Arc<std::sync::Mutex<Vec<CancelToken>>>,
     /// Set by shutdown: a running tune stops at its next run instead of outliving the server.
     stopping: Arc<AtomicBool>,
     /// Set when the engine's body has ended (it runs on a reused thread: `engine_threads.rs`).
@@ -263,7 +263,7 @@ impl Worker {
         let life = lifecycle.clone();
         let metrics = Arc::new(Metrics::new());
         let recorder = metrics.clone();
-        let current: Arc<std::sync::Mutex<Option<CancelToken>>> = Default::default();
+        let current: Arc<std::sync::Mutex<Vec<CancelToken>>> = Default::default();
         let running = current.clone();
         let stopping = Arc::new(AtomicBool::new(false));
         let stop_tune = stopping.clone();
@@ -313,23 +313,28 @@ impl Worker {
                     tracing::info!("{why}: unloaded {} and released MLX's cache", info.id);
                 }
             };
+            // Messages that came while a batch ran, before the channel's.
+            let mut deferred = std::collections::VecDeque::new();
             loop {
-                let message = match (idle, &engine) {
-                    (Some(limit), Some(_)) => match rx.recv_timeout(limit) {
-                        Ok(message) => message,
-                        Err(mpsc::RecvTimeoutError::Timeout) => {
-                            unload(&mut engine, &format!("idle for {limit:?}"));
-                            if on_idle == IdleAction::Stop {
-                                tracing::info!("idle action is `stop`: asking the server to shut down");
-                                life.stop_requested.notify_one();
+                let message = match deferred.pop_front() {
+                    Some(message) => message,
+                    None => match (idle, &engine) {
+                        (Some(limit), Some(_)) => match rx.recv_timeout(limit) {
+                            Ok(message) => message,
+                            Err(mpsc::RecvTimeoutError::Timeout) => {
+                                unload(&mut engine, &format!("idle for {limit:?}"));
+                                if on_idle == IdleAction::Stop {
+                                    tracing::info!("idle action is `stop`: asking the server to shut down");
+                                    life.stop_requested.notify_one();
+                                }
+                                continue;
                             }
-                            continue;
-                        }
-                        Err(mpsc::RecvTimeoutError::Disconnected) => break,
-                    },
-                    _ => match rx.recv() {
-                        Ok(message) => message,
-                        Err(_) => break,
+                            Err(mpsc::RecvTimeoutError::Disconnected) => break,
+                        },
+                        _ => match rx.recv() {
+                            Ok(message) => message,
+                            Err(_) => break,
+                        },
                     },
                 };
                 let reload = |engine: &mut Option<Engine>| -> Result<(), String> {
@@ -366,14 +371,32 @@ impl Worker {
                     continue;
                 }
                 if let Some(engine) = &engine {
-                    if let Ok(mut c) = running.lock() {
-                        *c = Some(job.cancel.clone());
+                    // Alone a request speculates as it asks; with others waiting, or when it
+                    // would decode plainly anyway, it runs in a batch that later ones join.
+                    let together = info.profile.max_sequences > 1
+                        && (job.request.draft_depth == 0 || depth.load(Ordering::SeqCst) > 0);
+                    if together {
+                        run_batch(
+                            engine,
+                            &info,
+                            &recorder,
+                            scripted.as_deref(),
+                            job,
+                            &rx,
+                            &depth,
+                            &running,
+                            &mut deferred,
+                        );
+                    } else {
+                        if let Ok(mut c) = running.lock() {
+                            *c = vec![job.cancel.clone()];
+                        }
+                        let used = run_job(engine, &info, &recorder, scripted.as_deref(), job);
+                        engine.after_request(used);
                     }
-                    let used = run_job(engine, &info, &recorder, scripted.as_deref(), job);
                     if let Ok(mut c) = running.lock() {
-                        *c = None;
+                        c.clear();
                     }
-                    engine.after_request(used);
                     recorder.set_prompt_cache(engine.prompt_cache_stats());
                 }
                 life.touch();
@@ -432,15 +455,15 @@ impl Worker {
         }
     }
 
-    /// Stops taking jobs, cancels the running one and waits (up to `wait`) for the engine
+    /// Stops taking jobs, cancels the running ones and waits (up to `wait`) for the engine
     /// thread to end, so the process never exits while MLX is computing on it.
     pub fn shutdown(&self, wait: Duration) {
         if let Ok(mut jobs) = self.jobs.lock() {
             jobs.take();
         }
         self.stopping.store(true, Ordering::SeqCst);
-        if let Some(cancel) = self.current.lock().ok().and_then(|c| c.clone()) {
-            cancel.cancel();
+        if let Ok(running) = self.current.lock() {
+            running.iter().for_each(CancelToken::cancel);
         }
         let deadline = std::time::Instant::now() + wait;
         while !self.finished.is_finished() && std::time::Instant::now() < deadline {
@@ -497,17 +520,51 @@ fn memory_says(info: &ModelInfo, room: usize) -> String {
     )
 }
 
-/// Runs one job; returns how many tokens of context it used (for the profile's cache trim).
+/// A job whose answer is being generated: where its events go and what they go through.
+struct Live {
+    job: Job,
+    answer: AnswerStream,
+    prompt_tokens: usize,
+    max_tokens: usize,
+    clamped: Option<Clamp>,
+}
+
+/// Runs one job alone (speculation as the request asks); returns how many tokens of context
+/// it used (for the profile's cache trim).
 fn run_job(
     engine: &Engine,
     info: &ModelInfo,
     metrics: &Metrics,
     scripted: Option<&ScriptedReplies>,
-    mut job: Job,
+    job: Job,
 ) -> usize {
+    let (mut live, generation) = match start_job(engine, info, metrics, scripted, job, false) {
+        Ok(started) => started,
+        Err(used) => return used,
+    };
+    metrics.generating.store(true, Ordering::SeqCst);
+    let _done = ClearOnDrop(&metrics.generating);
+    for event in generation {
+        if let Some(used) = on_event(&mut live, engine, metrics, event) {
+            return used;
+        }
+    }
+    live.prompt_tokens
+}
+
+/// Checks a job, renders its prompt and starts its generation (`Started` sent), or says how
+/// much context it used when it ends here (refused, counted only, its client gone).
+fn start_job<'e>(
+    engine: &'e Engine,
+    info: &ModelInfo,
+    metrics: &Metrics,
+    scripted: Option<&ScriptedReplies>,
+    mut job: Job,
+    batched: bool,
+) -> Result<(Live, engine::generate::Generation<'e>), usize> {
     let send = |e: JobEvent| job.events.blocking_send(e).is_ok();
     if job.cancel.is_cancelled() || job.events.is_closed() {
-        return 0;
+        return Err(0);
     }
     // A prompt whose text alone cannot fit is refused before the template renders it.
     let text_bytes = match &job.prompt {
@@ -527,44 +584,44 @@ fn run_job(
             "the prompt is at least {least} tokens ({text_bytes} bytes of text): {}",
             memory_says(info, memory_room)
         ))));
-        return 0;
+        return Err(0);
     }
     if least >= info.context {
         send(JobEvent::Failed(JobError::BadRequest(format!(
             "the prompt is at least {least} tokens ({text_bytes} bytes of text), and the model's context is {} tokens: it does not fit",
             info.context
         ))));
-        return 0;
+        return Err(0);
     }
     let (ids, text, thinking) = match render(engine, &job.prompt) {
         Ok(r) => r,
         Err(e) => {
             send(JobEvent::Failed(e));
-            return 0;
+            return Err(0);
         }
     };
     if ids.is_empty() {
         send(JobEvent::Failed(JobError::BadRequest("the prompt is empty".into())));
-        return 0;
+        return Err(0);
     }
     let prompt_tokens = ids.len();
     if job.count_only {
         send(JobEvent::Started { prompt_tokens, max_tokens: 0, clamped: None });
-        return 0;
+        return Err(0);
     }
     if prompt_tokens >= info.context {
         send(JobEvent::Failed(JobError::BadRequest(format!(
             "the prompt is {prompt_tokens} tokens, and the model's context is {} tokens: it does not fit",
             info.context
         ))));
-        return 0;
+        return Err(0);
     }
     if prompt_tokens >= memory_room {
         send(JobEvent::Failed(JobError::BadRequest(format!(
             "the prompt is {prompt_tokens} tokens: {}",
             memory_says(info, memory_room)
         ))));
-        return 0;
+        return Err(0);
     }
     // Agents ask for more than any context leaves (Claude Code 32K-128K): they get what fits.
     let asked = job.request.max_tokens;
@@ -591,19 +648,23 @@ fn run_job(
             Ok(tokens) => job.request.forced_tokens = Some(tokens),
             Err(e) => {
                 send(JobEvent::Failed(JobError::Internal(format!("tokenizing a scripted reply: {e}"))));
-                return 0;
+                return Err(0);
             }
         }
+    }
+    if batched {
+        // A batch decodes plainly: the MTP head drafts for one sequence at a time.
+        job.request.draft_depth = 0;
     }
     let generation = match engine.generate(job.request.clone(), job.cancel.clone()) {
         Ok(g) => g,
         Err(e) => {
             send(JobEvent::Failed(JobError::BadRequest(e.to_string())));
-            return 0;
+            return Err(0);
         }
     };
     if !send(JobEvent::Started { prompt_tokens, max_tokens, clamped }) {
-        return prompt_tokens;
+        return Err(prompt_tokens);
     }
     // With tools offered, the answer is searched for tool calls.
     let tools = match &job.prompt {
@@ -612,52 +673,133 @@ fn run_job(
         }
         Prompt::Text(_) => None,
     };
-    let mut answer = AnswerStream::new(thinking, tools);
-    metrics.generating.store(true, Ordering::SeqCst);
-    let _done = ClearOnDrop(&metrics.generating);
-    for event in generation {
-        match event {
-            Ok(Event::Text(t)) => {
-                metrics.tokens.fetch_add(1, Ordering::Relaxed);
-                if let Some(e) = answer.push(&t) {
-                    if !send(e) {
-                        // The client went away: stop at the next token; the cache goes with the generation.
-                        job.cancel.cancel();
+    let answer = AnswerStream::new(thinking, tools);
+    Ok((Live { job, answer, prompt_tokens, max_tokens, clamped }, generation))
+}
+
+/// Passes one event of a live job on to its client; how much context the job used once it
+/// ended.
+fn on_event(live: &mut Live, engine: &Engine, metrics: &Metrics, event: engine::Result<Event>) -> Option<usize> {
+    let Live { job, answer, prompt_tokens, max_tokens, clamped } = live;
+    let (prompt_tokens, max_tokens, clamped) = (*prompt_tokens, *max_tokens, *clamped);
+    let send = |e: JobEvent| job.events.blocking_send(e).is_ok();
+    match event {
+        Ok(Event::Text(t)) => {
+            metrics.tokens.fetch_add(1, Ordering::Relaxed);
+            if let Some(e) = answer.push(&t) {
+                if !send(e) {
+                    // The client went away: stop at the next token; the cache goes with the generation.
+                    job.cancel.cancel();
+                }
+            }
+            None
+        }
+        Ok(Event::Finished(summary)) => {
+            if let Some(e) = answer.finish() {
+                send(e);
+            }
+            metrics.record(&summary);
+            tracing::info!(
+                "{} prompt tokens ({} from the prompt cache; {:.1} s to the first token, {:.0} tok/s), {} generated ({:.1} tok/s), {:?}{}",
+                prompt_tokens,
+                summary.usage.cached_tokens,
+                summary.timings.ttft.as_secs_f64(),
+                summary.timings.prompt_tps,
+                summary.usage.completion_tokens,
+                summary.timings.decode_tps,
+                summary.finish_reason,
+                clamped.map(|c| format!(" (max_tokens {max_tokens} of the {} asked)", c.asked)).unwrap_or_default()
+            );
+            let reasoning_tokens = if answer.reasoning.is_empty() {
+                0
+            } else {
+                engine.tokenizer().encode(&answer.reasoning).map(|v| v.len()).unwrap_or(0)
+            };
+            let used = prompt_tokens + summary.usage.completion_tokens;
+            send(JobEvent::Finished { summary, reasoning_tokens });
+            Some(used)
+        }
+        Err(e) => {
+            send(JobEvent::Failed(JobError::Internal(e.to_string())));
+            Some(prompt_tokens)
+        }
+    }
+}
+
+/// Runs `first` and the jobs that arrive while it runs decoded together
+/// (`engine::batch::Batch`: one forward pass a step for all), at most `max` at a time (the
+/// rest wait in the channel); a job joins between steps and leaves when it ends, the others
+/// untouched. Messages other than jobs wait in `deferred` until the batch is over.
+#[allow(clippy::too_many_arguments)]
+fn run_batch<'e>(
+    engine: &'e Engine,
+    info: &ModelInfo,
+    metrics: &Metrics,
+    scripted: Option<&ScriptedReplies>,
+    first: Job,
+    rx: &mpsc::Receiver<Message>,
+    waiting: &AtomicUsize,
+    running: &std::sync::Mutex<Vec<CancelToken>>,
+    deferred: &mut std::collections::VecDeque<Message>,
+) {
+    let max = info.profile.max_sequences.max(1);
+    let mut batch: engine::batch::Batch<'e, usize> = Default::default();
+    let mut live: std::collections::HashMap<usize, Live> = Default::default();
+    let mut next_id = 0;
+    let mut admit =
+        |job: Job, batch: &mut engine::batch::Batch<'e, usize>, live: &mut std::collections::HashMap<usize, Live>| {
+            let cancel = job.cancel.clone();
+            let (l, generation) = match start_job(engine, info, metrics, scripted, job, true) {
+                Ok(started) => started,
+                Err(used) => {
+                    engine.after_request(used);
+                    return;
+                }
+            };
+            next_id += 1;
+            match batch.join(next_id, generation) {
+                Ok(()) => {
+                    live.insert(next_id, l);
+                    if let Ok(mut r) = running.lock() {
+                        r.push(cancel);
                     }
                 }
-            }
-            Ok(Event::Finished(summary)) => {
-                if let Some(e) = answer.finish() {
-                    send(e);
+                Err(e) => {
+                    let _ = l.job.events.blocking_send(JobEvent::Failed(JobError::Internal(e.to_string())));
                 }
-                metrics.record(&summary);
-                tracing::info!(
-                    "{} prompt tokens ({} from the prompt cache; {:.1} s to the first token, {:.0} tok/s), {} generated ({:.1} tok/s), {:?}{}",
-                    prompt_tokens,
-                    summary.usage.cached_tokens,
-                    summary.timings.ttft.as_secs_f64(),
-                    summary.timings.prompt_tps,
-                    summary.usage.completion_tokens,
-                    summary.timings.decode_tps,
-                    summary.finish_reason,
-                    clamped.map(|c| format!(" (max_tokens {max_tokens} of the {} asked)", c.asked)).unwrap_or_default()
-                );
-                let reasoning_tokens = if answer.reasoning.is_empty() {
-                    0
-                } else {
-                    engine.tokenizer().encode(&answer.reasoning).map(|v| v.len()).unwrap_or(0)
-                };
-                let used = prompt_tokens + summary.usage.completion_tokens;
-                send(JobEvent::Finished { summary, reasoning_tokens });
-                return used;
             }
-            Err(e) => {
-                send(JobEvent::Failed(JobError::Internal(e.to_string())));
-                return prompt_tokens;
+        };
+    admit(first, &mut batch, &mut live);
+    metrics.generating.store(true, Ordering::SeqCst);
+    let _done = ClearOnDrop(&metrics.generating);
+    loop {
+        while batch.len() < max && deferred.is_empty() {
+            match rx.try_recv() {
+                Ok(Message::Job(job)) => {
+                    waiting.fetch_sub(1, Ordering::SeqCst);
+                    admit(*job, &mut batch, &mut live);
+                }
+                Ok(other) => deferred.push_back(other),
+                Err(_) => break,
+            }
+        }
+        if batch.is_empty() {
+            break;
+        }
+        metrics.batch_size.store(batch.len(), Ordering::Relaxed);
+        for (id, event) in batch.step() {
+            let Some(l) = live.get_mut(&id) else { continue };
+            if let Some(used) = on_event(l, engine, metrics, event) {
+                if let Some(done) = live.remove(&id) {
+                    if let Ok(mut r) = running.lock() {
+                        r.retain(|c| !c.same_as(&done.job.cancel));
+                    }
+                }
+                engine.after_request(used);
             }
         }
     }
-    prompt_tokens
+    metrics.batch_size.store(0, Ordering::Relaxed);
 }
 
 /// Clears a flag when dropped (however the job ends).

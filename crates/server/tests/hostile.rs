@@ -202,7 +202,9 @@ async fn bodies_over_the_limit_get_a_413_that_names_it() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_full_queue_answers_429_with_retry_after() {
-    let options = server::worker::WorkerOptions { max_queued: Some(1), ..Default::default() };
+    // One sequence at a time: a second request waits instead of joining the batch.
+    let profile = engine::Profile { max_sequences: 1, ..Default::default() };
+    let options = server::worker::WorkerOptions { max_queued: Some(1), profile, ..Default::default() };
     let s = start_configured(None, options, |_| {}).await;
     let client = reqwest::Client::new();
     let long = chat(json!({"max_tokens": 4000, "ignore_eos": true, "stream": true}));

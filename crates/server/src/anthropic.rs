@@ -161,7 +161,7 @@ fn unseen(b: &Block) -> bool {
     )
 }
 
-fn prompt(p: &PromptPart) -> Result<Prompt, ApiError> {
+fn prompt(p: &PromptPart, choice: &ToolChoice) -> Result<Prompt, ApiError> {
     if p.messages.is_empty() {
         return Err(ApiError::bad_request("messages: must not be empty").with_param("messages"));
     }
@@ -213,7 +213,7 @@ fn prompt(p: &PromptPart) -> Result<Prompt, ApiError> {
         }
     }
     let mut vars = serde_json::Map::new();
-    if !p.tools.is_empty() && ToolChoice::anthropic(p.tool_choice.as_ref())? != ToolChoice::None {
+    if !p.tools.is_empty() && *choice != ToolChoice::None {
         let tools: Vec<TemplateTool> = p
             .tools
             .iter()
@@ -258,7 +258,7 @@ fn stop_reason(answer: &Answer) -> &'static str {
 pub async fn count_tokens(State(state): State<AppState>, body: Bytes) -> Result<Response, AnthropicError> {
     let p: PromptPart = parse(&body)?;
     let loaded = state.resolve_model(&p.model)?;
-    let prompt = prompt(&p)?;
+    let prompt = prompt(&p, &ToolChoice::anthropic(p.tool_choice.as_ref())?)?;
     let running = loaded.worker.run(prompt, GenerateRequest::greedy(vec![], 1), true).await?;
     Ok(Json(TokenCount { input_tokens: running.prompt_tokens }).into_response())
 }
@@ -267,7 +267,8 @@ pub async fn messages(State(state): State<AppState>, body: Bytes) -> Result<Resp
     let p: PromptPart = parse(&body)?;
     let g: Generation = parse(&body)?;
     let loaded = state.resolve_model(&p.model)?;
-    let prompt = prompt(&p)?;
+    let choice = ToolChoice::anthropic(p.tool_choice.as_ref())?;
+    let prompt = prompt(&p, &choice)?;
     let settings = Settings {
         max_tokens: g.max_tokens,
         max_tokens_field: "max_tokens",
@@ -282,7 +283,6 @@ pub async fn messages(State(state): State<AppState>, body: Bytes) -> Result<Resp
         ignore_eos: false,
     };
     let mut request = settings.request(&loaded)?;
-    let choice = ToolChoice::anthropic(p.tool_choice.as_ref())?;
     request.grammar = choice.grammar(tool_choice::offered(&prompt), loaded.worker.info.call_syntax)?;
     let running = loaded.worker.run(prompt, request, false).await?;
     let headers = state.speed_headers(&loaded, running.max_tokens, running.clamped);
@@ -535,7 +535,7 @@ mod fuzz {
         fn message_bodies_never_panic(body in crate::fuzz::body()) {
             let body = Bytes::from(body);
             if let Ok(p) = parse::<PromptPart>(&body) {
-                if let Err(e) = prompt(&p) {
+                if let Err(e) = ToolChoice::anthropic(p.tool_choice.as_ref()).and_then(|c| prompt(&p, &c)) {
                     prop_assert!(e.status.is_client_error(), "{}", e.message);
                 }
             }

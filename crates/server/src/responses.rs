@@ -264,7 +264,7 @@ fn text_of(content: &Option<Content>) -> String {
 }
 
 /// The chat prompt of a request, and the tools it offers (their chat-template form taken).
-fn prompt(req: &ResponsesRequest) -> Result<(Prompt, Offered), ApiError> {
+fn prompt(req: &ResponsesRequest, choice: &ToolChoice) -> Result<(Prompt, Offered), ApiError> {
     if req.previous_response_id.is_some() {
         return Err(ApiError::bad_request(
             "previous_response_id: Ferrite keeps no responses (store is not supported); send the whole history in `input`",
@@ -351,7 +351,7 @@ fn prompt(req: &ResponsesRequest) -> Result<(Prompt, Offered), ApiError> {
     for item in items.iter().filter(|i| i.kind.as_deref() == Some("additional_tools")) {
         offered.add(&item.tools);
     }
-    if ToolChoice::responses(req.tool_choice.as_ref(), None)? == ToolChoice::None {
+    if *choice == ToolChoice::None {
         offered.tools.clear();
     }
     if !offered.tools.is_empty() {
@@ -371,7 +371,8 @@ fn now() -> u64 {
 pub async fn responses(State(state): State<AppState>, body: Bytes) -> Result<Response, ApiError> {
     let req: ResponsesRequest = parse(&body)?;
     let loaded = state.resolve_model(&req.model)?;
-    let (prompt, offered) = prompt(&req)?;
+    let choice = ToolChoice::responses(req.tool_choice.as_ref(), req.parallel_tool_calls)?;
+    let (prompt, offered) = prompt(&req, &choice)?;
     let settings = Settings {
         max_tokens: req.max_output_tokens.unwrap_or(crate::openai::DEFAULT_MAX_TOKENS),
         max_tokens_field: "max_output_tokens",
@@ -389,7 +390,6 @@ pub async fn responses(State(state): State<AppState>, body: Bytes) -> Result<Res
         Some(format) => format.grammar()?,
         None => None,
     };
-    let choice = ToolChoice::responses(req.tool_choice.as_ref(), req.parallel_tool_calls)?;
     if let Some(calls) = choice.grammar(tool_choice::offered(&prompt), loaded.worker.info.call_syntax)? {
         request.grammar = Some(calls);
     }
@@ -881,7 +881,7 @@ mod fuzz {
         fn responses_bodies_never_panic(body in crate::fuzz::body()) {
             let body = Bytes::from(body);
             if let Ok(req) = parse::<ResponsesRequest>(&body) {
-                if let Err(e) = prompt(&req) {
+                if let Err(e) = ToolChoice::responses(req.tool_choice.as_ref(), None).and_then(|c| prompt(&req, &c)) {
                     prop_assert!(e.status.is_client_error(), "{}", e.message);
                 }
             }

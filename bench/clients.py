@@ -1,20 +1,24 @@
-"""Concurrent streaming clients against one server: each client a distinct prompt, all sent
-at once; per stream its time to first token and decode tok/s ((tokens - 1) / (last token -
+"""Concurrent streaming clients against one or more servers: each client a distinct prompt, all
+sent at once; per stream its time to first token and decode tok/s ((tokens - 1) / (last token -
 first token), tokens counted from the stream's chunks), and the total tok/s of the run (every
-token over the time from the first client's send to the last token). bench/clients.sh runs
-`ferrite serve` and `mlx_lm.server` on the same model in one run.
+token over the time from the first client's send to the last token). With several servers the
+runs alternate server by server within each round (a noisy machine weighs on all alike).
+bench/clients.sh runs `ferrite serve` and `mlx_lm.server` on the same model in one run.
 
-    python bench/clients.py --base http://127.0.0.1:PORT --model ID [--clients 1,2,4,8 --max-tokens 64]
-Prints one JSON line per client count.
+    python bench/clients.py --server LABEL=URL=MODEL_ID [--server ...] [--clients 1,2,4,8
+        --max-tokens 64 --rounds 1]
+
+Prints one JSON line per server, client count and round. Standard library only (it runs on
+GPU machines with nothing installed).
 """
 
 import argparse
-import asyncio
+import http.client
 import json
 import statistics
+import threading
 import time
-
-import httpx
+import urllib.parse
 
 PROMPTS = [
     "Write a Python function that reads a config file.",
@@ -28,50 +32,72 @@ PROMPTS = [
 ]
 
 
-async def stream(client, base, model, prompt, max_tokens):
-    body = {"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
-            "temperature": 0, "stream": True}
+def stream(base, model, prompt, max_tokens, out, start):
+    """One streaming chat completion; its send, first and last token times and token count."""
+    url = urllib.parse.urlsplit(base)
+    body = json.dumps({"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
+                       "temperature": 0, "stream": True})
+    conn = http.client.HTTPConnection(url.hostname, url.port, timeout=900)
+    start.wait()
     sent = time.perf_counter()
     first = last = None
     chunks = 0
-    async with client.stream("POST", f"{base}/v1/chat/completions", json=body) as r:
-        r.raise_for_status()
-        async for line in r.aiter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            for choice in json.loads(line[6:]).get("choices", []):
-                delta = choice.get("delta", {})
-                if delta.get("content") or delta.get("reasoning_content") or delta.get("reasoning"):
-                    last = time.perf_counter()
-                    first = first or last
-                    chunks += 1
-    return {"sent": sent, "first": first, "last": last, "tokens": chunks}
+    conn.request("POST", "/v1/chat/completions", body=body, headers={"content-type": "application/json"})
+    r = conn.getresponse()
+    if r.status != 200:
+        raise RuntimeError(f"{base}: HTTP {r.status}: {r.read()[:300]!r}")
+    for raw in r:
+        line = raw.decode("utf-8", "replace").strip()
+        if not line.startswith("data: ") or line == "data: [DONE]":
+            continue
+        for choice in json.loads(line[6:]).get("choices", []):
+            delta = choice.get("delta", {})
+            if delta.get("content") or delta.get("reasoning_content") or delta.get("reasoning"):
+                last = time.perf_counter()
+                first = first or last
+                chunks += 1
+    conn.close()
+    out.append({"sent": sent, "first": first, "last": last, "tokens": chunks})
 
 
-async def run(base, model, n, max_tokens):
-    async with httpx.AsyncClient(timeout=600) as client:
-        streams = await asyncio.gather(*(stream(client, base, model, PROMPTS[i % len(PROMPTS)], max_tokens)
-                                         for i in range(n)))
-    start = min(s["sent"] for s in streams)
+def run(base, model, n, max_tokens):
+    streams, start = [], threading.Event()
+    threads = [threading.Thread(target=stream, args=(base, model, PROMPTS[i % len(PROMPTS)], max_tokens, streams,
+                                                      start)) for i in range(n)]
+    for t in threads:
+        t.start()
+    start.set()
+    for t in threads:
+        t.join()
+    if len(streams) < n:
+        raise RuntimeError(f"{base}: {n - len(streams)} of {n} streams failed")
+    begin = min(s["sent"] for s in streams)
     end = max(s["last"] for s in streams if s["last"])
     rates = [(s["tokens"] - 1) / (s["last"] - s["first"]) for s in streams if s["tokens"] > 1 and s["last"] > s["first"]]
     return {"clients": n, "tokens": sum(s["tokens"] for s in streams),
-            "total_tps": round(sum(s["tokens"] for s in streams) / (end - start), 1),
+            "total_tps": round(sum(s["tokens"] for s in streams) / (end - begin), 1),
             "per_stream_tps_median": round(statistics.median(rates), 1) if rates else None,
             "ttft_s_median": round(statistics.median(s["first"] - s["sent"] for s in streams if s["first"]), 3)}
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--base", required=True)
-    p.add_argument("--model", required=True)
+    p.add_argument("--server", action="append", required=True, help="LABEL=URL=MODEL_ID")
     p.add_argument("--clients", default="1,2,4,8")
     p.add_argument("--max-tokens", type=int, default=64)
-    p.add_argument("--label", default="")
+    p.add_argument("--rounds", type=int, default=1)
+    p.add_argument("--warm-tokens", type=int, default=8,
+                   help="tokens of the warm-up run at each client count first (0: none; then read round 1 as warm)")
     a = p.parse_args()
-    asyncio.run(run(a.base, a.model, 1, 8))  # warm-up
-    for n in [int(x) for x in a.clients.split(",")]:
-        print(json.dumps({"server": a.label, **asyncio.run(run(a.base, a.model, n, a.max_tokens))}), flush=True)
+    servers = [s.split("=", 2) for s in a.server]
+    counts = [int(x) for x in a.clients.split(",")]
+    for label, base, model in servers:
+        for n in counts if a.warm_tokens else []:  # warm-up: every batch shape once
+            run(base, model, n, a.warm_tokens)
+    for r in range(a.rounds):
+        for n in counts:
+            for label, base, model in servers:
+                print(json.dumps({"server": label, "round": r + 1, **run(base, model, n, a.max_tokens)}), flush=True)
 
 
 if __name__ == "__main__":

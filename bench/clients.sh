@@ -1,25 +1,27 @@
 #!/usr/bin/env bash
 # 1, 2, 4 and 8 concurrent streaming clients (distinct prompts) against `ferrite serve` and
-# `mlx_lm.server` (0.32.0) on the same model, one after the other in one run: total and
-# per-stream decode tok/s and time to first token (bench/clients.py).
-#   bench/clients.sh [MODEL_DIR] [--clients 1,2,4,8 --max-tokens 64]
+# `mlx_lm.server` (0.32.0) on the same model, both up at once and their runs alternating
+# (bench/clients.py): total and per-stream decode tok/s and time to first token.
+#   bench/clients.sh [MODEL_DIR] [--clients 1,2,4,8 --max-tokens 64 --rounds 1]
+# PROFILE (default sustained: at most 4 requests decode together; turbo: 8), DRAFT (0).
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 model=${1:-$root/assets/models/ferrite-code-20m}
 shift || true
 free_port() { "$PYTHON" -c "import socket; s=socket.socket(); s.bind(('127.0.0.1',0)); print(s.getsockname()[1])"; }
-wait_up() { for _ in $(seq 1200); do curl -sf "http://127.0.0.1:$1/v1/models" >/dev/null && return; sleep 0.1; done; return 1; }
+# Up when PATH answers (mlx_lm.server's /v1/models fails where no Hugging Face cache folder exists).
+wait_up() { for _ in $(seq 3000); do curl -sf "http://127.0.0.1:$1$2" >/dev/null && return; sleep 0.2; done; echo "no answer on :$1$2" >&2; return 1; }
 out=$BENCH_DIR/clients.jsonl
 : > "$out"
-port=$(free_port)
-FERRITE_PROMPT_CACHE_MB=0 FERRITE_PROMPT_DISK_GB=0 RUST_LOG=warn "$FERRITE" serve --model "$model" --port "$port" --draft-depth 0 &
-server=$!
-trap 'kill $server 2>/dev/null; wait $server 2>/dev/null || true' EXIT
-wait_up "$port"
-"$PYTHON" "$root/bench/clients.py" --base "http://127.0.0.1:$port" --model ferrite --label ferrite "$@" | tee -a "$out"
-kill $server; wait $server 2>/dev/null || true
-port=$(free_port)
-"$PYTHON" -m mlx_lm.server --model "$model" --port "$port" 2>/dev/null &
-server=$!
-wait_up "$port"
-"$PYTHON" "$root/bench/clients.py" --base "http://127.0.0.1:$port" --model "$model" --label mlx_lm.server "$@" | tee -a "$out"
+ours=$(free_port)
+FERRITE_PROMPT_CACHE_MB=0 FERRITE_PROMPT_DISK_GB=0 RUST_LOG=warn "$FERRITE" serve --model "$model" --port "$ours" \
+  --draft-depth "${DRAFT:-0}" --profile "${PROFILE:-sustained}" &
+ferrite=$!
+peer=$(free_port)
+"$PYTHON" -m mlx_lm.server --model "$model" --port "$peer" 2>"$BENCH_DIR/mlx_lm.server.log" &
+mlx=$!
+trap 'kill $ferrite $mlx 2>/dev/null; wait 2>/dev/null || true' EXIT
+wait_up "$ours" /v1/models
+wait_up "$peer" /health
+"$PYTHON" "$root/bench/clients.py" --server "ferrite=http://127.0.0.1:$ours=ferrite" \
+  --server "mlx_lm.server=http://127.0.0.1:$peer=$model" "$@" | tee -a "$out"

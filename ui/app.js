@@ -193,6 +193,19 @@ function stateText(u) {
   return ["ready", ""];
 }
 
+// Requests generating together: each one's rate, and who waits.
+function showStreams(streams, batching) {
+  const waiting = batching ? batching.waiting : 0;
+  const el = $("streams");
+  el.hidden = streams.length < 2 && !waiting;
+  const rates = streams.map((s) => `${s.tokens_per_s.toFixed(1)}`).join(" · ");
+  const parts = [];
+  if (streams.length > 1) parts.push(`${streams.length} requests together: ${rates} tok/s each`);
+  if (batching && batching.prefilling) parts.push(`${batching.prefilling} reading their prompts`);
+  if (waiting) parts.push(`${waiting} waiting${batching.waiting_for_memory ? " (for memory)" : ""}`);
+  el.textContent = parts.join(" · ");
+}
+
 function onUpdate(u) {
   if (u.model !== currentModel) {
     currentModel = u.model;
@@ -211,6 +224,7 @@ function onUpdate(u) {
   $("draft").textContent = `${u.draft_depth} (${u.draft_depth_source})`;
   showTuning(u.tuning, u);
   $("tps-now").textContent = u.tokens_per_s_now.toFixed(1);
+  showStreams(u.streams || [], u.batching);
   const t = Date.now() / 1000;
   history.push([t, u.tokens_per_s_now]);
   while (history.length && t - history[0][0] > WINDOW_S) history.shift();

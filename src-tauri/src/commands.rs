@@ -77,7 +77,13 @@ pub fn lines(state: &server::AppState) -> Vec<String> {
         format!("{} stopped (starts on the next request)", info.id)
     };
     let live = metrics.live();
-    let speed = if metrics.generating.load(Ordering::SeqCst) {
+    let streams = metrics.streams();
+    let speed = if streams.len() > 1 {
+        let total: f64 = streams.iter().map(|s| s.tokens_per_s).sum();
+        format!("Generating: {} requests together, {total:.1} tok/s in all", streams.len())
+    } else if let Some(s) = streams.first().filter(|s| s.tokens_per_s > 0.0) {
+        format!("Generating: {:.1} tok/s", s.tokens_per_s)
+    } else if metrics.generating.load(Ordering::SeqCst) {
         "Generating…".to_string()
     } else if live.last_decode_tps > 0.0 {
         format!("Last request: {:.1} tok/s decode, {:.0} tok/s prompt", live.last_decode_tps, live.last_prompt_tps)

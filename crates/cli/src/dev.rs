@@ -77,6 +77,13 @@ pub enum Command {
         tokens: usize,
         #[arg(long, default_value_t = 3)]
         rounds: usize,
+        /// Instead: one stream decodes while a newcomer with a prompt of this many tokens
+        /// joins; its prefill interleaved at each of `--interleave` tokens a step.
+        #[arg(long)]
+        join_prompt: Option<usize>,
+        /// Newcomer prompt tokens prefilled per step (0: the whole prompt in one step).
+        #[arg(long, value_delimiter = ',', default_values_t = [0usize, 1024, 512, 256, 128])]
+        interleave: Vec<usize>,
     },
 }
 
@@ -219,7 +226,10 @@ pub fn run(cmd: Command) -> Result<()> {
         Command::TrainTokenizer { docs, vocab, out } => return train_tokenizer(&docs, vocab, &out),
         Command::Tokenize { tokenizer, docs, out } => return tokenize(&tokenizer, &docs, &out),
         Command::Ops { model, context, prefill, json } => return ops(&model, &context, prefill, json),
-        Command::Batch { model, streams, tokens, rounds } => {
+        Command::Batch { model, rounds, join_prompt: Some(prompt), interleave, .. } => {
+            return crate::batch::interleave(&model, prompt, &interleave, rounds.max(1))
+        }
+        Command::Batch { model, streams, tokens, rounds, join_prompt: None, .. } => {
             return crate::batch::run(&model, &streams, tokens, rounds.max(1))
         }
         Command::Perplexity { model, text, tokens, skip, window, chunk } => {

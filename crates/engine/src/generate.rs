@@ -146,6 +146,8 @@ pub struct Engine {
     /// The form its quantized matrices were loaded in, and why.
     weight_form: WeightChoice,
     prefill_chunk: usize,
+    /// See [`Engine::prefill_interleave`].
+    prefill_interleave: usize,
     /// The runtime profile this engine was loaded with (its prefill chunk is `prefill_chunk`).
     profile: Profile,
     /// Speculative-decoding figures summed over every request this engine served.
@@ -196,6 +198,21 @@ impl Engine {
     /// Prompt tokens per prefill pass (the profile's, unless changed).
     pub fn prefill_chunk(&self) -> usize {
         self.prefill_chunk
+    }
+
+    /// Prompt tokens of a newcomer prefilled per step of a running batch: the profile's, a
+    /// divisor of the prefill chunk (else the prefill chunk itself).
+    pub fn prefill_interleave(&self) -> usize {
+        match self.prefill_interleave {
+            n if n > 0 && self.prefill_chunk.is_multiple_of(n) => n,
+            _ => self.prefill_chunk.max(1),
+        }
+    }
+
+    /// Prefill `tokens` prompt tokens of a newcomer per step of a running batch (benchmarks
+    /// compare settings; see [`Engine::prefill_interleave`]).
+    pub fn set_prefill_interleave(&mut self, tokens: usize) {
+        self.prefill_interleave = tokens;
     }
 
     /// Prefill `tokens` prompt tokens per pass (at least 1): tests make long prompts span
@@ -329,6 +346,7 @@ impl Engine {
             backend,
             weight_form,
             prefill_chunk: profile.prefill_chunk,
+            prefill_interleave: profile.prefill_interleave,
             prompt_cache: std::sync::Mutex::new(PromptCache::new(profile.prompt_cache_bytes(device::total_memory()))),
             profile,
             spec_totals: Default::default(),
@@ -432,6 +450,8 @@ impl Engine {
             generated: 0,
             tokens: Vec::new(),
             checkpoints: Vec::new(),
+            prefill: None,
+            spec_before_batch: None,
             started: Instant::now(),
             first_token_at: None,
             last_token_at: None,
@@ -501,12 +521,22 @@ pub struct Generation<'a> {
     tokens: Vec<u32>,
     /// A hybrid's checkpoints of the prompt, for the entry kept at the answer's end.
     checkpoints: Vec<Checkpoint>,
+    /// Where a prefill under way has got to.
+    prefill: Option<Prefill>,
+    /// The speculative figures of a generation that went on decoding plainly in a batch.
+    spec_before_batch: Option<SpecStats>,
     started: Instant,
     first_token_at: Option<Instant>,
     last_token_at: Option<Instant>,
     /// Set when the stream must end after the text already returned.
     finish: Option<FinishReason>,
     done: bool,
+}
+
+/// A prefill under way: prompt tokens in the cache so far, and a hybrid's checkpoints.
+struct Prefill {
+    at: usize,
+    checkpoints: Vec<Checkpoint>,
 }
 
 impl Generation<'_> {
@@ -537,53 +567,87 @@ impl Generation<'_> {
         Ok(token)
     }
 
+    /// The whole prompt in, the first token out (lazy): [`Generation::begin_prefill`], every
+    /// chunk, then [`Generation::end_prefill`].
     fn prefill(&mut self) -> Result<Array> {
+        self.begin_prefill()?;
+        let chunk = self.engine.prefill_chunk;
+        while self.prefill_chunk(chunk)? {}
+        self.end_prefill()
+    }
+
+    /// Restores the longest cached prefix of the prompt (it is not computed again) and sets
+    /// where the prefill starts.
+    fn begin_prefill(&mut self) -> Result<()> {
         mlx_rs::memory::reset_peak_memory()?;
-        let model = self.engine.model.as_ref();
-        let prompt = self.request.prompt.clone();
-        let (head, last) = prompt.split_at(prompt.len() - 1);
-        // The longest cached prefix of the prompt is restored, not computed again.
-        let mut checkpoints = Vec::new();
+        let prompt = &self.request.prompt;
+        let head = prompt.len() - 1;
         let hit = match self.engine.prompt_cache.lock() {
-            Ok(mut cache) => cache.lookup(&prompt, head.len(), self.spec.is_some())?,
+            Ok(mut cache) => cache.lookup(prompt, head, self.spec.is_some())?,
             Err(_) => None,
         };
+        let mut prefill = Prefill { at: 0, checkpoints: Vec::new() };
         if let Some(hit) = hit {
             self.cached_tokens = hit.len;
-            checkpoints = hit.checkpoints.clone();
+            prefill = Prefill { at: hit.len, checkpoints: hit.checkpoints.clone() };
             let mtp = hit.restore(&mut self.cache);
             if let (Some(spec), Some((layers, last_hidden))) = (&mut self.spec, mtp) {
                 spec.restore(layers, last_hidden);
             }
         }
-        // Chunks end at multiples of the chunk size, where a hybrid's state is checkpointed.
-        let chunk = self.engine.prefill_chunk.max(1);
-        let hybrid = self.cache.layers.iter().any(|l| matches!(l, LayerCache::Linear(_)));
-        let mut at = self.cached_tokens;
-        while at < head.len() {
-            if self.cancel.is_cancelled() {
-                break;
-            }
-            let end = ((at / chunk + 1) * chunk).min(head.len());
-            let part = &head[at..end];
-            let ids = Array::from_slice(part, &[1, part.len() as i32]);
-            // Only the cache is evaluated: the logits of these positions are never computed.
-            let hidden = model.hidden(&ids, &mut self.cache)?;
-            if let Some(spec) = &mut self.spec {
-                spec.observe(part, &hidden)?;
-            }
-            eval(self.cache.arrays())?;
-            at = end;
-            if hybrid {
-                checkpoints.push(Checkpoint::of(&self.cache, self.spec.as_ref().and_then(|s| s.last_hidden())));
-            }
+        self.prefill = Some(prefill);
+        Ok(())
+    }
+
+    /// Prompt tokens not yet in the cache (the last one, fed by [`Generation::end_prefill`],
+    /// not counted).
+    fn prefill_left(&self) -> usize {
+        let head = self.request.prompt.len() - 1;
+        self.prefill.as_ref().map_or(0, |p| head.saturating_sub(p.at))
+    }
+
+    /// Feeds the next chunk of the prompt (but its last token) to the model, ending at the
+    /// next multiple of `size`; whether another follows. A hybrid's state is checkpointed at
+    /// multiples of the engine's prefill chunk (and at the prompt's end), whatever `size`; a
+    /// cancelled request stops here.
+    fn prefill_chunk(&mut self, size: usize) -> Result<bool> {
+        let model = self.engine.model.as_ref();
+        let head = &self.request.prompt[..self.request.prompt.len() - 1];
+        let Some(prefill) = &mut self.prefill else { return Ok(false) };
+        if prefill.at >= head.len() || self.cancel.is_cancelled() {
+            return Ok(false);
         }
-        if at == head.len() && !head.is_empty() && !self.cancel.is_cancelled() {
+        let size = size.max(1);
+        let end = ((prefill.at / size + 1) * size).min(head.len());
+        let part = &head[prefill.at..end];
+        let ids = Array::from_slice(part, &[1, part.len() as i32]);
+        // Only the cache is evaluated: the logits of these positions are never computed.
+        let hidden = model.hidden(&ids, &mut self.cache)?;
+        if let Some(spec) = &mut self.spec {
+            spec.observe(part, &hidden)?;
+        }
+        eval(self.cache.arrays())?;
+        prefill.at = end;
+        let boundary = end.is_multiple_of(self.engine.prefill_chunk.max(1)) || end == head.len();
+        if boundary && self.cache.layers.iter().any(|l| matches!(l, LayerCache::Linear(_))) {
+            prefill.checkpoints.push(Checkpoint::of(&self.cache, self.spec.as_ref().and_then(|s| s.last_hidden())));
+        }
+        Ok(end < head.len())
+    }
+
+    /// Keeps the prompt's state in the prompt cache, feeds its last token and draws the first
+    /// token of the answer (lazy).
+    fn end_prefill(&mut self) -> Result<Array> {
+        let model = self.engine.model.as_ref();
+        let prefill = self.prefill.take().unwrap_or(Prefill { at: 0, checkpoints: Vec::new() });
+        let prompt = self.request.prompt.clone();
+        let (head, last) = prompt.split_at(prompt.len() - 1);
+        if prefill.at == head.len() && !head.is_empty() && !self.cancel.is_cancelled() {
             // The MTP head's cache is kept only when it saw the whole head (one position fewer).
             let mtp = self.spec.as_ref().map(|s| s.mtp_cache()).filter(|m| m.offset() as usize + 1 == head.len());
-            self.checkpoints = checkpoints.clone();
+            self.checkpoints = prefill.checkpoints.clone();
             if let Ok(mut cache) = self.engine.prompt_cache.lock() {
-                cache.insert(head, &self.cache, mtp, checkpoints)?;
+                cache.insert(head, &self.cache, mtp, prefill.checkpoints)?;
             }
         }
         let Some(spec) = &mut self.spec else {
@@ -682,7 +746,7 @@ impl Generation<'_> {
                 completion_tokens: self.generated,
                 cached_tokens: self.cached_tokens,
             },
-            speculative: self.spec.as_ref().map(|s| s.stats.clone()),
+            speculative: self.spec.as_ref().map(|s| s.stats.clone()).or_else(|| self.spec_before_batch.clone()),
             stop_string: self.stops.matched.clone(),
             timings: Timings {
                 ttft: prefill,
@@ -824,13 +888,82 @@ impl Generation<'_> {
 
 /// What a batched decode step (`batch.rs`) asks of each generation in it.
 impl<'a> Generation<'a> {
-    /// Runs the prefill and schedules the first token, without speculation (a batch decodes
-    /// plainly).
+    /// Makes the generation ready for a batch's next step: a new one is prefilled and its
+    /// first token scheduled; a speculative one goes on decoding plainly
+    /// ([`Generation::can_join_batch`]). A batch decodes plainly: the MTP head drafts for one
+    /// sequence at a time.
     pub(crate) fn start_batched(&mut self) -> Result<()> {
-        if self.generated == 0 && self.pending.is_none() {
-            self.spec = None;
-            self.pending = Some(self.prefill()?);
+        if self.needs_prefill() {
+            self.begin_batched_prefill()?;
+            let chunk = self.engine.prefill_chunk;
+            while self.prefill_chunk(chunk)? {}
+            self.finish_batched_prefill()
+        } else {
+            self.leave_speculation()
         }
+    }
+
+    /// Whether nothing of the prompt has been fed to the model yet.
+    pub(crate) fn needs_prefill(&self) -> bool {
+        self.generated == 0 && self.pending.is_none() && self.prefill.is_none() && !self.done
+    }
+
+    /// Starts a prefill a batch feeds chunk by chunk ([`Generation::prefill_step`]), without
+    /// speculation.
+    pub(crate) fn begin_batched_prefill(&mut self) -> Result<()> {
+        self.spec = None;
+        self.begin_prefill()
+    }
+
+    /// One interleaved chunk of the prompt (the engine's [`Engine::prefill_interleave`]
+    /// tokens); whether another follows.
+    pub(crate) fn prefill_step(&mut self) -> Result<bool> {
+        self.prefill_chunk(self.engine.prefill_interleave())
+    }
+
+    /// Prompt tokens the prefill has still to feed.
+    pub(crate) fn prefill_remaining(&self) -> usize {
+        self.prefill_left()
+    }
+
+    /// Ends a batched prefill: the first token is scheduled.
+    pub(crate) fn finish_batched_prefill(&mut self) -> Result<()> {
+        let first = self.end_prefill()?;
+        async_eval([&first])?;
+        self.pending = Some(first);
+        Ok(())
+    }
+
+    /// Whether the generation can go on in a batch from here: it has started, has not ended,
+    /// and every token it committed has been returned (a speculative one is between cycles).
+    pub fn can_join_batch(&self) -> bool {
+        !self.done
+            && self.finish.is_none()
+            && self.generated > 0
+            && self.queue.is_empty()
+            && self.grammar_ended.is_none()
+            && (self.spec.is_some() || self.pending.is_some())
+    }
+
+    /// A speculative generation between cycles goes on decoding plainly: its trunk cache holds
+    /// every token but the last, which is fed now to schedule the next; the penalties' window
+    /// is rebuilt from what was generated; the MTP head and its cache are dropped (their
+    /// figures stay for the summary).
+    fn leave_speculation(&mut self) -> Result<()> {
+        let Some(spec) = self.spec.take() else { return Ok(()) };
+        self.spec_before_batch = Some(spec.stats.clone());
+        let penalties = self.request.sampling.penalties;
+        if !penalties.is_off() {
+            let seen: Vec<u32> = self.request.prompt.iter().chain(&self.tokens).copied().collect();
+            self.recent = Some(Recent::new(penalties, &seen));
+        }
+        let last = *self
+            .tokens
+            .last()
+            .ok_or_else(|| Error::Request("a generation joined a batch before its first token".into()))?;
+        let next = self.step(&Array::from_slice(&[last], &[1, 1]))?;
+        async_eval([&next])?;
+        self.pending = Some(next);
         Ok(())
     }
 
@@ -852,6 +985,12 @@ impl<'a> Generation<'a> {
                 Err(Box::new(self.finished(FinishReason::Length)))
             }
         }
+    }
+
+    /// Tokens of context its KV cache holds now, and may hold at most (the prompt and the
+    /// longest answer).
+    pub(crate) fn kv_tokens(&self) -> (usize, usize) {
+        (self.cache.offset().max(0) as usize, self.request.prompt.len() + self.request.max_tokens)
     }
 
     pub(crate) fn cache_mut(&mut self) -> &mut Cache {

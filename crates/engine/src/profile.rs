@@ -60,6 +60,14 @@ pub struct Profile {
     /// Requests decoded together at most (one forward pass a step for all of them); more wait
     /// in the queue.
     pub max_sequences: usize,
+    /// Prompt tokens of a newcomer prefilled per decode step while others decode (a divisor
+    /// of `prefill_chunk`): smaller keeps their tokens coming, larger brings the newcomer's
+    /// first token sooner (bench/results/batch.md measures both).
+    pub prefill_interleave: usize,
+    /// The share of the memory left beside the model that the KV caches of a batch may
+    /// reserve (each request its prompt and longest answer); a newcomer beyond it waits until
+    /// others end. A request alone may use all of it.
+    pub batch_memory_share: f64,
 }
 
 impl Profile {
@@ -74,6 +82,8 @@ impl Profile {
                 wire_weights: false,
                 prompt_cache_fraction: 1.0 / 16.0,
                 max_sequences: 4,
+                prefill_interleave: 256,
+                batch_memory_share: 0.5,
             },
             ProfileName::Turbo => Profile {
                 name,
@@ -84,6 +94,8 @@ impl Profile {
                 wire_weights: true,
                 prompt_cache_fraction: 1.0 / 8.0,
                 max_sequences: 8,
+                prefill_interleave: 512,
+                batch_memory_share: 0.9,
             },
         }
     }
@@ -158,6 +170,8 @@ mod tests {
             "wire_weights",
             "prompt_cache_fraction",
             "max_sequences",
+            "prefill_interleave",
+            "batch_memory_share",
         ] {
             assert!(k.get(field).is_some(), "{field} missing from {k}");
         }

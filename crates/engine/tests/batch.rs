@@ -178,3 +178,131 @@ fn the_cuda_graph_cache_is_raised_before_main() {
     let size = std::env::var("MLX_CUDA_GRAPH_CACHE_SIZE").unwrap_or_default();
     assert!(size.parse::<u32>().is_ok(), "MLX_CUDA_GRAPH_CACHE_SIZE is {size:?}");
 }
+
+/// The text of a generation run alone, and its finish reason.
+fn alone_text(e: &engine::Engine, request: &engine::GenerateRequest) -> String {
+    e.generate_text(request.clone()).unwrap().0
+}
+
+/// Steps `batch` to its end; each key's text, and its summary.
+fn run_out<K: Clone + Eq + std::hash::Hash>(
+    batch: &mut engine::batch::Batch<'_, K>,
+    texts: &mut std::collections::HashMap<K, String>,
+) -> std::collections::HashMap<K, engine::Summary> {
+    let mut summaries = std::collections::HashMap::new();
+    while !batch.is_empty() {
+        for (key, event) in batch.step() {
+            match event.unwrap() {
+                engine::Event::Text(t) => texts.entry(key).or_default().push_str(&t),
+                engine::Event::Finished(s) => assert!(summaries.insert(key, s).is_none()),
+            }
+        }
+    }
+    summaries
+}
+
+/// A request running alone with speculation goes on in a batch when others come (the server
+/// hands it over between its cycles): greedy, its answer is the one it gives alone, and so is
+/// the newcomer's; its summary keeps the speculative figures of its cycles. The embedded model
+/// and a hybrid with an MTP head.
+#[test]
+fn a_speculating_generation_joins_a_batch_and_answers_as_alone() {
+    use engine::batch::Batch;
+    use engine::{CancelToken, Engine, Event, GenerateRequest, Penalties, SamplingParams};
+
+    let hybrid = {
+        let mut o = common::options(Architecture::Qwen3Next, "tiny", None, 32, Dtype::Float32);
+        o.mtp = true;
+        common::make(&o)
+    };
+    for dir in [common::repo_root().join("assets/models/ferrite-code-20m"), hybrid.path().to_path_buf()] {
+        let mut e = Engine::load(&dir).unwrap();
+        e.set_prompt_cache_budget(0);
+        let ids = |text: &str| e.tokenizer().encode(text).unwrap();
+        let speculating = GenerateRequest {
+            draft_depth: 2,
+            sampling: SamplingParams {
+                penalties: Penalties { repetition: 1.2, presence: 0.0, frequency: 0.0 },
+                ..SamplingParams::greedy()
+            },
+            ..GenerateRequest::greedy(ids("def read_config(path):\n"), 40)
+        };
+        let newcomer = GenerateRequest::greedy(ids("fn main() {\n    let args"), 24);
+        let plain = GenerateRequest { draft_depth: 0, ..speculating.clone() };
+        let (want_a, want_b) = (alone_text(&e, &plain), alone_text(&e, &newcomer));
+
+        let mut a = e.generate(speculating, CancelToken::default()).unwrap();
+        let mut before = String::new();
+        while a.tokens().len() < 7 || !a.can_join_batch() {
+            match a.next().unwrap().unwrap() {
+                Event::Text(t) => before.push_str(&t),
+                Event::Finished(_) => panic!("{}: ended before joining", dir.display()),
+            }
+        }
+        let mut batch = Batch::default();
+        batch.join(0, a).unwrap();
+        batch.queue(1, e.generate(newcomer, CancelToken::default()).unwrap()).unwrap();
+        let mut texts = std::collections::HashMap::from([(0, before)]);
+        let summaries = run_out(&mut batch, &mut texts);
+        assert_eq!(texts[&0], want_a, "{}: the speculating request", dir.display());
+        assert_eq!(texts.get(&1).map(String::as_str).unwrap_or(""), want_b, "{}: the newcomer", dir.display());
+        let spec = summaries[&0].speculative.as_ref().expect("the speculative figures of its cycles");
+        assert!(spec.cycles > 0, "{spec:?}");
+    }
+}
+
+/// A newcomer's prompt is prefilled a chunk per decode step while another request decodes
+/// (that one gets a token every step meanwhile), and both answer as they do alone; a hybrid's
+/// too, whose state is checkpointed at the engine's prefill chunks whatever the step's size.
+#[test]
+fn a_newcomers_prompt_is_prefilled_a_chunk_per_step_while_others_decode() {
+    use engine::batch::Batch;
+    use engine::{CancelToken, Engine, GenerateRequest};
+
+    let hybrid = common::make(&common::options(Architecture::Qwen35, "tiny", None, 32, Dtype::Float32));
+    for dir in [common::repo_root().join("assets/models/ferrite-code-20m"), hybrid.path().to_path_buf()] {
+        let mut e = Engine::load(&dir).unwrap();
+        e.set_prefill_chunk(64);
+        e.set_prefill_interleave(16);
+        let ids = |text: &str| e.tokenizer().encode(text).unwrap();
+        let running =
+            GenerateRequest { ignore_eos: true, ..GenerateRequest::greedy(ids("import os\nimport sys\n\n"), 40) };
+        let long: String = (0..30).map(|i| format!("x{i} = compute({i})\n")).collect();
+        let newcomer = GenerateRequest::greedy(ids(&long), 12);
+        assert!(newcomer.prompt.len() > 100, "{}", newcomer.prompt.len());
+        e.set_prompt_cache_budget(0);
+        let (want_a, want_b) = (alone_text(&e, &running), alone_text(&e, &newcomer));
+
+        let mut batch = Batch::default();
+        batch.queue("running", e.generate(running, CancelToken::default()).unwrap()).unwrap();
+        let mut texts = std::collections::HashMap::new();
+        for (key, event) in batch.step() {
+            if let engine::Event::Text(t) = event.unwrap() {
+                texts.entry(key).or_insert_with(String::new).push_str(&t);
+            }
+        }
+        // Alone, the first one was prefilled at once and decodes from the first step.
+        assert_eq!(batch.prefilling(), (0, 0));
+        batch.queue("newcomer", e.generate(newcomer.clone(), CancelToken::default()).unwrap()).unwrap();
+        let mut left = newcomer.prompt.len() - 1;
+        assert_eq!(batch.prefilling(), (1, left));
+        let mut steps = 0;
+        while batch.prefilling().0 == 1 {
+            let decoded = batch.generated(&"running").unwrap();
+            for (key, event) in batch.step() {
+                if let engine::Event::Text(t) = event.unwrap() {
+                    texts.entry(key).or_default().push_str(&t);
+                }
+            }
+            steps += 1;
+            assert_eq!(batch.generated(&"running").unwrap(), decoded + 1, "a token every step");
+            let now = batch.prefilling().1;
+            assert!(left - now <= 16 && (now == 0 || left - now >= 1), "{left} -> {now}");
+            left = now;
+        }
+        assert!(steps >= newcomer.prompt.len() / 16, "prefilled in {steps} steps");
+        run_out(&mut batch, &mut texts);
+        assert_eq!(texts["running"], want_a, "{}", dir.display());
+        assert_eq!(texts.get("newcomer").map(String::as_str).unwrap_or(""), want_b, "{}", dir.display());
+    }
+}

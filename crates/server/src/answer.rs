@@ -9,7 +9,7 @@ use engine::{FinishReason, GenerateRequest, SamplingParams, Summary};
 use futures_util::stream::{Stream, StreamExt};
 use serde::Serialize;
 use serde_json::Value;
-use tokio_stream::wrappers::ReceiverStream;
+use tokio_stream::wrappers::UnboundedReceiverStream;
 
 use crate::error::ApiError;
 use crate::tools::{CallEvent, ParsedCall};
@@ -221,7 +221,7 @@ impl Steps {
 pub fn steps(running: Running) -> impl Stream<Item = Step> + Send {
     let Running { events, clamped, guard, .. } = running;
     let mut steps = Steps::new(clamped);
-    ReceiverStream::new(events).flat_map(move |event| {
+    UnboundedReceiverStream::new(events).flat_map(move |event| {
         let _keep = &guard;
         futures_util::stream::iter(steps.next(event))
     })

@@ -324,6 +324,20 @@ pub fn status_json(s: &AppState) -> serde_json::Value {
         "queue_depth": w.queue_depth.load(Ordering::SeqCst),
         "decoding_together": w.metrics.batch_size.load(Ordering::Relaxed),
         "max_sequences": i.profile.max_sequences,
+        // Each request generating now: tokens so far and its rate over its last tokens.
+        "streams": w.metrics.streams(),
+        "batching": {
+            "decoding_together": w.metrics.batch_size.load(Ordering::Relaxed),
+            "prefilling": w.metrics.prefilling.load(Ordering::Relaxed),
+            "waiting": w.queue_depth.load(Ordering::SeqCst),
+            "waiting_for_memory": w.metrics.waiting_for_memory.load(Ordering::Relaxed),
+            "max_sequences": i.profile.max_sequences,
+            "memory_share": i.profile.batch_memory_share,
+            "prefill_interleave_tokens": i.profile.prefill_interleave,
+            "rule": "a request alone decodes with speculation (its draft depth); when others come it joins them between \
+                     its cycles, and requests decoding together decode plainly, one pass a step for all; a newcomer's \
+                     prompt is prefilled prefill_interleave_tokens a step while the others decode",
+        },
         "uptime_s": s.started.elapsed().as_secs(),
         "loaded": w.lifecycle.loaded.load(Ordering::SeqCst),
         "idle_s": w.lifecycle.idle_for().as_secs(),

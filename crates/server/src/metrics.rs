@@ -26,13 +26,37 @@ pub struct Live {
     spec: engine::speculative::SpecStats,
 }
 
+/// A request generating now.
+struct Stream {
+    id: u64,
+    tokens: u64,
+    /// When its last [`RECENT_TOKENS`] tokens came.
+    recent: std::collections::VecDeque<std::time::Instant>,
+}
+
+/// A stream's rate is taken over this many of its last tokens.
+const RECENT_TOKENS: usize = 32;
+
+/// What the live view shows of a request generating now.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct StreamFigures {
+    pub tokens: u64,
+    pub tokens_per_s: f64,
+}
+
 pub struct Metrics {
     /// Tokens generated so far (the live view's rate is its change per second).
     pub tokens: std::sync::atomic::AtomicU64,
+    /// The requests generating now, each with its recent token times.
+    streams: std::sync::Mutex<Vec<Stream>>,
     /// True while the engine runs a generation.
     pub generating: std::sync::atomic::AtomicBool,
     /// Requests decoding together in the running batch (0 when none is).
     pub batch_size: std::sync::atomic::AtomicUsize,
+    /// Of those, requests whose prompts are still being prefilled (a chunk per step).
+    pub prefilling: std::sync::atomic::AtomicUsize,
+    /// True while the next request waits for the batch's KV memory to free up.
+    pub waiting_for_memory: std::sync::atomic::AtomicBool,
     /// Requests whose max_tokens was lowered to what the context (or the server's cap) left.
     pub max_tokens_clamped: std::sync::atomic::AtomicU64,
     live: std::sync::Mutex<Live>,
@@ -66,8 +90,11 @@ impl Metrics {
         let mut r = Registry::with_prefix("ferrite");
         let m = Metrics {
             tokens: Default::default(),
+            streams: Default::default(),
             generating: Default::default(),
             batch_size: Default::default(),
+            prefilling: Default::default(),
+            waiting_for_memory: Default::default(),
             max_tokens_clamped: Default::default(),
             live: Default::default(),
             prompt_cache: Default::default(),
@@ -102,6 +129,53 @@ impl Metrics {
         r.register("prompt_cache_lookups", "Prompt cache lookups, by result (hit, miss)", m.cache_lookups.clone());
         r.register("prompt_cache_bytes", "Prompt cache: bytes held and the budget, by tier", m.cache_bytes.clone());
         Metrics { registry: r, ..m }
+    }
+
+    /// A request starts generating: it is shown as a stream from now on.
+    pub fn stream_started(&self, id: u64) {
+        if let Ok(mut streams) = self.streams.lock() {
+            streams.push(Stream { id, tokens: 0, recent: std::collections::VecDeque::new() });
+        }
+    }
+
+    /// A token of the stream `id`.
+    pub fn stream_token(&self, id: u64) {
+        if let Ok(mut streams) = self.streams.lock() {
+            if let Some(s) = streams.iter_mut().find(|s| s.id == id) {
+                s.tokens += 1;
+                s.recent.push_back(std::time::Instant::now());
+                if s.recent.len() > RECENT_TOKENS {
+                    s.recent.pop_front();
+                }
+            }
+        }
+    }
+
+    pub fn stream_ended(&self, id: u64) {
+        if let Ok(mut streams) = self.streams.lock() {
+            streams.retain(|s| s.id != id);
+        }
+    }
+
+    /// Each request generating now: its tokens so far and its rate over its last tokens (0 when
+    /// it has none in the last two seconds: prefilling or waiting).
+    pub fn streams(&self) -> Vec<StreamFigures> {
+        let now = std::time::Instant::now();
+        let Ok(streams) = self.streams.lock() else { return vec![] };
+        streams
+            .iter()
+            .map(|s| {
+                let rate = match (s.recent.front(), s.recent.back()) {
+                    (Some(first), Some(last))
+                        if s.recent.len() > 1 && now.duration_since(*last).as_secs_f64() < 2.0 =>
+                    {
+                        (s.recent.len() - 1) as f64 / last.duration_since(*first).as_secs_f64().max(1e-6)
+                    }
+                    _ => 0.0,
+                };
+                StreamFigures { tokens: s.tokens, tokens_per_s: (rate * 10.0).round() / 10.0 }
+            })
+            .collect()
     }
 
     /// Figures for the live view: the last request's rates and the acceptance so far.

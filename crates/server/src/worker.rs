@@ -32,7 +32,9 @@ pub struct Job {
     pub prompt: Prompt,
     /// The request's sampling, stops and limits; its `prompt` is filled in by the worker.
     pub request: GenerateRequest,
-    pub events: tmpsc::Sender<JobEvent>,
+    /// Unbounded: the engine never waits for a slow client (it would stall every request
+    /// decoding with it); what piles up is at most one answer's deltas.
+    pub events: tmpsc::UnboundedSender<JobEvent>,
     pub cancel: CancelToken,
 }
 
@@ -367,32 +369,38 @@ impl Worker {
                 };
                 depth.fetch_sub(1, Ordering::SeqCst);
                 if let Err(e) = reload(&mut engine) {
-                    let _ = job.events.blocking_send(JobEvent::Failed(JobError::Internal(e)));
+                    let _ = job.events.send(JobEvent::Failed(JobError::Internal(e)));
                     continue;
                 }
                 if let Some(engine) = &engine {
                     // Alone a request speculates as it asks; with others waiting, or when it
-                    // would decode plainly anyway, it runs in a batch that later ones join.
+                    // would decode plainly anyway, it runs in a batch that later ones join (a
+                    // speculating one joins it between cycles when others come).
                     let together = info.profile.max_sequences > 1
                         && (job.request.draft_depth == 0 || depth.load(Ordering::SeqCst) > 0);
-                    if together {
-                        run_batch(
-                            engine,
-                            &info,
-                            &recorder,
-                            scripted.as_deref(),
-                            job,
-                            &rx,
-                            &depth,
-                            &running,
-                            &mut deferred,
-                        );
+                    let first = if together {
+                        match start_job(engine, &info, &recorder, scripted.as_deref(), job, true) {
+                            Ok(started) => Some(started),
+                            Err(used) => {
+                                engine.after_request(used);
+                                None
+                            }
+                        }
                     } else {
                         if let Ok(mut c) = running.lock() {
                             *c = vec![job.cancel.clone()];
                         }
-                        let used = run_job(engine, &info, &recorder, scripted.as_deref(), job);
-                        engine.after_request(used);
+                        match run_job(engine, &info, &recorder, scripted.as_deref(), job, &depth) {
+                            Solo::Ended(used) => {
+                                engine.after_request(used);
+                                None
+                            }
+                            Solo::Joins(started) => Some(*started),
+                        }
+                    };
+                    if let Some(first) = first {
+                        let queue = Queue { rx: &rx, waiting: &depth, deferred: &mut deferred };
+                        run_batch(engine, &info, &recorder, scripted.as_deref(), first, queue, &running);
                     }
                     if let Ok(mut c) = running.lock() {
                         c.clear();
@@ -477,7 +485,7 @@ impl Worker {
     /// Queues a job and waits until its prompt is rendered and checked (errors found there
     /// are the client's: 4xx).
     pub async fn run(&self, prompt: Prompt, request: GenerateRequest, count_only: bool) -> Result<Running, JobError> {
-        let (tx, mut events) = tmpsc::channel(256);
+        let (tx, mut events) = tmpsc::unbounded_channel();
         let cancel = CancelToken::default();
         self.submit(Job { count_only, prompt, request, events: tx, cancel: cancel.clone() })?;
         let guard = CancelOnDrop(cancel);
@@ -521,35 +529,70 @@ fn memory_says(info: &ModelInfo, room: usize) -> String {
 }
 
 /// A job whose answer is being generated: where its events go and what they go through.
-struct Live {
+struct Live<'m> {
     job: Job,
     answer: AnswerStream,
     prompt_tokens: usize,
     max_tokens: usize,
     clamped: Option<Clamp>,
+    /// Its place in the live figures' streams (left when it is dropped).
+    stream: StreamShown<'m>,
 }
 
-/// Runs one job alone (speculation as the request asks); returns how many tokens of context
-/// it used (for the profile's cache trim).
-fn run_job(
-    engine: &Engine,
+/// A request shown as a stream in the live figures while it exists.
+struct StreamShown<'m> {
+    metrics: &'m Metrics,
+    id: u64,
+}
+
+impl<'m> StreamShown<'m> {
+    fn new(metrics: &'m Metrics) -> Self {
+        static NEXT: AtomicUsize = AtomicUsize::new(0);
+        let id = NEXT.fetch_add(1, Ordering::Relaxed) as u64;
+        metrics.stream_started(id);
+        StreamShown { metrics, id }
+    }
+}
+
+impl Drop for StreamShown<'_> {
+    fn drop(&mut self) {
+        self.metrics.stream_ended(self.id);
+    }
+}
+
+/// How a job run alone ended: done (with the tokens of context it used), or handed to a batch
+/// because others came while it ran.
+enum Solo<'e> {
+    Ended(usize),
+    Joins(Box<(Live<'e>, engine::generate::Generation<'e>)>),
+}
+
+/// Runs one job alone (speculation as the request asks) until it ends, or until others wait
+/// (`waiting` > 0) and it can go on in a batch with them (between its speculative cycles).
+fn run_job<'e>(
+    engine: &'e Engine,
     info: &ModelInfo,
-    metrics: &Metrics,
+    metrics: &'e Metrics,
     scripted: Option<&ScriptedReplies>,
     job: Job,
-) -> usize {
-    let (mut live, generation) = match start_job(engine, info, metrics, scripted, job, false) {
+    waiting: &AtomicUsize,
+) -> Solo<'e> {
+    let (mut live, mut generation) = match start_job(engine, info, metrics, scripted, job, false) {
         Ok(started) => started,
-        Err(used) => return used,
+        Err(used) => return Solo::Ended(used),
     };
     metrics.generating.store(true, Ordering::SeqCst);
     let _done = ClearOnDrop(&metrics.generating);
-    for event in generation {
+    while let Some(event) = generation.next() {
         if let Some(used) = on_event(&mut live, engine, metrics, event) {
-            return used;
+            return Solo::Ended(used);
+        }
+        let others = info.profile.max_sequences > 1 && waiting.load(Ordering::SeqCst) > 0;
+        if others && generation.can_join_batch() {
+            return Solo::Joins(Box::new((live, generation)));
         }
     }
-    live.prompt_tokens
+    Solo::Ended(live.prompt_tokens)
 }
 
 /// Checks a job, renders its prompt and starts its generation (`Started` sent), or says how
@@ -557,12 +600,12 @@ fn run_job(
 fn start_job<'e>(
     engine: &'e Engine,
     info: &ModelInfo,
-    metrics: &Metrics,
+    metrics: &'e Metrics,
     scripted: Option<&ScriptedReplies>,
     mut job: Job,
     batched: bool,
-) -> Result<(Live, engine::generate::Generation<'e>), usize> {
-    let send = |e: JobEvent| job.events.blocking_send(e).is_ok();
+) -> Result<(Live<'e>, engine::generate::Generation<'e>), usize> {
+    let send = |e: JobEvent| job.events.send(e).is_ok();
     if job.cancel.is_cancelled() || job.events.is_closed() {
         return Err(0);
     }
@@ -674,18 +717,19 @@ fn start_job<'e>(
         Prompt::Text(_) => None,
     };
     let answer = AnswerStream::new(thinking, tools);
-    Ok((Live { job, answer, prompt_tokens, max_tokens, clamped }, generation))
+    Ok((Live { job, answer, prompt_tokens, max_tokens, clamped, stream: StreamShown::new(metrics) }, generation))
 }
 
 /// Passes one event of a live job on to its client; how much context the job used once it
 /// ended.
-fn on_event(live: &mut Live, engine: &Engine, metrics: &Metrics, event: engine::Result<Event>) -> Option<usize> {
-    let Live { job, answer, prompt_tokens, max_tokens, clamped } = live;
+fn on_event(live: &mut Live<'_>, engine: &Engine, metrics: &Metrics, event: engine::Result<Event>) -> Option<usize> {
+    let Live { job, answer, prompt_tokens, max_tokens, clamped, stream } = live;
     let (prompt_tokens, max_tokens, clamped) = (*prompt_tokens, *max_tokens, *clamped);
-    let send = |e: JobEvent| job.events.blocking_send(e).is_ok();
+    let send = |e: JobEvent| job.events.send(e).is_ok();
     match event {
         Ok(Event::Text(t)) => {
             metrics.tokens.fetch_add(1, Ordering::Relaxed);
+            metrics.stream_token(stream.id);
             if let Some(e) = answer.push(&t) {
                 if !send(e) {
                     // The client went away: stop at the next token; the cache goes with the generation.
@@ -726,67 +770,92 @@ fn on_event(live: &mut Live, engine: &Engine, metrics: &Metrics, event: engine::
     }
 }
 
+/// Where a batch finds newcomers: the engine's channel, the count of jobs waiting in it, and
+/// the messages other than jobs that came while the batch ran (they wait until it is over).
+struct Queue<'q> {
+    rx: &'q mpsc::Receiver<Message>,
+    waiting: &'q AtomicUsize,
+    deferred: &'q mut std::collections::VecDeque<Message>,
+}
+
 /// Runs `first` and the jobs that arrive while it runs decoded together
-/// (`engine::batch::Batch`: one forward pass a step for all), at most `max` at a time (the
-/// rest wait in the channel); a job joins between steps and leaves when it ends, the others
-/// untouched. Messages other than jobs wait in `deferred` until the batch is over.
-#[allow(clippy::too_many_arguments)]
+/// (`engine::batch::Batch`: one forward pass a step for all): a job joins between steps, its
+/// prompt prefilled a chunk per step, and leaves when it ends, the others untouched. At most
+/// the profile's `max_sequences` run at once, and their KV caches may reserve (prompt and
+/// longest answer each) at most its `batch_memory_share` of the memory left beside the model;
+/// the next job waits, first in line, until one ends.
 fn run_batch<'e>(
     engine: &'e Engine,
     info: &ModelInfo,
-    metrics: &Metrics,
+    metrics: &'e Metrics,
     scripted: Option<&ScriptedReplies>,
-    first: Job,
-    rx: &mpsc::Receiver<Message>,
-    waiting: &AtomicUsize,
+    first: (Live<'e>, engine::generate::Generation<'e>),
+    queue: Queue<'_>,
     running: &std::sync::Mutex<Vec<CancelToken>>,
-    deferred: &mut std::collections::VecDeque<Message>,
 ) {
+    let Queue { rx, waiting, deferred } = queue;
     let max = info.profile.max_sequences.max(1);
     let mut batch: engine::batch::Batch<'e, usize> = Default::default();
-    let mut live: std::collections::HashMap<usize, Live> = Default::default();
+    let mut live: std::collections::HashMap<usize, Live<'e>> = Default::default();
     let mut next_id = 0;
-    let mut admit =
-        |job: Job, batch: &mut engine::batch::Batch<'e, usize>, live: &mut std::collections::HashMap<usize, Live>| {
-            let cancel = job.cancel.clone();
-            let (l, generation) = match start_job(engine, info, metrics, scripted, job, true) {
-                Ok(started) => started,
-                Err(used) => {
-                    engine.after_request(used);
-                    return;
+    let mut add = |l: Live<'e>,
+                   generation: engine::generate::Generation<'e>,
+                   batch: &mut engine::batch::Batch<'e, usize>,
+                   live: &mut std::collections::HashMap<usize, Live<'e>>| {
+        next_id += 1;
+        match batch.queue(next_id, generation) {
+            Ok(()) => {
+                if let Ok(mut r) = running.lock() {
+                    r.push(l.job.cancel.clone());
                 }
-            };
-            next_id += 1;
-            match batch.join(next_id, generation) {
-                Ok(()) => {
-                    live.insert(next_id, l);
-                    if let Ok(mut r) = running.lock() {
-                        r.push(cancel);
-                    }
-                }
-                Err(e) => {
-                    let _ = l.job.events.blocking_send(JobEvent::Failed(JobError::Internal(e.to_string())));
-                }
+                live.insert(next_id, l);
             }
-        };
-    admit(first, &mut batch, &mut live);
+            Err(e) => {
+                let _ = l.job.events.send(JobEvent::Failed(JobError::Internal(e.to_string())));
+            }
+        }
+    };
+    if let Ok(mut r) = running.lock() {
+        r.clear();
+    }
+    let (first_live, first_generation) = first;
+    add(first_live, first_generation, &mut batch, &mut live);
+    // Tokens of KV cache the memory beside the model holds with nothing running.
+    let room = engine::memory::kv_room_tokens(info.memory_budget, info.kv_bytes_per_token) + batch.kv_tokens().0;
+    let share = (room as f64 * info.profile.batch_memory_share) as usize;
+    // The next job when it waits for memory (still counted as waiting).
+    let mut next: Option<Job> = None;
     metrics.generating.store(true, Ordering::SeqCst);
     let _done = ClearOnDrop(&metrics.generating);
     loop {
-        while batch.len() < max && deferred.is_empty() {
-            match rx.try_recv() {
-                Ok(Message::Job(job)) => {
-                    waiting.fetch_sub(1, Ordering::SeqCst);
-                    admit(*job, &mut batch, &mut live);
-                }
-                Ok(other) => deferred.push_back(other),
-                Err(_) => break,
+        while batch.len() < max && (next.is_some() || deferred.is_empty()) {
+            let job = match next.take() {
+                Some(job) => job,
+                None => match rx.try_recv() {
+                    Ok(Message::Job(job)) => *job,
+                    Ok(other) => {
+                        deferred.push_back(other);
+                        break;
+                    }
+                    Err(_) => break,
+                },
+            };
+            if !batch.is_empty() && batch.kv_tokens().1 + kv_tokens_asked(engine, info, &job) > share {
+                next = Some(job);
+                break;
+            }
+            waiting.fetch_sub(1, Ordering::SeqCst);
+            match start_job(engine, info, metrics, scripted, job, true) {
+                Ok((l, generation)) => add(l, generation, &mut batch, &mut live),
+                Err(used) => engine.after_request(used),
             }
         }
+        metrics.waiting_for_memory.store(next.is_some(), Ordering::Relaxed);
         if batch.is_empty() {
             break;
         }
         metrics.batch_size.store(batch.len(), Ordering::Relaxed);
+        metrics.prefilling.store(batch.prefilling().0, Ordering::Relaxed);
         for (id, event) in batch.step() {
             let Some(l) = live.get_mut(&id) else { continue };
             if let Some(used) = on_event(l, engine, metrics, event) {
@@ -800,6 +869,20 @@ fn run_batch<'e>(
         }
     }
     metrics.batch_size.store(0, Ordering::Relaxed);
+    metrics.prefilling.store(0, Ordering::Relaxed);
+}
+
+/// The most tokens of KV cache `job` may take, as far as can be told before its prompt is
+/// rendered: its prompt's least token count and the answer it asks (within the context and the
+/// server's cap).
+fn kv_tokens_asked(engine: &Engine, info: &ModelInfo, job: &Job) -> usize {
+    let text_bytes = match &job.prompt {
+        Prompt::Text(t) => t.len(),
+        Prompt::Chat { messages, .. } => messages.iter().map(|m| m.content.len()).sum(),
+    };
+    let prompt = engine.tokenizer().at_least_tokens(text_bytes);
+    let answer = job.request.max_tokens.min(info.max_output_tokens.unwrap_or(usize::MAX));
+    (prompt + answer).min(info.context)
 }
 
 /// Clears a flag when dropped (however the job ends).
@@ -814,7 +897,7 @@ impl Drop for ClearOnDrop<'_> {
 /// A submitted job whose prompt was accepted: its events, and a guard that cancels it when
 /// dropped (the response, or the stream a disconnected client leaves behind).
 pub struct Running {
-    pub events: tmpsc::Receiver<JobEvent>,
+    pub events: tmpsc::UnboundedReceiver<JobEvent>,
     pub prompt_tokens: usize,
     /// The most tokens it will generate, and the request's own number when that was more.
     pub max_tokens: usize,

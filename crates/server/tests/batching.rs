@@ -100,3 +100,88 @@ async fn half_of_many_streaming_clients_disconnect_and_the_rest_finish() {
     let (code, _) = post(&s, "/v1/chat/completions", &chat(json!({}))).await;
     assert_eq!(code, 200);
 }
+
+/// The content of an OpenAI chat stream, and its last chunk with timings.
+fn stream_content(sse: &str) -> (String, Value) {
+    let mut content = String::new();
+    let mut last = Value::Null;
+    for data in sse.lines().filter_map(|l| l.strip_prefix("data: ")).filter(|d| *d != "[DONE]") {
+        let chunk: Value = serde_json::from_str(data).unwrap();
+        if let Some(t) = chunk["choices"][0]["delta"]["content"].as_str() {
+            content.push_str(t);
+        }
+        if chunk.get("timings").is_some_and(|t| !t.is_null()) {
+            last = chunk;
+        }
+    }
+    (content, last)
+}
+
+/// A request decoding alone with speculation hands itself to a batch when another comes
+/// (between its cycles): both answer what they answer alone, the status sees them decoding
+/// together, and the first one's timings keep its speculative figures.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_speculating_request_takes_in_a_newcomer() {
+    let speculate = |state: &mut server::AppState| {
+        let served = state.loaded();
+        state.replace(server::Loaded {
+            worker: served.worker.clone(),
+            aliases: served.aliases.clone(),
+            draft_depth: 2,
+            draft_depth_source: "test".into(),
+        });
+    };
+    let s = common::start_hybrid(speculate).await;
+    let long = chat(json!({"max_tokens": 1200, "ignore_eos": true, "reasoning_effort": "none", "stream": true}));
+    let short = prompt(1);
+    let client = reqwest::Client::new();
+    let url = format!("{}/v1/chat/completions", s.base);
+    let alone_long = stream_content(&client.post(&url).json(&long).send().await.unwrap().text().await.unwrap()).0;
+    let (code, v) = post(&s, "/v1/chat/completions", &short).await;
+    assert_eq!(code, 200, "{v}");
+    let alone_short = v["choices"][0]["message"]["content"].as_str().unwrap().to_string();
+
+    let r = client.post(&url).json(&long).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    let mut stream = r.bytes_stream();
+    let mut sse = String::from_utf8_lossy(&stream.next().await.unwrap().unwrap()).to_string();
+    let status: Value = reqwest::get(format!("{}/v1/status", s.base)).await.unwrap().json().await.unwrap();
+    assert_eq!(status["decoding_together"], 0, "alone, it speculates: {status}");
+    let newcomer = {
+        let s_base = s.base.clone();
+        let token = s.state.guard.control_token().to_string();
+        tokio::spawn(async move {
+            reqwest::Client::new()
+                .post(format!("{s_base}/v1/chat/completions"))
+                .header(server::guard::TOKEN_HEADER, token)
+                .json(&short)
+                .send()
+                .await
+                .unwrap()
+                .json::<Value>()
+                .await
+                .unwrap()
+        })
+    };
+    let (mut seen, mut streams) = (0, 0);
+    for _ in 0..400 {
+        let status: Value = reqwest::get(format!("{}/v1/status", s.base)).await.unwrap().json().await.unwrap();
+        seen = seen.max(status["batching"]["decoding_together"].as_u64().unwrap_or(0));
+        // Each shows as a stream of its own.
+        streams = streams.max(status["streams"].as_array().unwrap().len());
+        if seen >= 2 && streams >= 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert!(seen >= 2, "the newcomer never decoded with the speculating request");
+    assert_eq!(streams, 2, "the live figures never showed both streams");
+    let v = newcomer.await.unwrap();
+    assert_eq!(v["choices"][0]["message"]["content"].as_str(), Some(alone_short.as_str()), "{v}");
+    while let Some(chunk) = stream.next().await {
+        sse.push_str(&String::from_utf8_lossy(&chunk.unwrap()));
+    }
+    let (content, last) = stream_content(&sse);
+    assert_eq!(content, alone_long, "the speculating request, handed to the batch");
+    assert_eq!(last["timings"]["draft_depth"], 2, "{last}");
+}

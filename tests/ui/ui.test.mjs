@@ -126,6 +126,23 @@ test("tok/s moves while a request streams", async () => {
   await body.cancel(); // the client goes: the server cancels the generation
 });
 
+test("requests decoding together show each one's rate", async () => {
+  const ask = () => fetch(`${base}/v1/completions`, {
+    method: "POST",
+    headers: { "content-type": "application/json" },
+    body: JSON.stringify({ model: "second-model", prompt: "fn main() {", max_tokens: 4000, ignore_eos: true, stream: true }),
+  });
+  const requests = [ask(), ask()];
+  await page.waitForFunction(
+    () => /2 requests together: [\d.]+ · [\d.]+ tok\/s each/.test(document.getElementById("streams").textContent),
+    null,
+    { timeout: 30000 },
+  );
+  await page.screenshot({ path: join(shots, "together.png"), fullPage: true });
+  for (const request of requests) await (await request).body.cancel();
+  await page.waitForFunction(() => document.getElementById("streams").hidden, null, { timeout: 30000 });
+});
+
 test("tuning is offered, shows progress and can be cancelled", async () => {
   // The hybrid model has an MTP head and no tuned depth on this machine: the page offers it.
   await page.waitForFunction(() => !document.getElementById("tune-offer").hidden, null, { timeout: 30000 });

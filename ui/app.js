@@ -12,11 +12,6 @@ const TOKEN = window.__FERRITE_TOKEN__ || document.querySelector('meta[name="fer
 const JSON_POST = { "content-type": "application/json", "x-ferrite-token": TOKEN };
 // Present only inside the app (Tauri), for what a browser cannot do: the native folder picker.
 const tauri = window.__TAURI__ && window.__TAURI__.core;
-const history = []; // [seconds, decode tokens/s] over the last five minutes
-const prefills = []; // [seconds, prompt tokens/s] of each request that finished then
-let lastRequest = "";
-const WINDOW_S = 300;
-
 function bytes(n) {
   if (n === null || n === undefined) return "not available";
   if (n >= 1 << 30) return (n / (1 << 30)).toFixed(2) + " GiB";
@@ -37,35 +32,6 @@ function facts(el, rows) {
     const dd = document.createElement("dd"); dd.textContent = v;
     return [dt, dd];
   }));
-}
-
-function drawChart() {
-  const c = $("chart"), g = c.getContext("2d");
-  const w = c.width, h = c.height;
-  g.clearRect(0, 0, w, h);
-  if (history.length < 2) return;
-  const now = history[history.length - 1][0];
-  const x = (t) => w - ((now - t) / WINDOW_S) * w;
-  // Decode: a line on the left scale.
-  const max = Math.max(1, ...history.map((p) => p[1]));
-  g.strokeStyle = getComputedStyle(document.documentElement).getPropertyValue("--accent");
-  g.lineWidth = 2;
-  g.beginPath();
-  history.forEach(([t, v], i) => {
-    const y = h - (v / max) * (h - 10) - 5;
-    i ? g.lineTo(x(t), y) : g.moveTo(x(t), y);
-  });
-  g.stroke();
-  const muted = getComputedStyle(document.documentElement).getPropertyValue("--muted");
-  g.fillStyle = muted;
-  g.fillText(max.toFixed(0) + " decode tok/s", 4, 12);
-  // Prefill: a dot per finished request on the right scale (it runs 10-100x faster).
-  if (prefills.length) {
-    const pmax = Math.max(1, ...prefills.map((p) => p[1]));
-    prefills.forEach(([t, v]) => { g.beginPath(); g.arc(x(t), h - (v / pmax) * (h - 10) - 5, 3, 0, 2 * Math.PI); g.fill(); });
-    const label = "● " + pmax.toFixed(0) + " prefill tok/s";
-    g.fillText(label, w - g.measureText(label).width - 4, 12);
-  }
 }
 
 function pressure(m) {
@@ -225,21 +191,10 @@ function onUpdate(u) {
   showTuning(u.tuning, u);
   $("tps-now").textContent = u.tokens_per_s_now.toFixed(1);
   showStreams(u.streams || [], u.batching);
-  const t = Date.now() / 1000;
-  history.push([t, u.tokens_per_s_now]);
-  while (history.length && t - history[0][0] > WINDOW_S) history.shift();
-  const key = `${u.last.last_ttft_ms}/${u.last.last_decode_tps}`;
-  if (u.last.last_prompt_tps > 0 && key !== lastRequest && lastRequest) prefills.push([t, u.last.last_prompt_tps]);
-  lastRequest = key;
-  while (prefills.length && t - prefills[0][0] > WINDOW_S) prefills.shift();
-  drawChart();
+  Charts.update(u);
   const last = u.last;
   if (last.last_decode_tps > 0) {
     $("last").textContent = `decode ${last.last_decode_tps.toFixed(1)} tok/s · prefill ${last.last_prompt_tps.toFixed(1)} tok/s · first token ${last.last_ttft_ms.toFixed(0)} ms`;
-  }
-  if (last.acceptance.length) {
-    $("acceptance").textContent = last.acceptance.map((a, i) => `${i + 1}: ${(a * 100).toFixed(0)}%`).join("  ");
-    $("tpc").textContent = last.tokens_per_cycle.toFixed(2);
   }
   const m = u.telemetry.memory;
   facts($("memory"), [
@@ -277,11 +232,19 @@ async function start() {
   $("openai-url").textContent = base + "/v1";
   $("anthropic-url").textContent = base;
   const events = new EventSource(API + "/v1/events");
+  events.addEventListener("history", (e) => Charts.history(JSON.parse(e.data).samples));
   events.addEventListener("status", (e) => onUpdate(JSON.parse(e.data)));
   events.onerror = () => { $("state").textContent = "disconnected: retrying"; $("state").className = "badge"; };
 }
 
 $("refresh-models").addEventListener("click", refreshModels);
+// The charts' window: the last 1, 5 or 15 minutes.
+document.querySelectorAll("[data-window]").forEach((b) => b.addEventListener("click", () => {
+  document.querySelectorAll("[data-window]").forEach((o) => o.setAttribute("aria-pressed", String(o === b)));
+  Charts.setWindow(Number(b.dataset.window));
+}));
+new ResizeObserver(() => Charts.resize()).observe(document.querySelector("main"));
+matchMedia("(prefers-color-scheme: dark)").addEventListener("change", () => Charts.rebuild());
 $("profile").addEventListener("change", async (e) => {
   const profile = e.target.value;
   $("state").textContent = `reloading with the ${profile} profile`;

@@ -1,6 +1,7 @@
 // Ferrite's web UI in a real browser: playwright-core drives Debian's chromium against a
 // `ferrite serve` on loopback with project-made models. Start a model with a click, see tok/s
-// move while a request streams, see memory, download a catalog model with progress from the
+// move while a request streams, see the live charts fill, switch their window, reload and
+// keep their history (screenshots wide and narrow, light and dark), see memory, download a catalog model with progress from the
 // store tests' local hub (`test_hub`), see an error shown. Screenshots go to
 // target/ui-screenshots for a person to look at.
 import { test, before, after } from "node:test";
@@ -141,6 +142,71 @@ test("requests decoding together show each one's rate", async () => {
   await page.screenshot({ path: join(shots, "together.png"), fullPage: true });
   for (const request of requests) await (await request).body.cancel();
   await page.waitForFunction(() => document.getElementById("streams").hidden, null, { timeout: 30000 });
+});
+
+// The live charts: what each holds, read from the page's chart module.
+const charts = () => page.evaluate(() => window.ferriteCharts.state());
+
+test("the charts fill with time-ordered samples while requests stream", async () => {
+  const request = fetch(`${base}/v1/completions`, {
+    method: "POST",
+    headers: { "content-type": "application/json" },
+    body: JSON.stringify({ model: "second-model", prompt: "fn main() {", max_tokens: 4000, ignore_eos: true, stream: true }),
+  });
+  await page.waitForFunction(() => {
+    const s = window.ferriteCharts.state().charts.speed;
+    return s && s.data[0].length >= 3 && s.data[1].some((v) => v > 0);
+  }, null, { timeout: 30000 });
+  (await request).body.cancel();
+  const c = await charts();
+  for (const [name, series] of Object.entries({
+    speed: ["all requests", "request 1", "request 8", "prefill"],
+    memory: ["MLX active", "MLX cache", "prompt cache", "this process", "system used", "machine total", "MLX cache limit"],
+    pressure: ["memory pressure"],
+  })) {
+    for (const label of series) assert.ok(c.charts[name].series.includes(label), `${name} has no ${label}: ${c.charts[name].series}`);
+    const t = c.charts[name].data[0];
+    assert.ok(t.length >= 3, `${name}: ${t.length} samples`);
+    assert.ok(t.every((v, i) => i === 0 || v > t[i - 1]), `${name}: times must increase: ${t}`);
+  }
+  assert.ok(c.charts.memory.data[1].every((v) => v > 0), "MLX active memory is plotted");
+  assert.ok(c.charts.memory.data[6].every((v) => v > 1024), "the machine's total is a line");
+  // This VM has no fans or sensors: the page says so rather than drawing an empty chart.
+  assert.equal(await page.isVisible("#fans-none"), true);
+});
+
+test("the window switches between 1, 5 and 15 minutes", async () => {
+  for (const [label, seconds] of [["1 min", 60], ["15 min", 900], ["5 min", 300]]) {
+    await page.click(`text=${label}`);
+    const x = (await charts()).charts.speed.x;
+    assert.equal(Math.round(x[1] - x[0]), seconds, label);
+    assert.equal(await page.getAttribute(`text=${label}`, "aria-pressed"), "true");
+  }
+});
+
+test("a reload keeps the history: the server replays it on connect", async () => {
+  const before = await charts();
+  const loaded = Date.now();
+  await page.reload();
+  await page.waitForFunction((n) => window.ferriteCharts.state().samples >= n, before.samples, { timeout: 10000 });
+  const after = await charts();
+  assert.ok(after.charts.speed.data[0][0] * 1000 < loaded - 2000, "the first sample is from before the reload");
+  assert.ok(after.charts.speed.data[1].some((v) => v > 0), "the speed of the requests before the reload is there");
+});
+
+test("screenshots of the live window, wide and narrow, light and dark", async () => {
+  for (const scheme of ["light", "dark"]) {
+    await page.emulateMedia({ colorScheme: scheme });
+    for (const [size, viewport] of [["wide", { width: 1280, height: 1000 }], ["narrow", { width: 380, height: 900 }]]) {
+      await page.setViewportSize(viewport);
+      await page.waitForTimeout(300); // the charts follow the new width
+      const width = await page.evaluate(() => document.querySelector("#chart-speed .uplot").getBoundingClientRect().width);
+      assert.ok(width <= viewport.width, `${size}: the chart (${width}px) fits the window`);
+      await page.screenshot({ path: join(shots, `live-${size}-${scheme}.png`), fullPage: true });
+    }
+  }
+  await page.emulateMedia({ colorScheme: "light" });
+  await page.setViewportSize({ width: 1200, height: 1000 });
 });
 
 test("tuning is offered, shows progress and can be cancelled", async () => {

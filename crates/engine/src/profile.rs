@@ -114,6 +114,13 @@ impl Profile {
         serde_json::to_value(self).unwrap_or_default()
     }
 
+    /// The cap this profile puts on MLX's buffer cache, in bytes (`None`: MLX's default, its
+    /// memory limit).
+    pub fn cache_limit_bytes(&self) -> Option<u64> {
+        let limit = mlx_rs::memory::memory_limit().ok()? as f64;
+        self.cache_limit_fraction.map(|f| (limit * f) as u64)
+    }
+
     /// Applies the process-wide MLX settings (buffer-cache cap, wired limit).
     pub fn apply_memory_settings(&self, weight_bytes: usize) {
         let limit = mlx_rs::memory::memory_limit().unwrap_or(0);

@@ -10,6 +10,7 @@ pub mod error;
 #[cfg(test)]
 mod fuzz;
 pub mod guard;
+pub mod history;
 pub mod launch;
 pub mod live;
 pub mod metrics;
@@ -129,6 +130,8 @@ pub struct AppState {
     pub telemetry: Arc<telemetry::Sampler>,
     /// The app's Tune button: the run in progress or the last one's outcome.
     pub tuning: tuning::Shared,
+    /// The live window's last 15 minutes, a sample a second (sampled once a router serves).
+    pub history: Arc<history::History>,
     pub started: Instant,
     pub started_unix: u64,
     next_id: Arc<AtomicU64>,
@@ -160,6 +163,7 @@ impl AppState {
             strict_model_names: false,
             telemetry: Arc::new(telemetry::Sampler::start(std::time::Duration::from_secs(1))),
             tuning: Default::default(),
+            history: Default::default(),
             started: Instant::now(),
             started_unix: std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
@@ -249,10 +253,18 @@ pub fn router_with_cors(state: AppState, cors_origins: &[String]) -> Router {
 }
 
 pub fn router(state: AppState) -> Router {
+    history::start(history::Sources {
+        model: Arc::downgrade(&state.model),
+        telemetry: Arc::downgrade(&state.telemetry),
+        history: Arc::downgrade(&state.history),
+    });
     Router::new()
         .route("/", get(ui::index))
         .route("/app.js", get(ui::script))
         .route("/style.css", get(ui::style))
+        .route("/charts.js", get(ui::charts))
+        .route("/vendor/uplot/uPlot.iife.min.js", get(ui::uplot_script))
+        .route("/vendor/uplot/uPlot.min.css", get(ui::uplot_style))
         .route("/health", get(|| async { Json(json!({"status": "ok"})) }))
         // Claude Code warms its connection with `HEAD /api/hello` (and ignores the answer).
         .route("/api/hello", get(|| async { Json(json!({"status": "ok"})) }))
@@ -356,6 +368,7 @@ pub fn status_json(s: &AppState) -> serde_json::Value {
         "prompt_cache": w.metrics.prompt_cache(),
         "mlx_active_memory_bytes": mlx.active,
         "mlx_cache_memory_bytes": mlx.cache,
+        "mlx_cache_limit_bytes": i.profile.cache_limit_bytes(),
     })
 }
 

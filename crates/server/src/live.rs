@@ -1,8 +1,9 @@
 //! What the app and the web UI watch: `/v1/telemetry` (one snapshot of memory, fans and
-//! thermal state) and `/v1/events`, a server-sent-events stream that pushes the engine's
-//! state, the tokens per second of the generation running now, the last request's figures,
-//! acceptance by draft position and the telemetry — every second while generating, every
-//! three seconds otherwise (one connection, no polling).
+//! thermal state) and `/v1/events`, a server-sent-events stream that first replays the
+//! history the server keeps (`history.rs`: the charts' last 15 minutes), then pushes the
+//! engine's state, the tokens per second of the generation running now, the last request's
+//! figures, acceptance by draft position, the telemetry and the latest sample — every second
+//! while generating, every three seconds otherwise (one connection, no polling).
 
 use std::convert::Infallible;
 use std::sync::atomic::Ordering;
@@ -11,7 +12,7 @@ use std::time::{Duration, Instant};
 use axum::extract::State;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::Json;
-use futures_util::Stream;
+use futures_util::{Stream, StreamExt};
 use serde_json::json;
 
 use crate::AppState;
@@ -38,11 +39,17 @@ fn update(s: &AppState, tokens_per_s: f64, downloads: Vec<store::download::Progr
     u["telemetry"] = json!(snapshot(s));
     u["downloads"] = json!(downloads);
     u["tuning"] = json!(crate::tuning::snapshot(s));
+    u["sample"] = json!(s.history.latest());
     u
 }
 
 pub async fn events(State(s): State<AppState>) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
     let start = (s.clone(), s.loaded().worker.metrics.tokens.load(Ordering::Relaxed), Instant::now(), true);
+    // First the history (at most 15 minutes of samples), then the updates.
+    let history = Event::default()
+        .event("history")
+        .data(json!({"keep": crate::history::KEEP, "samples": s.history.all()}).to_string());
+    let replay = futures_util::stream::once(async move { Ok(history) });
     let stream = futures_util::stream::unfold(start, |(s, tokens, at, first)| async move {
         if !first {
             let downloading = s.store.progress().iter().any(|p| !p.state.is_final());
@@ -61,5 +68,5 @@ pub async fn events(State(s): State<AppState>) -> Sse<impl Stream<Item = Result<
         let event = Event::default().event("status").data(update(&s, rate, downloads).to_string());
         Some((Ok(event), (s, now_tokens, Instant::now(), false)))
     });
-    Sse::new(stream).keep_alive(KeepAlive::default())
+    Sse::new(replay.chain(stream)).keep_alive(KeepAlive::default())
 }

@@ -49,6 +49,8 @@ pub struct Metrics {
     pub tokens: std::sync::atomic::AtomicU64,
     /// The requests generating now, each with its recent token times.
     streams: std::sync::Mutex<Vec<Stream>>,
+    /// Requests finished so far (the history marks each one's prefill speed).
+    pub finished: AtomicU64,
     /// True while the engine runs a generation.
     pub generating: std::sync::atomic::AtomicBool,
     /// Requests decoding together in the running batch (0 when none is).
@@ -91,6 +93,7 @@ impl Metrics {
         let m = Metrics {
             tokens: Default::default(),
             streams: Default::default(),
+            finished: Default::default(),
             generating: Default::default(),
             batch_size: Default::default(),
             prefilling: Default::default(),
@@ -185,6 +188,7 @@ impl Metrics {
 
     /// Records a finished generation (called on the engine thread).
     pub fn record(&self, s: &Summary) {
+        self.finished.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         if let Ok(mut live) = self.live.lock() {
             live.last_decode_tps = s.timings.decode_tps;
             live.last_prompt_tps = s.timings.prompt_tps;

@@ -387,7 +387,12 @@ async fn the_ui_telemetry_and_live_events() {
     let page = reqwest::get(format!("{}/", s.base)).await.unwrap();
     assert_eq!(page.headers()["content-type"], "text/html; charset=utf-8");
     assert!(page.text().await.unwrap().contains("<title>Ferrite</title>"));
-    assert_eq!(reqwest::get(format!("{}/app.js", s.base)).await.unwrap().status(), 200);
+    for script in ["/app.js", "/charts.js", "/vendor/uplot/uPlot.iife.min.js"] {
+        let r = reqwest::get(format!("{}{script}", s.base)).await.unwrap();
+        assert_eq!(r.status(), 200, "{script}");
+        assert_eq!(r.headers()["content-type"], "text/javascript; charset=utf-8", "{script}");
+    }
+    assert_eq!(reqwest::get(format!("{}/vendor/uplot/uPlot.min.css", s.base)).await.unwrap().status(), 200);
     let t: Value = reqwest::get(format!("{}/v1/telemetry", s.base)).await.unwrap().json().await.unwrap();
     assert!(t["memory"]["system_total_bytes"].as_u64().unwrap() > 0, "{t}");
     assert!(t["thermal"]["fans"].is_array());
@@ -410,12 +415,22 @@ async fn the_ui_telemetry_and_live_events() {
     let mut stream = events.bytes_stream();
     let mut buffer = String::new();
     let mut seen = None;
+    let mut history = None;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
     while seen.is_none() && tokio::time::Instant::now() < deadline {
         let Ok(Some(Ok(chunk))) = tokio::time::timeout(Duration::from_secs(5), stream.next()).await else { break };
         buffer.push_str(&String::from_utf8_lossy(&chunk));
-        for line in buffer.lines().filter_map(|l| l.strip_prefix("data: ")) {
-            let u: Value = serde_json::from_str(line).unwrap();
+        for event in buffer.split("\n\n").filter(|e| e.contains("data: ")) {
+            let kind = event.lines().find_map(|l| l.strip_prefix("event: ")).unwrap_or("");
+            let line = event.lines().find_map(|l| l.strip_prefix("data: ")).unwrap();
+            let Ok(u) = serde_json::from_str::<Value>(line) else { continue }; // cut mid-event
+                                                                               // First the history the server kept (a sample a second, at most 15 minutes).
+            if kind == "history" {
+                assert!(seen.is_none() && history.is_none(), "the history comes first, once");
+                history = Some(u);
+                continue;
+            }
+            assert!(history.is_some(), "an update came before the history");
             assert_eq!(u["model"], "tiny");
             assert!(u["telemetry"]["memory"]["system_total_bytes"].as_u64().unwrap() > 0);
             if u["generating"] == true && u["tokens_per_s_now"].as_f64().unwrap() > 0.0 {
@@ -426,6 +441,12 @@ async fn the_ui_telemetry_and_live_events() {
     }
     let seen = seen.expect("an event showed the running generation's tok/s");
     assert_eq!(seen["profile"], "sustained");
+    assert!(seen["sample"]["t_ms"].as_u64().unwrap() > 0, "each update carries the latest sample: {}", seen["sample"]);
+    let history = history.unwrap();
+    let samples = history["samples"].as_array().unwrap();
+    assert!(samples.len() <= history["keep"].as_u64().unwrap() as usize);
+    let times: Vec<u64> = samples.iter().map(|s| s["t_ms"].as_u64().unwrap()).collect();
+    assert!(times.windows(2).all(|w| w[0] < w[1]), "{times:?}");
     generation.abort();
 }
 

@@ -102,7 +102,7 @@ pub fn start(sources: Sources) {
                 return;
             };
             let loaded = model.read().unwrap_or_else(|e| e.into_inner()).clone();
-            history.push(counter.sample(&loaded, &telemetry));
+            history.push(counter.sample(&loaded.worker.metrics, &telemetry));
         }
     });
 }
@@ -116,8 +116,7 @@ struct Counter {
 }
 
 impl Counter {
-    fn sample(&mut self, loaded: &Loaded, telemetry: &telemetry::Sampler) -> Sample {
-        let metrics = &loaded.worker.metrics;
+    fn sample(&mut self, metrics: &Arc<crate::metrics::Metrics>, telemetry: &telemetry::Sampler) -> Sample {
         let which = Arc::as_ptr(metrics) as usize;
         let tokens = metrics.tokens.load(Ordering::Relaxed);
         let finished = metrics.finished.load(Ordering::Relaxed);
@@ -157,6 +156,35 @@ impl Counter {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// CPU seconds this thread has used (`/proc/thread-self/stat`: utime and stime, in ticks of
+    /// 1/100 s), so other tests' threads do not count.
+    fn thread_cpu_seconds() -> f64 {
+        let stat = std::fs::read_to_string("/proc/thread-self/stat").unwrap_or_default();
+        let fields: Vec<&str> = stat.rsplit(')').next().unwrap_or("").split_whitespace().collect();
+        let tick = |i: usize| fields.get(i).and_then(|x| x.parse::<f64>().ok()).unwrap_or(0.0);
+        (tick(11) + tick(12)) / 100.0
+    }
+
+    #[test]
+    fn a_sample_costs_well_under_ten_milliseconds_of_cpu() {
+        let metrics = Arc::new(crate::metrics::Metrics::new());
+        for id in 0..8 {
+            metrics.stream_started(id);
+            metrics.stream_token(id);
+        }
+        let telemetry = telemetry::Sampler::start(Duration::from_secs(3600));
+        let mut counter = Counter::default();
+        let cpu = thread_cpu_seconds();
+        for _ in 0..500 {
+            metrics.tokens.fetch_add(3, Ordering::Relaxed);
+            let s = counter.sample(&metrics, &telemetry);
+            assert_eq!(s.streams.len(), 8);
+        }
+        let per_sample = (thread_cpu_seconds() - cpu) / 500.0;
+        // The sampler takes one a second: 10 ms would be 1% of a core.
+        assert!(per_sample < 0.002, "{per_sample} s of CPU per sample");
+    }
 
     #[test]
     fn the_history_keeps_the_last_fifteen_minutes_and_stays_small() {

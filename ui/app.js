@@ -271,8 +271,11 @@ function showTuning(t, u) {
   if (!t) return;
   const p = t.progress;
   if (t.running && p) {
-    $("tune-progress").max = p.steps; $("tune-progress").value = p.step;
-    const rep = p.repetition ? `, repetition ${p.repetition}/${p.repetitions}` : "";
+    // The warm-up counts its runs; the paired rounds count seconds of the time budget.
+    const measuring = p.phase === "measuring";
+    $("tune-progress").max = measuring ? p.budget_s : p.steps;
+    $("tune-progress").value = measuring ? p.elapsed_s : p.step;
+    const rep = p.repetition ? `, round ${p.repetition} (${Math.round(p.elapsed_s)} of at most ${Math.round(p.budget_s)} s)` : "";
     const last = p.last_tps ? ` — last ${p.last_tps.toFixed(1)} tok/s` : "";
     $("tune-status").textContent = `Tuning ${t.model} (${p.phase}): depth ${p.depth}, temperature ${p.temperature}${rep}${last}`;
   } else if (t.running) {
@@ -285,6 +288,11 @@ function showTuning(t, u) {
   } else {
     $("tune-status").textContent = "";
   }
+  // Each depth's speed-up over plain decoding with its 95% interval, from the paired rounds.
+  $("tune-speedups").textContent = (t.speedups || []).length
+    ? `Speed-up over plain decoding (${t.rounds} paired rounds, 95% interval): ` +
+      t.speedups.map((s) => `depth ${s.depth} ${s.speedup.toFixed(2)}x [${s.interval[0].toFixed(2)}–${s.interval[1].toFixed(2)}]`).join(" · ")
+    : "";
   const rows = t.candidates || [];
   $("tune-table").hidden = rows.length === 0;
   $("tune-table").tBodies[0].replaceChildren(...rows.map((c) => {

@@ -20,15 +20,16 @@ pub struct Args {
     /// New tokens per generation.
     #[arg(long, default_value_t = 96)]
     tokens: usize,
-    /// Timed repetitions of the prompt suite per candidate (after one discarded pass).
-    #[arg(long, default_value_t = 5)]
-    reps: usize,
+    /// Paired rounds before any verdict (each: every depth once, plain decoding before and
+    /// after it; more follow until the best depth is separated, or the budget ends).
+    #[arg(long, alias = "reps", default_value_t = 3)]
+    rounds: usize,
+    /// Seconds the measuring may take (after one discarded pass) before it gives up undecided.
+    #[arg(long, default_value_t = 120.0)]
+    budget: f64,
     /// Prompts of the suite to use (1 to 4).
     #[arg(long, default_value_t = 4)]
     prompts: usize,
-    /// Largest spread between repetitions (percent of the median) that is still trusted.
-    #[arg(long, default_value_t = 15.0)]
-    max_spread: f64,
     /// Another process using more than this share of a core (percent) makes the machine busy.
     #[arg(long, default_value_t = telemetry::machine::DEFAULT_BUSY_PERCENT)]
     busy_percent: f32,
@@ -53,13 +54,20 @@ pub fn run(args: Args) -> Result<()> {
     let engine = Engine::load_with(&model.dir, Profile::named(args.profile))?;
     let options = TuneOptions {
         gen_tokens: args.tokens,
-        reps: args.reps,
+        min_rounds: args.rounds.max(2),
+        budget: std::time::Duration::from_secs_f64(args.budget.clamp(1.0, 86_400.0)),
         prompts: args.prompts,
-        max_spread: args.max_spread / 100.0,
         ..TuneOptions::default()
     };
     let key = server::launch::tuning_key(&model.dir, args.profile);
-    eprintln!("tuning {} ({}) with the {} profile on {}", model.id, key.model, args.profile, key.machine);
+    eprintln!(
+        "tuning {} ({}) with the {} profile on {}: a warm-up pass, then paired rounds for up to {:.0} s",
+        model.id,
+        key.model,
+        args.profile,
+        key.machine,
+        options.budget.as_secs_f64()
+    );
     let mut busy = telemetry::machine::BusyCheck::new(args.busy_percent);
     let bar = indicatif::ProgressBar::new(0);
     bar.set_style(
@@ -72,14 +80,16 @@ pub fn run(args: Args) -> Result<()> {
         &options,
         || busy.check(),
         |p| {
-            bar.set_length(p.steps as u64);
-            bar.set_position(p.step as u64);
-            bar.set_prefix(p.phase);
-            let rep = if p.repetition > 0 {
-                format!(", repetition {}/{}", p.repetition, p.repetitions)
+            // The warm-up counts its runs; the rounds count seconds of the budget.
+            if p.phase == "measuring" {
+                bar.set_length(p.budget_s as u64);
+                bar.set_position(p.elapsed_s as u64);
             } else {
-                String::new()
-            };
+                bar.set_length(p.steps as u64);
+                bar.set_position(p.step as u64);
+            }
+            bar.set_prefix(p.phase);
+            let rep = if p.repetition > 0 { format!(", round {}", p.repetition) } else { String::new() };
             let last = p.last_tps.map(|t| format!(" (last: {t:.1} tok/s)")).unwrap_or_default();
             bar.set_message(format!("depth {}, temperature {}{rep}{last}", p.depth, p.temperature));
             true
@@ -103,6 +113,13 @@ pub fn run(args: Args) -> Result<()> {
             c.tokens_per_cycle,
             c.median_tps / plain.max(1e-9)
         );
+    }
+    println!(
+        "speed-up over plain decoding, paired rounds ({} in {:.0} s), 95% interval:",
+        measurement.rounds, measurement.elapsed_s
+    );
+    for s in &measurement.speedups {
+        println!("  depth {}: {:.2}x [{:.2}-{:.2}]", s.depth, s.speedup, s.interval[0], s.interval[1]);
     }
     match server::launch::judge_and_store(&config_dir, key, &measurement, &options)? {
         (Verdict::Refuse { why }, _) => {

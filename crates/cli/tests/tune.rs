@@ -40,10 +40,10 @@ fn tune_stores_shows_serves_and_survives_a_corrupt_file() {
             "1",
             "--tokens",
             "8",
-            "--reps",
+            "--rounds",
             "2",
-            "--max-spread",
-            "1000",
+            "--budget",
+            "30",
             "--busy-percent",
             "100000",
         ])

@@ -242,8 +242,14 @@ fn profiles_change_knobs_not_answers() {
 fn tuning_reports_progress_and_stops_when_asked() {
     let d = hybrid_with_mtp();
     let e = Engine::load(d.path()).unwrap();
-    let options =
-        engine::tune::TuneOptions { gen_tokens: 4, reps: 2, prompts: 1, temperatures: vec![0.0], ..Default::default() };
+    let options = engine::tune::TuneOptions {
+        gen_tokens: 4,
+        min_rounds: 2,
+        budget: std::time::Duration::from_secs(2),
+        prompts: 1,
+        temperatures: vec![0.0],
+        ..Default::default()
+    };
     let mut seen = Vec::new();
     let m = engine::tune::measure(
         &e,
@@ -255,13 +261,21 @@ fn tuning_reports_progress_and_stops_when_asked() {
         },
     )
     .unwrap();
-    // 5 candidates (depth 0..4) warmed up, then measured twice each.
+    // 5 candidates (depth 0..4) warmed up, then paired rounds (at least 2) until a verdict or
+    // the 2 s budget.
     let last = seen.last().unwrap();
-    assert_eq!((last.step, last.steps, last.phase), (15, 15, "measuring"));
-    assert!(seen.windows(2).all(|w| w[0].step <= w[1].step), "steps only go forward");
+    assert_eq!((last.step, last.steps, last.phase), (5, 5, "measuring"));
+    assert!(
+        seen.windows(2).all(|w| w[0].step <= w[1].step && w[0].elapsed_s <= w[1].elapsed_s),
+        "progress only goes forward"
+    );
     assert!(seen.iter().any(|p| p.phase == "warm-up") && seen.iter().any(|p| p.repetition == 2 && p.depth == 4));
     assert!(last.last_tps.unwrap() > 0.0);
+    assert_eq!(last.budget_s, 2.0);
     assert_eq!(m.candidates.len(), 5);
+    assert!(m.rounds >= 2, "{}", m.rounds);
+    assert_eq!(m.speedups.len(), 4);
+    assert!(m.speedups.iter().all(|s| s.interval[0] <= s.speedup && s.speedup <= s.interval[1]), "{:?}", m.speedups);
     // Stopped mid-way: an error, no half-made measurement.
     let mut calls = 0;
     let stopped = engine::tune::measure(

@@ -112,7 +112,7 @@ pub fn judge_and_store(
     }
     let previous = file.find(&key).map(|r| r.first_acceptance.clone());
     let verdict = engine::tune::decide(measurement, previous.as_deref(), options);
-    if let Verdict::Store { depth, speedup, why } = &verdict {
+    if let Verdict::Store { depth, speedup, why, .. } = &verdict {
         let result = store::tuning::TunedResult {
             key,
             depth: *depth,

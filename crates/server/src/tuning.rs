@@ -11,7 +11,7 @@ use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::Json;
-use engine::tune::{Candidate, Progress, TuneOptions, Verdict};
+use engine::tune::{Candidate, Progress, Speedup, TuneOptions, Verdict};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
@@ -27,6 +27,9 @@ pub struct TuneState {
     pub profile: Option<String>,
     pub progress: Option<Progress>,
     pub candidates: Option<Vec<Candidate>>,
+    /// Each depth's speed-up over plain decoding with its 95% interval, and the rounds measured.
+    pub speedups: Option<Vec<Speedup>>,
+    pub rounds: Option<usize>,
     pub verdict: Option<Verdict>,
     /// Why the last run ended without a verdict (cancelled, or an error).
     pub error: Option<String>,
@@ -41,12 +44,13 @@ pub type Shared = Arc<Mutex<TuneState>>;
 struct TuneRequest {
     /// New tokens per generation (default 96).
     tokens: Option<usize>,
-    /// Timed repetitions per candidate (default 5).
-    reps: Option<usize>,
+    /// Paired rounds before any verdict (default 3).
+    #[serde(alias = "reps")]
+    rounds: Option<usize>,
     /// Prompts of the code suite (1 to 4, default 4).
     prompts: Option<usize>,
-    /// Largest spread between repetitions still trusted, percent (default 15).
-    max_spread: Option<f64>,
+    /// Seconds the measuring may take before it gives up undecided (default 120).
+    budget_s: Option<f64>,
     /// Another process above this share of a core makes the machine busy, percent (default 50).
     busy_percent: Option<f32>,
 }
@@ -76,9 +80,13 @@ pub async fn start(State(s): State<AppState>, body: Bytes) -> Result<(StatusCode
     let defaults = TuneOptions::default();
     let options = TuneOptions {
         gen_tokens: request.tokens.unwrap_or(defaults.gen_tokens).clamp(2, 1024),
-        reps: request.reps.unwrap_or(defaults.reps).clamp(1, 20),
+        min_rounds: request.rounds.unwrap_or(defaults.min_rounds).clamp(2, 50),
         prompts: request.prompts.unwrap_or(defaults.prompts).clamp(1, engine::tune::CODE_PROMPTS.len()),
-        max_spread: request.max_spread.map(|p| p / 100.0).unwrap_or(defaults.max_spread),
+        budget: request
+            .budget_s
+            .filter(|b| b.is_finite())
+            .map(|b| std::time::Duration::from_secs_f64(b.clamp(1.0, 3600.0)))
+            .unwrap_or(defaults.budget),
         ..defaults
     };
     let loaded = s.loaded();
@@ -133,6 +141,10 @@ pub async fn start(State(s): State<AppState>, body: Bytes) -> Result<(StatusCode
         let (dir, profile) = (info.dir.clone(), info.profile.name);
         let config_dir = state.store.config_dir.clone().unwrap_or_else(store::config::config_dir);
         let candidates = measurement.candidates.clone();
+        if let Ok(mut t) = shared.lock() {
+            t.speedups = Some(measurement.speedups.clone());
+            t.rounds = Some(measurement.rounds);
+        }
         let judged = tokio::task::spawn_blocking(move || {
             crate::launch::judge_and_store(
                 &config_dir,

@@ -34,8 +34,9 @@ async fn a_tune_reports_progress_stores_and_takes_effect() {
     let s = start_hybrid(move |state| state.store.config_dir = Some(dir)).await;
     assert_eq!(get(&s, "/v1/tune").await["running"], false);
 
-    // Small and trusting, so the verdict is a stored depth on any machine.
-    let body = json!({"tokens": 6, "reps": 2, "prompts": 1, "max_spread": 10000, "busy_percent": 100000});
+    // Small, so the rounds are quick; random weights accept no drafts, so plain decoding wins
+    // clearly and a verdict comes well within the budget.
+    let body = json!({"tokens": 6, "rounds": 2, "prompts": 1, "budget_s": 30, "busy_percent": 100000});
     let (code, started) = post(&s, "/v1/tune", &body).await;
     assert_eq!(code, 202, "{started}");
     let (again, busy) = post(&s, "/v1/tune", &body).await;
@@ -43,13 +44,18 @@ async fn a_tune_reports_progress_stores_and_takes_effect() {
 
     let seen = wait_for_end(&s).await;
     assert!(
-        seen.iter().any(|t| t["progress"]["steps"].as_u64() == Some(30)),
-        "5 depths x 2 temperatures x (1 warm-up + 2 timed) passes: {:?}",
+        seen.iter().any(|t| t["progress"]["steps"].as_u64() == Some(10) && t["progress"]["budget_s"] == 30.0),
+        "5 depths x 2 temperatures warmed up, then rounds within a 30 s budget: {:?}",
         seen.last()
     );
     let done = seen.last().unwrap();
     assert!(done["error"].is_null(), "{done}");
     assert_eq!(done["candidates"].as_array().unwrap().len(), 10, "{done}");
+    // Each depth's speed-up with its interval, the verdict's too.
+    let speedups = done["speedups"].as_array().unwrap();
+    assert_eq!(speedups.len(), 4, "{done}");
+    assert!(speedups.iter().all(|s| s["interval"][0].as_f64() <= s["speedup"].as_f64()), "{done}");
+    assert!(done["rounds"].as_u64().unwrap() >= 2, "{done}");
     assert_eq!(done["verdict"]["verdict"], "store", "{done}");
     let depth = done["verdict"]["depth"].as_u64().unwrap();
 

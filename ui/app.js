@@ -233,7 +233,11 @@ async function start() {
   $("anthropic-url").textContent = base;
   const events = new EventSource(API + "/v1/events");
   events.addEventListener("history", (e) => Charts.history(JSON.parse(e.data).samples));
-  events.addEventListener("status", (e) => onUpdate(JSON.parse(e.data)));
+  events.addEventListener("status", (e) => {
+    const u = JSON.parse(e.data);
+    window.__lastStatus = u; // the last status, for the browser tests
+    onUpdate(u);
+  });
   events.onerror = () => { $("state").textContent = "disconnected: retrying"; $("state").className = "badge"; };
 }
 

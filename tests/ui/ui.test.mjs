@@ -194,6 +194,22 @@ test("a reload keeps the history: the server replays it on connect", async () =>
   assert.ok(after.charts.speed.data[1].some((v) => v > 0), "the speed of the requests before the reload is there");
 });
 
+test("acceptance by draft position is drawn as bars, one per position", async () => {
+  // The figures of a speculating request (this test's models have random weights and no tuned
+  // depth, so none speculates here): the chart module is fed a status that carries them.
+  const bars = await page.evaluate(() => {
+    const u = window.__lastStatus;
+    window.ferriteCharts.update({ ...u, last: { ...u.last, acceptance: [0.8, 0.55, 0.3], tokens_per_cycle: 2.65 } });
+    const c = window.ferriteCharts.state().charts.acceptance;
+    return { data: c.data, title: document.querySelector("#chart-acceptance .u-title").textContent };
+  });
+  assert.deepEqual(bars.data[0], [1, 2, 3]);
+  assert.deepEqual(bars.data[1].map((v) => Math.round(v)), [80, 55, 30]);
+  assert.match(bars.title, /2\.65 tokens per cycle/);
+  assert.equal(await page.isVisible("#acceptance-none"), false);
+  await page.screenshot({ path: join(shots, "acceptance.png"), fullPage: true });
+});
+
 test("screenshots of the live window, wide and narrow, light and dark", async () => {
   for (const scheme of ["light", "dark"]) {
     await page.emulateMedia({ colorScheme: scheme });

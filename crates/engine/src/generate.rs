@@ -601,7 +601,7 @@ impl Generation<'_> {
 
     /// Prompt tokens not yet in the cache (the last one, fed by [`Generation::end_prefill`],
     /// not counted).
-    fn prefill_left(&self) -> usize {
+    pub(crate) fn prefill_remaining(&self) -> usize {
         let head = self.request.prompt.len() - 1;
         self.prefill.as_ref().map_or(0, |p| head.saturating_sub(p.at))
     }
@@ -919,11 +919,6 @@ impl<'a> Generation<'a> {
     /// tokens); whether another follows.
     pub(crate) fn prefill_step(&mut self) -> Result<bool> {
         self.prefill_chunk(self.engine.prefill_interleave())
-    }
-
-    /// Prompt tokens the prefill has still to feed.
-    pub(crate) fn prefill_remaining(&self) -> usize {
-        self.prefill_left()
     }
 
     /// Ends a batched prefill: the first token is scheduled.

@@ -76,7 +76,6 @@ pub struct Speedup {
     pub speedup: f64,
     /// Its 95% confidence interval (Student's t over the rounds' log ratios).
     pub interval: [f64; 2],
-    pub rounds: usize,
 }
 
 /// What the measurement found, before the busy and acceptance rules of [`decide`].
@@ -364,7 +363,7 @@ pub fn measure_with(
     let speedups = (1..=max_depth)
         .map(|depth| {
             let (mean, half) = mean_interval(&log_ratios[depth]);
-            Speedup { depth, speedup: mean.exp(), interval: [(mean - half).exp(), (mean + half).exp()], rounds }
+            Speedup { depth, speedup: mean.exp(), interval: [(mean - half).exp(), (mean + half).exp()] }
         })
         .collect();
     Ok(Measurement { candidates, speedups, outcome, rounds, elapsed_s: at.elapsed_s, busy: busy_seen })

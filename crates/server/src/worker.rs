@@ -25,6 +25,22 @@ pub enum Prompt {
     Text(String),
 }
 
+impl Prompt {
+    /// Bytes of the text it carries (messages and tool-call arguments), before any template:
+    /// what bounds its token count from below.
+    fn text_bytes(&self) -> usize {
+        match self {
+            Prompt::Text(t) => t.len(),
+            Prompt::Chat { messages, .. } => messages
+                .iter()
+                .map(|m| {
+                    m.content.len() + m.tool_calls.iter().map(|c| c.function.arguments.to_string().len()).sum::<usize>()
+                })
+                .sum(),
+        }
+    }
+}
+
 #[derive(Debug)]
 pub struct Job {
     /// Only render and count the prompt (answers `Started`, then stops).
@@ -610,15 +626,7 @@ fn start_job<'e>(
         return Err(0);
     }
     // A prompt whose text alone cannot fit is refused before the template renders it.
-    let text_bytes = match &job.prompt {
-        Prompt::Text(t) => t.len(),
-        Prompt::Chat { messages, .. } => messages
-            .iter()
-            .map(|m| {
-                m.content.len() + m.tool_calls.iter().map(|c| c.function.arguments.to_string().len()).sum::<usize>()
-            })
-            .sum(),
-    };
+    let text_bytes = job.prompt.text_bytes();
     // The KV cache of prompt and answer must also fit the memory left beside the model.
     let memory_room = engine::memory::kv_room_tokens(info.memory_budget, info.kv_bytes_per_token);
     let least = engine.tokenizer().at_least_tokens(text_bytes);
@@ -876,11 +884,7 @@ fn run_batch<'e>(
 /// rendered: its prompt's least token count and the answer it asks (within the context and the
 /// server's cap).
 fn kv_tokens_asked(engine: &Engine, info: &ModelInfo, job: &Job) -> usize {
-    let text_bytes = match &job.prompt {
-        Prompt::Text(t) => t.len(),
-        Prompt::Chat { messages, .. } => messages.iter().map(|m| m.content.len()).sum(),
-    };
-    let prompt = engine.tokenizer().at_least_tokens(text_bytes);
+    let prompt = engine.tokenizer().at_least_tokens(job.prompt.text_bytes());
     let answer = job.request.max_tokens.min(info.max_output_tokens.unwrap_or(usize::MAX));
     (prompt + answer).min(info.context)
 }

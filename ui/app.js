@@ -269,6 +269,11 @@ function showTuning(t, u) {
   const hasRun = t && (t.running || t.verdict || t.error);
   box.hidden = !(hasRun || untuned);
   $("tune-offer").hidden = !untuned || (t && t.running);
+  // Tuned before under another fingerprint (a new Ferrite, more memory): say what changed.
+  const since = String(u.draft_depth_source).match(/^untuned since (.*): plain decoding/);
+  $("tune-offer-why").textContent = since
+    ? `Re-tune: ${since[1]}.`
+    : "This machine has no tuned draft depth for this model yet:";
   $("tune").disabled = !!(t && t.running);
   $("tune-cancel").hidden = !(t && t.running);
   $("tune-progress").hidden = !(t && t.running);

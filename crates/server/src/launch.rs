@@ -46,10 +46,34 @@ pub fn stored_depth(dir: &Path, profile: ProfileName) -> (usize, String) {
     if let Some(w) = warning {
         tracing::warn!("{w}");
     }
-    match file.find(&tuning_key(dir, profile)) {
+    let key = tuning_key(dir, profile);
+    match file.find(&key) {
         Some(r) => (r.depth, format!("tuned {} ({}; `ferrite tune --show`)", date(r.measured_at), r.why)),
-        None => (0, "untuned: plain decoding (`ferrite tune` measures this machine)".into()),
+        None => match machine_changed(&file.results, &key) {
+            Some(what) => (0, format!("untuned since {what}: plain decoding until it is tuned again (`ferrite tune`)")),
+            None => (0, "untuned: plain decoding (`ferrite tune` measures this machine)".into()),
+        },
     }
+}
+
+/// What changed since this model and profile were last tuned on this machine, when they were
+/// tuned under another fingerprint (a new Ferrite or MLX, more memory): the fingerprints'
+/// differing parts, old → new, from the most recent such result.
+fn machine_changed(results: &[store::tuning::TunedResult], key: &TuningKey) -> Option<String> {
+    let before = results
+        .iter()
+        .filter(|r| r.key.model == key.model && r.key.profile == key.profile && r.key.machine != key.machine)
+        .max_by_key(|r| r.measured_at)?;
+    let (old, new): (Vec<&str>, Vec<&str>) =
+        (before.key.machine.split(", ").collect(), key.machine.split(", ").collect());
+    let changes: Vec<String> =
+        old.iter().zip(&new).filter(|(a, b)| a != b).map(|(a, b)| format!("{a} → {b}")).collect();
+    let what = if changes.is_empty() || old.len() != new.len() {
+        format!("the machine changed ({} → {})", before.key.machine, key.machine)
+    } else {
+        format!("the last tune ({}): {}", date(before.measured_at), changes.join("; "))
+    };
+    Some(what)
 }
 
 /// `--draft-depth`: a number, or `auto` for the stored result.
@@ -139,6 +163,39 @@ pub fn date(unix_seconds: u64) -> String {
 
 #[cfg(test)]
 mod tests {
+    use store::tuning::{TunedResult, TuningKey};
+
+    fn result(machine: &str, model: &str, measured_at: u64) -> TunedResult {
+        TunedResult {
+            key: TuningKey { machine: machine.into(), model: model.into(), profile: "sustained".into() },
+            depth: 2,
+            speedup: 1.4,
+            why: "test".into(),
+            measured_at,
+            first_acceptance: vec![],
+            measurement: serde_json::Value::Null,
+        }
+    }
+
+    #[test]
+    fn a_new_ferrite_or_more_memory_asks_for_a_re_tune_saying_what_changed() {
+        let now = TuningKey {
+            machine: "M4 Max (16 cores), 64 GiB, macOS 26, MLX 0.32.2 on gpu, ferrite 0.2.0".into(),
+            model: "qwen@abc".into(),
+            profile: "sustained".into(),
+        };
+        let results = [
+            result("M4 Max (16 cores), 32 GiB, macOS 26, MLX 0.32.2 on gpu, ferrite 0.1.0", "qwen@abc", 1_796_083_200),
+            result("M4 Max (16 cores), 64 GiB, macOS 26, MLX 0.32.2 on gpu, ferrite 0.1.9", "qwen@abc", 1_700_000_000),
+            result("M4 Max (16 cores), 64 GiB, macOS 26, MLX 0.32.2 on gpu, ferrite 0.1.0", "other@def", 1_796_083_300),
+        ];
+        let what = super::machine_changed(&results, &now).unwrap();
+        assert_eq!(what, "the last tune (2026-12-01): 32 GiB → 64 GiB; ferrite 0.1.0 → ferrite 0.2.0");
+        // Another model's results, or none: nothing to re-tune.
+        assert_eq!(super::machine_changed(&results[2..], &now), None);
+        assert_eq!(super::machine_changed(&[], &now), None);
+    }
+
     #[test]
     fn dates_are_utc_calendar_days() {
         assert_eq!(super::date(0), "1970-01-01");

@@ -7,7 +7,7 @@
 
 use std::convert::Infallible;
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use axum::extract::State;
 use axum::response::sse::{Event, KeepAlive, Sse};
@@ -44,29 +44,22 @@ fn update(s: &AppState, tokens_per_s: f64, downloads: Vec<store::download::Progr
 }
 
 pub async fn events(State(s): State<AppState>) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
-    let start = (s.clone(), s.loaded().worker.metrics.tokens.load(Ordering::Relaxed), Instant::now(), true);
     // First the history (at most 15 minutes of samples), then the updates.
     let history = Event::default()
         .event("history")
         .data(json!({"keep": crate::history::KEEP, "samples": s.history.all()}).to_string());
     let replay = futures_util::stream::once(async move { Ok(history) });
-    let stream = futures_util::stream::unfold(start, |(s, tokens, at, first)| async move {
+    let stream = futures_util::stream::unfold((s, true), |(s, first)| async move {
         if !first {
             let downloading = s.store.progress().iter().any(|p| !p.state.is_final());
             let tuning = s.tuning.lock().map(|t| t.running).unwrap_or(false);
             let busy = downloading || tuning || s.loaded().worker.metrics.generating.load(Ordering::SeqCst);
             tokio::time::sleep(if busy { Duration::from_secs(1) } else { Duration::from_secs(3) }).await;
         }
-        let downloads = s.store.progress();
-        // A model switched since the last look has a counter of its own: start over from it.
-        let now_tokens = s.loaded().worker.metrics.tokens.load(Ordering::Relaxed);
-        let rate = if first || now_tokens < tokens {
-            0.0
-        } else {
-            (now_tokens - tokens) as f64 / at.elapsed().as_secs_f64().max(1e-3)
-        };
-        let event = Event::default().event("status").data(update(&s, rate, downloads).to_string());
-        Some((Ok(event), (s, now_tokens, Instant::now(), false)))
+        // The rate the history's sampler measured over its last second.
+        let rate = s.history.latest().map_or(0.0, |sample| sample.tokens_per_s);
+        let event = Event::default().event("status").data(update(&s, rate, s.store.progress()).to_string());
+        Some((Ok(event), (s, false)))
     });
     Sse::new(replay.chain(stream)).keep_alive(KeepAlive::default())
 }

@@ -122,16 +122,7 @@ fn stream_content(sse: &str) -> (String, Value) {
 /// together, and the first one's timings keep its speculative figures.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_speculating_request_takes_in_a_newcomer() {
-    let speculate = |state: &mut server::AppState| {
-        let served = state.loaded();
-        state.replace(server::Loaded {
-            worker: served.worker.clone(),
-            aliases: served.aliases.clone(),
-            draft_depth: 2,
-            draft_depth_source: "test".into(),
-        });
-    };
-    let s = common::start_hybrid(speculate).await;
+    let s = common::start_hybrid(common::speculate).await;
     let long = chat(json!({"max_tokens": 1200, "ignore_eos": true, "reasoning_effort": "none", "stream": true}));
     let short = prompt(1);
     let client = reqwest::Client::new();

@@ -141,16 +141,7 @@ async fn forced_calls_in_the_xml_form_with_speculation() {
     let place = |dir: &std::path::Path| {
         std::fs::copy(&template, dir.join("chat_template.jinja")).unwrap();
     };
-    let speculate = |state: &mut server::AppState| {
-        let served = state.loaded();
-        state.replace(server::Loaded {
-            worker: served.worker.clone(),
-            aliases: served.aliases.clone(),
-            draft_depth: 2,
-            draft_depth_source: "test".into(),
-        });
-    };
-    let s = start_prepared(&o, place, None, WorkerOptions::default(), speculate).await;
+    let s = start_prepared(&o, place, None, WorkerOptions::default(), common::speculate).await;
     assert_eq!(s.state.loaded().worker.info.call_syntax.form, server::tool_choice::CallForm::Xml);
     for (choice, temperature) in
         [(json!({"type": "function", "function": {"name": "count"}}), 0.0), (json!("required"), 0.8)]

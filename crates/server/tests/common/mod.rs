@@ -107,6 +107,17 @@ pub async fn start_prepared(
     Server { base, state, _dir: dir }
 }
 
+/// Configures a server to speculate at draft depth 2 (as a tuned depth would).
+pub fn speculate(state: &mut AppState) {
+    let served = state.loaded();
+    state.replace(server::Loaded {
+        worker: served.worker.clone(),
+        aliases: served.aliases.clone(),
+        draft_depth: 2,
+        draft_depth_source: "test".into(),
+    });
+}
+
 pub fn chat(extra: Value) -> Value {
     let mut body =
         json!({"model": "tiny", "messages": [{"role": "user", "content": "Write a function."}], "max_tokens": 12});

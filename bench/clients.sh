@@ -9,8 +9,18 @@ set -euo pipefail
 model=${1:-$root/assets/models/ferrite-code-20m}
 shift || true
 free_port() { "$PYTHON" -c "import socket; s=socket.socket(); s.bind(('127.0.0.1',0)); print(s.getsockname()[1])"; }
-# Up when PATH answers (mlx_lm.server's /v1/models fails where no Hugging Face cache folder exists).
-wait_up() { for _ in $(seq 3000); do curl -sf "http://127.0.0.1:$1$2" >/dev/null && return; sleep 0.2; done; echo "no answer on :$1$2" >&2; return 1; }
+# Up when PATH answers (mlx_lm.server's /v1/models fails where no Hugging Face cache folder
+# exists); gives up at once when the server has died or says its model did not load.
+wait_up() {
+  for _ in $(seq 3000); do
+    curl -sf "http://127.0.0.1:$1$2" >/dev/null && return
+    if ! kill -0 "$3" 2>/dev/null || grep -qs "thread died" "$4"; then
+      echo "the server on :$1 did not come up:" >&2; tail -5 "$4" >&2; return 1
+    fi
+    sleep 0.2
+  done
+  echo "no answer on :$1$2" >&2; return 1
+}
 out=$BENCH_DIR/clients.jsonl
 : > "$out"
 ours=$(free_port)
@@ -18,10 +28,10 @@ FERRITE_PROMPT_CACHE_MB=0 FERRITE_PROMPT_DISK_GB=0 RUST_LOG=warn "$FERRITE" serv
   --draft-depth "${DRAFT:-0}" --profile "${PROFILE:-sustained}" &
 ferrite=$!
 peer=$(free_port)
-"$PYTHON" -m mlx_lm.server --model "$model" --port "$peer" 2>"$BENCH_DIR/mlx_lm.server.log" &
+"$PYTHON" "$root/bench/mlx_lm_server.py" --model "$model" --port "$peer" 2>"$BENCH_DIR/mlx_lm.server.log" &
 mlx=$!
 trap 'kill $ferrite $mlx 2>/dev/null; wait 2>/dev/null || true' EXIT
-wait_up "$ours" /v1/models
-wait_up "$peer" /health
+wait_up "$ours" /v1/models $ferrite /dev/null
+wait_up "$peer" /health $mlx "$BENCH_DIR/mlx_lm.server.log"
 "$PYTHON" "$root/bench/clients.py" --server "ferrite=http://127.0.0.1:$ours=ferrite" \
   --server "mlx_lm.server=http://127.0.0.1:$peer=$model" "$@" | tee -a "$out"

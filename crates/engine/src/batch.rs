@@ -1,6 +1,7 @@
 //! Several generations decoded together: each step is one forward pass over the weights for
-//! all of them (`LanguageModel::hidden_rows`), each sequence with its own cache, sampler,
-//! penalties, grammar and stop strings. A generation joins after its prefill and leaves when
+//! all of them (`LanguageModel::hidden_batch`), their caches stacked as the rows of one
+//! [`BatchCache`] while they are in the batch, each with its own sampler, penalties, grammar
+//! and stop strings. A generation joins after its prefill and leaves when
 //! it ends (its last event says why); the others go on untouched. Batched sequences decode
 //! plainly: the MTP head drafts for one sequence at a time, so a speculative generation
 //! joins between its cycles and goes on without drafts.
@@ -15,20 +16,22 @@ use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::transforms::{async_eval, eval};
 use mlx_rs::{ops, Array};
 
-use crate::cache::Cache;
+use crate::batch_cache::BatchCache;
 use crate::error::Result;
 use crate::generate::{Event, Generation};
 
 /// The running generations, each under the caller's key (a request's id).
 pub struct Batch<'a, K> {
     running: Vec<(K, Generation<'a>)>,
+    /// The running generations' caches, row i that of `running[i]`.
+    cache: BatchCache,
     /// Generations whose prompts are being prefilled, a chunk a step, first come first.
     joining: VecDeque<(K, Generation<'a>)>,
 }
 
 impl<K> Default for Batch<'_, K> {
     fn default() -> Self {
-        Batch { running: Vec::new(), joining: VecDeque::new() }
+        Batch { running: Vec::new(), cache: BatchCache::default(), joining: VecDeque::new() }
     }
 }
 
@@ -42,8 +45,22 @@ impl<'a, K: Clone> Batch<'a, K> {
             ));
         }
         generation.start_batched()?;
+        self.enter(key, generation)
+    }
+
+    /// A generation whose prompt is in becomes the batch's last row.
+    fn enter(&mut self, key: K, mut generation: Generation<'a>) -> Result<()> {
+        self.cache.push(generation.lend_cache())?;
         self.running.push((key, generation));
         Ok(())
+    }
+
+    /// Running generation `i` leaves the batch with its cache.
+    fn leave(&mut self, i: usize) -> Result<(K, Generation<'a>)> {
+        let cache = self.cache.remove(i)?;
+        let (key, mut generation) = self.running.remove(i);
+        generation.return_cache(cache);
+        Ok((key, generation))
     }
 
     /// As [`Batch::join`], but a new generation's prompt is prefilled a chunk per step while
@@ -66,10 +83,20 @@ impl<'a, K: Clone> Batch<'a, K> {
         self.running.is_empty() && self.joining.is_empty()
     }
 
-    /// Tokens of context the batch's KV caches hold now, and may hold at most (each its
-    /// prompt and longest answer), all together.
+    /// Tokens of context the batch's KV caches hold now (a running row as long as the longest,
+    /// [`BatchCache`] pads them), and may hold at most: every generation as long as the
+    /// longest prompt and answer asked.
     pub fn kv_tokens(&self) -> (usize, usize) {
-        self.running.iter().chain(&self.joining).map(|(_, g)| g.kv_tokens()).fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1))
+        let now = self.cache.rows() * self.cache.padded_len().max(0) as usize
+            + self.joining.iter().map(|(_, g)| g.kv_tokens().0).sum::<usize>();
+        (now, self.kv_tokens_with(0))
+    }
+
+    /// The most tokens of KV cache the batch may hold were a generation that may take `asked`
+    /// to join it.
+    pub fn kv_tokens_with(&self, asked: usize) -> usize {
+        let most = self.running.iter().chain(&self.joining).map(|(_, g)| g.kv_tokens().1).max().unwrap_or(0);
+        (self.len() + usize::from(asked > 0)) * most.max(asked)
     }
 
     /// Tokens generated so far by the generation under `key` (0 while its prompt is being
@@ -103,7 +130,13 @@ impl<'a, K: Clone> Batch<'a, K> {
         })();
         match done {
             Ok(false) => {}
-            Ok(true) => self.running.extend(self.joining.pop_front()),
+            Ok(true) => {
+                if let Some((key, generation)) = self.joining.pop_front() {
+                    if let Err(e) = self.enter(key.clone(), generation) {
+                        events.push((key, Err(e)));
+                    }
+                }
+            }
             Err(e) => {
                 if let Some((key, _)) = self.joining.pop_front() {
                     events.push((key, Err(e)));
@@ -118,82 +151,83 @@ impl<'a, K: Clone> Batch<'a, K> {
     pub fn step(&mut self) -> Vec<(K, Result<Event>)> {
         let mut events = Vec::new();
         self.prefill_some(&mut events);
-        // Each one's input: the token it drew last (still on the device).
+        // Each one's input: the token it drew last (still on the device). One that ended, or
+        // whose token now is its last, leaves before the step: its cache holds what it fed.
         let mut inputs = Vec::new();
-        let mut going = Vec::new();
-        for (key, generation) in &mut self.running {
-            match generation.next_input() {
-                Ok((token, more)) => {
-                    inputs.push(token);
-                    going.push(more);
-                }
-                Err(last) => {
-                    events.push((key.clone(), Ok(*last)));
-                    inputs.push(Array::from_int(0));
-                    going.push(false);
+        let mut last = Vec::new();
+        let mut i = 0;
+        while i < self.running.len() {
+            let outcome = self.running[i].1.next_input();
+            if let Ok((token, true)) = outcome {
+                inputs.push(token);
+                i += 1;
+                continue;
+            }
+            let (key, generation) = match self.leave(i) {
+                Ok(left) => left,
+                Err(e) => return self.fail(e, events),
+            };
+            match outcome {
+                Ok((token, _)) => last.push((key, generation, token)),
+                Err(event) => events.push((key, Ok(*event))),
+            }
+        }
+        // Those that left with their last token end with it.
+        for (key, mut generation, token) in last {
+            match token.try_item_cast::<u32>().map_err(Into::into).and_then(|t| generation.after_step(t, None)) {
+                Ok(ended) => events.extend(ended.into_iter().map(|e| (key.clone(), Ok(e)))),
+                Err(e) => events.push((key, Err(e))),
+            }
+        }
+        match self.decode(&inputs) {
+            Ok(more) => events.extend(more),
+            Err(e) => return self.fail(e, events),
+        }
+        for i in (0..self.running.len()).rev() {
+            if self.running[i].1.is_done() {
+                if let Err(e) = self.leave(i) {
+                    return self.fail(e, events);
                 }
             }
         }
-        if let Err(e) = self.decode(&inputs, &going, &mut events) {
-            let message = e.to_string();
-            for (key, generation) in self.running.drain(..) {
-                if !generation.is_done() {
-                    events.push((key, Err(crate::error::Error::Request(message.clone()))));
-                }
-            }
-            return events;
-        }
-        self.running.retain(|(_, generation)| !generation.is_done());
         events
     }
 
-    /// The shared forward pass for the generations that go on, then each one's token.
-    fn decode(&mut self, inputs: &[Array], going: &[bool], events: &mut Vec<(K, Result<Event>)>) -> Result<()> {
-        let rows: Vec<usize> = (0..self.running.len()).filter(|&i| going[i]).collect();
-        // The next step runs on the device while the host reads this step's tokens.
-        let logits = match rows.as_slice() {
-            [] => None,
-            _ => {
-                let tokens = ops::concatenate(
-                    &rows.iter().map(|&i| inputs[i].reshape(&[1, 1])).collect::<Result<Vec<_>, _>>()?,
-                    0,
-                )?;
-                let model = match self.running.first() {
-                    Some((_, generation)) => generation.model(),
-                    None => return Ok(()),
-                };
-                let mut caches: Vec<&mut Cache> = Vec::with_capacity(rows.len());
-                for (i, (_, generation)) in self.running.iter_mut().enumerate() {
-                    if going[i] {
-                        caches.push(generation.cache_mut());
-                    }
-                }
-                let hidden = model.hidden_rows(&tokens, &mut caches)?;
+    /// An error of the shared forward pass ends every generation with it.
+    fn fail(&mut self, e: crate::error::Error, mut events: Vec<(K, Result<Event>)>) -> Vec<(K, Result<Event>)> {
+        let message = e.to_string();
+        self.cache = BatchCache::default();
+        for (key, generation) in self.running.drain(..) {
+            if !generation.is_done() {
+                events.push((key, Err(crate::error::Error::Request(message.clone()))));
+            }
+        }
+        events
+    }
+
+    /// The shared forward pass for the rows (`inputs`, one token each), then each one's token.
+    fn decode(&mut self, inputs: &[Array]) -> Result<Vec<(K, Result<Event>)>> {
+        let logits = match self.running.first() {
+            Some((_, generation)) => {
+                let model = generation.model();
+                let rows = inputs.iter().map(|t| t.reshape(&[1, 1])).collect::<Result<Vec<_>, _>>()?;
+                let hidden = model.hidden_batch(&ops::concatenate(&rows, 0)?, &mut self.cache)?;
                 let logits = model.logits(&hidden)?;
                 async_eval([&logits])?;
                 Some(logits)
             }
+            None => None,
         };
-        let live: Vec<&Array> =
-            (0..self.running.len()).filter(|&i| !self.running[i].1.is_done()).map(|i| &inputs[i]).collect();
-        eval(live.iter().copied())?;
-        let mut row: i32 = 0;
-        for (i, (key, generation)) in self.running.iter_mut().enumerate() {
-            if generation.is_done() {
-                continue;
-            }
-            let token = inputs[i].try_item_cast::<u32>()?;
-            let next = match (&logits, going[i]) {
-                (Some(l), true) => {
-                    row += 1;
-                    Some(l.index((row - 1..row, -1, ..)))
-                }
-                _ => None,
-            };
-            for event in generation.after_step(token, next)? {
+        // The step runs on the device while the host reads the tokens drawn last.
+        eval(inputs)?;
+        let mut events = Vec::new();
+        for (row, ((key, generation), token)) in self.running.iter_mut().zip(inputs).enumerate() {
+            let row = row as i32;
+            let next = logits.as_ref().map(|l| l.index((row..row + 1, -1, ..)));
+            for event in generation.after_step(token.try_item_cast::<u32>()?, next)? {
                 events.push((key.clone(), Ok(event)));
             }
         }
-        Ok(())
+        Ok(events)
     }
 }

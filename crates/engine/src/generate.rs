@@ -17,6 +17,7 @@ use mlx_rs::Array;
 use serde::Serialize;
 
 use crate::cache::{Cache, LayerCache};
+use crate::depth_control::CostModel;
 use crate::device::{self, Backend};
 use crate::error::{Error, Result};
 use crate::forced::ForcedAnswer;
@@ -158,6 +159,9 @@ pub struct Engine {
     kv_bytes_per_token: u64,
     /// Constraint makers for this vocabulary, built by the first request with a grammar.
     grammars: std::sync::OnceLock<std::result::Result<Grammars, String>>,
+    /// When set, a speculating request's depth follows its acceptance under this cost model
+    /// ([`Engine::set_depth_control`]).
+    depth_costs: Option<CostModel>,
 }
 
 impl Engine {
@@ -219,6 +223,27 @@ impl Engine {
     /// several chunks with small models.
     pub fn set_prefill_chunk(&mut self, tokens: usize) {
         self.prefill_chunk = tokens.max(1);
+    }
+
+    /// Turns the runtime depth controller on (speculating requests then draft as deep as their
+    /// acceptance pays for, from the requested depth up to one more, down to plain decoding) or
+    /// off (the requested depth throughout). On measures what a draft step and each verify
+    /// pass cost against a plain step on this model (a fraction of a second); a model without
+    /// an MTP head has nothing to control.
+    pub fn set_depth_control(&mut self, on: bool) -> Result<()> {
+        self.depth_costs = None;
+        if on && self.model.mtp().is_some() {
+            let prompt = synthetic_prompt(self.model.config().vocab_size.max(2) as u32, 32);
+            let costs = crate::speculative::measure_costs(self.model.as_ref(), &prompt, 5)?;
+            tracing::info!("draft depth follows acceptance; costs against a plain step: {costs:?}");
+            self.depth_costs = Some(CostModel::from(&costs));
+        }
+        Ok(())
+    }
+
+    /// The depth controller's cost model, when it is on.
+    pub fn depth_costs(&self) -> Option<&CostModel> {
+        self.depth_costs.as_ref()
     }
 
     /// The prompt cache's counters.
@@ -352,6 +377,7 @@ impl Engine {
             spec_totals: Default::default(),
             kv_bytes_per_token,
             grammars: Default::default(),
+            depth_costs: None,
         };
         if engine.profile.warmup {
             engine.warm_up()?;
@@ -424,6 +450,9 @@ impl Engine {
                 if let Some(s) = &mut spec {
                     s.draft_script = request.draft_script.clone();
                     s.penalise(penalties, &request.prompt);
+                    if let (Some(costs), None) = (&self.depth_costs, &request.draft_script) {
+                        s.control_depth(costs.clone());
+                    }
                 }
                 if spec.is_none() {
                     tracing::warn!("{}: no MTP head, decoding without speculation", self.dir.display());
@@ -457,6 +486,7 @@ impl Engine {
             last_token_at: None,
             finish: None,
             done: false,
+            lent: false,
         })
     }
 
@@ -531,6 +561,8 @@ pub struct Generation<'a> {
     /// Set when the stream must end after the text already returned.
     finish: Option<FinishReason>,
     done: bool,
+    /// Set while a batch holds the cache (as a row of its own, [`Generation::lend_cache`]).
+    lent: bool,
 }
 
 /// A prefill under way: prompt tokens in the cache so far, and a hybrid's checkpoints.
@@ -761,7 +793,9 @@ impl Generation<'_> {
     /// The final event; speculative figures also go into the engine's totals, and the state
     /// after the answer into the prompt cache.
     fn finished(&self, reason: FinishReason) -> Event {
-        self.keep_answer_state();
+        if !self.lent {
+            self.keep_answer_state(); // a batched one's, when the batch gives its cache back
+        }
         let summary = self.summary(reason);
         if let (Some(stats), Ok(mut totals)) = (&summary.speculative, self.engine.spec_totals.lock()) {
             totals.merge(stats);
@@ -988,8 +1022,20 @@ impl<'a> Generation<'a> {
         (self.cache.offset().max(0) as usize, self.request.prompt.len() + self.request.max_tokens)
     }
 
-    pub(crate) fn cache_mut(&mut self) -> &mut Cache {
-        &mut self.cache
+    /// Hands the cache to a batch, which steps it as one of its rows.
+    pub(crate) fn lend_cache(&mut self) -> Cache {
+        self.lent = true;
+        std::mem::take(&mut self.cache)
+    }
+
+    /// Takes the cache back from the batch it left; an ended generation's state after the
+    /// answer then goes into the prompt cache.
+    pub(crate) fn return_cache(&mut self, cache: Cache) {
+        self.cache = cache;
+        self.lent = false;
+        if self.done {
+            self.keep_answer_state();
+        }
     }
 
     pub(crate) fn model(&self) -> &'a dyn crate::models::LanguageModel {

@@ -3,11 +3,13 @@
 
 mod architecture;
 pub mod batch;
+pub mod batch_cache;
 pub mod blas;
 pub mod cache;
 #[cfg(feature = "dev")]
 pub mod checkpoint;
 mod config;
+pub mod depth_control;
 pub mod device;
 mod error;
 mod ffi;

@@ -20,6 +20,7 @@ use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
 use crate::cache::Cache;
+use crate::depth_control::{CostModel, DepthChanges, DepthController};
 use crate::error::{Error, Result};
 use crate::grammar::Constraint;
 use crate::logits::{self, Processors};
@@ -40,6 +41,18 @@ pub struct SpecStats {
     pub committed: usize,
     pub draft_time: Duration,
     pub verify_time: Duration,
+    /// With the depth controller ([`crate::depth_control`]): what it decided.
+    pub control: Option<Box<ControlStats>>,
+}
+
+/// The depth controller's state for a request (or its decisions summed, in totals).
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct ControlStats {
+    /// The depth it runs at now (0: plain decoding).
+    pub depth_now: usize,
+    /// What that depth promises over plain decoding, from the live acceptance.
+    pub expected_speedup: f64,
+    pub changes: DepthChanges,
 }
 
 impl SpecStats {
@@ -63,6 +76,11 @@ impl SpecStats {
         self.committed += other.committed;
         self.draft_time += other.draft_time;
         self.verify_time += other.verify_time;
+        if let Some(other) = &other.control {
+            let mine = self.control.get_or_insert_with(Default::default);
+            mine.changes.merge(&other.changes);
+            (mine.depth_now, mine.expected_speedup) = (other.depth_now, other.expected_speedup);
+        }
     }
 
     /// Mean tokens committed per cycle (1 = nothing accepted).
@@ -93,6 +111,8 @@ pub struct Speculator<'m> {
     pub draft_script: Option<Vec<u32>>,
     /// The request's penalties and the latest committed tokens they look at (prompt first).
     penalties: Option<(Penalties, Vec<u32>)>,
+    /// Chooses each cycle's depth from live acceptance, when on.
+    control: Option<DepthController>,
 }
 
 impl<'m> Speculator<'m> {
@@ -116,7 +136,23 @@ impl<'m> Speculator<'m> {
             stats: SpecStats { depth, drafted: vec![0; depth], accepted: vec![0; depth], ..Default::default() },
             draft_script: None,
             penalties: None,
+            control: None,
         }))
+    }
+
+    /// Lets the depth follow the request's acceptance ([`DepthController`]), from the depth
+    /// given (the tuned one) up to one more.
+    pub fn control_depth(&mut self, costs: CostModel) {
+        let control = DepthController::new(costs, self.depth);
+        let positions = self.stats.drafted.len().max(self.depth + 1).min(MAX_DRAFT_DEPTH);
+        self.stats.drafted.resize(positions, 0);
+        self.stats.accepted.resize(positions, 0);
+        self.stats.control = Some(Box::new(ControlStats {
+            depth_now: control.depth(),
+            expected_speedup: control.expected_speedup(),
+            changes: DepthChanges::default(),
+        }));
+        self.control = Some(control);
     }
 
     /// Penalises drafts and verification alike: each position's window holds the tokens
@@ -194,16 +230,22 @@ impl<'m> Speculator<'m> {
         sampler: &mut Sampler,
         mut constraint: Option<&mut Constraint>,
     ) -> Result<Vec<u32>> {
-        let depth = self.depth;
+        let depth = self.control.as_mut().map_or(self.depth, |c| c.next_depth());
         let hidden = self.pending_hidden.take().ok_or_else(|| Error::Request("speculator used before start".into()))?;
         let last_token =
             *self.pending_tokens.last().ok_or_else(|| Error::Request("speculator used before start".into()))?;
 
         // Draft: the head first catches up on the pending positions, then runs on its own output.
+        // A plain cycle (the controller's depth 0) leaves the head behind: the positions wait
+        // for the next cycle that drafts.
         let started = Instant::now();
-        let ids = Array::from_slice(&self.pending_tokens, &[1, self.pending_tokens.len() as i32]);
-        let x = self.head.forward(self.model, &hidden, &ids, &mut self.mtp_cache)?;
-        let mut g = x.index((.., -1.., ..));
+        let mut g = if depth > 0 {
+            let ids = Array::from_slice(&self.pending_tokens, &[1, self.pending_tokens.len() as i32]);
+            let x = self.head.forward(self.model, &hidden, &ids, &mut self.mtp_cache)?;
+            x.index((.., -1.., ..))
+        } else {
+            hidden.clone()
+        };
         let (mut drafts, mut draft_scaled) = (Vec::with_capacity(depth), Vec::with_capacity(depth));
         let mut draft_window = self.penalties.as_ref().map(|(p, recent)| Recent::new(*p, recent));
         // The grammar's masks: before the first draft, then after each kept draft.
@@ -309,9 +351,23 @@ impl<'m> Speculator<'m> {
         }
         let mut committed = draft_ids[..accepted].to_vec();
         committed.push(next);
-        self.pending_hidden = Some(h.index((.., ..accepted as i32 + 1, ..)));
-        self.pending_tokens = committed.clone();
+        let new_hidden = h.index((.., ..accepted as i32 + 1, ..));
+        if depth > 0 {
+            self.pending_hidden = Some(new_hidden);
+            self.pending_tokens = committed.clone();
+        } else {
+            self.pending_hidden = Some(ops::concatenate(&[hidden, new_hidden], 1)?);
+            self.pending_tokens.extend(&committed);
+        }
         self.remember(&committed);
+        if let Some(control) = &mut self.control {
+            control.record(d, accepted);
+            self.stats.control = Some(Box::new(ControlStats {
+                depth_now: control.depth(),
+                expected_speedup: control.expected_speedup(),
+                changes: control.changes.clone(),
+            }));
+        }
 
         let s = &mut self.stats;
         s.cycles += 1;

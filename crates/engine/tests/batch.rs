@@ -1,9 +1,10 @@
-//! Several sequences decoded in one pass (`LanguageModel::hidden_rows`): each sequence of a
+//! Several sequences decoded in one pass (`LanguageModel::hidden_batch`): each sequence of a
 //! batch gives the tokens it gives alone (greedy), for every architecture, with caches of
 //! different lengths and with sequences joining and leaving the batch between steps.
 
 mod common;
 
+use engine::batch_cache::BatchCache;
 use engine::cache::Cache;
 use engine::checkpoint::{Architecture, Dtype};
 use engine::models::LanguageModel;
@@ -43,10 +44,9 @@ fn alone(model: &dyn LanguageModel, prompt: &[u32], n: usize) -> Vec<u32> {
     out
 }
 
-/// A running sequence: its cache and its tokens so far.
+/// A running sequence: which prompt, its tokens so far (its cache is a row of the batch's).
 struct Running {
     index: usize,
-    cache: Cache,
     tokens: Vec<u32>,
 }
 
@@ -59,28 +59,43 @@ fn each_sequence_of_a_batch_gives_its_tokens_alone() {
         let model = model.as_ref();
         let prompts = prompts();
         let expected: Vec<Vec<u32>> = prompts.iter().map(|p| alone(model, p, N)).collect();
-        // Sequences 0-2 start together; 3 joins at step 4; 0 leaves early (after 8 tokens).
-        let start = |i: usize| {
+        // Sequences 0, 1 and 3 start together (rows padded to the 40-token one); 2, longer than
+        // every row, joins at step 2 (the others are padded further); 0 leaves after 8 tokens
+        // and goes on alone from the cache the batch gives back.
+        let mut batch = BatchCache::default();
+        let start = |i: usize, batch: &mut BatchCache| {
             let (cache, t) = prefill(model, &prompts[i]);
-            Running { index: i, cache, tokens: vec![t] }
+            batch.push(cache).unwrap();
+            Running { index: i, tokens: vec![t] }
         };
-        let mut running: Vec<Running> = (0..3).map(start).collect();
+        let mut running: Vec<Running> = [0, 1, 3].into_iter().map(|i| start(i, &mut batch)).collect();
         let mut done: Vec<Running> = vec![];
         for step in 0.. {
-            if step == 4 {
-                running.push(start(3));
+            if step == 2 {
+                running.push(start(2, &mut batch));
             }
-            let (finished, still): (Vec<_>, Vec<_>) =
-                running.into_iter().partition(|r| r.tokens.len() >= if r.index == 0 { 8 } else { N });
-            done.extend(finished);
-            running = still;
+            for row in (0..running.len()).rev() {
+                let r = &running[row];
+                if r.tokens.len() < if r.index == 0 { 8 } else { N } {
+                    continue;
+                }
+                let mut cache = batch.remove(row).unwrap();
+                let mut r = running.remove(row);
+                assert_eq!(cache.offset() as usize, prompts[r.index].len() + r.tokens.len() - 1, "{arch:?}");
+                while r.tokens.len() < N {
+                    let t = *r.tokens.last().unwrap();
+                    let logits = model.forward(&Array::from_slice(&[t], &[1, 1]), &mut cache).unwrap();
+                    r.tokens.push(argmax(&logits.index((0, -1..)))[0]);
+                }
+                done.push(r);
+            }
             if running.is_empty() {
                 break;
             }
+            assert_eq!(batch.rows(), running.len());
             let last: Vec<u32> = running.iter().map(|r| *r.tokens.last().unwrap()).collect();
             let tokens = Array::from_slice(&last, &[last.len() as i32, 1]);
-            let mut caches: Vec<&mut Cache> = running.iter_mut().map(|r| &mut r.cache).collect();
-            let hidden = model.hidden_rows(&tokens, &mut caches).unwrap();
+            let hidden = model.hidden_batch(&tokens, &mut batch).unwrap();
             let next = argmax(&model.logits(&hidden).unwrap().index((.., -1, ..)));
             for (r, t) in running.iter_mut().zip(next) {
                 r.tokens.push(t);
@@ -88,9 +103,9 @@ fn each_sequence_of_a_batch_gives_its_tokens_alone() {
         }
         assert_eq!(done.len(), 4, "{arch:?}");
         for r in &done {
-            let want = if r.index == 0 { &expected[0][..8] } else { &expected[r.index][..] };
-            assert_eq!(r.tokens, want, "{arch:?}: sequence {} in a batch", r.index);
+            assert_eq!(r.tokens, expected[r.index], "{arch:?}: sequence {} in a batch", r.index);
         }
+        assert_eq!(batch.rows(), 0);
     }
 }
 

@@ -260,3 +260,40 @@ fn check(plain: &[Vec<usize>], spec: &[Vec<usize>]) {
         assert!(stat < limit, "token {}: chi2 {stat:.1} >= {limit:.1}", pos + 2);
     }
 }
+
+/// With the depth controller on, a head whose drafts are never accepted (random weights) is
+/// dropped to plain decoding within a few cycles and probed now and then; greedy output stays
+/// plain decoding's throughout, for a hybrid of each kind.
+#[test]
+fn the_depth_controller_goes_plain_when_drafts_fail_and_the_output_stays_exact() {
+    for (arch, dtype) in [(Architecture::Qwen3Next, Dtype::Float32), (Architecture::Qwen35, Dtype::Bfloat16)] {
+        let (_d, mut e) = with_mtp(arch, dtype);
+        e.set_depth_control(true).unwrap();
+        assert!(e.depth_costs().is_some());
+        let mut went_plain = 0;
+        for prompt in prompts() {
+            let plain = GenerateRequest { ignore_eos: true, ..GenerateRequest::greedy(prompt.clone(), 60) };
+            let (expected, _) = e.generate_text(plain.clone()).unwrap();
+            let (text, s) = e.generate_text(GenerateRequest { draft_depth: 2, ..plain.clone() }).unwrap();
+            assert_eq!(text, expected, "{arch:?} prompt of {}", prompt.len());
+            assert_eq!(s.usage.completion_tokens, 60);
+            let spec = s.speculative.unwrap();
+            assert_eq!(spec.drafted.len(), 3, "positions up to the requested depth + 1");
+            let accepted: usize = spec.accepted.iter().sum();
+            if accepted * 10 < spec.drafted.iter().sum::<usize>() {
+                let control = spec.control.as_ref().unwrap();
+                assert_eq!(control.depth_now, 0, "{arch:?}: {spec:?}");
+                assert!(control.changes.to_plain >= 1, "{arch:?}: {spec:?}");
+                // Plain cycles commit one token each; probes drafted at the first position.
+                assert!(spec.cycles > 40 && spec.drafted[0] >= 3, "{arch:?}: {spec:?}");
+                assert!(spec.drafted[1] < 10, "{arch:?}: depth 2 only until the first decisions: {spec:?}");
+                went_plain += 1;
+            }
+        }
+        assert!(went_plain >= 2, "{arch:?}: a random head's drafts are rarely accepted");
+        e.set_depth_control(false).unwrap();
+        let (_, s) =
+            e.generate_text(GenerateRequest { draft_depth: 2, ..GenerateRequest::greedy(vec![1, 2], 20) }).unwrap();
+        assert!(s.speculative.unwrap().control.is_none(), "off: the requested depth throughout");
+    }
+}

@@ -848,7 +848,7 @@ fn run_batch<'e>(
                     Err(_) => break,
                 },
             };
-            if !batch.is_empty() && batch.kv_tokens().1 + kv_tokens_asked(engine, info, &job) > share {
+            if !batch.is_empty() && batch.kv_tokens_with(kv_tokens_asked(engine, info, &job)) > share {
                 next = Some(job);
                 break;
             }

@@ -1,5 +1,6 @@
 //! The batch's KV memory limit (the profile's `batch_memory_share`): a request whose prompt and
-//! longest answer would not fit beside the running ones' waits, first in line and shown in
+//! longest answer would not fit beside the running ones' (each row reserved as long as the
+//! longest: the batch's caches are padded to it) waits, first in line and shown in
 //! `/v1/status`, until one ends; one that fits joins at once. (A file of its own: the limit
 //! is read from MLX's active memory, which other tests in one process would move.)
 
@@ -58,8 +59,9 @@ async fn a_request_beyond_the_batch_memory_waits_for_room() {
     let st = status(&s.base).await;
     assert_eq!(st["batching"]["memory_share"], 0.5, "{st}");
 
-    // 10,000 answer tokens reserved: a request for 3,000 more joins it.
-    let first = open(&s.base, &token, 10_000).await;
+    // 8,000 answer tokens reserved; the batch's rows are as long as its longest, so a request
+    // for 3,000 joins it (2 rows of 8,000 and a prompt are within the 20,000-token share).
+    let first = open(&s.base, &token, 8_000).await;
     let mut first = first.bytes_stream();
     first.next().await.unwrap().unwrap();
     let small = open(&s.base, &token, 3000).await;
@@ -67,7 +69,8 @@ async fn a_request_beyond_the_batch_memory_waits_for_room() {
     drop(small);
     wait_for(&s.base, "the small one leaving", |st| st["batching"]["decoding_together"] == 1).await;
 
-    // One for 14,000 more would pass the share: it waits, shown as waiting for memory.
+    // One for 14,000 would pass the share (2 rows of 14,000): it waits, shown as waiting for
+    // memory.
     let base = s.base.clone();
     let big = tokio::spawn(async move {
         let r = open(&base, &token, 14_000).await;

@@ -2,10 +2,10 @@
 //! sigmoid output gate and partial rotary embeddings of the hybrid models' full-attention layers.
 
 use mlx_rs::fast::{self, ScaledDotProductAttentionMask};
-use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::Array;
 
 use super::{Linear, Projections, RmsNorm};
+use crate::batch_cache::{BatchKv, Step};
 use crate::cache::KvCache;
 use crate::error::Result;
 
@@ -19,6 +19,11 @@ pub struct Rope {
 impl Rope {
     pub fn forward(&self, x: &Array, offset: i32) -> Result<Array> {
         Ok(fast::rope(x, self.dims, false, self.base, self.scale, offset, None)?)
+    }
+
+    /// `x` [B, heads, L, dims], row i starting at position `offsets[i]`.
+    pub fn forward_rows(&self, x: &Array, offsets: &Array) -> Result<Array> {
+        Ok(fast::rope_dynamic(x, self.dims, false, self.base, self.scale, offsets, None)?)
     }
 }
 
@@ -40,13 +45,25 @@ pub struct Attention {
 impl Attention {
     /// `x`: [B, L, hidden]. Attends causally over the cache plus the `L` new positions.
     pub fn forward(&self, x: &Array, cache: &mut KvCache) -> Result<Array> {
-        self.forward_rows(x, &mut [cache])
+        let (q, k, v, gate) = self.project(x)?;
+        let o = self.attend(&q, &k, &v, cache)?;
+        self.output(&o, gate.as_ref())
     }
 
-    /// `x`: [B, L, hidden], row i a sequence of its own with its own cache (`caches[i]`, of
-    /// any length): the projections run for all rows at once (one read of the weights), each
-    /// row attends over its own keys at its own positions.
-    pub fn forward_rows(&self, x: &Array, caches: &mut [&mut KvCache]) -> Result<Array> {
+    /// One decode step of a batch: `x` [rows, 1, hidden], each row a sequence at its own
+    /// position, every row's keys in one buffer ([`BatchKv`]): one attention for the batch.
+    pub fn forward_batch(&self, x: &Array, kv: &mut BatchKv, step: &Step) -> Result<Array> {
+        let (q, k, v, gate) = self.project(x)?;
+        let q = self.rope.forward_rows(&q, &step.offsets)?;
+        let k = self.rope.forward_rows(&k, &step.offsets)?;
+        let (k, v) = kv.update_and_fetch(&k, &v, step.column)?;
+        let mask = step.mask.as_ref().map(ScaledDotProductAttentionMask::Array);
+        let o = fast::scaled_dot_product_attention(&q, &k, &v, self.scale(), mask, None)?;
+        self.output(&o, gate.as_ref())
+    }
+
+    /// q, k, v as [B, heads, L, head_dim] (q and k normed), and the output gate's input.
+    fn project(&self, x: &Array) -> Result<(Array, Array, Array, Option<Array>)> {
         let (b, l) = (x.dim(0), x.dim(1));
         let heads = |y: Array, n: i32| y.reshape(&[b, l, n, -1]);
         let mut parts = self.qkv.forward(x)?.into_iter();
@@ -59,28 +76,22 @@ impl Attention {
         let q = self.q_norm.forward(&heads(q, self.n_heads)?)?;
         let k = self.k_norm.forward(&heads(k, self.n_kv_heads)?)?;
         let v = heads(v, self.n_kv_heads)?;
-        let (q, k, v) =
-            (q.transpose_axes(&[0, 2, 1, 3])?, k.transpose_axes(&[0, 2, 1, 3])?, v.transpose_axes(&[0, 2, 1, 3])?);
-        let o = match caches {
-            [cache] => self.attend(&q, &k, &v, cache)?,
-            _ if caches.len() == b as usize => {
-                let rows = caches
-                    .iter_mut()
-                    .enumerate()
-                    .map(|(i, cache)| {
-                        let row = |a: &Array| a.index(i as i32..i as i32 + 1);
-                        self.attend(&row(&q), &row(&k), &row(&v), cache)
-                    })
-                    .collect::<Result<Vec<_>>>()?;
-                mlx_rs::ops::concatenate(&rows, 0)?
-            }
-            _ => return Err(mlx_rs::error::Exception::custom("attention needs one cache per row").into()),
-        };
+        let t = |a: Array| a.transpose_axes(&[0, 2, 1, 3]);
+        Ok((t(q)?, t(k)?, t(v)?, gate))
+    }
+
+    /// The attention's output [B, heads, L, head_dim] through the gate and `o_proj`.
+    fn output(&self, o: &Array, gate: Option<&Array>) -> Result<Array> {
+        let (b, l) = (o.dim(0), o.dim(2));
         let o = o.transpose_axes(&[0, 2, 1, 3])?.reshape(&[b, l, -1])?;
         match gate {
-            Some(gate) => self.o_proj.forward(&o.multiply(mlx_rs::ops::sigmoid(&gate)?)?),
+            Some(gate) => self.o_proj.forward(&o.multiply(mlx_rs::ops::sigmoid(gate)?)?),
             None => self.o_proj.forward(&o),
         }
+    }
+
+    fn scale(&self) -> f32 {
+        (self.head_dim as f64).powf(-0.5) as f32
     }
 
     /// One sequence's attention: q, k, v [B, heads, L, head_dim] at the cache's positions.
@@ -88,10 +99,9 @@ impl Attention {
         let q = self.rope.forward(q, cache.offset)?;
         let k = self.rope.forward(k, cache.offset)?;
         let (k, v) = cache.update_and_fetch(&k, v)?;
-        let scale = (self.head_dim as f64).powf(-0.5) as f32;
         // MLX's causal mode aligns the mask to the end of the keys, so it is right after a
         // cached prefix too; a single new position needs no mask.
         let mask = (q.dim(2) > 1).then_some(ScaledDotProductAttentionMask::Causal);
-        Ok(fast::scaled_dot_product_attention(&q, &k, &v, scale, mask, None)?)
+        Ok(fast::scaled_dot_product_attention(&q, &k, &v, self.scale(), mask, None)?)
     }
 }

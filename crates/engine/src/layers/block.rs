@@ -1,6 +1,7 @@
 use mlx_rs::Array;
 
 use super::{Attention, GatedDeltaNet, Mlp, RmsNorm, SparseMoe};
+use crate::batch_cache::{BatchLayer, Step};
 use crate::cache::LayerCache;
 use crate::error::{Error, Result};
 
@@ -21,31 +22,15 @@ impl Mixer {
         }
     }
 
-    /// `x` [B, L, hidden], row i with its own cache `caches[i]` (see
-    /// [`Attention::forward_rows`], [`GatedDeltaNet::forward_rows`]).
-    pub fn forward_rows(&self, x: &Array, caches: &mut [&mut LayerCache]) -> Result<Array> {
-        let wrong = || Error::Request("a layer was given the cache of another kind of layer".into());
-        match self {
-            Mixer::Attention(a) => {
-                let mut kv = caches
-                    .iter_mut()
-                    .map(|c| match &mut **c {
-                        LayerCache::Kv(kv) => Ok(kv),
-                        LayerCache::Linear(_) => Err(wrong()),
-                    })
-                    .collect::<Result<Vec<_>>>()?;
-                a.forward_rows(x, &mut kv)
-            }
-            Mixer::Linear(l) => {
-                let mut states = caches
-                    .iter_mut()
-                    .map(|c| match &mut **c {
-                        LayerCache::Linear(state) => Ok(state),
-                        LayerCache::Kv(_) => Err(wrong()),
-                    })
-                    .collect::<Result<Vec<_>>>()?;
-                l.forward_rows(x, &mut states)
-            }
+    /// One decode step of a batch: `x` [rows, 1, hidden], the rows' state stacked in `layer`
+    /// (see [`crate::batch_cache`]).
+    pub fn forward_batch(&self, x: &Array, layer: &mut BatchLayer, step: &Step) -> Result<Array> {
+        match (self, layer) {
+            (Mixer::Attention(a), BatchLayer::Kv(kv)) => a.forward_batch(x, kv, step),
+            // A Gated DeltaNet's state has one shape whatever a sequence's length: the stacked
+            // states step like one sequence's.
+            (Mixer::Linear(l), BatchLayer::Linear(state)) => l.forward(x, state),
+            _ => Err(Error::Request("a layer was given the cache of another kind of layer".into())),
         }
     }
 
@@ -95,10 +80,10 @@ impl DecoderLayer {
         self.mlp.forward_plus(&self.post_attention_layernorm.forward(&h)?, &h)
     }
 
-    /// `x` [B, L, hidden], row i a sequence with its own cache `caches[i]`: norms and
-    /// feed-forward (dense or experts) for all rows at once, the mixer per row's state.
-    pub fn forward_rows(&self, x: &Array, caches: &mut [&mut LayerCache]) -> Result<Array> {
-        let h = x.add(self.mixer.forward_rows(&self.input_layernorm.forward(x)?, caches)?)?;
+    /// One decode step of a batch (rows in `layer`, see [`crate::batch_cache`]): norms and
+    /// feed-forward (dense or experts) for all rows at once, and the mixer too.
+    pub fn forward_batch(&self, x: &Array, layer: &mut BatchLayer, step: &Step) -> Result<Array> {
+        let h = x.add(self.mixer.forward_batch(&self.input_layernorm.forward(x)?, layer, step)?)?;
         self.mlp.forward_plus(&self.post_attention_layernorm.forward(&h)?, &h)
     }
 }

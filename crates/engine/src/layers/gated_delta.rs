@@ -125,45 +125,6 @@ impl GatedDeltaNet {
 }
 
 impl GatedDeltaNet {
-    /// `x` [B, L, hidden], row i a sequence with its own state `states[i]`. A state has one
-    /// shape whatever its sequence's length, so the rows' states are stacked into one batch,
-    /// stepped together and split back.
-    pub fn forward_rows(&self, x: &Array, states: &mut [&mut LinearState]) -> Result<Array> {
-        if let [state] = states {
-            return self.forward(x, state);
-        }
-        let (b, l) = (x.dim(0), x.dim(1));
-        if states.len() != b as usize {
-            return Err(Exception::custom("a Gated DeltaNet layer needs one state per row").into());
-        }
-        let (nk, nv, dk, dv) = (self.num_k_heads, self.num_v_heads, self.head_k_dim, self.head_v_dim);
-        let stack = |part: fn(&LinearState) -> Option<&Array>,
-                     empty: &dyn Fn() -> std::result::Result<Array, Exception>| {
-            let rows = states
-                .iter()
-                .map(|s| part(s).map_or_else(empty, |a| Ok(a.clone())))
-                .collect::<std::result::Result<Vec<_>, _>>()?;
-            ops::concatenate(&rows, 0)
-        };
-        let conv =
-            stack(|s| s.conv.as_ref(), &|| ops::zeros_dtype(&[1, self.kernel - 1, 2 * nk * dk + nv * dv], x.dtype()))?;
-        let recurrent = stack(|s| s.recurrent.as_ref(), &|| ops::zeros_dtype(&[1, nv, dv, dk], Dtype::Float32))?;
-        let record = states.iter().any(|s| s.record);
-        let mut joint = LinearState { conv: Some(conv), recurrent: Some(recurrent), record, ..Default::default() };
-        let out = self.forward(x, &mut joint)?;
-        for (i, state) in states.iter_mut().enumerate() {
-            let row = |a: &Array| a.index(i as i32..i as i32 + 1);
-            state.conv = joint.conv.as_ref().map(row);
-            state.recurrent = joint.recurrent.as_ref().map(row);
-            state.offset += l;
-            if record {
-                state.steps = joint.steps.iter().map(row).collect();
-                state.conv_window = joint.conv_window.as_ref().map(row);
-            }
-        }
-        Ok(out)
-    }
-
     /// A few positions (a decode step, a verify pass, a short prompt): everything between the
     /// input projections and the output projection as one compiled graph (the same
     /// operations as the general path, fused by MLX), so a step builds and dispatches a

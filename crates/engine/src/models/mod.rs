@@ -13,6 +13,7 @@ use std::path::Path;
 use mlx_rs::Array;
 
 use crate::architecture::Architecture;
+use crate::batch_cache::BatchCache;
 use crate::cache::Cache;
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};
@@ -36,10 +37,10 @@ pub trait LanguageModel: Send {
         let h = self.hidden(tokens, cache)?;
         self.logits(&h)
     }
-    /// Final hidden states [B, L, H] for token ids [B, L] where row i is a sequence of its
-    /// own with its own cache (`caches[i]`, of any length), advancing each by L positions:
+    /// Final hidden states [rows, 1, H] for one token id a row ([rows, 1]), each row a
+    /// sequence of its own whose state is that row of `cache`, advanced by one position:
     /// several sequences decoded in one pass over the weights.
-    fn hidden_rows(&self, tokens: &Array, caches: &mut [&mut Cache]) -> Result<Array>;
+    fn hidden_batch(&self, tokens: &Array, cache: &mut BatchCache) -> Result<Array>;
     /// An empty cache for one sequence.
     fn new_cache(&self) -> Cache;
     fn config(&self) -> &ModelConfig;

@@ -5,7 +5,8 @@ use mlx_rs::transforms::async_eval;
 use mlx_rs::Array;
 
 use super::{LanguageModel, MtpHead};
-use crate::cache::{Cache, LayerCache};
+use crate::batch_cache::BatchCache;
+use crate::cache::Cache;
 use crate::config::ModelConfig;
 use crate::error::Result;
 use crate::layers::attention::Rope;
@@ -118,24 +119,23 @@ impl LanguageModel for Transformer {
         self.norm.forward(&h)
     }
 
-    fn hidden_rows(&self, tokens: &Array, caches: &mut [&mut Cache]) -> Result<Array> {
-        if caches.len() != tokens.dim(0) as usize {
+    fn hidden_batch(&self, tokens: &Array, cache: &mut BatchCache) -> Result<Array> {
+        if cache.rows() != tokens.dim(0) as usize || tokens.dim(1) != 1 {
             return Err(crate::error::Error::Request(format!(
-                "{} caches for a batch of {} sequences",
-                caches.len(),
-                tokens.dim(0)
+                "a batch of {} rows was given tokens of shape {:?} (one a row)",
+                cache.rows(),
+                tokens.shape()
             )));
         }
-        let mut h = self.embed_tokens.forward(tokens)?;
-        for (i, layer) in self.layers.iter().enumerate() {
-            let mut states = caches
-                .iter_mut()
-                .map(|c| {
-                    c.layers.get_mut(i).ok_or_else(|| crate::error::Error::Request("a cache of another model".into()))
-                })
-                .collect::<Result<Vec<&mut LayerCache>>>()?;
-            h = layer.forward_rows(&h, &mut states)?;
+        if cache.layers.len() != self.layers.len() {
+            return Err(crate::error::Error::Request("a batch cache of another model".into()));
         }
+        let step = cache.step()?;
+        let mut h = self.embed_tokens.forward(tokens)?;
+        for (layer, state) in self.layers.iter().zip(cache.layers.iter_mut()) {
+            h = layer.forward_batch(&h, state, &step)?;
+        }
+        cache.advance();
         self.norm.forward(&h)
     }
 

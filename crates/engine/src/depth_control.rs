@@ -1,0 +1,258 @@
+//! The draft depth a speculating request runs at, chosen as it goes.
+//!
+//! A tuned depth is right on average, but a request's acceptance moves with what it writes: code
+//! after prose, a quoted file after free text. Every few cycles the controller takes the live
+//! acceptance at each draft position and the cost model (a draft step and a verify pass of
+//! `d + 1` positions, each relative to a plain decode step) and picks the depth with the most
+//! expected tokens per second: down to plain decoding (depth 0) when acceptance falls below
+//! break-even, back up when a probe shows it recovered. It never goes past the tuned depth + 1.
+//!
+//! Only the amount of drafting changes: every cycle is still exact (greedy output is plain
+//! decoding's, sampled output keeps its distribution).
+
+use serde::Serialize;
+
+use crate::speculative::{Costs, MAX_DRAFT_DEPTH};
+
+/// Cycles between two decisions.
+const EVERY: usize = 4;
+/// While plain, one depth-1 cycle this often measures whether drafts would pay again.
+const PROBE_EVERY: usize = 16;
+/// Weight of the newest cycle in the running acceptance figures.
+const WEIGHT: f64 = 0.25;
+/// A depth must promise this much more than the current one to replace it.
+const HYSTERESIS: f64 = 0.03;
+
+/// What a draft step and the verify passes cost, each relative to one plain decode step.
+#[derive(Debug, Clone, Serialize)]
+pub struct CostModel {
+    pub draft: f64,
+    /// `verify[d - 1]`: a verify pass of `d + 1` positions.
+    pub verify: Vec<f64>,
+}
+
+impl From<&Costs> for CostModel {
+    fn from(c: &Costs) -> Self {
+        CostModel { draft: c.draft_ratio(), verify: (1..=c.verify_s.len()).map(|d| c.verify_ratio(d)).collect() }
+    }
+}
+
+impl CostModel {
+    /// Expected speed-up over plain decoding at `depth`, where `reach[i]` is the chance that
+    /// the first `i + 1` drafts are all accepted.
+    pub fn speedup(&self, depth: usize, reach: &[f64]) -> f64 {
+        if depth == 0 {
+            return 1.0;
+        }
+        let Some(verify) = self.verify.get(depth - 1) else { return 0.0 };
+        let tokens = 1.0 + reach.iter().take(depth).sum::<f64>();
+        tokens / (verify + depth as f64 * self.draft)
+    }
+}
+
+/// How often the controller changed the depth, by kind.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct DepthChanges {
+    pub deeper: usize,
+    pub shallower: usize,
+    pub to_plain: usize,
+    pub from_plain: usize,
+}
+
+impl DepthChanges {
+    pub fn merge(&mut self, other: &DepthChanges) {
+        self.deeper += other.deeper;
+        self.shallower += other.shallower;
+        self.to_plain += other.to_plain;
+        self.from_plain += other.from_plain;
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct DepthController {
+    costs: CostModel,
+    max_depth: usize,
+    depth: usize,
+    /// Running estimate, per draft position, of the chance that drafts up to it are accepted.
+    reach: Vec<f64>,
+    /// Cycles that drafted at each position.
+    seen: Vec<usize>,
+    cycles_since_decision: usize,
+    cycles_plain: usize,
+    probing: bool,
+    pub changes: DepthChanges,
+}
+
+impl DepthController {
+    /// Starts at `tuned` and may go up to `tuned + 1` (within what the cost model covers).
+    pub fn new(costs: CostModel, tuned: usize) -> Self {
+        let max_depth = (tuned + 1).min(MAX_DRAFT_DEPTH).min(costs.verify.len());
+        DepthController {
+            costs,
+            max_depth,
+            depth: tuned.min(max_depth),
+            reach: vec![0.0; max_depth],
+            seen: vec![0; max_depth],
+            cycles_since_decision: 0,
+            cycles_plain: 0,
+            probing: false,
+            changes: DepthChanges::default(),
+        }
+    }
+
+    /// The depth decided on (a probe's one cycle aside).
+    pub fn depth(&self) -> usize {
+        self.depth
+    }
+
+    /// The depth for the next cycle.
+    pub fn next_depth(&mut self) -> usize {
+        if self.depth == 0 && self.max_depth > 0 {
+            self.cycles_plain += 1;
+            if self.cycles_plain >= PROBE_EVERY {
+                self.cycles_plain = 0;
+                self.probing = true;
+                return 1;
+            }
+        }
+        self.depth
+    }
+
+    /// A cycle that drafted `drafted` tokens of which the first `accepted` were accepted.
+    pub fn record(&mut self, drafted: usize, accepted: usize) {
+        for i in 0..drafted.min(self.max_depth) {
+            let hit = if i < accepted { 1.0 } else { 0.0 };
+            // The first figure at a position replaces the guess; later ones move it.
+            let w = if self.seen[i] == 0 { 1.0 } else { WEIGHT };
+            self.reach[i] += w * (hit - self.reach[i]);
+            self.seen[i] += 1;
+        }
+        self.cycles_since_decision += 1;
+        if std::mem::take(&mut self.probing) || self.cycles_since_decision >= EVERY {
+            self.cycles_since_decision = 0;
+            self.decide();
+        }
+    }
+
+    /// The acceptance figures, the positions not drafted now (those past the current depth;
+    /// what they had is stale) filled in: each keeps the last known position's rate of going
+    /// on. The first position is always measured (while plain, by the probes).
+    pub fn estimated_reach(&self) -> Vec<f64> {
+        let mut reach = self.reach.clone();
+        for i in 0..reach.len() {
+            if self.seen[i] == 0 || i >= self.depth.max(1) {
+                reach[i] = match i {
+                    0 => 0.0,
+                    1 => reach[0] * reach[0],
+                    _ if reach[i - 2] > 0.0 => reach[i - 1] * (reach[i - 1] / reach[i - 2]).min(1.0),
+                    _ => 0.0,
+                };
+            }
+        }
+        reach
+    }
+
+    /// The speed-up over plain decoding the current figures promise at the current depth.
+    pub fn expected_speedup(&self) -> f64 {
+        self.costs.speedup(self.depth, &self.estimated_reach())
+    }
+
+    fn decide(&mut self) {
+        let reach = self.estimated_reach();
+        let now = self.costs.speedup(self.depth, &reach);
+        let (best, promise) = (0..=self.max_depth)
+            .map(|d| (d, self.costs.speedup(d, &reach)))
+            .fold((self.depth, now), |a, b| if b.1 > a.1 { b } else { a });
+        if best == self.depth || promise < now * (1.0 + HYSTERESIS) {
+            return;
+        }
+        match (self.depth, best) {
+            (_, 0) => self.changes.to_plain += 1,
+            (0, _) => self.changes.from_plain += 1,
+            (from, to) if to > from => self.changes.deeper += 1,
+            _ => self.changes.shallower += 1,
+        }
+        self.depth = best;
+        self.cycles_plain = 0;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A verify pass costs a little more per position; a draft a fifth of a step.
+    fn costs() -> CostModel {
+        CostModel { draft: 0.2, verify: vec![1.1, 1.2, 1.3, 1.4] }
+    }
+
+    /// Cycles at whatever depth the controller picks, each position accepted with `rate`
+    /// (deterministically: the fraction is spread evenly over the cycles).
+    fn run(c: &mut DepthController, rate: f64, cycles: usize) -> Vec<usize> {
+        let mut depths = Vec::new();
+        let mut credit = 0.0;
+        for _ in 0..cycles {
+            let d = c.next_depth();
+            depths.push(d);
+            let mut accepted = 0;
+            for _ in 0..d {
+                credit += rate;
+                if credit >= 1.0 {
+                    credit -= 1.0;
+                    accepted += 1;
+                } else {
+                    break;
+                }
+            }
+            c.record(d, accepted);
+        }
+        depths
+    }
+
+    #[test]
+    fn the_cost_model_breaks_even_where_drafts_pay_for_themselves() {
+        let c = costs();
+        assert_eq!(c.speedup(0, &[]), 1.0);
+        // Depth 1 costs 1.3 steps: it pays from 30% acceptance on.
+        assert!(c.speedup(1, &[0.29]) < 1.0 && c.speedup(1, &[0.31]) > 1.0);
+        assert!((c.speedup(2, &[0.9, 0.8]) - 2.7 / 1.6).abs() < 1e-9);
+        assert_eq!(c.speedup(5, &[1.0; 5]), 0.0, "a depth the model has no cost for is never chosen");
+    }
+
+    #[test]
+    fn collapsing_acceptance_goes_plain_and_a_recovery_comes_back() {
+        let mut c = DepthController::new(costs(), 2);
+        assert_eq!(c.next_depth(), 2);
+        run(&mut c, 0.9, 40);
+        assert!(c.depth() >= 2, "high acceptance keeps drafting: {}", c.depth());
+        assert!(c.depth() <= 3, "never past the tuned depth + 1");
+        run(&mut c, 0.0, 40);
+        assert_eq!(c.depth(), 0, "nothing accepted: plain decoding");
+        assert!(c.changes.to_plain >= 1);
+        // While plain, a probe now and then; when acceptance is back, drafting resumes.
+        let depths = run(&mut c, 0.9, 80);
+        assert!(depths.iter().take(PROBE_EVERY + 1).any(|&d| d == 1), "a probe: {depths:?}");
+        assert!(c.depth() >= 2, "back up: {}", c.depth());
+        assert!(c.changes.from_plain >= 1);
+    }
+
+    #[test]
+    fn plain_stays_plain_while_probes_fail() {
+        let mut c = DepthController::new(costs(), 1);
+        run(&mut c, 0.0, 8);
+        assert_eq!(c.depth(), 0);
+        let depths = run(&mut c, 0.1, 200);
+        assert_eq!(c.depth(), 0);
+        let probes = depths.iter().filter(|&&d| d > 0).count();
+        assert!((10..=14).contains(&probes), "one probe in {PROBE_EVERY} cycles: {probes}");
+    }
+
+    #[test]
+    fn a_middling_rate_settles_on_a_middle_depth() {
+        // At 60% a position, depth 1 promises 1.6/1.3 = 1.23x, depth 2 (1.6+0.36)/1.6 = 1.23x,
+        // depth 3 less: never deeper than 2, never plain.
+        let mut c = DepthController::new(costs(), 3);
+        let depths = run(&mut c, 0.6, 200);
+        assert!(depths[100..].iter().all(|&d| (1..=2).contains(&d)), "{:?}", &depths[100..]);
+    }
+}

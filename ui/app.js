@@ -172,6 +172,18 @@ function showStreams(streams, batching) {
   el.textContent = parts.join(" · ");
 }
 
+// The runtime depth controller: the depth it runs at now, what that promises over plain
+// decoding and what the request's cycles achieved, and how often it changed its mind.
+function showDepthControl(c) {
+  const el = $("depth-control");
+  el.hidden = !c;
+  if (!c) return;
+  const depth = c.depth_now === 0 ? "plain (drafts do not pay now)" : `depth ${c.depth_now}`;
+  const ch = c.changes;
+  el.textContent = `Drafting: ${depth} · expected ${c.expected_speedup.toFixed(2)}x, measured ${c.measured_speedup.toFixed(2)}x over plain · ` +
+    `changes: ${ch.deeper} deeper, ${ch.shallower} shallower, ${ch.to_plain} to plain, ${ch.from_plain} back`;
+}
+
 function onUpdate(u) {
   if (u.model !== currentModel) {
     currentModel = u.model;
@@ -191,6 +203,7 @@ function onUpdate(u) {
   showTuning(u.tuning, u);
   $("tps-now").textContent = u.tokens_per_s_now.toFixed(1);
   showStreams(u.streams || [], u.batching);
+  showDepthControl(u.last.depth_control);
   Charts.update(u);
   const last = u.last;
   if (last.last_decode_tps > 0) {
@@ -231,11 +244,12 @@ async function start() {
   const base = API || location.origin;
   $("openai-url").textContent = base + "/v1";
   $("anthropic-url").textContent = base;
+  window.__showStatus = onUpdate;
   const events = new EventSource(API + "/v1/events");
   events.addEventListener("history", (e) => Charts.history(JSON.parse(e.data).samples));
   events.addEventListener("status", (e) => {
     const u = JSON.parse(e.data);
-    window.__lastStatus = u; // the last status, for the browser tests
+    window.__lastStatus = u; // the last status, and a way to show one, for the browser tests
     onUpdate(u);
   });
   events.onerror = () => { $("state").textContent = "disconnected: retrying"; $("state").className = "badge"; };

@@ -210,6 +210,23 @@ test("acceptance by draft position is drawn as bars, one per position", async ()
   await page.screenshot({ path: join(shots, "acceptance.png"), fullPage: true });
 });
 
+test("the depth controller's state is shown while a request speculates", async () => {
+  // As the acceptance bars: this test's models do not speculate, so the page is shown a status
+  // that carries the controller's figures (the server test depth_control.rs checks the real ones).
+  const text = await page.evaluate(() => {
+    const u = window.__lastStatus;
+    const control = { depth_now: 0, expected_speedup: 1, measured_speedup: 0.97, changes: { deeper: 1, shallower: 0, to_plain: 2, from_plain: 1 } };
+    window.__showStatus({ ...u, last: { ...u.last, depth_control: control } });
+    const plain = document.getElementById("depth-control").textContent;
+    window.__showStatus({ ...u, last: { ...u.last, depth_control: { ...control, depth_now: 3, expected_speedup: 1.84 } } });
+    const el = document.getElementById("depth-control");
+    return [plain, el.textContent, el.hidden];
+  });
+  assert.match(text[0], /Drafting: plain .* expected 1\.00x, measured 0\.97x .* 1 deeper, 0 shallower, 2 to plain, 1 back/);
+  assert.match(text[1], /Drafting: depth 3 · expected 1\.84x/);
+  assert.equal(text[2], false, "shown");
+});
+
 test("screenshots of the live window, wide and narrow, light and dark", async () => {
   for (const scheme of ["light", "dark"]) {
     await page.emulateMedia({ colorScheme: scheme });

@@ -85,6 +85,25 @@ pub enum Command {
         #[arg(long, value_delimiter = ',', default_values_t = [0usize, 1024, 512, 256, 128])]
         interleave: Vec<usize>,
     },
+    /// The runtime depth controller against a fixed draft depth and plain decoding on a fixed
+    /// answer of held-out code then prose (one JSON line per setting).
+    Depth {
+        #[arg(long)]
+        model: PathBuf,
+        /// JSON array of token-id arrays: the code part (held-out code in the model's tokenizer).
+        #[arg(long)]
+        code_ids: PathBuf,
+        #[arg(long, default_value_t = 400)]
+        code_tokens: usize,
+        /// A text file: the prose part.
+        #[arg(long)]
+        prose: PathBuf,
+        /// The fixed depth, and the controller's starting one.
+        #[arg(long, default_value_t = 2)]
+        depth: usize,
+        #[arg(long, default_value_t = 3)]
+        rounds: usize,
+    },
 }
 
 /// The `text` of every line of a JSONL file.
@@ -231,6 +250,17 @@ pub fn run(cmd: Command) -> Result<()> {
         }
         Command::Batch { model, streams, tokens, rounds, join_prompt: None, .. } => {
             return crate::batch::run(&model, &streams, tokens, rounds.max(1))
+        }
+        Command::Depth { model, code_ids, code_tokens, prose, depth, rounds } => {
+            let o = crate::depth::Options {
+                model: &model,
+                code_ids: &code_ids,
+                code_tokens,
+                prose: &prose,
+                depth,
+                rounds: rounds.max(1),
+            };
+            return crate::depth::run(o);
         }
         Command::Perplexity { model, text, tokens, skip, window, chunk } => {
             return perplexity(&model, &text, tokens, skip, window, chunk)

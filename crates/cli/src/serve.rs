@@ -56,6 +56,10 @@ pub struct Args {
     /// shortened (said in a header).
     #[arg(long)]
     max_memory_gb: Option<f64>,
+    /// Keep each request's draft depth as asked: no runtime controller (by default the depth
+    /// follows the request's live acceptance, from the tuned depth + 1 down to plain decoding).
+    #[arg(long)]
+    fixed_depth: bool,
     /// Tests only: answer prompts that match a rule of this JSON file with the rule's reply,
     /// enforced token by token on the model's logits (crates/server/src/scripted.rs).
     #[arg(long, hide = true)]
@@ -83,6 +87,7 @@ pub fn run(args: Args) -> Result<()> {
             max_output_tokens: args.max_output_tokens.filter(|&n| n > 0),
             memory_budget: args.max_memory_gb.filter(|gb| *gb > 0.0).map(|gb| (gb * 1e9) as u64),
             prompt_disk: server::launch::prompt_disk(),
+            fixed_depth: args.fixed_depth,
             scripted,
             ..Default::default()
         },

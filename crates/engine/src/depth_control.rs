@@ -29,11 +29,17 @@ pub struct CostModel {
     pub draft: f64,
     /// `verify[d - 1]`: a verify pass of `d + 1` positions.
     pub verify: Vec<f64>,
+    /// Seconds a plain decode step took when measured (what a measured speed-up is against).
+    pub plain_step_s: f64,
 }
 
 impl From<&Costs> for CostModel {
     fn from(c: &Costs) -> Self {
-        CostModel { draft: c.draft_ratio(), verify: (1..=c.verify_s.len()).map(|d| c.verify_ratio(d)).collect() }
+        CostModel {
+            draft: c.draft_ratio(),
+            verify: (1..=c.verify_s.len()).map(|d| c.verify_ratio(d)).collect(),
+            plain_step_s: c.plain_step_s,
+        }
     }
 }
 
@@ -152,6 +158,11 @@ impl DepthController {
         reach
     }
 
+    /// The plain step time the cost model was measured with.
+    pub fn plain_step_s(&self) -> f64 {
+        self.costs.plain_step_s
+    }
+
     /// The speed-up over plain decoding the current figures promise at the current depth.
     pub fn expected_speedup(&self) -> f64 {
         self.costs.speedup(self.depth, &self.estimated_reach())
@@ -183,7 +194,7 @@ mod tests {
 
     /// A verify pass costs a little more per position; a draft a fifth of a step.
     fn costs() -> CostModel {
-        CostModel { draft: 0.2, verify: vec![1.1, 1.2, 1.3, 1.4] }
+        CostModel { draft: 0.2, verify: vec![1.1, 1.2, 1.3, 1.4], plain_step_s: 0.01 }
     }
 
     /// Cycles at whatever depth the controller picks, each position accepted with `rate`

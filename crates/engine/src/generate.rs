@@ -47,7 +47,9 @@ pub struct GenerateRequest {
     #[doc(hidden)]
     pub draft_script: Option<Vec<u32>>,
     /// Tests only: the answer is these tokens, then end-of-sequence, enforced on the logits
-    /// (see `forced.rs`); decoded plainly, without speculation.
+    /// (see `forced.rs`). Sampled: decoded plainly; greedy: with speculation where asked, the
+    /// verify pass taking the answer's tokens and the drafts the head's own (benchmarks
+    /// measure acceptance on a fixed text this way).
     #[doc(hidden)]
     pub forced_tokens: Option<Vec<u32>>,
     /// What the answer must match, enforced on the logits (speculation stays on: drafts and
@@ -239,6 +241,11 @@ impl Engine {
             self.depth_costs = Some(CostModel::from(&costs));
         }
         Ok(())
+    }
+
+    /// Sets the depth controller's cost model directly (`None`: off), e.g. one measured before.
+    pub fn set_depth_costs(&mut self, costs: Option<CostModel>) {
+        self.depth_costs = costs;
     }
 
     /// The depth controller's cost model, when it is on.
@@ -441,7 +448,7 @@ impl Engine {
             (None, _) => None,
         };
         let constraint = request.grammar.as_ref().map(|g| self.constraint(g, &request.prompt)).transpose()?;
-        let depth = if forced.is_some() { 0 } else { request.draft_depth };
+        let depth = if forced.is_some() && !sampler.is_greedy() { 0 } else { request.draft_depth };
         let spec = match depth {
             0 => None,
             depth => {
@@ -449,6 +456,9 @@ impl Engine {
                 let mut spec = Speculator::new(self.model.as_ref(), depth, seed)?;
                 if let Some(s) = &mut spec {
                     s.draft_script = request.draft_script.clone();
+                    if let (Some(tokens), Some(&end)) = (&request.forced_tokens, self.tokenizer.eos_ids.first()) {
+                        s.forced_answer = Some((tokens.clone(), end));
+                    }
                     s.penalise(penalties, &request.prompt);
                     if let (Some(costs), None) = (&self.depth_costs, &request.draft_script) {
                         s.control_depth(costs.clone());
@@ -687,7 +697,10 @@ impl Generation<'_> {
         };
         let hidden = model.hidden(&Array::from_slice(last, &[1, 1]), &mut self.cache)?;
         spec.observe(last, &hidden)?;
-        let last = model.logits(&hidden)?.index((.., -1, ..));
+        let mut last = model.logits(&hidden)?.index((.., -1, ..));
+        if let Some(forced) = &mut self.forced {
+            last = forced.apply(&last)?;
+        }
         // The first token's penalties look at the prompt alone (the speculator's cycles keep
         // their own window from here on).
         let mask = self.grammar_mask();
@@ -1065,6 +1078,11 @@ impl<'a> Generation<'a> {
 }
 
 impl Generation<'_> {
+    /// The depth controller's state now, for a speculating request with the controller on.
+    pub fn depth_control(&self) -> Option<crate::speculative::ControlStats> {
+        self.spec.as_ref().and_then(|s| s.stats.control.as_deref().cloned())
+    }
+
     /// The tokens generated so far.
     pub fn tokens(&self) -> &[u32] {
         &self.tokens

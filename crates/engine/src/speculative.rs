@@ -52,6 +52,9 @@ pub struct ControlStats {
     pub depth_now: usize,
     /// What that depth promises over plain decoding, from the live acceptance.
     pub expected_speedup: f64,
+    /// What the request's cycles achieved: their tokens per second against a plain step's
+    /// rate when the cost model was measured.
+    pub measured_speedup: f64,
     pub changes: DepthChanges,
 }
 
@@ -79,7 +82,8 @@ impl SpecStats {
         if let Some(other) = &other.control {
             let mine = self.control.get_or_insert_with(Default::default);
             mine.changes.merge(&other.changes);
-            (mine.depth_now, mine.expected_speedup) = (other.depth_now, other.expected_speedup);
+            (mine.depth_now, mine.expected_speedup, mine.measured_speedup) =
+                (other.depth_now, other.expected_speedup, other.measured_speedup);
         }
     }
 
@@ -109,6 +113,10 @@ pub struct Speculator<'m> {
     /// Greedy only: replaces the head's drafts with these tokens (indexed by output
     /// position), so tests can drive the accept / partial-accept / rollback paths.
     pub draft_script: Option<Vec<u32>>,
+    /// Greedy only: the answer fixed in advance (its tokens, then the end token): the verify
+    /// pass takes its tokens in place of the trunk's choices, the drafts stay the head's own,
+    /// so acceptance is the head's on that text (a benchmark's teacher forcing).
+    pub forced_answer: Option<(Vec<u32>, u32)>,
     /// The request's penalties and the latest committed tokens they look at (prompt first).
     penalties: Option<(Penalties, Vec<u32>)>,
     /// Chooses each cycle's depth from live acceptance, when on.
@@ -135,6 +143,7 @@ impl<'m> Speculator<'m> {
             rng: StdRng::seed_from_u64(seed ^ 0x9e37_79b9_7f4a_7c15),
             stats: SpecStats { depth, drafted: vec![0; depth], accepted: vec![0; depth], ..Default::default() },
             draft_script: None,
+            forced_answer: None,
             penalties: None,
             control: None,
         }))
@@ -150,7 +159,7 @@ impl<'m> Speculator<'m> {
         self.stats.control = Some(Box::new(ControlStats {
             depth_now: control.depth(),
             expected_speedup: control.expected_speedup(),
-            changes: DepthChanges::default(),
+            ..Default::default()
         }));
         self.control = Some(control);
     }
@@ -329,7 +338,13 @@ impl<'m> Speculator<'m> {
         let (accepted, next) = if sampler.is_greedy() {
             let target = ops::indexing::argmax_axis(&logits, -1, None)?.as_dtype(Dtype::Uint32)?;
             eval([&target, &h])?;
-            let target = target.as_slice::<u32>().to_vec();
+            let mut target = target.as_slice::<u32>().to_vec();
+            if let Some((answer, end)) = &self.forced_answer {
+                let at = 1 + self.stats.committed;
+                for (j, t) in target.iter_mut().enumerate() {
+                    *t = answer.get(at + j).copied().unwrap_or(*end);
+                }
+            }
             let k = draft_ids.iter().zip(&target).take_while(|(a, b)| a == b).count();
             (k, target[k])
         } else {
@@ -360,14 +375,6 @@ impl<'m> Speculator<'m> {
             self.pending_tokens.extend(&committed);
         }
         self.remember(&committed);
-        if let Some(control) = &mut self.control {
-            control.record(d, accepted);
-            self.stats.control = Some(Box::new(ControlStats {
-                depth_now: control.depth(),
-                expected_speedup: control.expected_speedup(),
-                changes: control.changes.clone(),
-            }));
-        }
 
         let s = &mut self.stats;
         s.cycles += 1;
@@ -378,6 +385,17 @@ impl<'m> Speculator<'m> {
         }
         s.draft_time += verified_at - started;
         s.verify_time += now - verified_at;
+        if let Some(control) = &mut self.control {
+            control.record(d, accepted);
+            let cycles_s = (s.draft_time + s.verify_time).as_secs_f64();
+            let measured = if cycles_s > 0.0 { s.committed as f64 * control.plain_step_s() / cycles_s } else { 0.0 };
+            s.control = Some(Box::new(ControlStats {
+                depth_now: control.depth(),
+                expected_speedup: control.expected_speedup(),
+                measured_speedup: measured,
+                changes: control.changes.clone(),
+            }));
+        }
         Ok(committed)
     }
 

@@ -297,3 +297,23 @@ fn the_depth_controller_goes_plain_when_drafts_fail_and_the_output_stays_exact()
         assert!(s.speculative.unwrap().control.is_none(), "off: the requested depth throughout");
     }
 }
+
+/// A forced answer (a benchmark's fixed text) decodes with speculation too: the verify pass
+/// takes the answer's tokens, the drafts are the head's own, and the answer is exactly the
+/// script whatever the head drafts.
+#[test]
+fn a_forced_answer_speculates_and_stays_the_script() {
+    let (_d, mut e) = with_mtp(Architecture::Qwen3Next, Dtype::Float32);
+    let script: Vec<u32> = (0..30u32).map(|i| (i * 53 + 17) % 480).collect();
+    for control in [false, true] {
+        e.set_depth_control(control).unwrap();
+        let req = GenerateRequest {
+            forced_tokens: Some(script.clone()),
+            draft_depth: 3,
+            ..GenerateRequest::greedy(vec![5, 6, 7], 64)
+        };
+        let mut ids = e.generate(req, Default::default()).unwrap().token_ids().unwrap();
+        assert_eq!(ids.pop(), e.tokenizer().eos_ids.first().copied(), "the script, then its end");
+        assert_eq!(ids, script, "control {control}");
+    }
+}

@@ -331,6 +331,8 @@ pub fn status_json(s: &AppState) -> serde_json::Value {
         "model": i.id, "model_type": i.model_type, "dir": i.dir, "device": i.backend,
         "blas": i.blas, "weights": i.weight_form,
         "context": i.context, "mtp_head": i.has_mtp, "draft_depth": loaded.draft_depth, "draft_depth_source": loaded.draft_depth_source,
+        // The runtime depth controller's state for the speculating request now (or the last).
+        "depth_control": w.metrics.live().depth_control,
         "loading": s.loading.lock().ok().and_then(|l| l.clone()),
         "notice": s.notice(),
         "queue_depth": w.queue_depth.load(Ordering::SeqCst),

@@ -22,6 +22,8 @@ pub struct Live {
     /// Per draft position, over every request served.
     pub acceptance: Vec<f64>,
     pub tokens_per_cycle: f64,
+    /// The runtime depth controller: the speculating request's state now (or the last one's).
+    pub depth_control: Option<engine::speculative::ControlStats>,
     #[serde(skip)]
     spec: engine::speculative::SpecStats,
 }
@@ -73,6 +75,8 @@ pub struct Metrics {
     prompt_tps: Gauge<f64, AtomicU64>,
     drafted: Family<Position, Counter>,
     accepted: Family<Position, Counter>,
+    depth_changes: Family<Vec<(String, String)>, Counter>,
+    depth_now: Gauge,
     queue_depth: Gauge,
     loaded: Gauge,
     memory: Family<Vec<(String, String)>, Gauge<f64, AtomicU64>>,
@@ -109,6 +113,8 @@ impl Metrics {
             prompt_tps: Gauge::default(),
             drafted: Family::default(),
             accepted: Family::default(),
+            depth_changes: Family::default(),
+            depth_now: Gauge::default(),
             queue_depth: Gauge::default(),
             loaded: Gauge::default(),
             memory: Family::default(),
@@ -125,6 +131,12 @@ impl Metrics {
         r.register("prompt_tokens_per_second", "Prefill speed of the last generation", m.prompt_tps.clone());
         r.register("mtp_drafted", "MTP drafts made, by draft position", m.drafted.clone());
         r.register("mtp_accepted", "MTP drafts accepted, by draft position", m.accepted.clone());
+        r.register(
+            "draft_depth_changes",
+            "The runtime depth controller's changes, by kind (deeper, shallower, to_plain, from_plain)",
+            m.depth_changes.clone(),
+        );
+        r.register("draft_depth", "The draft depth the depth controller runs at now (0: plain)", m.depth_now.clone());
         r.register("queue_depth", "Requests waiting for the engine", m.queue_depth.clone());
         r.register("model_loaded", "1 while the model is in memory", m.loaded.clone());
         r.register("mlx_memory_bytes", "MLX memory: active, peak, cache", m.memory.clone());
@@ -206,12 +218,33 @@ impl Metrics {
         self.ttft.observe(s.timings.ttft.as_secs_f64());
         self.decode_tps.set(s.timings.decode_tps);
         self.prompt_tps.set(s.timings.prompt_tps);
+        if let Some(control) = s.speculative.as_ref().and_then(|spec| spec.control.as_deref()) {
+            let c = &control.changes;
+            for (kind, n) in [
+                ("deeper", c.deeper),
+                ("shallower", c.shallower),
+                ("to_plain", c.to_plain),
+                ("from_plain", c.from_plain),
+            ] {
+                self.depth_changes.get_or_create(&vec![("change".to_string(), kind.to_string())]).inc_by(n as u64);
+            }
+            self.set_depth_control(Some(control.clone()));
+        }
         if let Some(spec) = &s.speculative {
             for (i, (&d, &a)) in spec.drafted.iter().zip(&spec.accepted).enumerate() {
                 let label = vec![("position".to_string(), (i + 1).to_string())];
                 self.drafted.get_or_create(&label).inc_by(d as u64);
                 self.accepted.get_or_create(&label).inc_by(a as u64);
             }
+        }
+    }
+
+    /// The depth controller's state of the request decoding now (kept when it ends).
+    pub fn set_depth_control(&self, control: Option<engine::speculative::ControlStats>) {
+        let Some(control) = control else { return };
+        self.depth_now.set(control.depth_now as i64);
+        if let Ok(mut live) = self.live.lock() {
+            live.depth_control = Some(control);
         }
     }
 

@@ -734,6 +734,10 @@ struct Timings {
     acceptance: Option<Vec<f64>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     tokens_per_cycle: Option<f64>,
+    /// The runtime depth controller's state at the end (the depth it ran at last, what it
+    /// expected and measured over plain decoding, its changes).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    depth_control: Option<engine::speculative::ControlStats>,
 }
 
 impl Timings {
@@ -748,6 +752,7 @@ impl Timings {
             draft_depth: spec.map(|s| s.depth),
             acceptance: spec.map(|s| s.acceptance()),
             tokens_per_cycle: spec.map(|s| s.tokens_per_cycle()),
+            depth_control: spec.and_then(|s| s.control.as_deref().cloned()),
         }
     }
 }

@@ -211,6 +211,8 @@ pub struct WorkerOptions {
     pub memory_budget: Option<u64>,
     /// The prompt cache's disk tier: its folder and byte budget (`None`: memory only).
     pub prompt_disk: Option<(PathBuf, u64)>,
+    /// Keep each request's draft depth as asked (no runtime depth controller).
+    pub fixed_depth: bool,
 }
 
 /// Jobs that may wait for the engine by default: several agents' turns, not a flood.
@@ -272,6 +274,7 @@ impl Worker {
             max_queued,
             memory_budget,
             prompt_disk,
+            fixed_depth,
         } = options;
         let (jobs, rx) = mpsc::channel::<Message>();
         let (ready_tx, ready_rx) = mpsc::channel();
@@ -287,11 +290,14 @@ impl Worker {
         let stop_tune = stopping.clone();
         let finished = crate::engine_threads::run(move || {
             // The prompt cache's disk tier: a folder that cannot be used leaves memory only.
-            let with_disk = |engine: Engine| {
+            let with_disk = |mut engine: Engine| {
                 if let Some((root, budget)) = &prompt_disk {
                     if let Err(e) = engine.set_prompt_disk(root, *budget) {
                         tracing::warn!("the prompt cache stays in memory: {e}");
                     }
+                }
+                if let Err(e) = engine.set_depth_control(!fixed_depth) {
+                    tracing::warn!("the draft depth stays as asked (no runtime controller): {e}");
                 }
                 engine
             };
@@ -600,6 +606,7 @@ fn run_job<'e>(
     metrics.generating.store(true, Ordering::SeqCst);
     let _done = ClearOnDrop(&metrics.generating);
     while let Some(event) = generation.next() {
+        metrics.set_depth_control(generation.depth_control());
         if let Some(used) = on_event(&mut live, engine, metrics, event) {
             return Solo::Ended(used);
         }

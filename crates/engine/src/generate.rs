@@ -805,7 +805,7 @@ impl Generation<'_> {
 
     /// The final event; speculative figures also go into the engine's totals, and the state
     /// after the answer into the prompt cache.
-    fn finished(&self, reason: FinishReason) -> Event {
+    fn finished(&mut self, reason: FinishReason) -> Event {
         if !self.lent {
             self.keep_answer_state(); // a batched one's, when the batch gives its cache back
         }
@@ -819,12 +819,20 @@ impl Generation<'_> {
     /// Keeps the state after the prompt and the answer (where an agent's next turn begins)
     /// in the prompt cache: it replaces the prompt's entry, which it extends. The cache holds
     /// every token fed to the model: the prompt, then the answer but its last token.
-    fn keep_answer_state(&self) {
+    fn keep_answer_state(&mut self) {
         let fed = self.cache.offset() as usize;
         let prompt = &self.request.prompt;
         if fed <= prompt.len() || fed > prompt.len() + self.tokens.len() || self.cancel.is_cancelled() {
             return;
         }
+        // The head's cache must reach the position before the trunk's last.
+        if let Some(spec) = &mut self.spec {
+            if let Err(e) = spec.catch_up() {
+                tracing::warn!("the state after the answer was not kept: {e}");
+                return;
+            }
+        }
+        let prompt = &self.request.prompt;
         let tokens: Vec<u32> = prompt.iter().chain(&self.tokens).take(fed).copied().collect();
         // The MTP head's cache must end one position before the trunk's (as after a prefill):
         // an entry without it would change how a speculating request drafts.

@@ -200,9 +200,29 @@ impl<'m> Speculator<'m> {
         Ok(())
     }
 
+    /// Feeds the head every pending position but the last, so its cache ends one position
+    /// before the trunk's (what the prompt cache keeps with an answer's state). Cycles that
+    /// accepted drafts, and plain cycles, leave several positions pending.
+    pub(crate) fn catch_up(&mut self) -> Result<()> {
+        let n = self.pending_tokens.len();
+        if n < 2 {
+            return Ok(());
+        }
+        let Some(hidden) = self.pending_hidden.take() else { return Ok(()) };
+        let k = n as i32 - 1;
+        let ids = Array::from_slice(&self.pending_tokens[..n - 1], &[1, k]);
+        let _ = self.head.forward(self.model, &hidden.index((.., ..k, ..)), &ids, &mut self.mtp_cache)?;
+        eval(self.mtp_cache.arrays())?;
+        self.pending_hidden = Some(hidden.index((.., k.., ..)));
+        self.pending_tokens.drain(..n - 1);
+        Ok(())
+    }
+
     /// The trunk's hidden state at the last position the head was told of.
     pub(crate) fn last_hidden(&self) -> Option<&Array> {
-        self.last_hidden.as_ref()
+        // While decoding it is the one pending position's (after a cycle, or `catch_up`).
+        let pending = self.pending_hidden.as_ref().filter(|_| self.pending_tokens.len() == 1);
+        self.last_hidden.as_ref().or(pending)
     }
 
     /// The head's own cache (what the prompt cache keeps of it).

@@ -199,7 +199,8 @@ function onUpdate(u) {
   $("state").textContent = u.queue_depth ? `${text} · ${u.queue_depth} queued` : text;
   $("state").className = "badge " + cls;
   if (document.activeElement !== $("profile")) $("profile").value = u.profile;
-  $("draft").textContent = `${u.draft_depth} (${u.draft_depth_source})`;
+  const classes = Object.entries(u.class_depths || {}).map(([c, d]) => `${c} ${d}`);
+  $("draft").textContent = `${u.draft_depth} (${u.draft_depth_source})` + (classes.length ? ` · tuned per class: ${classes.join(", ")}` : "");
   showTuning(u.tuning, u);
   $("tps-now").textContent = u.tokens_per_s_now.toFixed(1);
   showStreams(u.streams || [], u.batching);

@@ -99,6 +99,7 @@ async fn serve(name: &str, profile: engine::ProfileName, addr: SocketAddr) -> an
         api_key: None,
         draft_depth: model.draft_depth,
         draft_depth_source: model.draft_depth_source,
+        class_depths: model.class_depths,
         worker: server::worker::WorkerOptions {
             idle: Some(std::time::Duration::from_secs(600)),
             profile: engine::Profile::named(profile),

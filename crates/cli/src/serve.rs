@@ -80,6 +80,7 @@ pub fn run(args: Args) -> Result<()> {
         api_key: args.api_key,
         draft_depth: model.draft_depth,
         draft_depth_source: model.draft_depth_source,
+        class_depths: model.class_depths,
         worker: server::worker::WorkerOptions {
             idle: (args.idle_minutes > 0).then(|| std::time::Duration::from_secs(60 * args.idle_minutes)),
             on_idle: args.idle_action,

@@ -4,6 +4,7 @@
 
 use anyhow::Result;
 use engine::tune::{self, TuneOptions, Verdict};
+use engine::workload::WorkloadClass;
 use engine::{Engine, Profile, ProfileName};
 use store::tuning::TuningFile;
 
@@ -33,6 +34,12 @@ pub struct Args {
     /// Another process using more than this share of a core (percent) makes the machine busy.
     #[arg(long, default_value_t = telemetry::machine::DEFAULT_BUSY_PERCENT)]
     busy_percent: f32,
+    /// Tune for one workload class (`code/greedy`, `code/sampled`, `prose/…`, `agent/…`: its
+    /// own prompt suite at its temperature; the server then uses that depth for requests of the
+    /// class), or `all` of them one after the other (each with the budget). Without it: one
+    /// depth for every request, from the code suite at temperatures 0 and 0.7.
+    #[arg(long)]
+    class: Option<String>,
 }
 
 pub fn run(args: Args) -> Result<()> {
@@ -46,23 +53,55 @@ pub fn run(args: Args) -> Result<()> {
             println!("no tuning results in {}", file.path.display());
         }
         for r in &file.results {
-            println!("{} | {} | {}: depth {} ({})", r.key.model, r.key.profile, r.key.machine, r.depth, r.why);
+            let class = r.key.class.as_deref().unwrap_or("every request");
+            let (model, profile, machine) = (&r.key.model, &r.key.profile, &r.key.machine);
+            println!("{model} | {profile} | {class} | {machine}: depth {} ({})", r.depth, r.why);
         }
         return Ok(());
     }
+    let classes: Vec<Option<WorkloadClass>> = match args.class.as_deref() {
+        None => vec![None],
+        Some("all") => WorkloadClass::ALL.into_iter().map(Some).collect(),
+        Some(name) => vec![Some(WorkloadClass::parse(name).map_err(|e| anyhow::anyhow!("--class: {e}"))?)],
+    };
     let model = server::launch::resolve(&args.model)?;
     let engine = Engine::load_with(&model.dir, Profile::named(args.profile))?;
-    let options = TuneOptions {
-        gen_tokens: args.tokens,
-        min_rounds: args.rounds.max(2),
-        budget: std::time::Duration::from_secs_f64(args.budget.clamp(1.0, 86_400.0)),
-        prompts: args.prompts,
-        ..TuneOptions::default()
-    };
-    let key = server::launch::tuning_key(&model.dir, args.profile);
+    let mut refused = Vec::new();
+    for class in classes {
+        let options = TuneOptions {
+            gen_tokens: args.tokens,
+            min_rounds: args.rounds.max(2),
+            budget: std::time::Duration::from_secs_f64(args.budget.clamp(1.0, 86_400.0)),
+            prompts: args.prompts,
+            ..TuneOptions::default()
+        };
+        let (options, key) = match class {
+            Some(c) => (options.for_class(c), server::launch::class_tuning_key(&model.dir, args.profile, c)),
+            None => (options, server::launch::tuning_key(&model.dir, args.profile)),
+        };
+        if let Err(why) = tune_one(&engine, &model.id, &config_dir, key, &options, &args) {
+            refused.push(format!("{}: {why}", class.map_or("every request".into(), |c| c.to_string())));
+        }
+    }
+    if !refused.is_empty() {
+        eprintln!("not stored: {}", refused.join("; "));
+        std::process::exit(2);
+    }
+    Ok(())
+}
+
+/// Measures one suite and stores its verdict; `Err` says why nothing was stored.
+fn tune_one(
+    engine: &Engine,
+    id: &str,
+    config_dir: &std::path::Path,
+    key: store::tuning::TuningKey,
+    options: &TuneOptions,
+    args: &Args,
+) -> Result<(), String> {
+    let class = key.class.clone().map_or("every request".to_string(), |c| format!("the {c} class"));
     eprintln!(
-        "tuning {} ({}) with the {} profile on {}: a warm-up pass, then paired rounds for up to {:.0} s",
-        model.id,
+        "tuning {id} ({}) for {class} with the {} profile on {}: a warm-up pass, then paired rounds for up to {:.0} s",
         key.model,
         args.profile,
         key.machine,
@@ -76,8 +115,8 @@ pub fn run(args: Args) -> Result<()> {
             .progress_chars("=> "),
     );
     let measurement = tune::measure(
-        &engine,
-        &options,
+        engine,
+        options,
         || busy.check(),
         |p| {
             // The warm-up counts its runs; the rounds count seconds of the budget.
@@ -94,7 +133,8 @@ pub fn run(args: Args) -> Result<()> {
             bar.set_message(format!("depth {}, temperature {}{rep}{last}", p.depth, p.temperature));
             true
         },
-    )?;
+    )
+    .map_err(|e| e.to_string())?;
     bar.finish_and_clear();
     println!(
         "{:>5} {:>5} {:>10} {:>8} {:>24} {:>10} {:>8}",
@@ -121,14 +161,11 @@ pub fn run(args: Args) -> Result<()> {
     for s in &measurement.speedups {
         println!("  depth {}: {:.2}x [{:.2}-{:.2}]", s.depth, s.speedup, s.interval[0], s.interval[1]);
     }
-    match server::launch::judge_and_store(&config_dir, key, &measurement, &options)? {
-        (Verdict::Refuse { why }, _) => {
-            eprintln!("not stored: {why}");
-            std::process::exit(2);
-        }
+    match server::launch::judge_and_store(config_dir, key, &measurement, options).map_err(|e| e.to_string())? {
+        (Verdict::Refuse { why }, _) => Err(why),
         (Verdict::Store { depth, why, .. }, path) => {
-            println!("stored draft depth {depth} in {}: {why}", path.display())
+            println!("stored draft depth {depth} for {class} in {}: {why}", path.display());
+            Ok(())
         }
     }
-    Ok(())
 }

@@ -90,3 +90,33 @@ fn tune_stores_shows_serves_and_survives_a_corrupt_file() {
     assert!(String::from_utf8_lossy(&show.stdout).contains("no tuning results"));
     assert!(config.join("tuning.json.corrupt").exists());
 }
+
+/// `--class` tunes one workload class (its suite, its temperature) and stores the depth under
+/// it; `--show` lists the class; an unknown class is refused, named, before anything loads.
+#[test]
+fn tune_for_a_class_stores_under_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (config, model) = (tmp.path().join("config"), tmp.path().join("model"));
+    let mut o = MakeOptions::new(Architecture::Qwen35, "tiny");
+    o.mtp = true;
+    checkpoint::make(&o, &model).unwrap();
+    let tune = |class: &str| {
+        ferrite(&config)
+            .args(["tune", "--model", model.to_str().unwrap(), "--class", class])
+            .args(["--prompts", "1", "--tokens", "8", "--rounds", "2", "--budget", "30", "--busy-percent", "100000"])
+            .output()
+            .unwrap()
+    };
+    let bad = tune("poetry/greedy");
+    assert!(!bad.status.success());
+    let err = String::from_utf8_lossy(&bad.stderr);
+    assert!(err.contains("--class") && err.contains("poetry/greedy") && err.contains("agent/sampled"), "{err}");
+
+    let out = tune("agent/greedy");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains("for the agent/greedy class"), "{stdout}");
+    let show = ferrite(&config).args(["tune", "--show"]).output().unwrap();
+    let show = String::from_utf8_lossy(&show.stdout);
+    assert!(show.contains("| agent/greedy |"), "{show}");
+}

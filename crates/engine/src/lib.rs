@@ -35,6 +35,7 @@ pub mod tokenizer;
 pub mod tune;
 pub mod weight_form;
 mod weights;
+pub mod workload;
 
 pub use architecture::Architecture;
 pub use config::{ModelConfig, Quantization};

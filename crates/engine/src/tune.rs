@@ -9,15 +9,11 @@ use serde::Serialize;
 
 use crate::generate::{Engine, GenerateRequest};
 use crate::speculative::{SpecStats, MAX_DRAFT_DEPTH};
+use crate::workload::{PromptClass, WorkloadClass};
 use crate::Result;
 
-/// What a coding agent asks: the suite every tune runs (thinking off).
-pub const CODE_PROMPTS: [&str; 4] = [
-    "Write a Python function that parses a line of CSV text into a list of fields, handling quoted fields.",
-    "Implement binary search over a sorted slice in Rust, returning the index of the target or None.",
-    "Write a Python class for a least-recently-used cache with get and put methods.",
-    "Write a Rust function that counts the words in a string and returns them in a HashMap.",
-];
+/// The suite of a tune without a workload class: code prompts (thinking off).
+pub const CODE_PROMPTS: &[&str] = PromptClass::Code.prompts();
 
 #[derive(Debug, Clone)]
 pub struct TuneOptions {
@@ -37,6 +33,9 @@ pub struct TuneOptions {
     pub equivalence: f64,
     /// How many prompts of the suite to use (all by default).
     pub prompts: usize,
+    /// The workload class measured: its suite, at its temperature only. `None`: the code suite
+    /// at every temperature of `temperatures` (one depth for every request).
+    pub class: Option<WorkloadClass>,
 }
 
 impl Default for TuneOptions {
@@ -49,6 +48,7 @@ impl Default for TuneOptions {
             margin: 0.05,
             equivalence: 0.03,
             prompts: CODE_PROMPTS.len(),
+            class: None,
         }
     }
 }
@@ -161,12 +161,25 @@ pub enum Verdict {
     Refuse { why: String },
 }
 
-/// The code prompts as token ids: through the chat template with thinking off, or as plain
-/// text for a model without one.
-pub fn suite(engine: &Engine, count: usize) -> Result<Vec<Vec<u32>>> {
+impl TuneOptions {
+    /// The options for one workload class: its suite, at its temperature only.
+    pub fn for_class(self, class: WorkloadClass) -> TuneOptions {
+        TuneOptions { temperatures: vec![class.temperature()], class: Some(class), ..self }
+    }
+}
+
+/// A suite's prompts as token ids (the code suite without a class): through the chat template
+/// with thinking off (an agent suite's with its tools offered), or as plain text for a model
+/// without one.
+pub fn suite(engine: &Engine, count: usize, class: Option<WorkloadClass>) -> Result<Vec<Vec<u32>>> {
+    let prompts = class.map_or(PromptClass::Code, |c| c.prompts);
     let mut vars = serde_json::Map::new();
     vars.insert("enable_thinking".into(), false.into());
-    CODE_PROMPTS
+    if let Some(tools) = prompts.tools() {
+        vars.insert("tools".into(), tools);
+    }
+    prompts
+        .prompts()
         .iter()
         .take(count.max(1))
         .map(|p| {
@@ -223,7 +236,7 @@ pub fn measure(
     busy: impl FnMut() -> Option<String>,
     progress: impl FnMut(&Progress) -> bool,
 ) -> Result<Measurement> {
-    let prompts = suite(engine, options.prompts)?;
+    let prompts = suite(engine, options.prompts, options.class)?;
     let max_depth = if engine.model().mtp().is_some() { MAX_DRAFT_DEPTH } else { 0 };
     let run = |depth: usize, temperature: f32| -> Result<Run> {
         let mut total = Run::default();

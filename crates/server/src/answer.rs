@@ -13,7 +13,7 @@ use tokio_stream::wrappers::UnboundedReceiverStream;
 
 use crate::error::ApiError;
 use crate::tools::{CallEvent, ParsedCall};
-use crate::worker::{Clamp, ClampedBy, JobEvent, Running};
+use crate::worker::{Clamp, ClampedBy, JobEvent, Prompt, Running};
 use crate::Loaded;
 
 /// What a request asks of the generation, with the names its protocol gives the fields (an
@@ -244,6 +244,23 @@ pub async fn collect(running: Running) -> Result<Answer, ApiError> {
         }
     }
     Err(ApiError::internal("the engine ended the request without a summary"))
+}
+
+/// The request's workload class: an agent's turn when tools are offered, else code or prose by
+/// its last user message; greedy or sampled by its temperature.
+pub fn workload_class(prompt: &Prompt, temperature: f32) -> engine::workload::WorkloadClass {
+    let text = match prompt {
+        Prompt::Text(text) => text.as_str(),
+        Prompt::Chat { messages, .. } => {
+            messages.iter().rev().find(|m| m.role == "user").map_or("", |m| m.content.as_str())
+        }
+    };
+    engine::workload::WorkloadClass::of(text, !crate::tool_choice::offered(prompt).is_empty(), temperature)
+}
+
+/// Sets the request's draft depth to the one tuned for its workload class, when there is one.
+pub fn depth_for_class(loaded: &Loaded, prompt: &Prompt, request: &mut GenerateRequest) {
+    request.draft_depth = loaded.depth_for(workload_class(prompt, request.sampling.temperature));
 }
 
 #[cfg(test)]

@@ -5,6 +5,7 @@
 use std::path::Path;
 
 use anyhow::Result;
+use engine::workload::WorkloadClass;
 use engine::ProfileName;
 use store::tuning::{model_identity, TuningFile, TuningKey};
 
@@ -37,7 +38,25 @@ pub fn machine_fingerprint() -> String {
 }
 
 pub fn tuning_key(dir: &Path, profile: ProfileName) -> TuningKey {
-    TuningKey { machine: machine_fingerprint(), model: model_identity(dir), profile: profile.to_string() }
+    TuningKey { machine: machine_fingerprint(), model: model_identity(dir), profile: profile.to_string(), class: None }
+}
+
+/// The key of a result for one workload class.
+pub fn class_tuning_key(dir: &Path, profile: ProfileName, class: WorkloadClass) -> TuningKey {
+    TuningKey { class: Some(class.to_string()), ..tuning_key(dir, profile) }
+}
+
+/// The depths stored for workload classes on this machine, for this model folder and profile.
+pub fn class_depths(dir: &Path, profile: ProfileName) -> Vec<(WorkloadClass, usize)> {
+    let (file, _) = TuningFile::load(&store::config::config_dir());
+    let key = tuning_key(dir, profile);
+    WorkloadClass::ALL
+        .into_iter()
+        .filter_map(|class| {
+            let found = file.find(&TuningKey { class: Some(class.to_string()), ..key.clone() })?;
+            Some((class, found.depth))
+        })
+        .collect()
 }
 
 /// The stored depth for this machine, model folder and profile, with where it came from.
@@ -95,7 +114,16 @@ pub fn draft_depth(arg: &str, dir: &Path, profile: ProfileName) -> Result<(usize
 pub fn spec(name: &str, draft_depth_arg: &str, profile: ProfileName) -> Result<ModelSpec> {
     let model = resolve(name)?;
     let (draft_depth, draft_depth_source) = draft_depth(draft_depth_arg, &model.dir, profile)?;
-    Ok(ModelSpec { dir: model.dir, id: model.id, aliases: model.aliases, draft_depth, draft_depth_source })
+    // A depth given on the command line holds for every request; `auto` takes each class's.
+    let class_depths = if draft_depth_arg == "auto" { class_depths(&model.dir, profile) } else { Vec::new() };
+    Ok(ModelSpec {
+        dir: model.dir,
+        id: model.id,
+        aliases: model.aliases,
+        draft_depth,
+        draft_depth_source,
+        class_depths,
+    })
 }
 
 /// The prompt cache's disk tier as the config file sets it (`[prompt_cache]`; default: in
@@ -167,7 +195,7 @@ mod tests {
 
     fn result(machine: &str, model: &str, measured_at: u64) -> TunedResult {
         TunedResult {
-            key: TuningKey { machine: machine.into(), model: model.into(), profile: "sustained".into() },
+            key: TuningKey { machine: machine.into(), model: model.into(), profile: "sustained".into(), class: None },
             depth: 2,
             speedup: 1.4,
             why: "test".into(),
@@ -183,6 +211,7 @@ mod tests {
             machine: "M4 Max (16 cores), 64 GiB, macOS 26, MLX 0.32.2 on gpu, ferrite 0.2.0".into(),
             model: "qwen@abc".into(),
             profile: "sustained".into(),
+            class: None,
         };
         let results = [
             result("M4 Max (16 cores), 32 GiB, macOS 26, MLX 0.32.2 on gpu, ferrite 0.1.0", "qwen@abc", 1_796_083_200),

@@ -26,6 +26,7 @@ pub mod tuning;
 pub mod ui;
 pub mod worker;
 
+use engine::workload::WorkloadClass;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -60,6 +61,8 @@ pub struct ServerConfig {
     pub draft_depth: usize,
     /// Where that depth came from (tuned, untuned, the command line), for /v1/status.
     pub draft_depth_source: String,
+    /// Depths tuned for workload classes: a request of such a class runs at its class's depth.
+    pub class_depths: Vec<(WorkloadClass, usize)>,
     /// The idle watchdog: its limit (`None` = never), what it does, and the runtime profile.
     pub worker: WorkerOptions,
     /// Browser origins allowed to call the API (the app's own; see [`APP_ORIGINS`]).
@@ -84,6 +87,15 @@ pub struct Loaded {
     pub aliases: Vec<String>,
     pub draft_depth: usize,
     pub draft_depth_source: String,
+    /// Depths tuned for workload classes (`ferrite tune --class`), over `draft_depth`.
+    pub class_depths: Vec<(WorkloadClass, usize)>,
+}
+
+impl Loaded {
+    /// The draft depth for a request of `class`: its class's tuned depth, else the model's.
+    pub fn depth_for(&self, class: WorkloadClass) -> usize {
+        self.class_depths.iter().find(|(c, _)| *c == class).map_or(self.draft_depth, |(_, d)| *d)
+    }
 }
 
 /// What `/v1/models/load` needs to start another model: a folder, its names, its draft depth.
@@ -94,6 +106,7 @@ pub struct ModelSpec {
     pub aliases: Vec<String>,
     pub draft_depth: usize,
     pub draft_depth_source: String,
+    pub class_depths: Vec<(WorkloadClass, usize)>,
 }
 
 /// Turns a model name (catalog id, alias, folder…) and the runtime profile it will run with
@@ -145,6 +158,7 @@ impl AppState {
                 aliases,
                 draft_depth,
                 draft_depth_source: "set by the embedding program".into(),
+                class_depths: Vec::new(),
             },
             api_key,
         )
@@ -331,6 +345,9 @@ pub fn status_json(s: &AppState) -> serde_json::Value {
         "model": i.id, "model_type": i.model_type, "dir": i.dir, "device": i.backend,
         "blas": i.blas, "weights": i.weight_form,
         "context": i.context, "mtp_head": i.has_mtp, "draft_depth": loaded.draft_depth, "draft_depth_source": loaded.draft_depth_source,
+        // Depths tuned per workload class (a request of the class runs at it; others at
+        // `draft_depth`).
+        "class_depths": loaded.class_depths.iter().map(|(c, d)| (c.to_string(), json!(d))).collect::<serde_json::Map<_, _>>(),
         // The runtime depth controller's state for the speculating request now (or the last).
         "depth_control": w.metrics.live().depth_control,
         "loading": s.loading.lock().ok().and_then(|l| l.clone()),
@@ -417,6 +434,7 @@ pub async fn start(config: &ServerConfig) -> anyhow::Result<AppState> {
         aliases: config.aliases.clone(),
         draft_depth: config.draft_depth,
         draft_depth_source: config.draft_depth_source.clone(),
+        class_depths: config.class_depths.clone(),
     };
     let mut state = AppState::serving(loaded, None);
     state.guard = Arc::new(guard::Guard::new(

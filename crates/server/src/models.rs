@@ -267,6 +267,7 @@ pub async fn load_model(
         aliases: spec.aliases.clone(),
         draft_depth: spec.draft_depth,
         draft_depth_source: spec.draft_depth_source.clone(),
+        class_depths: spec.class_depths.clone(),
     });
     s.set_notice(None);
     if let Some(on_load) = s.on_load.clone() {

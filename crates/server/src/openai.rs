@@ -336,6 +336,8 @@ async fn respond(
     kind: Kind,
     expect: Option<Expect>,
 ) -> Result<Response, ApiError> {
+    let mut request = request;
+    crate::answer::depth_for_class(&loaded, &prompt, &mut request);
     let running = loaded.worker.run(prompt, request, false).await?;
     let mut headers = state.speed_headers(&loaded, running.max_tokens, running.clamped);
     let head = Head {

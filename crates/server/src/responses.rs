@@ -393,6 +393,7 @@ pub async fn responses(State(state): State<AppState>, body: Bytes) -> Result<Res
     if let Some(calls) = choice.grammar(tool_choice::offered(&prompt), loaded.worker.info.call_syntax)? {
         request.grammar = Some(calls);
     }
+    crate::answer::depth_for_class(&loaded, &prompt, &mut request);
     let running = loaded.worker.run(prompt, request, false).await?;
     let mut headers = state.speed_headers(&loaded, running.max_tokens, running.clamped);
     if !offered.ignored.is_empty() {

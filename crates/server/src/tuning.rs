@@ -4,6 +4,7 @@
 //! candidates and the verdict; `POST /v1/tune/cancel` stops it without storing anything. A
 //! stored result takes effect at once: the served model uses the new depth.
 
+use engine::workload::WorkloadClass;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -30,6 +31,8 @@ pub struct TuneState {
     /// Each depth's speed-up over plain decoding with its 95% interval, and the rounds measured.
     pub speedups: Option<Vec<Speedup>>,
     pub rounds: Option<usize>,
+    /// The workload class measured (`code/greedy`, …), or none: one depth for every request.
+    pub class: Option<String>,
     pub verdict: Option<Verdict>,
     /// Why the last run ended without a verdict (cancelled, or an error).
     pub error: Option<String>,
@@ -53,6 +56,9 @@ struct TuneRequest {
     budget_s: Option<f64>,
     /// Another process above this share of a core makes the machine busy, percent (default 50).
     busy_percent: Option<f32>,
+    /// One workload class (`code/greedy`, `prose/sampled`, `agent/greedy`, …): its suite at its
+    /// temperature, stored for requests of that class. Default: one depth for every request.
+    class: Option<String>,
 }
 
 pub async fn status(State(s): State<AppState>) -> Json<TuneState> {
@@ -89,6 +95,16 @@ pub async fn start(State(s): State<AppState>, body: Bytes) -> Result<(StatusCode
             .unwrap_or(defaults.budget),
         ..defaults
     };
+    let class = request
+        .class
+        .as_deref()
+        .map(WorkloadClass::parse)
+        .transpose()
+        .map_err(|e| ApiError::bad_request(format!("class: {e}")).with_param("class"))?;
+    let options = match class {
+        Some(c) => options.for_class(c),
+        None => options,
+    };
     let loaded = s.loaded();
     let info = loaded.worker.info.clone();
     let cancel = Arc::new(AtomicBool::new(false));
@@ -105,6 +121,7 @@ pub async fn start(State(s): State<AppState>, body: Bytes) -> Result<(StatusCode
             running: true,
             model: Some(info.id.clone()),
             profile: Some(info.profile.name.to_string()),
+            class: class.map(|c| c.to_string()),
             cancel: cancel.clone(),
             ..Default::default()
         };
@@ -148,7 +165,10 @@ pub async fn start(State(s): State<AppState>, body: Bytes) -> Result<(StatusCode
         let judged = tokio::task::spawn_blocking(move || {
             crate::launch::judge_and_store(
                 &config_dir,
-                crate::launch::tuning_key(&dir, profile),
+                match class {
+                    Some(c) => crate::launch::class_tuning_key(&dir, profile, c),
+                    None => crate::launch::tuning_key(&dir, profile),
+                },
                 &measurement,
                 &options,
             )
@@ -157,7 +177,7 @@ pub async fn start(State(s): State<AppState>, body: Bytes) -> Result<(StatusCode
         match judged {
             Ok(Ok((verdict, _))) => {
                 if let Verdict::Store { depth, why, .. } = &verdict {
-                    use_new_depth(&state, &loaded, *depth, why);
+                    use_new_depth(&state, &loaded, class, *depth, why);
                 }
                 finish(&shared, Some(candidates), Some(verdict), None);
             }
@@ -178,15 +198,25 @@ fn finish(shared: &Shared, candidates: Option<Vec<Candidate>>, verdict: Option<V
 }
 
 /// The served model takes the stored depth now (if it is still the one that was tuned).
-fn use_new_depth(state: &AppState, tuned: &Arc<Loaded>, depth: usize, why: &str) {
+fn use_new_depth(state: &AppState, tuned: &Arc<Loaded>, class: Option<WorkloadClass>, depth: usize, why: &str) {
     let now = state.loaded();
     if !Arc::ptr_eq(&now.worker, &tuned.worker) {
         return;
     }
+    let mut class_depths = now.class_depths.clone();
+    let (draft_depth, draft_depth_source) = match class {
+        Some(c) => {
+            class_depths.retain(|(k, _)| *k != c);
+            class_depths.push((c, depth));
+            (now.draft_depth, now.draft_depth_source.clone())
+        }
+        None => (depth, format!("tuned just now ({why})")),
+    };
     state.replace(Loaded {
         worker: now.worker.clone(),
         aliases: now.aliases.clone(),
-        draft_depth: depth,
-        draft_depth_source: format!("tuned just now ({why})"),
+        draft_depth,
+        draft_depth_source,
+        class_depths,
     });
 }

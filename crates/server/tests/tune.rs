@@ -109,3 +109,77 @@ async fn a_stopping_server_stops_its_tune() {
     assert!(done["error"].as_str().unwrap().contains("cancelled"), "{done}");
     assert!(!config.path().join("tuning.json").exists());
 }
+
+/// A tune for one workload class measures that class's suite at its temperature only, stores
+/// the depth under the class and the server uses it for requests of that class (the model's
+/// own depth stays for the others); an unknown class is refused, named.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_class_tune_stores_a_depth_for_that_class_only() {
+    let config = tempfile::tempdir().unwrap();
+    let dir = config.path().to_path_buf();
+    let s = start_hybrid(move |state| state.store.config_dir = Some(dir)).await;
+    let (code, v) = post(&s, "/v1/tune", &json!({"class": "poetry/greedy"})).await;
+    assert_eq!(code, 400, "{v}");
+    assert!(v["error"]["message"].as_str().unwrap().contains("poetry/greedy"), "{v}");
+    assert_eq!(v["error"]["param"], "class", "{v}");
+
+    let body = json!({"class": "prose/sampled", "tokens": 6, "rounds": 2, "prompts": 1, "budget_s": 30, "busy_percent": 100000});
+    let (code, started) = post(&s, "/v1/tune", &body).await;
+    assert_eq!(code, 202, "{started}");
+    let done = wait_for_end(&s).await.pop().unwrap();
+    assert!(done["error"].is_null(), "{done}");
+    assert_eq!(done["class"], "prose/sampled", "{done}");
+    let candidates = done["candidates"].as_array().unwrap();
+    assert_eq!(candidates.len(), 5, "one temperature: {done}");
+    assert!(candidates.iter().all(|c| c["temperature"] == 0.7), "{done}");
+    assert_eq!(done["verdict"]["verdict"], "store", "{done}");
+    let depth = done["verdict"]["depth"].as_u64().unwrap();
+
+    let file: Value =
+        serde_json::from_str(&std::fs::read_to_string(config.path().join("tuning.json")).unwrap()).unwrap();
+    assert_eq!(file["results"][0]["key"]["class"], "prose/sampled", "{file}");
+    let status = get(&s, "/v1/status").await;
+    assert_eq!(status["class_depths"]["prose/sampled"].as_u64(), Some(depth), "{status}");
+    assert_eq!(status["draft_depth"], 0, "the model's own depth is untouched: {status}");
+}
+
+/// Each request runs at the depth tuned for its class: an agent's turn, code and prose,
+/// greedy or sampled, each told apart; a class without a result takes the model's depth.
+#[tokio::test(flavor = "multi_thread")]
+async fn each_request_runs_at_its_class_depth() {
+    use engine::workload::WorkloadClass;
+    let class = |name: &str| WorkloadClass::parse(name).unwrap();
+    let by_class = vec![(class("code/greedy"), 3), (class("prose/greedy"), 1), (class("agent/greedy"), 2)];
+    let s = start_hybrid(move |state| {
+        let served = state.loaded();
+        state.replace(server::Loaded {
+            worker: served.worker.clone(),
+            aliases: served.aliases.clone(),
+            draft_depth: 0,
+            draft_depth_source: "test".into(),
+            class_depths: by_class,
+        });
+    })
+    .await;
+    let depth_of = |v: &Value| v["timings"]["draft_depth"].as_u64().unwrap_or(0);
+    let ask = |text: &str, extra: Value| {
+        let mut body = json!({"model": "tiny", "messages": [{"role": "user", "content": text}], "max_tokens": 6,
+            "reasoning_effort": "none"});
+        for (k, v) in extra.as_object().unwrap() {
+            body[k] = v.clone();
+        }
+        body
+    };
+    let tool = json!([{"type": "function", "function": {"name": "read_file", "parameters": {"type": "object",
+        "properties": {"path": {"type": "string"}}}}}]);
+    for (text, extra, want) in [
+        ("Write a Python function that sorts a list.", json!({"temperature": 0}), 3),
+        ("Describe the sea at night.", json!({"temperature": 0}), 1),
+        ("Read main.rs.", json!({"temperature": 0, "tools": tool}), 2),
+        ("Describe the sea at night.", json!({"temperature": 0.7}), 0),
+    ] {
+        let (code, v) = post(&s, "/v1/chat/completions", &ask(text, extra.clone())).await;
+        assert_eq!(code, 200, "{v}");
+        assert_eq!(depth_of(&v), want, "{text} {extra}: {v}");
+    }
+}

@@ -1,5 +1,5 @@
 //! The tuning file (`tuning.json` in the config directory): the draft depth the autotuner
-//! chose, per machine, model and profile. A new run replaces the result for its key; a file
+//! chose, per machine, model, profile and (optionally) workload class. A new run replaces the result for its key; a file
 //! that does not parse is set aside (renamed) and reported, never fatal.
 
 use std::path::{Path, PathBuf};
@@ -15,6 +15,10 @@ pub struct TuningKey {
     /// `org/name@commit` for a hub snapshot, else a content hash of the folder.
     pub model: String,
     pub profile: String,
+    /// The workload class the depth is for (`code/greedy`, …); `None`: every request without a
+    /// result of its own class.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub class: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -125,7 +129,7 @@ mod tests {
 
     fn result(depth: usize, profile: &str) -> TunedResult {
         TunedResult {
-            key: TuningKey { machine: "m".into(), model: "x".into(), profile: profile.into() },
+            key: TuningKey { machine: "m".into(), model: "x".into(), profile: profile.into(), class: None },
             depth,
             speedup: 1.3,
             why: String::new(),

@@ -115,6 +115,7 @@ pub fn speculate(state: &mut AppState) {
         aliases: served.aliases.clone(),
         draft_depth: 2,
         draft_depth_source: "test".into(),
+        class_depths: Vec::new(),
     });
 }
 

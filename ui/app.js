@@ -301,12 +301,14 @@ function showTuning(t, u) {
     $("tune-progress").value = measuring ? p.elapsed_s : p.step;
     const rep = p.repetition ? `, round ${p.repetition} (${Math.round(p.elapsed_s)} of at most ${Math.round(p.budget_s)} s)` : "";
     const last = p.last_tps ? ` — last ${p.last_tps.toFixed(1)} tok/s` : "";
-    $("tune-status").textContent = `Tuning ${t.model} (${p.phase}): depth ${p.depth}, temperature ${p.temperature}${rep}${last}`;
+    const forClass = t.class ? ` for ${t.class}` : "";
+    $("tune-status").textContent = `Tuning ${t.model}${forClass} (${p.phase}): depth ${p.depth}, temperature ${p.temperature}${rep}${last}`;
   } else if (t.running) {
     $("tune-status").textContent = `Tuning ${t.model}: starting`;
   } else if (t.verdict) {
     const v = t.verdict;
-    $("tune-status").textContent = v.verdict === "store" ? `Stored draft depth ${v.depth}: ${v.why}` : `Not stored: ${v.why}`;
+    const forClass = t.class ? ` for ${t.class}` : "";
+    $("tune-status").textContent = v.verdict === "store" ? `Stored draft depth ${v.depth}${forClass}: ${v.why}` : `Not stored${forClass}: ${v.why}`;
   } else if (t.error) {
     $("tune-status").textContent = `Tuning ended: ${t.error}`;
   } else {
@@ -334,7 +336,9 @@ function showTuning(t, u) {
 $("tune").addEventListener("click", async () => {
   $("tune-status").textContent = "Tuning: starting";
   $("tuning").hidden = false;
-  try { await post("/v1/tune", {}); } catch (err) { $("tune-status").textContent = "Cannot tune: " + err.message; }
+  // One workload class (its own prompts, at its temperature), or one depth for every request.
+  const cls = $("tune-class").value;
+  try { await post("/v1/tune", cls ? { class: cls } : {}); } catch (err) { $("tune-status").textContent = "Cannot tune: " + err.message; }
 });
 $("tune-cancel").addEventListener("click", () => post("/v1/tune/cancel", {}).catch(() => {}));
 

@@ -254,6 +254,13 @@ test("tuning is offered, shows progress and can be cancelled", async () => {
   await page.waitForFunction(() => document.getElementById("tune-status").textContent.includes("cancelled"), null, { timeout: 60000 });
   const status = await (await fetch(`${base}/v1/status`)).json();
   assert.match(status.draft_depth_source, /^untuned/, "a cancelled tune stores nothing");
+  // A tune for one workload class: the page says which, and cancelling it stores nothing too.
+  await page.selectOption("#tune-class", "prose/sampled");
+  await page.click("#tune");
+  await page.waitForFunction(() => document.getElementById("tune-status").textContent.includes("for prose/sampled"), null, { timeout: 30000 });
+  await page.click("#tune-cancel");
+  await page.waitForFunction(() => document.getElementById("tune-status").textContent.includes("cancelled"), null, { timeout: 60000 });
+  assert.deepEqual((await (await fetch(`${base}/v1/status`)).json()).class_depths, {});
 });
 
 test("a catalog model downloads with progress and is then installed", async () => {

@@ -317,3 +317,42 @@ fn a_forced_answer_speculates_and_stays_the_script() {
         assert_eq!(ids, script, "control {control}");
     }
 }
+
+/// Sampled output keeps the plain distribution while the depth controller changes the depth:
+/// with costs that no acceptance pays for, its first decision (after 4 cycles, at most 12
+/// tokens) is plain decoding; the tokens after that switch have the plain tokens' distribution.
+#[test]
+fn sampled_output_keeps_its_distribution_through_the_controllers_changes() {
+    let (_d, mut e) = with_mtp(Architecture::Qwen3Next, Dtype::Float32);
+    e.set_depth_costs(Some(engine::depth_control::CostModel { draft: 1.0, verify: vec![3.0; 4], plain_step_s: 0.001 }));
+    let prompt = prompts()[0].clone();
+    let vocab = e.model().config().vocab_size as usize;
+    let histogram = |depth: usize| {
+        let mut h = vec![vec![0usize; vocab]; 2];
+        let mut went_plain = 0;
+        for seed in 0..200u64 {
+            let sampling = SamplingParams { temperature: 1.0, top_k: 6, seed: Some(seed), ..Default::default() };
+            let req = GenerateRequest {
+                sampling,
+                ignore_eos: true,
+                draft_depth: depth,
+                ..GenerateRequest::greedy(prompt.clone(), 15)
+            };
+            let mut g = e.generate(req, Default::default()).unwrap();
+            let mut spec = None;
+            for event in g.by_ref() {
+                if let Ok(engine::Event::Finished(s)) = event {
+                    spec = s.speculative;
+                }
+            }
+            for (pos, &t) in g.tokens()[13..15].iter().enumerate() {
+                h[pos][t as usize] += 1;
+            }
+            went_plain += spec.and_then(|s| s.control).map_or(0, |c| c.changes.to_plain);
+        }
+        (h, went_plain)
+    };
+    let ((plain, _), (spec, went_plain)) = (histogram(0), histogram(2));
+    assert_eq!(went_plain, 200, "every run went plain after its first decision");
+    check(&plain, &spec);
+}

@@ -8,6 +8,7 @@
 //! per buffer, and rows sit at different positions: RoPE takes each row's own offset.
 
 use mlx_rs::ops::indexing::{Ellipsis, IndexOp};
+use mlx_rs::transforms::eval;
 use mlx_rs::{ops, Array};
 
 use crate::cache::{Cache, KvCache, LayerCache, LinearState};
@@ -49,6 +50,17 @@ pub struct BatchCache {
     pads: Vec<i32>,
     /// Columns written so far (the longest row's length).
     end: i32,
+}
+
+/// Computes a layer's new buffers now, so the old ones are freed before the next layer's are
+/// made: a join or a leave copies the batch's caches, and left lazy every layer's old and new
+/// copies would be alive at once.
+fn settle(layer: &BatchLayer) -> Result<()> {
+    let arrays: Vec<&Array> = match layer {
+        BatchLayer::Kv(b) => b.keys.iter().chain(b.values.iter()).collect(),
+        BatchLayer::Linear(s) => s.state(),
+    };
+    Ok(eval(arrays)?)
 }
 
 fn concat(parts: &[Array], axis: i32) -> Result<Array> {
@@ -137,6 +149,9 @@ impl BatchCache {
                     }
                 }
             }
+            if let Some(layer) = self.layers.get(i) {
+                settle(layer)?;
+            }
         }
         for p in &mut self.pads {
             *p += grow;
@@ -158,7 +173,7 @@ impl BatchCache {
         let trim = self.pads.iter().copied().min().unwrap_or(0);
         let mut layers = Vec::with_capacity(self.layers.len());
         for layer in &mut self.layers {
-            match layer {
+            match &mut *layer {
                 BatchLayer::Kv(b) => {
                     let (Some(k), Some(v)) = (b.keys.take(), b.values.take()) else {
                         return Err(Error::Request("the batch's KV cache lost its buffers".into()));
@@ -190,6 +205,8 @@ impl BatchCache {
                     all.recurrent = rest(&all.recurrent)?;
                 }
             }
+            eval(layers.last().map(LayerCache::state).unwrap_or_default())?;
+            settle(layer)?;
         }
         for p in &mut self.pads {
             *p -= trim;

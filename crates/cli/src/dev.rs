@@ -85,6 +85,12 @@ pub enum Command {
         #[arg(long, value_delimiter = ',', default_values_t = [0usize, 1024, 512, 256, 128])]
         interleave: Vec<usize>,
     },
+    /// Joins the distributed group the environment describes (`MLX_RANK`, `MLX_HOSTFILE`, as
+    /// `mlx.launch` sets them) and prints this rank's all_sum and all_gather (one JSON line).
+    Collectives {
+        #[arg(long, default_value = "ring")]
+        backend: String,
+    },
     /// The runtime depth controller against a fixed draft depth and plain decoding on a fixed
     /// answer of held-out code then prose (one JSON line per setting).
     Depth {
@@ -251,6 +257,7 @@ pub fn run(cmd: Command) -> Result<()> {
         Command::Batch { model, streams, tokens, rounds, join_prompt: None, .. } => {
             return crate::batch::run(&model, &streams, tokens, rounds.max(1))
         }
+        Command::Collectives { backend } => return crate::collectives::run(&backend),
         Command::Depth { model, code_ids, code_tokens, prose, depth, rounds } => {
             let o = crate::depth::Options {
                 model: &model,

@@ -3,6 +3,7 @@
 mod batch;
 mod bench;
 mod cache;
+mod collectives;
 mod depth;
 mod dev;
 mod generate;

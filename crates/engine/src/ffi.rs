@@ -79,3 +79,94 @@ pub fn pending_primitives(outputs: &[Array]) -> Result<Vec<String>, Exception> {
         .filter_map(|l| l.split("label =\"").nth(1)?.split('"').next().map(str::to_string))
         .collect())
 }
+
+/// A group of processes that MLX's distributed layer connects (ring over TCP, JACCL, NCCL, or
+/// MPI: MLX chooses from its environment, `MLX_RANK` and `MLX_HOSTFILE` for the ring).
+pub struct RawGroup(mlx_sys::mlx_distributed_group);
+
+// SAFETY: the group is an immutable handle to MLX's communicator after `init`; MLX's
+// collectives may be issued from any thread (they are ops on the thread's stream).
+unsafe impl Send for RawGroup {}
+unsafe impl Sync for RawGroup {}
+
+impl Drop for RawGroup {
+    fn drop(&mut self) {
+        // SAFETY: the handle came from `mlx_distributed_init` and is freed once, here.
+        unsafe {
+            mlx_sys::mlx_distributed_group_free(self.0);
+        }
+    }
+}
+
+fn backend_name(backend: Option<&str>) -> Result<Option<std::ffi::CString>, Exception> {
+    backend
+        .map(|b| std::ffi::CString::new(b).map_err(|_| Exception::custom(format!("backend name `{b}` has a NUL byte"))))
+        .transpose()
+}
+
+/// Whether MLX was built with `backend` (`None`: any).
+pub fn distributed_available(backend: Option<&str>) -> Result<bool, Exception> {
+    let name = backend_name(backend)?;
+    // SAFETY: the name is a valid C string for the call, or null.
+    Ok(unsafe { mlx_sys::mlx_distributed_is_available(name.as_ref().map_or(std::ptr::null(), |n| n.as_ptr())) })
+}
+
+/// Joins the group this process's environment describes (a group of one without one, unless
+/// `strict`).
+pub fn distributed_init(backend: Option<&str>, strict: bool) -> Result<RawGroup, Exception> {
+    let name = backend_name(backend)?;
+    // mlx-rs registers its error handler (MLX's default one exits the process) with its first
+    // op: make sure that happened before a call that may fail.
+    mlx_rs::ops::zeros::<f32>(&[1])?;
+    // SAFETY: `res` is a fresh group handle MLX fills in; the name is valid for the call.
+    unsafe {
+        let mut res = mlx_sys::mlx_distributed_group_new();
+        let rc =
+            mlx_sys::mlx_distributed_init(&mut res, strict, name.as_ref().map_or(std::ptr::null(), |n| n.as_ptr()));
+        if rc != 0 {
+            mlx_sys::mlx_distributed_group_free(res);
+            return Err(Exception::custom(format!(
+                "the distributed group did not start (backend {}): the environment must describe it, \
+                 as mlx.launch sets it up (MLX_RANK and MLX_HOSTFILE for the ring backend)",
+                backend.unwrap_or("any")
+            )));
+        }
+        Ok(RawGroup(res))
+    }
+}
+
+impl RawGroup {
+    pub fn rank(&self) -> i32 {
+        // SAFETY: a valid group handle.
+        unsafe { mlx_sys::mlx_distributed_group_rank(self.0) }
+    }
+
+    pub fn size(&self) -> i32 {
+        // SAFETY: a valid group handle.
+        unsafe { mlx_sys::mlx_distributed_group_size(self.0) }
+    }
+
+    /// A collective over the group: `all_sum` or `all_gather` of `x` (lazy, like any op).
+    pub fn collective(&self, x: &Array, gather: bool) -> Result<Array, Exception> {
+        let stream = Stream::thread_local_or_default();
+        // SAFETY: all handles are valid for the call; `res` is filled by MLX and owned by the
+        // returned `Array`, or freed here on failure.
+        unsafe {
+            let mut res = mlx_sys::mlx_array_new();
+            let rc = if gather {
+                mlx_sys::mlx_distributed_all_gather(&mut res, x.as_ptr(), self.0, stream.as_ptr())
+            } else {
+                mlx_sys::mlx_distributed_all_sum(&mut res, x.as_ptr(), self.0, stream.as_ptr())
+            };
+            if rc != 0 {
+                mlx_sys::mlx_array_free(res);
+                return Err(Exception::custom(format!(
+                    "{} of {:?} across the group failed",
+                    if gather { "all_gather" } else { "all_sum" },
+                    x.shape()
+                )));
+            }
+            Ok(Array::from_ptr(res))
+        }
+    }
+}

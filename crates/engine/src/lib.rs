@@ -11,6 +11,7 @@ pub mod checkpoint;
 mod config;
 pub mod depth_control;
 pub mod device;
+pub mod distributed;
 mod error;
 mod ffi;
 mod forced;

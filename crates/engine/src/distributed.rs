@@ -1,0 +1,78 @@
+//! Several processes serving one model through MLX's own distributed layer (the ring backend
+//! over TCP or Thunderbolt, JACCL, NCCL on CUDA): the group a process belongs to, and the
+//! collectives tensor parallelism needs. A safe wrapper over `ffi`'s calls; never a transport
+//! of our own.
+//!
+//! The group comes from the process's environment, as `mlx.launch` sets it: `MLX_RANK` and
+//! `MLX_HOSTFILE` (a JSON list, one entry per rank, of that rank's `ip:port` addresses) for the
+//! ring backend.
+
+use mlx_rs::Array;
+
+use crate::error::Result;
+use crate::ffi::{self, RawGroup};
+
+/// This process's group.
+pub struct Group {
+    raw: RawGroup,
+}
+
+impl Group {
+    /// Joins the group the environment describes, with `backend` (`ring`, `jaccl`, `nccl`,
+    /// `mpi`; `None`: MLX's choice). Without a group in the environment this is a group of
+    /// one, unless `strict`, which makes that an error.
+    pub fn init(backend: Option<&str>, strict: bool) -> Result<Group> {
+        if !ffi::distributed_available(backend)? {
+            return Err(crate::error::Error::Request(format!(
+                "this MLX has no {} distributed backend",
+                backend.unwrap_or("usable")
+            )));
+        }
+        Ok(Group { raw: ffi::distributed_init(backend, strict)? })
+    }
+
+    pub fn rank(&self) -> usize {
+        self.raw.rank().max(0) as usize
+    }
+
+    pub fn size(&self) -> usize {
+        self.raw.size().max(1) as usize
+    }
+
+    /// The element-wise sum of `x` over every rank (what follows a row-split projection).
+    pub fn all_sum(&self, x: &Array) -> Result<Array> {
+        Ok(self.raw.collective(x, false)?)
+    }
+
+    /// Every rank's `x`, concatenated along the first axis in rank order.
+    pub fn all_gather(&self, x: &Array) -> Result<Array> {
+        Ok(self.raw.collective(x, true)?)
+    }
+}
+
+/// What [`Group::check`] saw: this rank, the group's size, the sum over the ranks of
+/// `[rank + 1; 4]` and every rank's `[rank]` gathered.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct CheckResult {
+    pub rank: usize,
+    pub size: usize,
+    pub sum: Vec<f32>,
+    pub gathered: Vec<f32>,
+}
+
+impl Group {
+    /// An all_sum and an all_gather across the group, evaluated: each rank should see the sum
+    /// `size (size + 1) / 2` and `0..size`.
+    pub fn check(&self) -> Result<CheckResult> {
+        let rank = self.rank();
+        let sum = self.all_sum(&Array::from_slice(&[rank as f32 + 1.0; 4], &[4]))?;
+        let gathered = self.all_gather(&Array::from_slice(&[rank as f32], &[1]))?;
+        mlx_rs::transforms::eval([&sum, &gathered])?;
+        Ok(CheckResult {
+            rank,
+            size: self.size(),
+            sum: sum.as_slice::<f32>().to_vec(),
+            gathered: gathered.as_slice::<f32>().to_vec(),
+        })
+    }
+}

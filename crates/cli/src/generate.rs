@@ -107,6 +107,7 @@ pub fn run(args: Args) -> Result<()> {
         stop: args.stop,
         ignore_eos: false,
         draft_depth,
+        fixed_depth: false,
         draft_script: None,
         forced_tokens: None,
         grammar,

@@ -43,6 +43,9 @@ pub struct GenerateRequest {
     pub ignore_eos: bool,
     /// Tokens drafted per cycle by the model's MTP head (0 = plain decoding, at most 4).
     pub draft_depth: usize,
+    /// Keep `draft_depth` for every cycle even where the engine's depth controller is on (the
+    /// tuner measures each depth as it is).
+    pub fixed_depth: bool,
     /// Tests only: greedy drafts taken from this script (see `Speculator::draft_script`).
     #[doc(hidden)]
     pub draft_script: Option<Vec<u32>>,
@@ -66,6 +69,7 @@ impl GenerateRequest {
             stop: vec![],
             ignore_eos: false,
             draft_depth: 0,
+            fixed_depth: false,
             draft_script: None,
             forced_tokens: None,
             grammar: None,
@@ -460,7 +464,8 @@ impl Engine {
                         s.forced_answer = Some((tokens.clone(), end));
                     }
                     s.penalise(penalties, &request.prompt);
-                    if let (Some(costs), None) = (&self.depth_costs, &request.draft_script) {
+                    if let (Some(costs), None, false) = (&self.depth_costs, &request.draft_script, request.fixed_depth)
+                    {
                         s.control_depth(costs.clone());
                     }
                 }

@@ -244,6 +244,7 @@ pub fn measure(
             let mut req = GenerateRequest::greedy(prompt.to_vec(), options.gen_tokens);
             req.ignore_eos = true;
             req.draft_depth = depth;
+            req.fixed_depth = true; // each depth as it is, whatever the engine's controller
             req.sampling.temperature = temperature;
             req.sampling.seed = Some(0);
             let (_, s) = engine.generate_text(req)?;

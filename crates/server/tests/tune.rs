@@ -51,6 +51,10 @@ async fn a_tune_reports_progress_stores_and_takes_effect() {
     let done = seen.last().unwrap();
     assert!(done["error"].is_null(), "{done}");
     assert_eq!(done["candidates"].as_array().unwrap().len(), 10, "{done}");
+    // Each depth measured as it is: the server's depth controller stays out of a tune's runs.
+    for c in done["candidates"].as_array().unwrap() {
+        assert_eq!(c["acceptance"].as_array().unwrap().len() as u64, c["depth"].as_u64().unwrap(), "{c}");
+    }
     // Each depth's speed-up with its interval, the verdict's too.
     let speedups = done["speedups"].as_array().unwrap();
     assert_eq!(speedups.len(), 4, "{done}");

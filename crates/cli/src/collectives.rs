@@ -6,8 +6,15 @@
 use anyhow::Result;
 use engine::distributed::Group;
 
-pub fn run(backend: &str) -> Result<()> {
+/// `rounds` checks in a row; with `leave_after`, ranks other than 0 exit after that many (the
+/// test of what the others see when a rank dies).
+pub fn run(backend: &str, rounds: usize, leave_after: Option<usize>) -> Result<()> {
     let group = Group::init(Some(backend), true)?;
-    println!("{}", serde_json::to_string(&group.check()?)?);
+    for round in 0..rounds.max(1) {
+        if group.rank() > 0 && leave_after == Some(round) {
+            std::process::exit(3);
+        }
+        println!("{}", serde_json::to_string(&group.check()?)?);
+    }
     Ok(())
 }

@@ -90,6 +90,11 @@ pub enum Command {
     Collectives {
         #[arg(long, default_value = "ring")]
         backend: String,
+        #[arg(long, default_value_t = 1)]
+        rounds: usize,
+        /// Ranks other than 0 exit after this many rounds (what the others see of a dead rank).
+        #[arg(long)]
+        leave_after: Option<usize>,
     },
     /// The runtime depth controller against a fixed draft depth and plain decoding on a fixed
     /// answer of held-out code then prose (one JSON line per setting).
@@ -257,7 +262,9 @@ pub fn run(cmd: Command) -> Result<()> {
         Command::Batch { model, streams, tokens, rounds, join_prompt: None, .. } => {
             return crate::batch::run(&model, &streams, tokens, rounds.max(1))
         }
-        Command::Collectives { backend } => return crate::collectives::run(&backend),
+        Command::Collectives { backend, rounds, leave_after } => {
+            return crate::collectives::run(&backend, rounds, leave_after)
+        }
         Command::Depth { model, code_ids, code_tokens, prose, depth, rounds } => {
             let o = crate::depth::Options {
                 model: &model,

@@ -9,8 +9,9 @@ fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
-#[test]
-fn two_ranks_on_loopback_sum_and_gather() {
+/// Two `ferrite dev collectives` ranks on loopback (the ring hostfile `mlx.launch` would
+/// write), waited for at most 120 s: each one's exit status, stdout and stderr.
+fn two_ranks(args: &[&str]) -> Vec<(bool, String, String)> {
     let tmp = tempfile::tempdir().unwrap();
     let hostfile = tmp.path().join("hosts.json");
     let ports = [free_port(), free_port()];
@@ -20,6 +21,7 @@ fn two_ranks_on_loopback_sum_and_gather() {
         .map(|rank| {
             Command::new(env!("CARGO_BIN_EXE_ferrite"))
                 .args(["dev", "collectives", "--backend", "ring"])
+                .args(args)
                 .env("MLX_RANK", rank.to_string())
                 .env("MLX_HOSTFILE", &hostfile)
                 .stdout(Stdio::piped())
@@ -39,16 +41,39 @@ fn two_ranks_on_loopback_sum_and_gather() {
         }
         std::thread::sleep(Duration::from_millis(50));
     }
-    for (rank, r) in ranks.into_iter().enumerate() {
-        let out = r.wait_with_output().unwrap();
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        assert!(out.status.success(), "rank {rank}: {stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    ranks
+        .into_iter()
+        .map(|r| {
+            let out = r.wait_with_output().unwrap();
+            let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+            (out.status.success(), text(&out.stdout), text(&out.stderr))
+        })
+        .collect()
+}
+
+#[test]
+fn two_ranks_on_loopback_sum_and_gather() {
+    for (rank, (ok, stdout, stderr)) in two_ranks(&[]).into_iter().enumerate() {
+        assert!(ok, "rank {rank}: {stdout}\n{stderr}");
         let v: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
         assert_eq!(v["rank"], rank, "{v}");
         assert_eq!(v["size"], 2, "{v}");
         assert_eq!(v["sum"], serde_json::json!([3.0, 3.0, 3.0, 3.0]), "1 + 2 on every rank: {v}");
         assert_eq!(v["gathered"], serde_json::json!([0.0, 1.0]), "{v}");
     }
+}
+
+/// Rank 1 dies after the first round: rank 0's next collective ends with a clean error saying
+/// the peer was lost (not a hang, not a crash).
+#[test]
+fn a_dead_rank_ends_the_others_collectives_with_a_clean_error() {
+    let started = Instant::now();
+    let ranks = two_ranks(&["--rounds", "3", "--leave-after", "1"]);
+    let (ok, stdout, stderr) = &ranks[0];
+    assert!(!ok, "rank 0 cannot finish three rounds alone: {stdout}");
+    assert_eq!(stdout.lines().count(), 1, "one round went through: {stdout}");
+    assert!(stderr.contains("connection to a peer was lost"), "{stderr}");
+    assert!(started.elapsed() < Duration::from_secs(60), "bounded: {:?}", started.elapsed());
 }
 
 #[test]

@@ -154,17 +154,7 @@ async fn each_request_runs_at_its_class_depth() {
     use engine::workload::WorkloadClass;
     let class = |name: &str| WorkloadClass::parse(name).unwrap();
     let by_class = vec![(class("code/greedy"), 3), (class("prose/greedy"), 1), (class("agent/greedy"), 2)];
-    let s = start_hybrid(move |state| {
-        let served = state.loaded();
-        state.replace(server::Loaded {
-            worker: served.worker.clone(),
-            aliases: served.aliases.clone(),
-            draft_depth: 0,
-            draft_depth_source: "test".into(),
-            class_depths: by_class,
-        });
-    })
-    .await;
+    let s = start_hybrid(move |state| common::serve_at_depths(state, 0, by_class)).await;
     let depth_of = |v: &Value| v["timings"]["draft_depth"].as_u64().unwrap_or(0);
     let ask = |text: &str, extra: Value| {
         let mut body = json!({"model": "tiny", "messages": [{"role": "user", "content": text}], "max_tokens": 6,

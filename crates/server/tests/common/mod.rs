@@ -1,6 +1,7 @@
 //! A real server on loopback with a project-made checkpoint, for the HTTP tests.
 #![allow(dead_code)]
 
+use engine::workload::WorkloadClass;
 use std::time::Duration;
 
 use engine::checkpoint::{self, Architecture, MakeOptions};
@@ -109,13 +110,19 @@ pub async fn start_prepared(
 
 /// Configures a server to speculate at draft depth 2 (as a tuned depth would).
 pub fn speculate(state: &mut AppState) {
+    serve_at_depths(state, 2, Vec::new());
+}
+
+/// Serves the loaded model at `draft_depth`, and at `class_depths` for requests of those
+/// workload classes (as tuned results would set them).
+pub fn serve_at_depths(state: &mut AppState, draft_depth: usize, class_depths: Vec<(WorkloadClass, usize)>) {
     let served = state.loaded();
     state.replace(server::Loaded {
         worker: served.worker.clone(),
         aliases: served.aliases.clone(),
-        draft_depth: 2,
+        draft_depth,
         draft_depth_source: "test".into(),
-        class_depths: Vec::new(),
+        class_depths,
     });
 }
 

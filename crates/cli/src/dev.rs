@@ -92,9 +92,10 @@ pub enum Command {
         backend: String,
         #[arg(long, default_value_t = 1)]
         rounds: usize,
-        /// Ranks other than 0 exit after this many rounds (what the others see of a dead rank).
+        /// Ranks other than 0 are killed (SIGKILL, no clean-up) after this many rounds: what
+        /// the others see of a rank that dies.
         #[arg(long)]
-        leave_after: Option<usize>,
+        die_after: Option<usize>,
     },
     /// The runtime depth controller against a fixed draft depth and plain decoding on a fixed
     /// answer of held-out code then prose (one JSON line per setting).
@@ -262,8 +263,8 @@ pub fn run(cmd: Command) -> Result<()> {
         Command::Batch { model, streams, tokens, rounds, join_prompt: None, .. } => {
             return crate::batch::run(&model, &streams, tokens, rounds.max(1))
         }
-        Command::Collectives { backend, rounds, leave_after } => {
-            return crate::collectives::run(&backend, rounds, leave_after)
+        Command::Collectives { backend, rounds, die_after } => {
+            return crate::collectives::run(&backend, rounds, die_after)
         }
         Command::Depth { model, code_ids, code_tokens, prose, depth, rounds } => {
             let o = crate::depth::Options {

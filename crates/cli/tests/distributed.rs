@@ -5,8 +5,10 @@
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+/// Two distinct free ports (both listeners held until both are chosen).
+fn free_ports() -> [u16; 2] {
+    let listeners = [(); 2].map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap());
+    listeners.map(|l| l.local_addr().unwrap().port())
 }
 
 /// Two `ferrite dev collectives` ranks on loopback (the ring hostfile `mlx.launch` would
@@ -14,7 +16,7 @@ fn free_port() -> u16 {
 fn two_ranks(args: &[&str]) -> Vec<(bool, String, String)> {
     let tmp = tempfile::tempdir().unwrap();
     let hostfile = tmp.path().join("hosts.json");
-    let ports = [free_port(), free_port()];
+    let ports = free_ports();
     let hosts = serde_json::json!([[format!("127.0.0.1:{}", ports[0])], [format!("127.0.0.1:{}", ports[1])]]);
     std::fs::write(&hostfile, hosts.to_string()).unwrap();
     let mut ranks: Vec<_> = (0..2)
@@ -37,7 +39,14 @@ fn two_ranks(args: &[&str]) -> Vec<(bool, String, String)> {
             for r in &mut ranks {
                 let _ = r.kill();
             }
-            panic!("the ranks did not finish in 120 s");
+            let said: Vec<String> = ranks
+                .into_iter()
+                .map(|r| {
+                    let out = r.wait_with_output().unwrap();
+                    format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr))
+                })
+                .collect();
+            panic!("the ranks did not finish in 120 s: {said:#?}");
         }
         std::thread::sleep(Duration::from_millis(50));
     }
@@ -63,12 +72,12 @@ fn two_ranks_on_loopback_sum_and_gather() {
     }
 }
 
-/// Rank 1 dies after the first round: rank 0's next collective ends with a clean error saying
-/// the peer was lost (not a hang, not a crash).
+/// Rank 1 is killed after the first round: rank 0's next collective ends with a clean error
+/// saying the peer was lost (not a hang, not a crash).
 #[test]
 fn a_dead_rank_ends_the_others_collectives_with_a_clean_error() {
     let started = Instant::now();
-    let ranks = two_ranks(&["--rounds", "3", "--leave-after", "1"]);
+    let ranks = two_ranks(&["--rounds", "3", "--die-after", "1"]);
     let (ok, stdout, stderr) = &ranks[0];
     assert!(!ok, "rank 0 cannot finish three rounds alone: {stdout}");
     assert_eq!(stdout.lines().count(), 1, "one round went through: {stdout}");

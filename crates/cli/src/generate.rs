@@ -63,13 +63,46 @@ pub struct Args {
     /// Runtime profile (`ferrite profiles` lists the knobs).
     #[arg(long, env = "FERRITE_PROFILE", default_value = "sustained")]
     profile: engine::ProfileName,
+    /// Split the model across the ranks this host file lists (mlx.launch's format: a JSON list
+    /// of `{"ssh": host, "ips": [address]}`; this process is the first).
+    #[arg(long)]
+    hosts: Option<std::path::PathBuf>,
+    /// The collectives' backend with --hosts.
+    #[arg(long, value_enum, default_value = "ring", requires = "hosts")]
+    backend: crate::ranks::Backend,
 }
 
 pub fn run(args: Args) -> Result<()> {
     let spec = server::launch::spec(&args.model, &args.draft_depth, args.profile)?;
     let (dir, draft_depth) = (spec.dir, spec.draft_depth);
-    let engine = Engine::load_with(&dir, engine::Profile::named(args.profile))
-        .with_context(|| format!("loading {}", dir.display()))?;
+    let ranks = match &args.hosts {
+        Some(file) => {
+            let hosts = crate::ranks::read_hosts(file)?;
+            let follower = crate::ranks::FollowerArgs { model: &dir, profile: args.profile };
+            Some(crate::ranks::Ranks::start(&hosts, args.backend, follower)?)
+        }
+        None => None,
+    };
+    let engine = Engine::load_split(
+        &dir,
+        engine::Profile::named(args.profile),
+        engine::weight_form::Override::from_env()?,
+        ranks.as_ref().map(crate::ranks::Ranks::group),
+    )
+    .with_context(|| format!("loading {}", dir.display()))?;
+    answer(&engine, args, draft_depth)?;
+    // What the model holds with its caches emptied (split: each rank its part).
+    engine.clear_prompt_cache();
+    crate::ranks::report_memory(&engine);
+    engine.dismiss_followers()?;
+    drop(engine);
+    if let Some(ranks) = ranks {
+        ranks.finish(std::time::Duration::from_secs(10));
+    }
+    Ok(())
+}
+
+fn answer(engine: &Engine, args: Args, draft_depth: usize) -> Result<()> {
     let text = if args.chat {
         let mut extra = serde_json::Map::new();
         if args.no_think {

@@ -8,6 +8,7 @@ mod depth;
 mod dev;
 mod generate;
 mod models;
+mod ranks;
 mod serve;
 mod tune;
 
@@ -56,6 +57,9 @@ enum Command {
     /// Developer tools: make test checkpoints.
     #[command(subcommand)]
     Dev(dev::Command),
+    /// A rank other than 0 of a model split across processes (`--hosts`): started by rank 0.
+    #[command(hide = true)]
+    Follow(ranks::FollowArgs),
 }
 
 fn inspect(dir: &std::path::Path, json: bool) -> anyhow::Result<()> {
@@ -91,6 +95,7 @@ fn main() {
         Command::Serve(args) => serve::run(args),
         Command::Bench(args) => bench::run(args),
         Command::Dev(cmd) => dev::run(cmd),
+        Command::Follow(args) => ranks::follow(args),
         Command::Inspect { dir, json } => inspect(&dir, json),
         Command::Profiles => profiles(),
         Command::Cache(cmd) => cache::run(cmd),

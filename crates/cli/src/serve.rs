@@ -60,6 +60,14 @@ pub struct Args {
     /// follows the request's live acceptance, from the tuned depth + 1 down to plain decoding).
     #[arg(long)]
     fixed_depth: bool,
+    /// Split the model across the ranks this host file lists (mlx.launch's format: a JSON list
+    /// of `{"ssh": host, "ips": [address]}`; this process is the first and serves HTTP).
+    /// Requests then run one at a time, at their draft depth as asked.
+    #[arg(long)]
+    hosts: Option<std::path::PathBuf>,
+    /// The collectives' backend with --hosts.
+    #[arg(long, value_enum, default_value = "ring", requires = "hosts")]
+    backend: crate::ranks::Backend,
     /// Tests only: answer prompts that match a rule of this JSON file with the rule's reply,
     /// enforced token by token on the model's logits (crates/server/src/scripted.rs).
     #[arg(long, hide = true)]
@@ -72,6 +80,17 @@ pub fn run(args: Args) -> Result<()> {
         None => None,
     };
     let model = server::launch::spec(&args.model, &args.draft_depth, args.profile)?;
+    let ranks = match &args.hosts {
+        Some(file) => {
+            let hosts = crate::ranks::read_hosts(file)?;
+            let follower = crate::ranks::FollowerArgs { model: &model.dir, profile: args.profile };
+            let ranks = crate::ranks::Ranks::start(&hosts, args.backend, follower)?;
+            let split = ranks.split(&hosts, args.backend);
+            Some((ranks, split))
+        }
+        None => None,
+    };
+    let split = ranks.as_ref().map(|(_, split)| split.clone());
     let config = server::ServerConfig {
         model_dir: model.dir,
         model_id: Some(args.id.unwrap_or(model.id)),
@@ -87,8 +106,11 @@ pub fn run(args: Args) -> Result<()> {
             profile: engine::Profile::named(args.profile),
             max_output_tokens: args.max_output_tokens.filter(|&n| n > 0),
             memory_budget: args.max_memory_gb.filter(|gb| *gb > 0.0).map(|gb| (gb * 1e9) as u64),
-            prompt_disk: server::launch::prompt_disk(),
-            fixed_depth: args.fixed_depth,
+            // Split, each machine's disk would hold its own blocks, and each rank's timings
+            // would steer the depth its own way.
+            prompt_disk: if split.is_some() { None } else { server::launch::prompt_disk() },
+            fixed_depth: args.fixed_depth || split.is_some(),
+            split,
             scripted,
             ..Default::default()
         },
@@ -97,5 +119,9 @@ pub fn run(args: Args) -> Result<()> {
         resolver: Some(server::launch::resolver()),
         strict_model_names: args.strict_model_names,
     };
-    tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(server::serve(config))
+    let served = tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(server::serve(config));
+    if let Some((ranks, _)) = ranks {
+        ranks.finish(std::time::Duration::from_secs(10));
+    }
+    served
 }

@@ -20,6 +20,15 @@ use crate::batch_cache::BatchCache;
 use crate::error::Result;
 use crate::generate::{Event, Generation};
 
+/// A split model's ranks follow rank 0's requests one at a time ([`crate::lockstep`]): when
+/// each joins or leaves a batch is not something the others could follow.
+fn refuse_split(generation: &Generation) -> Result<()> {
+    if generation.engine().group().is_some() {
+        return Err(crate::error::Error::Request("a model split across ranks runs one request at a time".into()));
+    }
+    Ok(())
+}
+
 /// The running generations, each under the caller's key (a request's id).
 pub struct Batch<'a, K> {
     running: Vec<(K, Generation<'a>)>,
@@ -39,6 +48,7 @@ impl<'a, K: Clone> Batch<'a, K> {
     /// Adds `generation` to the batch from the next step on: a new one is prefilled now, a
     /// started one ([`Generation::can_join_batch`]) goes on plainly.
     pub fn join(&mut self, key: K, mut generation: Generation<'a>) -> Result<()> {
+        refuse_split(&generation)?;
         if !generation.needs_prefill() && !generation.can_join_batch() {
             return Err(crate::error::Error::Request(
                 "a generation joins a batch before it starts or between its steps".into(),
@@ -66,6 +76,7 @@ impl<'a, K: Clone> Batch<'a, K> {
     /// As [`Batch::join`], but a new generation's prompt is prefilled a chunk per step while
     /// others decode; it decodes with them once its prompt is in.
     pub fn queue(&mut self, key: K, mut generation: Generation<'a>) -> Result<()> {
+        refuse_split(&generation)?;
         if !generation.needs_prefill() {
             return self.join(key, generation);
         }

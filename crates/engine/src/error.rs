@@ -33,6 +33,9 @@ pub enum Error {
     /// it, so a server can point at the field without reading the message.
     #[error("request: {field} {message}")]
     Field { field: &'static str, message: String },
+    /// The model is split across ranks and one is gone: nothing runs until it restarts.
+    #[error("the model's distributed group is down: {0}")]
+    GroupDown(String),
     /// The caller stopped a long operation (a tune) before it ended.
     #[error("cancelled: {0}")]
     Cancelled(String),

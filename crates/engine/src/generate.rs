@@ -19,9 +19,11 @@ use serde::Serialize;
 use crate::cache::{Cache, LayerCache};
 use crate::depth_control::CostModel;
 use crate::device::{self, Backend};
+use crate::distributed::Group;
 use crate::error::{Error, Result};
 use crate::forced::ForcedAnswer;
 use crate::grammar::{Constraint, Ended, Grammar, Grammars, Thinking};
+use crate::lockstep::Order;
 use crate::logits::Processors;
 use crate::models::{self, LanguageModel};
 use crate::penalties::Recent;
@@ -32,7 +34,7 @@ use crate::speculative::{SpecStats, Speculator};
 use crate::tokenizer::{StreamDecoder, Tokenizer};
 use crate::weight_form::{self, WeightChoice};
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct GenerateRequest {
     pub prompt: Vec<u32>,
     pub max_tokens: usize,
@@ -168,9 +170,18 @@ pub struct Engine {
     /// When set, a speculating request's depth follows its acceptance under this cost model
     /// ([`Engine::set_depth_control`]).
     depth_costs: Option<CostModel>,
+    /// The distributed group this engine's model is split across, if it is.
+    group: Option<Arc<Group>>,
+    /// Rank 0 told the other ranks it is done ([`Engine::dismiss_followers`]).
+    pub(crate) dismissed: AtomicBool,
 }
 
 impl Engine {
+    /// The distributed group the model is split across (`None`: whole in this process).
+    pub fn group(&self) -> Option<&Group> {
+        self.group.as_deref()
+    }
+
     /// The model (its config, MTP head, forward passes).
     pub fn model(&self) -> &dyn LanguageModel {
         self.model.as_ref()
@@ -238,6 +249,10 @@ impl Engine {
     /// an MTP head has nothing to control.
     pub fn set_depth_control(&mut self, on: bool) -> Result<()> {
         self.depth_costs = None;
+        if on && self.group.is_some() {
+            // Its decisions follow each rank's own timings: the ranks would part ways.
+            return Err(Error::Request("the depth controller cannot run on a model split across ranks".into()));
+        }
         if on && self.model.mtp().is_some() {
             let prompt = synthetic_prompt(self.model.config().vocab_size.max(2) as u32, 32);
             let costs = crate::speculative::measure_costs(self.model.as_ref(), &prompt, 5)?;
@@ -262,7 +277,8 @@ impl Engine {
         self.prompt_cache.lock().map(|c| c.stats()).unwrap_or_default()
     }
 
-    /// A new, empty prompt cache of `bytes` (0 turns it off).
+    /// A new, empty prompt cache of `bytes` (0 turns it off). Split across ranks, every rank
+    /// must set the same budget (their caches must keep the same entries).
     pub fn set_prompt_cache_budget(&mut self, bytes: usize) {
         self.prompt_cache = std::sync::Mutex::new(PromptCache::new(bytes));
     }
@@ -270,6 +286,10 @@ impl Engine {
     /// Gives the prompt cache a disk tier in `root` (shared by every model and process that
     /// uses the folder) of at most `budget` bytes; 0 takes it away.
     pub fn set_prompt_disk(&self, root: &Path, budget: u64) -> Result<()> {
+        if budget > 0 && self.group.is_some() {
+            // Each machine's folder holds its own blocks: the ranks' hits would differ.
+            return Err(Error::Request("the prompt cache's disk tier is off on a model split across ranks".into()));
+        }
         let tier = match budget {
             0 => None,
             _ => Some(
@@ -303,8 +323,11 @@ impl Engine {
         }
     }
 
-    /// Empties the prompt cache (its counters stay).
+    /// Empties the prompt cache (its counters stay); on every rank of a split model.
     pub fn clear_prompt_cache(&self) {
+        if let Err(e) = self.tell_followers(&Order::ClearPromptCache) {
+            tracing::error!("the other ranks could not be told to clear their prompt caches: {e}");
+        }
         if let Ok(mut c) = self.prompt_cache.lock() {
             c.clear();
         }
@@ -361,8 +384,22 @@ impl Engine {
     /// As [`Engine::load_with`], with the quantized weights' form decided by `weights` instead
     /// of `FERRITE_CPU_WEIGHTS` ([`crate::weight_form`]).
     pub fn load_as(dir: &Path, profile: Profile, weights: weight_form::Override) -> Result<Self> {
+        Self::load_split(dir, profile, weights, None)
+    }
+
+    /// As [`Engine::load_as`], holding only this rank's part of the model when `group` is
+    /// given (tensor parallelism: every rank of the group must load the same model and then
+    /// run the same requests in the same order, since each layer sums across them).
+    pub fn load_split(
+        dir: &Path,
+        profile: Profile,
+        weights: weight_form::Override,
+        group: Option<Arc<Group>>,
+    ) -> Result<Self> {
         let backend = device::backend();
-        let (model, weight_form) = models::load_with_form(dir, weights)?;
+        let group = group.filter(|g| g.size() > 1);
+        let shard = group.clone().map(crate::layers::parallel::Shard::new);
+        let (model, weight_form) = models::load_split(dir, weights, shard)?;
         let tokenizer = Tokenizer::load(dir)?;
         tracing::info!(
             "loaded {} from {} on {backend} ({} profile)",
@@ -374,7 +411,9 @@ impl Engine {
             tracing::info!("CPU matmuls run on {}", crate::blas::describe());
         }
         profile.apply_memory_settings(weight_bytes(dir));
-        let kv_bytes_per_token = crate::memory::kv_bytes_per_token(model.as_ref())?;
+        // Split, each rank holds its share of the key/value heads.
+        let ranks = group.as_ref().map_or(1, |g| g.size() as u64);
+        let kv_bytes_per_token = crate::memory::kv_bytes_per_token(model.as_ref())? / ranks;
         let engine = Engine {
             model,
             tokenizer,
@@ -383,14 +422,17 @@ impl Engine {
             weight_form,
             prefill_chunk: profile.prefill_chunk,
             prefill_interleave: profile.prefill_interleave,
-            prompt_cache: std::sync::Mutex::new(PromptCache::new(profile.prompt_cache_bytes(device::total_memory()))),
+            prompt_cache: std::sync::Mutex::new(PromptCache::new(prompt_cache_bytes(&profile, group.as_deref())?)),
             profile,
             spec_totals: Default::default(),
             kv_bytes_per_token,
             grammars: Default::default(),
             depth_costs: None,
+            group,
+            dismissed: AtomicBool::new(false),
         };
-        if engine.profile.warmup {
+        // The other ranks of a split model warm up as they follow rank 0's warm-up.
+        if engine.profile.warmup && engine.leads() {
             engine.warm_up()?;
         }
         Ok(engine)
@@ -441,7 +483,6 @@ impl Engine {
         if request.stop.iter().any(String::is_empty) {
             return Err(Error::Request("a stop string is empty".into()));
         }
-        let sampler = Sampler::new(request.sampling.clone())?;
         let penalties = request.sampling.penalties;
         if let Some(bad) = request.forced_tokens.iter().flatten().find(|&&t| t >= vocab) {
             return Err(Error::Request(format!("forced token id {bad} is outside the vocabulary ({vocab})")));
@@ -452,6 +493,13 @@ impl Engine {
             (None, _) => None,
         };
         let constraint = request.grammar.as_ref().map(|g| self.constraint(g, &request.prompt)).transpose()?;
+        // Split across ranks, every rank runs the request: with rank 0's seed.
+        let mut request = request;
+        if self.group().is_some() && request.sampling.seed.is_none() {
+            request.sampling.seed = Some(crate::sampling::fresh_seed());
+        }
+        self.tell_followers(&Order::Generate(Box::new(request.clone())))?;
+        let sampler = Sampler::new(request.sampling.clone())?;
         let depth = if forced.is_some() && !sampler.is_greedy() { 0 } else { request.draft_depth };
         let spec = match depth {
             0 => None,
@@ -660,8 +708,9 @@ impl Generation<'_> {
     fn prefill_chunk(&mut self, size: usize) -> Result<bool> {
         let model = self.engine.model.as_ref();
         let head = &self.request.prompt[..self.request.prompt.len() - 1];
+        let cancelled = self.cancelled()?;
         let Some(prefill) = &mut self.prefill else { return Ok(false) };
-        if prefill.at >= head.len() || self.cancel.is_cancelled() {
+        if prefill.at >= head.len() || cancelled {
             return Ok(false);
         }
         let size = size.max(1);
@@ -689,7 +738,7 @@ impl Generation<'_> {
         let prefill = self.prefill.take().unwrap_or(Prefill { at: 0, checkpoints: Vec::new() });
         let prompt = self.request.prompt.clone();
         let (head, last) = prompt.split_at(prompt.len() - 1);
-        if prefill.at == head.len() && !head.is_empty() && !self.cancel.is_cancelled() {
+        if prefill.at == head.len() && !head.is_empty() && !self.cancelled()? {
             // The MTP head's cache is kept only when it saw the whole head (one position fewer).
             let mtp = self.spec.as_ref().map(|s| s.mtp_cache()).filter(|m| m.offset() as usize + 1 == head.len());
             self.checkpoints = prefill.checkpoints.clone();
@@ -827,7 +876,7 @@ impl Generation<'_> {
     fn keep_answer_state(&mut self) {
         let fed = self.cache.offset() as usize;
         let prompt = &self.request.prompt;
-        if fed <= prompt.len() || fed > prompt.len() + self.tokens.len() || self.cancel.is_cancelled() {
+        if fed <= prompt.len() || fed > prompt.len() + self.tokens.len() || self.cancelled().unwrap_or(true) {
             return;
         }
         // The head's cache must reach the position before the trunk's last.
@@ -857,12 +906,23 @@ impl Generation<'_> {
         }
     }
 
+    /// The engine this generation runs on.
+    pub fn engine(&self) -> &Engine {
+        self.engine
+    }
+
+    /// Whether this request was cancelled (agreed across the ranks of a split model, see
+    /// [`crate::lockstep`]).
+    fn cancelled(&self) -> Result<bool> {
+        self.engine.agreed_cancel(&self.cancel)
+    }
+
     fn advance(&mut self) -> Result<Event> {
         loop {
             if let Some(reason) = self.finish {
                 return Ok(self.finished(reason));
             }
-            if self.cancel.is_cancelled() {
+            if self.cancelled()? {
                 return Ok(self.finished(FinishReason::Cancelled));
             }
             let token = if self.spec.is_some() {
@@ -1106,7 +1166,33 @@ impl Generation<'_> {
         for event in self.by_ref() {
             event?;
         }
-        Ok(self.tokens)
+        Ok(std::mem::take(&mut self.tokens))
+    }
+}
+
+/// The prompt cache's budget under `profile`; split across ranks, the smallest rank's, so
+/// that every rank keeps and drops the same entries.
+fn prompt_cache_bytes(profile: &Profile, group: Option<&Group>) -> Result<usize> {
+    let mine = profile.prompt_cache_bytes(device::total_memory());
+    let Some(group) = group else { return Ok(mine) };
+    let all = group.all_gather(&Array::from_slice(&[mine as u64 as i64], &[1]))?;
+    group.eval([&all])?;
+    Ok(all.as_slice::<i64>().iter().copied().min().unwrap_or(0).max(0) as usize)
+}
+
+/// A split model's ranks run every request to the same end: rank 0's generation dropped
+/// before its end is cancelled and run out, so the others stop at the same step.
+impl Drop for Generation<'_> {
+    fn drop(&mut self) {
+        if self.done || self.engine.group().is_none_or(|g| g.rank() > 0) {
+            return;
+        }
+        self.cancel.cancel();
+        for event in self.by_ref() {
+            if event.is_err() {
+                break;
+            }
+        }
     }
 }
 
@@ -1118,6 +1204,15 @@ impl Iterator for Generation<'_> {
             return None;
         }
         let event = self.advance();
+        let event = match (event, self.engine.group()) {
+            // A forward pass failed mid-way (a lost rank): its collectives are not to be
+            // waited on again.
+            (Err(Error::Mlx(e)), Some(group)) => {
+                group.mark_broken(&e.to_string());
+                Err(Error::GroupDown(group.broken().unwrap_or_default()))
+            }
+            (event, _) => event,
+        };
         if !matches!(event, Ok(Event::Text(_))) {
             self.done = true;
         }

@@ -17,7 +17,7 @@ use serde_json::Value;
 use crate::error::{Error, Result};
 
 /// What a request's answer must match.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub enum Grammar {
     /// A JSON document valid under this JSON Schema (`{"type": "object"}` for any object).
     JsonSchema(Value),

@@ -22,6 +22,7 @@ pub mod graph;
 pub mod inspect;
 mod laps;
 mod layers;
+mod lockstep;
 mod logits;
 pub mod memory;
 pub mod models;

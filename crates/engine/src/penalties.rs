@@ -15,7 +15,7 @@ use crate::error::{Error, Result};
 /// How many of the latest tokens the penalties look at (mlx-lm's default context size).
 pub const WINDOW: usize = 20;
 
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Penalties {
     /// A repeated token's logit is divided by this when positive, multiplied when negative
     /// (1 = off).

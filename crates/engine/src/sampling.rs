@@ -7,7 +7,7 @@ use mlx_rs::{ops, random, Array};
 use crate::error::{Error, Result};
 use crate::penalties::Penalties;
 
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct SamplingParams {
     pub temperature: f32,
     /// Keep the smallest set of tokens whose probability adds up to `top_p` (1 = off).
@@ -139,7 +139,7 @@ impl Sampler {
     }
 }
 
-fn fresh_seed() -> u64 {
+pub(crate) fn fresh_seed() -> u64 {
     use std::time::{SystemTime, UNIX_EPOCH};
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0)
 }

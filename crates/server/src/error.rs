@@ -49,6 +49,7 @@ impl From<JobError> for ApiError {
             JobError::BadRequest(m) => ApiError::bad_request(m),
             JobError::Busy(m) => ApiError { status: StatusCode::TOO_MANY_REQUESTS, message: m, param: None },
             JobError::Internal(m) => ApiError::internal(m),
+            JobError::Unavailable(m) => ApiError { status: StatusCode::SERVICE_UNAVAILABLE, message: m, param: None },
         }
     }
 }

@@ -279,7 +279,7 @@ pub fn router(state: AppState) -> Router {
         .route("/charts.js", get(ui::charts))
         .route("/vendor/uplot/uPlot.iife.min.js", get(ui::uplot_script))
         .route("/vendor/uplot/uPlot.min.css", get(ui::uplot_style))
-        .route("/health", get(|| async { Json(json!({"status": "ok"})) }))
+        .route("/health", get(health))
         // Claude Code warms its connection with `HEAD /api/hello` (and ignores the answer).
         .route("/api/hello", get(|| async { Json(json!({"status": "ok"})) }))
         .route("/v1/telemetry", get(live::telemetry))
@@ -328,6 +328,17 @@ async fn metrics(State(s): State<AppState>) -> Response {
     let w = &loaded.worker;
     let text = w.metrics.render(w.queue_depth.load(Ordering::SeqCst), w.lifecycle.loaded.load(Ordering::SeqCst));
     ([("content-type", "text/plain; version=0.0.4; charset=utf-8")], text).into_response()
+}
+
+/// `ok`, or a 503 saying why the model cannot answer (a split model's rank is gone).
+async fn health(State(s): State<AppState>) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    match s.loaded().worker.metrics.ranks().down {
+        Some(why) => {
+            (axum::http::StatusCode::SERVICE_UNAVAILABLE, Json(json!({"status": "down", "error": why}))).into_response()
+        }
+        None => Json(json!({"status": "ok"})).into_response(),
+    }
 }
 
 async fn status(State(s): State<AppState>) -> Json<serde_json::Value> {
@@ -388,7 +399,24 @@ pub fn status_json(s: &AppState) -> serde_json::Value {
         "mlx_active_memory_bytes": mlx.active,
         "mlx_cache_memory_bytes": mlx.cache,
         "mlx_cache_limit_bytes": i.profile.cache_limit_bytes(),
+        // Split across ranks (`--hosts`): each rank's host and memory, and whether all are there.
+        "ranks": ranks_json(i, &w.metrics),
     })
+}
+
+/// A split model's ranks for `/v1/status` (`None`: the model is whole here).
+fn ranks_json(info: &worker::ModelInfo, metrics: &metrics::Metrics) -> Option<serde_json::Value> {
+    let (hosts, backend) = info.split.as_ref()?;
+    let seen = metrics.ranks();
+    Some(json!({
+        "count": hosts.len(),
+        "backend": backend,
+        "hosts": hosts,
+        "memory_bytes": seen.memory_bytes,
+        "state": if seen.down.is_some() { "down" } else { "up" },
+        "error": seen.down,
+        "checked_s_ago": seen.checked.map(|t| t.elapsed().as_secs()),
+    }))
 }
 
 /// Turns axum's plain-text rejections (body too large, wrong method…) into JSON errors, in

@@ -46,6 +46,16 @@ pub struct StreamFigures {
     pub tokens_per_s: f64,
 }
 
+/// A split model's ranks as the worker last saw them.
+#[derive(Debug, Clone, Default)]
+pub struct RanksSeen {
+    /// MLX memory in use on each rank, in rank order.
+    pub memory_bytes: Vec<u64>,
+    /// Why the group is down, once it is.
+    pub down: Option<String>,
+    pub checked: Option<std::time::Instant>,
+}
+
 pub struct Metrics {
     /// Tokens generated so far (the live view's rate is its change per second).
     pub tokens: std::sync::atomic::AtomicU64,
@@ -66,6 +76,8 @@ pub struct Metrics {
     live: std::sync::Mutex<Live>,
     /// The engine's prompt cache, as of its last request.
     prompt_cache: std::sync::Mutex<engine::prompt_cache::CacheStats>,
+    /// A split model's ranks, as of the last check.
+    ranks: std::sync::Mutex<RanksSeen>,
     registry: Registry,
     requests: Counter,
     prompt_tokens: Counter,
@@ -105,6 +117,7 @@ impl Metrics {
             max_tokens_clamped: Default::default(),
             live: Default::default(),
             prompt_cache: Default::default(),
+            ranks: Default::default(),
             requests: Counter::default(),
             prompt_tokens: Counter::default(),
             completion_tokens: Counter::default(),
@@ -257,6 +270,28 @@ impl Metrics {
 
     pub fn prompt_cache(&self) -> engine::prompt_cache::CacheStats {
         self.prompt_cache.lock().map(|c| c.clone()).unwrap_or_default()
+    }
+
+    /// What the last check of a split model's ranks found: each rank's memory, or why the
+    /// group is down (kept once down: a group does not come back).
+    pub fn set_ranks(&self, seen: engine::Result<Vec<u64>>) {
+        if let Ok(mut ranks) = self.ranks.lock() {
+            match seen {
+                Ok(memory) if ranks.down.is_none() => ranks.memory_bytes = memory,
+                Ok(_) => {}
+                Err(e) => {
+                    if ranks.down.is_none() {
+                        tracing::error!("the model's other ranks are gone: {e}");
+                    }
+                    ranks.down.get_or_insert(e.to_string());
+                }
+            }
+            ranks.checked = Some(std::time::Instant::now());
+        }
+    }
+
+    pub fn ranks(&self) -> RanksSeen {
+        self.ranks.lock().map(|r| r.clone()).unwrap_or_default()
     }
 
     /// The text exposition, with the gauges read now.

@@ -238,6 +238,14 @@ pub async fn load_model(
         message: "this server was started to serve one model; restart it with another --model".into(),
         param: None,
     })?;
+    if s.worker_options.split.is_some() {
+        return Err(ApiError {
+            status: StatusCode::CONFLICT,
+            message: "this server's model is split across ranks (--hosts): start it again with another model to serve that one"
+                .into(),
+            param: Some("model".into()),
+        });
+    }
     {
         let mut loading = s.loading.lock().map_err(|_| ApiError::internal("loading state poisoned"))?;
         if let Some(other) = loading.as_ref() {

@@ -99,6 +99,8 @@ pub enum JobError {
     BadRequest(String),
     Busy(String),
     Internal(String),
+    /// The server cannot answer now (a split model's rank is gone): a 503.
+    Unavailable(String),
 }
 
 /// Facts about the loaded model that handlers need without asking the worker thread.
@@ -125,6 +127,8 @@ pub struct ModelInfo {
     pub kv_bytes_per_token: u64,
     /// How the model writes a tool call (what a forced call's grammar spells).
     pub call_syntax: CallSyntax,
+    /// Split across ranks: each rank's host and the collectives' backend.
+    pub split: Option<(Vec<String>, String)>,
 }
 
 pub struct Worker {
@@ -213,7 +217,31 @@ pub struct WorkerOptions {
     pub prompt_disk: Option<(PathBuf, u64)>,
     /// Keep each request's draft depth as asked (no runtime depth controller).
     pub fixed_depth: bool,
+    /// The model is split across the ranks of this group (`ferrite serve --hosts`).
+    pub split: Option<Split>,
 }
+
+/// A model split across the ranks of a distributed group, rank 0 serving: the others follow
+/// its requests one at a time (`engine::lockstep`), so requests do not batch, the draft depth
+/// stays as asked and the prompt cache stays in memory; the model is never unloaded (the
+/// others would go with it): while idle, the worker checks every [`HEARTBEAT`] that every rank
+/// is still there, reading their memory.
+#[derive(Clone)]
+pub struct Split {
+    pub group: Arc<engine::distributed::Group>,
+    /// Each rank's host, in rank order.
+    pub hosts: Vec<String>,
+    pub backend: String,
+}
+
+impl std::fmt::Debug for Split {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Split({} ranks over {}: {:?})", self.group.size(), self.backend, self.hosts)
+    }
+}
+
+/// How often an idle split model's worker checks its ranks.
+pub const HEARTBEAT: Duration = Duration::from_secs(5);
 
 /// Jobs that may wait for the engine by default: several agents' turns, not a flood.
 pub const MAX_QUEUED_JOBS: usize = 64;
@@ -275,7 +303,15 @@ impl Worker {
             memory_budget,
             prompt_disk,
             fixed_depth,
+            split,
         } = options;
+        let group = split.as_ref().map(|s| s.group.clone());
+        let mut profile = profile;
+        if split.is_some() {
+            profile.max_sequences = 1;
+        }
+        // A split model stays loaded: its other ranks hold their parts as long as rank 0 does.
+        let idle = if split.is_some() { None } else { idle };
         let (jobs, rx) = mpsc::channel::<Message>();
         let (ready_tx, ready_rx) = mpsc::channel();
         let queue_depth = Arc::new(AtomicUsize::new(0));
@@ -290,7 +326,11 @@ impl Worker {
         let stop_tune = stopping.clone();
         let finished = crate::engine_threads::run(move || {
             // The prompt cache's disk tier: a folder that cannot be used leaves memory only.
+            let split_model = group.is_some();
             let with_disk = |mut engine: Engine| {
+                if split_model {
+                    return engine;
+                }
                 if let Some((root, budget)) = &prompt_disk {
                     if let Err(e) = engine.set_prompt_disk(root, *budget) {
                         tracing::warn!("the prompt cache stays in memory: {e}");
@@ -301,7 +341,11 @@ impl Worker {
                 }
                 engine
             };
-            let engine = match Engine::load_with(&dir, profile.clone()) {
+            let load = || {
+                let form = engine::weight_form::Override::from_env()?;
+                Engine::load_split(&dir, profile.clone(), form, group.clone())
+            };
+            let engine = match load() {
                 Ok(e) => with_disk(e),
                 Err(e) => {
                     let _ = ready_tx.send(Err(anyhow::anyhow!("loading {}: {e}", dir.display())));
@@ -323,7 +367,11 @@ impl Worker {
                 memory_budget: memory_budget.unwrap_or_else(engine::device::total_memory),
                 kv_bytes_per_token: engine.kv_bytes_per_token(),
                 call_syntax: CallSyntax::of(engine.tokenizer()),
+                split: split.as_ref().map(|s| (s.hosts.clone(), s.backend.clone())),
             };
+            if split_model {
+                recorder.set_ranks(engine.rank_memory());
+            }
             life.loaded.store(true, Ordering::SeqCst);
             recorder.set_prompt_cache(engine.prompt_cache_stats());
             let _ = ready_tx.send(Ok(info.clone()));
@@ -342,6 +390,16 @@ impl Worker {
             loop {
                 let message = match deferred.pop_front() {
                     Some(message) => message,
+                    None if split_model => match rx.recv_timeout(HEARTBEAT) {
+                        Ok(message) => message,
+                        Err(mpsc::RecvTimeoutError::Timeout) => {
+                            if let Some(engine) = &engine {
+                                recorder.set_ranks(engine.rank_memory());
+                            }
+                            continue;
+                        }
+                        Err(mpsc::RecvTimeoutError::Disconnected) => break,
+                    },
                     None => match (idle, &engine) {
                         (Some(limit), Some(_)) => match rx.recv_timeout(limit) {
                             Ok(message) => message,
@@ -363,9 +421,7 @@ impl Worker {
                 };
                 let reload = |engine: &mut Option<Engine>| -> Result<(), String> {
                     if engine.is_none() {
-                        let e = Engine::load_with(&dir, profile.clone())
-                            .map(with_disk)
-                            .map_err(|e| format!("reloading the model: {e}"))?;
+                        let e = load().map(with_disk).map_err(|e| format!("reloading the model: {e}"))?;
                         tracing::info!("reloaded {} for a new request", info.id);
                         life.loaded.store(true, Ordering::SeqCst);
                         life.reloads.fetch_add(1, Ordering::SeqCst);
@@ -428,6 +484,9 @@ impl Worker {
                         c.clear();
                     }
                     recorder.set_prompt_cache(engine.prompt_cache_stats());
+                    if split_model {
+                        recorder.set_ranks(engine.rank_memory());
+                    }
                 }
                 life.touch();
             }
@@ -716,6 +775,10 @@ fn start_job<'e>(
     }
     let generation = match engine.generate(job.request.clone(), job.cancel.clone()) {
         Ok(g) => g,
+        Err(e @ engine::Error::GroupDown(_)) => {
+            send(JobEvent::Failed(JobError::Unavailable(e.to_string())));
+            return Err(0);
+        }
         Err(e) => {
             send(JobEvent::Failed(JobError::BadRequest(e.to_string())));
             return Err(0);

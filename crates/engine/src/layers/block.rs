@@ -1,5 +1,6 @@
 use mlx_rs::Array;
 
+use super::parallel::AllSum;
 use super::{Attention, GatedDeltaNet, Mlp, RmsNorm, SparseMoe};
 use crate::batch_cache::{BatchLayer, Step};
 use crate::cache::LayerCache;
@@ -72,18 +73,32 @@ pub struct DecoderLayer {
     pub mixer: Mixer,
     pub post_attention_layernorm: RmsNorm,
     pub mlp: FeedForward,
+    /// Split across ranks, the mixer's and the feed-forward's outputs are this rank's part of
+    /// the sum: summed across the group before each residual.
+    pub sum: AllSum,
 }
 
 impl DecoderLayer {
     pub fn forward(&self, x: &Array, cache: &mut LayerCache) -> Result<Array> {
-        let h = x.add(self.mixer.forward(&self.input_layernorm.forward(x)?, cache)?)?;
-        self.mlp.forward_plus(&self.post_attention_layernorm.forward(&h)?, &h)
+        let mixed = self.mixer.forward(&self.input_layernorm.forward(x)?, cache)?;
+        let h = x.add(self.sum.apply(mixed)?)?;
+        self.feed_forward_plus(&h)
+    }
+
+    /// `h + ffn(norm(h))`, the feed-forward's partial outputs summed first when split.
+    fn feed_forward_plus(&self, h: &Array) -> Result<Array> {
+        let normed = self.post_attention_layernorm.forward(h)?;
+        if self.sum.is_split() {
+            return Ok(h.add(self.sum.apply(self.mlp.forward(&normed)?)?)?);
+        }
+        self.mlp.forward_plus(&normed, h)
     }
 
     /// One decode step of a batch (rows in `layer`, see [`crate::batch_cache`]): norms and
     /// feed-forward (dense or experts) for all rows at once, and the mixer too.
     pub fn forward_batch(&self, x: &Array, layer: &mut BatchLayer, step: &Step) -> Result<Array> {
-        let h = x.add(self.mixer.forward_batch(&self.input_layernorm.forward(x)?, layer, step)?)?;
-        self.mlp.forward_plus(&self.post_attention_layernorm.forward(&h)?, &h)
+        let mixed = self.mixer.forward_batch(&self.input_layernorm.forward(x)?, layer, step)?;
+        let h = x.add(self.sum.apply(mixed)?)?;
+        self.feed_forward_plus(&h)
     }
 }

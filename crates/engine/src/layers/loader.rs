@@ -3,6 +3,7 @@
 //! group size of the config's `quantization` block or its per-layer override.
 
 use super::linear::Packed;
+use super::parallel::{split_error, AllSum, Shard, Split};
 use super::switch::{LongPromptGather, SwitchLinear};
 use super::{Embedding, Linear, Projections, RmsNorm};
 use crate::config::{QuantSpec, Quantization};
@@ -20,6 +21,9 @@ pub struct Loader<'a> {
     /// The dtype quantized matrices are dequantized to at load, if they are
     /// ([`crate::weight_form`]).
     pub dequantize: Option<mlx_rs::Dtype>,
+    /// This process's part of a model split across a distributed group (tensor parallelism),
+    /// or `None`: the whole model.
+    pub shard: Option<Shard>,
 }
 
 /// Projections that read one input, by where they sit.
@@ -136,14 +140,71 @@ impl Loader<'_> {
     }
 
     pub fn linear(&mut self, path: &str, inp: i32, out: i32, bias: bool) -> Result<Linear> {
+        self.linear_split(path, inp, out, bias, None)
+    }
+
+    /// A linear layer of which this rank holds `split` (the whole one with `None`).
+    pub fn linear_split(&mut self, path: &str, inp: i32, out: i32, bias: bool, split: Option<Split>) -> Result<Linear> {
         let bias = if bias { Some(self.weights.take(&format!("{path}.bias"), Some(&[out]))?) } else { None };
+        let bias = match (&split, bias) {
+            (Some(split), Some(b)) => split.bias(b, self.rank())?,
+            (_, bias) => bias,
+        };
         Ok(match self.spec(path)? {
-            Some(spec) => match held(self.dequantize, self.packed(path, &[], out, inp, spec)?, false)? {
-                Held::Dense(weight) => Linear::Dense { weight, bias },
-                Held::Packed(packed) => Linear::Quantized { packed, bias },
-            },
-            None => Linear::Dense { weight: self.weights.take(&format!("{path}.weight"), Some(&[out, inp]))?, bias },
+            Some(spec) => {
+                let packed = self.packed(path, &[], out, inp, spec)?;
+                let packed = self.split_packed(path, packed, split.as_ref())?;
+                match held(self.dequantize, packed, false)? {
+                    Held::Dense(weight) => Linear::Dense { weight, bias },
+                    Held::Packed(packed) => Linear::Quantized { packed, bias },
+                }
+            }
+            None => {
+                let weight = self.weights.take(&format!("{path}.weight"), Some(&[out, inp]))?;
+                Linear::Dense { weight: split_dense(weight, split.as_ref())?, bias }
+            }
         })
+    }
+
+    fn split_packed(&self, path: &str, packed: Packed, split: Option<&Split>) -> Result<Packed> {
+        match split {
+            Some(split) => split.packed(&packed).map_err(|m| split_error(&self.config_path, path, m)),
+            None => Ok(packed),
+        }
+    }
+
+    /// The tensor `name` of `shape`, of which this rank holds `rows` along axis 0 (all of it
+    /// with `None`).
+    pub fn tensor_rows(&mut self, name: &str, shape: &[i32], rows: Option<&[i32]>) -> Result<mlx_rs::Array> {
+        let tensor = self.weights.take(name, Some(shape))?;
+        match rows {
+            Some(rows) => super::parallel::take(&tensor, rows, 0),
+            None => Ok(tensor),
+        }
+    }
+
+    /// This rank's index in its group (0 alone).
+    pub fn rank(&self) -> i32 {
+        self.shard.as_ref().map_or(0, Shard::rank)
+    }
+
+    /// This rank's contiguous part of `n` units (`what`: "attention heads", ...) as (first,
+    /// count): all of them when the model is not split.
+    pub fn part(&self, n: i32, what: &str) -> Result<(i32, i32)> {
+        match &self.shard {
+            Some(shard) => shard.part(n, what).map_err(|m| split_error(&self.config_path, what, m)),
+            None => Ok((0, n)),
+        }
+    }
+
+    /// `make()`'s split when the model is split, else `None` (the whole weight).
+    pub fn split(&self, make: impl FnOnce() -> Split) -> Option<Split> {
+        self.shard.as_ref().map(|_| make())
+    }
+
+    /// The sum across the group that follows this model's row-split projections.
+    pub fn all_sum(&self) -> AllSum {
+        AllSum::new(self.shard.as_ref().map(Shard::group))
     }
 
     pub fn embedding(&mut self, path: &str, vocab: i32, dim: i32) -> Result<Embedding> {
@@ -156,17 +217,28 @@ impl Loader<'_> {
         })
     }
 
-    pub fn switch_linear(&mut self, path: &str, experts: i32, inp: i32, out: i32) -> Result<SwitchLinear> {
+    /// Every expert's projection, of which this rank holds `split` of each expert's matrix.
+    pub fn switch_linear(
+        &mut self,
+        path: &str,
+        experts: i32,
+        inp: i32,
+        out: i32,
+        split: Option<Split>,
+    ) -> Result<SwitchLinear> {
         Ok(match self.spec(path)? {
             // MLX's CPU gather_mm supports only float32.
             Some(spec) => {
-                match held(self.dequantize, self.packed(path, &[experts], out, inp, spec)?, !crate::device::on_gpu())? {
+                let packed = self.packed(path, &[experts], out, inp, spec)?;
+                let packed = self.split_packed(path, packed, split.as_ref())?;
+                match held(self.dequantize, packed, !crate::device::on_gpu())? {
                     Held::Dense(weight) => SwitchLinear::Dense { weight },
                     Held::Packed(packed) => SwitchLinear::Quantized { packed },
                 }
             }
             None => {
-                let mut weight = self.weights.take(&format!("{path}.weight"), Some(&[experts, out, inp]))?;
+                let weight = self.weights.take(&format!("{path}.weight"), Some(&[experts, out, inp]))?;
+                let mut weight = split_dense(weight, split.as_ref())?;
                 // MLX's CPU gather_mm supports only float32 (mlx-lm fails there).
                 if weight.dtype() != mlx_rs::Dtype::Float32 && !crate::device::on_gpu() {
                     weight = weight.as_dtype(mlx_rs::Dtype::Float32)?;
@@ -178,6 +250,13 @@ impl Loader<'_> {
 
     pub fn rms_norm(&mut self, path: &str, dim: i32, eps: f32) -> Result<RmsNorm> {
         Ok(RmsNorm { weight: self.weights.take(&format!("{path}.weight"), Some(&[dim]))?, eps })
+    }
+}
+
+fn split_dense(weight: mlx_rs::Array, split: Option<&Split>) -> Result<mlx_rs::Array> {
+    match split {
+        Some(split) => split.dense(&weight),
+        None => Ok(weight),
     }
 }
 

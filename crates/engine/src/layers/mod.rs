@@ -12,6 +12,7 @@ pub mod measured;
 pub mod mlp;
 pub mod moe;
 pub mod norm;
+pub mod parallel;
 pub mod projections;
 pub mod switch;
 

@@ -10,6 +10,7 @@ use super::MtpHead;
 use crate::config::{ModelConfig, Quantization};
 use crate::error::Result;
 use crate::layers::gated_delta::fused_input_rows;
+use crate::layers::parallel::Split;
 use crate::layers::{DecoderLayer, FeedForward, GatedDeltaNet, JoinGroup, Loader, Mixer, SparseMoe};
 use crate::weights::Weights;
 
@@ -45,6 +46,7 @@ pub fn build(c: &ModelConfig, ld: &mut Loader, layout: InputLayout) -> Result<Tr
                 c.rms_norm_eps,
             )?,
             mlp: feed_forward(c, ld, moe_layer.max(0), &format!("{p}.mlp"))?,
+            sum: ld.all_sum(),
         })
     })?;
     match &model.mtp {
@@ -59,30 +61,56 @@ fn gated_delta(c: &ModelConfig, ld: &mut Loader, p: &str, layout: InputLayout) -
     let (dk, dv, kernel) = (c.linear_key_head_dim, c.linear_value_head_dim, c.linear_conv_kernel_dim);
     let (key_dim, value_dim) = (nk * dk, nv * dv);
     let channels = 2 * key_dim + value_dim;
+    // Split across ranks, each holds a contiguous part of the key heads and the value heads
+    // that read them, with their conv channels, gates and recurrent state.
+    let (k0, nk_here) = ld.part(nk, "linear-attention key heads")?;
+    let (v0, nv_here) = ld.part(nv, "linear-attention value heads")?;
+    let units = |offset: i32, first: i32, count: i32, width: i32| Split::unit_rows(offset, first, count, width);
+    // Channels (q, k, v) in the conv's order.
+    let qkv_rows =
+        || [units(0, k0, nk_here, dk), units(key_dim, k0, nk_here, dk), units(2 * key_dim, v0, nv_here, dv)].concat();
     let inputs = match layout {
         InputLayout::Fused => {
-            let qkvz = ld.linear(&format!("{p}.in_proj_qkvz"), h, 2 * key_dim + 2 * value_dim, false)?;
-            let ba = ld.linear(&format!("{p}.in_proj_ba"), h, 2 * nv, false)?;
-            let ([qkv, z], [b, a]) = fused_input_rows(nk, nv, dk, dv);
+            // Each key head's block: [q, k, its value heads' v, their z] and [b, a].
+            let r = nv / nk;
+            let qkvz_split = ld.split(|| Split::Rows(units(0, k0, nk_here, 2 * dk + 2 * r * dv)));
+            let ba_split = ld.split(|| Split::Rows(units(0, k0, nk_here, 2 * r)));
+            let qkvz =
+                ld.linear_split(&format!("{p}.in_proj_qkvz"), h, 2 * key_dim + 2 * value_dim, false, qkvz_split)?;
+            let ba = ld.linear_split(&format!("{p}.in_proj_ba"), h, 2 * nv, false, ba_split)?;
+            let ([qkv, z], [b, a]) = fused_input_rows(nk_here, nv_here, dk, dv);
             vec![qkvz.take_rows(&qkv)?, qkvz.take_rows(&z)?, ba.take_rows(&b)?, ba.take_rows(&a)?]
         }
-        InputLayout::Split => vec![
-            ld.linear(&format!("{p}.in_proj_qkv"), h, channels, false)?,
-            ld.linear(&format!("{p}.in_proj_z"), h, value_dim, false)?,
-            ld.linear(&format!("{p}.in_proj_b"), h, nv, false)?,
-            ld.linear(&format!("{p}.in_proj_a"), h, nv, false)?,
-        ],
+        InputLayout::Split => {
+            let value_rows = |width: i32| ld.split(|| Split::Rows(units(0, v0, nv_here, width)));
+            let (z_rows, gate_rows) = (value_rows(dv), value_rows(1));
+            vec![
+                ld.linear_split(&format!("{p}.in_proj_qkv"), h, channels, false, ld.split(|| Split::Rows(qkv_rows())))?,
+                ld.linear_split(&format!("{p}.in_proj_z"), h, value_dim, false, z_rows)?,
+                ld.linear_split(&format!("{p}.in_proj_b"), h, nv, false, gate_rows.clone())?,
+                ld.linear_split(&format!("{p}.in_proj_a"), h, nv, false, gate_rows)?,
+            ]
+        }
     };
     let inputs = ld.projections(JoinGroup::Other, inputs)?;
+    let split = ld.shard.is_some();
+    let channel_rows = split.then(qkv_rows);
+    let head_rows = split.then(|| units(0, v0, nv_here, 1));
     Ok(GatedDeltaNet {
         inputs,
-        conv_weight: ld.weights.take(&format!("{p}.conv1d.weight"), Some(&[channels, kernel, 1]))?,
-        dt_bias: ld.weights.take(&format!("{p}.dt_bias"), Some(&[nv]))?,
-        a_log: ld.weights.take(&format!("{p}.A_log"), Some(&[nv]))?,
+        conv_weight: ld.tensor_rows(&format!("{p}.conv1d.weight"), &[channels, kernel, 1], channel_rows.as_deref())?,
+        dt_bias: ld.tensor_rows(&format!("{p}.dt_bias"), &[nv], head_rows.as_deref())?,
+        a_log: ld.tensor_rows(&format!("{p}.A_log"), &[nv], head_rows.as_deref())?,
         norm: ld.rms_norm(&format!("{p}.norm"), dv, c.rms_norm_eps)?,
-        out_proj: ld.linear(&format!("{p}.out_proj"), value_dim, h, false)?,
-        num_k_heads: nk,
-        num_v_heads: nv,
+        out_proj: ld.linear_split(
+            &format!("{p}.out_proj"),
+            value_dim,
+            h,
+            false,
+            ld.split(|| Split::Columns { start: v0 * dv, count: nv_here * dv }),
+        )?,
+        num_k_heads: nk_here,
+        num_v_heads: nv_here,
         head_k_dim: dk,
         head_v_dim: dv,
         kernel,

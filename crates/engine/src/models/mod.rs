@@ -17,6 +17,7 @@ use crate::batch_cache::BatchCache;
 use crate::cache::Cache;
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};
+use crate::layers::parallel::Shard;
 use crate::layers::{Joins, Loader};
 use crate::weight_form::{self, WeightChoice};
 use crate::weights::Weights;
@@ -79,18 +80,21 @@ pub fn load(dir: &Path) -> Result<Box<dyn LanguageModel>> {
 /// one `wanted` names ([`crate::weight_form`]), and says which it is.
 /// Weights larger than the machine's memory cannot run here: refused before anything is
 /// mapped or allocated (`total_memory` 0: unknown, not checked).
-fn check_fits_memory(dir: &Path, total_memory: u64) -> Result<()> {
+/// Split across `ranks`, each holds about its share.
+fn check_fits_memory(dir: &Path, total_memory: u64, ranks: u64) -> Result<()> {
     let mut bytes = 0u64;
     for file in crate::weights::weight_files(dir)? {
         bytes += std::fs::metadata(&file).map_err(|e| crate::error::Error::io(&file, e))?.len();
     }
+    let bytes = bytes / ranks.max(1);
     if total_memory > 0 && bytes > total_memory {
         let gb = |b: u64| b as f64 / 1e9;
         return Err(crate::error::Error::malformed(
             dir,
             format!(
-                "its weights are {:.1} GB, more than this machine's {:.1} GB of memory: it cannot run here",
+                "its weights are {:.1} GB{}, more than this machine's {:.1} GB of memory: it cannot run here",
                 gb(bytes),
+                if ranks > 1 { format!(" for each of {ranks} ranks") } else { String::new() },
                 gb(total_memory)
             ),
         ));
@@ -99,8 +103,19 @@ fn check_fits_memory(dir: &Path, total_memory: u64) -> Result<()> {
 }
 
 pub fn load_with_form(dir: &Path, wanted: weight_form::Override) -> Result<(Box<dyn LanguageModel>, WeightChoice)> {
+    load_split(dir, wanted, None)
+}
+
+/// As [`load_with_form`], holding only `shard`'s part of each layer when given (tensor
+/// parallelism across a distributed group: [`crate::layers::parallel`]).
+pub fn load_split(
+    dir: &Path,
+    wanted: weight_form::Override,
+    shard: Option<Shard>,
+) -> Result<(Box<dyn LanguageModel>, WeightChoice)> {
     let mut config = ModelConfig::load(dir)?;
-    check_fits_memory(dir, crate::device::total_memory())?;
+    let ranks = shard.as_ref().map_or(1, |s| s.size() as u64);
+    check_fits_memory(dir, crate::device::total_memory(), ranks)?;
     let mut weights = Weights::load(dir)?;
     if config.is_hybrid() {
         hybrid::normalize_layout(&mut weights, config.quant.as_mut())?;
@@ -125,6 +140,7 @@ pub fn load_with_form(dir: &Path, wanted: weight_form::Override) -> Result<(Box<
             joins: joins_for(&config)?,
             long_prompt_gather: from_env("FERRITE_LONG_EXPERTS", crate::layers::switch::long_prompt_gather)?,
             dequantize: weight_choice.form.dequantize_to(),
+            shard,
         };
         match config.architecture {
             Architecture::Qwen3 => qwen3::build(&config, &mut loader)?,

@@ -11,6 +11,7 @@ use super::transformer::attention;
 use super::{qwen3, Transformer};
 use crate::config::ModelConfig;
 use crate::error::Result;
+use crate::layers::parallel::Split;
 use crate::layers::switch::SwitchGlu;
 use crate::layers::{FeedForward, Loader, Mixer, Projections, SparseMoe};
 
@@ -41,13 +42,17 @@ pub fn build(config: &ModelConfig, ld: &mut Loader) -> Result<Transformer> {
 
 /// The experts of the MoE block at `path` (`switch_mlp.{gate,up,down}_proj`, stacked).
 pub fn switch_glu(ld: &mut Loader, path: &str, experts: i32, dim: i32, hidden: i32) -> Result<SwitchGlu> {
-    let proj = |ld: &mut Loader, name: &str, inp: i32, out: i32| {
-        ld.switch_linear(&format!("{path}.switch_mlp.{name}"), experts, inp, out)
+    // Split across ranks, every expert keeps a part of its hidden width (as mlx-lm shards).
+    let (first, count) = ld.part(hidden, "expert hidden units")?;
+    let rows = ld.split(|| Split::Rows(Split::unit_rows(0, first, count, 1)));
+    let columns = ld.split(|| Split::Columns { start: first, count });
+    let mut proj = |name: &str, inp: i32, out: i32, split: Option<Split>| {
+        ld.switch_linear(&format!("{path}.switch_mlp.{name}"), experts, inp, out, split)
     };
-    let gate = proj(ld, "gate_proj", dim, hidden)?;
-    let up = proj(ld, "up_proj", dim, hidden)?;
-    let down = proj(ld, "down_proj", hidden, dim)?;
-    SwitchGlu::new(gate, up, down, hidden, ld.long_prompt_gather.clone())
+    let gate = proj("gate_proj", dim, hidden, rows.clone())?;
+    let up = proj("up_proj", dim, hidden, rows)?;
+    let down = proj("down_proj", hidden, dim, columns)?;
+    SwitchGlu::new(gate, up, down, count, ld.long_prompt_gather.clone())
 }
 
 /// Rewrites the Transformers expert layouts of the MoE block at `path` into mlx-lm's stacked

@@ -10,6 +10,7 @@ use crate::cache::Cache;
 use crate::config::ModelConfig;
 use crate::error::Result;
 use crate::layers::attention::Rope;
+use crate::layers::parallel::Split;
 use crate::layers::switch::SORT_FROM;
 use crate::layers::{Attention, DecoderLayer, Embedding, FeedForward, JoinGroup, Linear, Loader, Mixer, RmsNorm};
 
@@ -43,6 +44,7 @@ impl Transformer {
                 mixer: mixer(ld, i, &p)?,
                 post_attention_layernorm: ld.rms_norm(&format!("{p}.post_attention_layernorm"), dim, eps)?,
                 mlp: ffn(ld, i, &p)?,
+                sum: ld.all_sum(),
             });
         }
         let norm = ld.rms_norm("model.norm", dim, eps)?;
@@ -61,11 +63,17 @@ impl Transformer {
 pub fn attention(c: &ModelConfig, ld: &mut Loader, path: &str, output_gate: bool) -> Result<Attention> {
     let (dim, hd, eps, bias) = (c.hidden_size, c.head_dim(), c.rms_norm_eps, c.attention_bias);
     let a = format!("{path}.self_attn");
-    let heads = c.num_attention_heads;
-    let q_width = heads * hd * if output_gate { 2 } else { 1 };
-    let q = ld.linear(&format!("{a}.q_proj"), dim, q_width, bias)?;
-    let k = ld.linear(&format!("{a}.k_proj"), dim, c.num_key_value_heads * hd, bias)?;
-    let v = ld.linear(&format!("{a}.v_proj"), dim, c.num_key_value_heads * hd, bias)?;
+    // Split across ranks, each holds a contiguous part of the query heads and the key/value
+    // heads they read (grouped-query attention keeps its grouping).
+    let (first, heads) = ld.part(c.num_attention_heads, "attention heads")?;
+    let (first_kv, kv_heads) = ld.part(c.num_key_value_heads, "key/value heads")?;
+    let q_rows = if output_gate { 2 * hd } else { hd };
+    let q_split = ld.split(|| Split::Rows(Split::unit_rows(0, first, heads, q_rows)));
+    let q = ld.linear_split(&format!("{a}.q_proj"), dim, c.num_attention_heads * q_rows, bias, q_split)?;
+    let kv_split = ld.split(|| Split::Rows(Split::unit_rows(0, first_kv, kv_heads, hd)));
+    let kv_width = c.num_key_value_heads * hd;
+    let k = ld.linear_split(&format!("{a}.k_proj"), dim, kv_width, bias, kv_split.clone())?;
+    let v = ld.linear_split(&format!("{a}.v_proj"), dim, kv_width, bias, kv_split)?;
     // A gated q_proj holds [q (head_dim), gate (head_dim)] per head: split into the two, so
     // each comes out of the joined matmul contiguous.
     let parts = if output_gate {
@@ -77,11 +85,17 @@ pub fn attention(c: &ModelConfig, ld: &mut Loader, path: &str, output_gate: bool
     };
     Ok(Attention {
         qkv: ld.projections(JoinGroup::Attention, parts)?,
-        o_proj: ld.linear(&format!("{a}.o_proj"), c.num_attention_heads * hd, dim, bias)?,
+        o_proj: ld.linear_split(
+            &format!("{a}.o_proj"),
+            c.num_attention_heads * hd,
+            dim,
+            bias,
+            ld.split(|| Split::Columns { start: first * hd, count: heads * hd }),
+        )?,
         q_norm: ld.rms_norm(&format!("{a}.q_norm"), hd, eps)?,
         k_norm: ld.rms_norm(&format!("{a}.k_norm"), hd, eps)?,
-        n_heads: c.num_attention_heads,
-        n_kv_heads: c.num_key_value_heads,
+        n_heads: heads,
+        n_kv_heads: kv_heads,
         head_dim: hd,
         rope: Rope { dims: c.rope_dims(), base: c.rope_theta(), scale: c.rope_scale()? },
         output_gate,

@@ -1,0 +1,333 @@
+//! `--hosts HOSTS.json`: one model split across several processes, one rank each, through
+//! MLX's distributed layer (tensor parallelism: the engine's `layers::parallel`).
+//!
+//! HOSTS.json is `mlx.launch`'s host file: one entry per rank, `{"ssh": "host", "ips":
+//! ["10.0.0.2"]}`. This process is rank 0 (the first entry is this machine) and starts the
+//! others as `ferrite follow`: on a loopback host (`127.0.0.1`, `localhost`, or no `ssh`) as a
+//! local process, elsewhere over ssh the way `mlx.launch` does (the same `ferrite` path and
+//! model path on every machine). With the ring backend each rank listens on its first IP, on a
+//! free port for loopback hosts and from `FERRITE_RING_PORT` (default 32323) up elsewhere;
+//! with NCCL rank 0's first IP is the rendezvous and each local rank gets its own GPU.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use engine::distributed::Group;
+use serde::Deserialize;
+
+/// One entry of the host file.
+#[derive(Debug, Clone, Deserialize)]
+pub struct Host {
+    /// Where to ssh to start this rank (absent: this machine).
+    #[serde(default)]
+    pub ssh: Option<String>,
+    /// The addresses this rank communicates on (the ring backend uses the first).
+    #[serde(default)]
+    pub ips: Vec<String>,
+}
+
+impl Host {
+    /// Whether this rank runs on this machine.
+    pub fn is_local(&self) -> bool {
+        let loopback =
+            |name: &str| name == "localhost" || name.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback());
+        self.ssh.as_deref().is_none_or(loopback) && self.ips.iter().all(|ip| loopback(ip))
+    }
+}
+
+/// Reads and checks a host file.
+pub fn read_hosts(path: &Path) -> Result<Vec<Host>> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let hosts: Vec<Host> = serde_json::from_str(&text).with_context(|| {
+        format!(
+            "{}: not a host file (a JSON list of {{\"ssh\": host, \"ips\": [address]}}, one per rank)",
+            path.display()
+        )
+    })?;
+    if hosts.len() < 2 {
+        bail!("{}: a split model needs at least 2 ranks, the file lists {}", path.display(), hosts.len());
+    }
+    if let Some(i) = hosts.iter().position(|h| h.ips.is_empty()) {
+        bail!("{}: rank {i} has no \"ips\" (the address it communicates on)", path.display());
+    }
+    Ok(hosts)
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Backend {
+    /// TCP between neighbours (Ethernet, Thunderbolt bridges, loopback).
+    Ring,
+    /// NVIDIA's collectives (CUDA machines).
+    Nccl,
+}
+
+impl Backend {
+    fn name(self) -> &'static str {
+        match self {
+            Backend::Ring => "ring",
+            Backend::Nccl => "nccl",
+        }
+    }
+}
+
+/// What rank 0 needs to start the others: the model and profile they load.
+pub struct FollowerArgs<'a> {
+    pub model: &'a Path,
+    pub profile: engine::ProfileName,
+}
+
+/// The group this process leads, and the ranks it started.
+pub struct Ranks {
+    group: Arc<Group>,
+    followers: Vec<Follower>,
+    /// The ring's address file, removed with this.
+    _dir: tempfile::TempDir,
+}
+
+/// A rank this process started.
+pub struct Follower {
+    pub rank: usize,
+    child: Child,
+}
+
+impl Ranks {
+    /// Starts ranks 1.. of `hosts` as followers and joins the group as rank 0.
+    pub fn start(hosts: &[Host], backend: Backend, follower: FollowerArgs) -> Result<Ranks> {
+        let dir = tempfile::tempdir()?;
+        let mut env: Vec<(String, String)> = Vec::new();
+        let mut hostfile_text = String::new();
+        match backend {
+            Backend::Ring => {
+                hostfile_text = serde_json::to_string(&ring_addresses(hosts)?)?;
+                env.push(("MLX_HOSTFILE".into(), dir.path().join("ring.json").display().to_string()));
+                std::fs::write(dir.path().join("ring.json"), &hostfile_text)?;
+            }
+            Backend::Nccl => {
+                let port = if hosts.iter().all(Host::is_local) { free_ports(1)?[0] } else { base_port()? };
+                env.push(("NCCL_HOST_IP".into(), hosts[0].ips[0].clone()));
+                env.push(("NCCL_PORT".into(), port.to_string()));
+                env.push(("MLX_WORLD_SIZE".into(), hosts.len().to_string()));
+            }
+        }
+        let exe = std::env::current_exe().context("finding this program to start the other ranks")?;
+        let mut followers = Vec::new();
+        for (rank, host) in hosts.iter().enumerate().skip(1) {
+            let mut rank_env = env.clone();
+            rank_env.push(("MLX_RANK".into(), rank.to_string()));
+            if backend == Backend::Nccl {
+                rank_env.push(("CUDA_VISIBLE_DEVICES".into(), local_gpu(hosts, rank).to_string()));
+            }
+            let args = follow_args(backend, &follower);
+            let child = if host.is_local() {
+                let mut command = Command::new(&exe);
+                command.args(&args).envs(rank_env.iter().map(|(k, v)| (k, v)));
+                command.stdin(Stdio::null()).stdout(Stdio::null()).spawn()
+            } else {
+                let ssh = host.ssh.clone().unwrap_or_else(|| host.ips[0].clone());
+                let script = remote_script(&rank_env, &hostfile_text, &exe, &args);
+                Command::new("ssh").arg(&ssh).arg(script).stdin(Stdio::null()).stdout(Stdio::null()).spawn()
+            }
+            .with_context(|| format!("starting rank {rank}"))?;
+            let name = host.ssh.clone().unwrap_or_else(|| host.ips[0].clone());
+            tracing::info!("rank {rank} started on {name} (pid {})", child.id());
+            eprintln!("[rank {rank} started on {name}, pid {}]", child.id());
+            followers.push(Follower { rank, child });
+        }
+        // This process is rank 0: MLX reads the group from the environment.
+        for (key, value) in env.iter().chain([("MLX_RANK".to_string(), "0".to_string())].iter()) {
+            std::env::set_var(key, value);
+        }
+        if backend == Backend::Nccl {
+            std::env::set_var("CUDA_VISIBLE_DEVICES", local_gpu(hosts, 0).to_string());
+        }
+        let group = Group::init(Some(backend.name()), true).context("joining the distributed group as rank 0")?;
+        Ok(Ranks { group: Arc::new(group), followers, _dir: dir })
+    }
+
+    pub fn group(&self) -> Arc<Group> {
+        self.group.clone()
+    }
+
+    /// What the server shows of the group: each rank's host, and the backend.
+    pub fn split(&self, hosts: &[Host], backend: Backend) -> server::worker::Split {
+        server::worker::Split {
+            group: self.group.clone(),
+            hosts: hosts.iter().map(|h| h.ssh.clone().unwrap_or_else(|| h.ips[0].clone())).collect(),
+            backend: backend.name().into(),
+        }
+    }
+
+    /// Waits up to `limit` for the started ranks to end (they do once dismissed), then stops
+    /// those still running.
+    pub fn finish(mut self, limit: Duration) {
+        let started = Instant::now();
+        for f in &mut self.followers {
+            while f.child.try_wait().ok().flatten().is_none() && started.elapsed() < limit {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            if f.child.try_wait().ok().flatten().is_none() {
+                tracing::warn!("rank {} did not end: stopping it", f.rank);
+                let _ = f.child.kill();
+                let _ = f.child.wait();
+            }
+        }
+    }
+}
+
+impl Drop for Ranks {
+    fn drop(&mut self) {
+        for f in &mut self.followers {
+            if f.child.try_wait().ok().flatten().is_none() {
+                let _ = f.child.kill();
+                let _ = f.child.wait();
+            }
+        }
+    }
+}
+
+/// The ring backend's address file: one list of `ip:port` per rank.
+fn ring_addresses(hosts: &[Host]) -> Result<Vec<Vec<String>>> {
+    let local = hosts.iter().all(Host::is_local);
+    let ports = if local {
+        free_ports(hosts.len())?
+    } else {
+        (0..hosts.len() as u16).map(|i| base_port().map(|p| p + i)).collect::<Result<_>>()?
+    };
+    Ok(hosts.iter().zip(ports).map(|(h, port)| vec![format!("{}:{port}", h.ips[0])]).collect())
+}
+
+fn base_port() -> Result<u16> {
+    match std::env::var("FERRITE_RING_PORT") {
+        Ok(text) => text.parse().with_context(|| format!("FERRITE_RING_PORT `{text}` is not a port")),
+        Err(_) => Ok(32323),
+    }
+}
+
+/// `n` distinct free ports on loopback (all held until all are chosen).
+fn free_ports(n: usize) -> Result<Vec<u16>> {
+    let listeners: Vec<_> =
+        (0..n).map(|_| std::net::TcpListener::bind("127.0.0.1:0")).collect::<std::io::Result<_>>()?;
+    Ok(listeners.iter().map(|l| l.local_addr().map(|a| a.port())).collect::<std::io::Result<_>>()?)
+}
+
+/// Which GPU of its machine `rank` takes: its index among the ranks on the same host.
+fn local_gpu(hosts: &[Host], rank: usize) -> usize {
+    let key = |h: &Host| h.ssh.clone().unwrap_or_else(|| h.ips[0].clone());
+    hosts[..rank].iter().filter(|h| key(h) == key(&hosts[rank])).count()
+}
+
+fn follow_args(backend: Backend, follower: &FollowerArgs) -> Vec<String> {
+    vec![
+        "follow".into(),
+        "--model".into(),
+        follower.model.display().to_string(),
+        "--profile".into(),
+        follower.profile.to_string(),
+        "--backend".into(),
+        backend.name().into(),
+    ]
+}
+
+/// The shell line run over ssh for a remote rank: its environment, the ring's address file
+/// written to a temporary file there, then this program with `args` (as `mlx.launch` does).
+fn remote_script(env: &[(String, String)], hostfile: &str, exe: &Path, args: &[String]) -> String {
+    let quote = |s: &str| format!("'{}'", s.replace('\'', r"'\''"));
+    let mut script = String::new();
+    for (key, value) in env.iter().filter(|(k, _)| k != "MLX_HOSTFILE") {
+        script += &format!("export {key}={}; ", quote(value));
+    }
+    if !hostfile.is_empty() {
+        script += &format!("fname=$(mktemp); echo {} > $fname; export MLX_HOSTFILE=$fname; ", quote(hostfile));
+    }
+    let command: Vec<String> = std::iter::once(exe.display().to_string()).chain(args.iter().cloned()).collect();
+    script += &format!("exec {}", command.iter().map(|a| quote(a)).collect::<Vec<_>>().join(" "));
+    script
+}
+
+/// `ferrite follow`: a rank other than 0, started by rank 0 — joins the group, loads its part
+/// of the model and runs what rank 0 orders until dismissed.
+#[derive(clap::Args)]
+pub struct FollowArgs {
+    #[arg(long)]
+    model: PathBuf,
+    #[arg(long, default_value = "sustained")]
+    profile: engine::ProfileName,
+    #[arg(long, value_enum, default_value = "ring")]
+    backend: Backend,
+}
+
+pub fn follow(args: FollowArgs) -> Result<()> {
+    let group = Arc::new(Group::init(Some(args.backend.name()), true).context("joining the distributed group")?);
+    let rank = group.rank();
+    let engine = engine::Engine::load_split(
+        &args.model,
+        engine::Profile::named(args.profile),
+        engine::weight_form::Override::from_env()?,
+        Some(group),
+    )
+    .with_context(|| format!("rank {rank}: loading {}", args.model.display()))?;
+    engine.follow().with_context(|| format!("rank {rank}"))?;
+    report_memory(&engine);
+    Ok(())
+}
+
+/// What this process holds in memory (its part of the weights, once its caches are empty),
+/// on stderr: `[rank R of N holds X MB]`, or `[holds X MB]` for a whole model.
+pub fn report_memory(engine: &engine::Engine) {
+    let held = engine::memory::mlx_memory().active as f64 / 1e6;
+    match engine.group() {
+        Some(group) => eprintln!("[rank {} of {} holds {held:.3} MB]", group.rank(), group.size()),
+        None => eprintln!("[holds {held:.3} MB]"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn host(ssh: Option<&str>, ip: &str) -> Host {
+        Host { ssh: ssh.map(str::to_string), ips: vec![ip.to_string()] }
+    }
+
+    #[test]
+    fn loopback_hosts_run_here_and_others_over_ssh() {
+        assert!(host(None, "127.0.0.1").is_local());
+        assert!(host(Some("localhost"), "127.0.0.1").is_local());
+        assert!(!host(Some("mac-studio"), "10.0.0.2").is_local());
+        assert!(!host(None, "192.168.1.4").is_local());
+    }
+
+    #[test]
+    fn each_local_rank_takes_the_next_gpu_of_its_host() {
+        let hosts = [host(Some("a"), "10.0.0.1"), host(Some("a"), "10.0.0.1"), host(Some("b"), "10.0.0.2")];
+        assert_eq!([0, 1, 2].map(|r| local_gpu(&hosts, r)), [0, 1, 0]);
+    }
+
+    #[test]
+    fn a_remote_rank_gets_its_environment_and_address_file_in_one_quoted_line() {
+        let env = [("MLX_RANK".to_string(), "1".to_string()), ("MLX_HOSTFILE".to_string(), "/tmp/x".to_string())];
+        let script = remote_script(&env, r#"[["10.0.0.1:32323"]]"#, &PathBuf::from("/opt/ferrite"), &["follow".into()]);
+        assert_eq!(
+            script,
+            "export MLX_RANK='1'; fname=$(mktemp); echo '[[\"10.0.0.1:32323\"]]' > $fname; \
+             export MLX_HOSTFILE=$fname; exec '/opt/ferrite' 'follow'"
+        );
+    }
+
+    #[test]
+    fn a_host_file_needs_two_ranks_with_addresses() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("hosts.json");
+        std::fs::write(&file, r#"[{"ssh": "a", "ips": ["10.0.0.1"]}]"#).unwrap();
+        assert!(read_hosts(&file).unwrap_err().to_string().contains("at least 2 ranks"));
+        std::fs::write(&file, r#"[{"ips": ["127.0.0.1"]}, {"ssh": "b"}]"#).unwrap();
+        assert!(read_hosts(&file).unwrap_err().to_string().contains("rank 1 has no \"ips\""));
+        std::fs::write(&file, r#"{"hosts": 2}"#).unwrap();
+        assert!(read_hosts(&file).unwrap_err().to_string().contains("not a host file"));
+        std::fs::write(&file, r#"[{"ips": ["127.0.0.1"]}, {"ips": ["127.0.0.1"]}]"#).unwrap();
+        assert_eq!(read_hosts(&file).unwrap().len(), 2);
+    }
+}

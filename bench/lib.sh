@@ -11,6 +11,7 @@ mkdir -p "$BENCH_DIR"
 case_args() {
   case $1 in
     tiny-4bit) echo --arch qwen3 --preset tiny --bits 4 --group-size 32 ;;
+    small-4bit) echo --arch qwen3 --preset small --bits 4 --group-size 64 ;;
     0.6b-4bit) echo --arch qwen3 --preset 0.6b --bits 4 --group-size 64 ;;
     8b-4bit) echo --arch qwen3 --preset 8b --bits 4 --group-size 64 ;;
     32b-4bit) echo --arch qwen3 --preset 32b --bits 4 --group-size 64 ;;

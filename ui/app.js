@@ -184,6 +184,19 @@ function showDepthControl(c) {
     `changes: ${ch.deeper} deeper, ${ch.shallower} shallower, ${ch.to_plain} to plain, ${ch.from_plain} back`;
 }
 
+// A model split across ranks (`--hosts`): each rank's host and the memory it holds, or why the
+// group is down (a rank was lost: nothing answers until the server restarts).
+function showRanks(r) {
+  const el = $("ranks");
+  el.hidden = !r;
+  if (!r) return;
+  const each = r.hosts.map((host, i) => `rank ${i} ${host} ${r.memory_bytes[i] === undefined ? "?" : bytes(r.memory_bytes[i])}`);
+  el.textContent = r.state === "down"
+    ? `Split across ${r.count} ranks (${r.backend}): down — ${r.error}`
+    : `Split across ${r.count} ranks (${r.backend}): ${each.join(" · ")}`;
+  el.className = r.state === "down" ? "error" : "";
+}
+
 function onUpdate(u) {
   if (u.model !== currentModel) {
     currentModel = u.model;
@@ -205,6 +218,7 @@ function onUpdate(u) {
   $("tps-now").textContent = u.tokens_per_s_now.toFixed(1);
   showStreams(u.streams || [], u.batching);
   showDepthControl(u.last.depth_control);
+  showRanks(u.ranks);
   Charts.update(u);
   const last = u.last;
   if (last.last_decode_tps > 0) {

@@ -227,6 +227,25 @@ test("the depth controller's state is shown while a request speculates", async (
   assert.equal(text[2], false, "shown");
 });
 
+test("a model split across ranks shows each rank's host and memory, and a lost one", async () => {
+  // This test's server runs the model whole (no `ranks`): the line stays hidden; the page is then
+  // shown statuses of a split model (crates/cli/tests/distributed.rs checks the real ones).
+  const text = await page.evaluate(() => {
+    const u = window.__lastStatus;
+    const whole = document.getElementById("ranks").hidden;
+    const ranks = { count: 2, backend: "ring", hosts: ["127.0.0.1", "mac-studio"], memory_bytes: [3 * 2 ** 30, 2.5 * 2 ** 30], state: "up", error: null };
+    window.__showStatus({ ...u, ranks });
+    const up = document.getElementById("ranks").textContent;
+    window.__showStatus({ ...u, ranks: { ...ranks, state: "down", error: "[ring] connection to a peer was lost" } });
+    const el = document.getElementById("ranks");
+    return [whole, up, el.textContent, el.className];
+  });
+  assert.equal(text[0], true, "hidden for a whole model");
+  assert.match(text[1], /Split across 2 ranks \(ring\): rank 0 127\.0\.0\.1 3\.00 GiB · rank 1 mac-studio 2\.50 GiB/);
+  assert.match(text[2], /down — \[ring\] connection to a peer was lost/);
+  assert.equal(text[3], "error");
+});
+
 test("screenshots of the live window, wide and narrow, light and dark", async () => {
   for (const scheme of ["light", "dark"]) {
     await page.emulateMedia({ colorScheme: scheme });

@@ -23,7 +23,7 @@ use crate::distributed::Group;
 use crate::error::{Error, Result};
 use crate::forced::ForcedAnswer;
 use crate::grammar::{Constraint, Ended, Grammar, Grammars, Thinking};
-use crate::lockstep::Order;
+use crate::lockstep::{schedule, Order};
 use crate::logits::Processors;
 use crate::models::{self, LanguageModel};
 use crate::penalties::Recent;
@@ -770,7 +770,7 @@ impl Generation<'_> {
         }
         if let Some(logits) = logits {
             let next = self.choose(logits)?;
-            async_eval([&next])?;
+            schedule(self.engine.model.is_split(), [&next])?;
             self.pending = Some(next);
         }
         Ok(())
@@ -948,7 +948,7 @@ impl Generation<'_> {
                     // the pass runs while the host reads the token and computes the mask.
                     let logits = if more {
                         let l = self.last_logits(&y.index(NewAxis))?;
-                        async_eval([&l])?;
+                        schedule(self.engine.model.is_split(), [&l])?;
                         Some(l)
                     } else {
                         None
@@ -959,7 +959,7 @@ impl Generation<'_> {
                 } else {
                     if more {
                         let next = self.step(&y.index(NewAxis))?;
-                        async_eval([&next])?;
+                        schedule(self.engine.model.is_split(), [&next])?;
                         self.pending = Some(next);
                     }
                     y.try_item_cast::<u32>()?

@@ -13,7 +13,7 @@
 use std::time::{Duration, Instant};
 
 use mlx_rs::ops::indexing::IndexOp;
-use mlx_rs::transforms::{async_eval, eval};
+use mlx_rs::transforms::eval;
 use mlx_rs::{ops, Array, Dtype};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -301,7 +301,7 @@ impl<'m> Speculator<'m> {
                 head_steps += 1;
                 if constraint.is_some() {
                     // The head's next step runs while the host masks the grammar's next state.
-                    async_eval([&g])?;
+                    crate::lockstep::schedule(self.model.is_split(), [&g])?;
                 }
             }
             if let Some(c) = constraint.as_deref_mut() {

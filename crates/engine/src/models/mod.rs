@@ -53,6 +53,10 @@ pub trait LanguageModel: Send {
     fn mtp(&self) -> Option<&MtpHead> {
         None
     }
+    /// Whether this process holds only a part of the model (a rank of a split model).
+    fn is_split(&self) -> bool {
+        false
+    }
 }
 
 pub use mtp::MtpHead;

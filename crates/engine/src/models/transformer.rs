@@ -1,7 +1,6 @@
 //! The decoder-only trunk of the Qwen3 family: embeddings, pre-norm decoder layers, final
 //! norm and the output projection (or the tied embedding table).
 
-use mlx_rs::transforms::async_eval;
 use mlx_rs::Array;
 
 use super::{LanguageModel, MtpHead};
@@ -13,6 +12,7 @@ use crate::layers::attention::Rope;
 use crate::layers::parallel::Split;
 use crate::layers::switch::SORT_FROM;
 use crate::layers::{Attention, DecoderLayer, Embedding, FeedForward, JoinGroup, Linear, Loader, Mixer, RmsNorm};
+use crate::lockstep::schedule;
 
 pub struct Transformer {
     pub config: ModelConfig,
@@ -124,7 +124,7 @@ impl LanguageModel for Transformer {
         for (layer, state) in self.layers.iter().zip(cache.layers.iter_mut()) {
             h = layer.forward(&h, state)?;
             if layerwise {
-                async_eval(std::iter::once(&h).chain(state.state()))?;
+                schedule(self.is_split(), std::iter::once(&h).chain(state.state()))?;
                 if let Some(previous) = running.replace(h.clone()) {
                     previous.eval()?; // scheduled already: this waits for it
                 }
@@ -170,6 +170,10 @@ impl LanguageModel for Transformer {
 
     fn mtp(&self) -> Option<&MtpHead> {
         self.mtp.as_ref()
+    }
+
+    fn is_split(&self) -> bool {
+        self.layers.first().is_some_and(|l| l.sum.is_split())
     }
 
     fn new_cache(&self) -> Cache {

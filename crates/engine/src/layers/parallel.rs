@@ -155,3 +155,71 @@ impl std::fmt::Debug for AllSum {
 pub fn split_error(path: &std::path::Path, what: &str, message: String) -> Error {
     Error::malformed(path, format!("cannot split `{what}` for tensor parallelism: {message}"))
 }
+
+#[cfg(test)]
+mod tests {
+    use mlx_rs::ops::indexing::IndexOp;
+    use mlx_rs::{ops, Array};
+
+    use super::*;
+    use crate::config::QuantSpec;
+
+    fn matrix(rows: i32, cols: i32) -> Array {
+        let values: Vec<f32> = (0..rows * cols).map(|i| ((i * 37 % 101) as f32 - 50.0) / 25.0).collect();
+        Array::from_slice(&values, &[rows, cols])
+    }
+
+    fn packed(w: &Array, group_size: i32, bits: i32) -> Packed {
+        let (weight, scales, biases) = ops::quantize(w, group_size, bits).unwrap();
+        Packed { weight, scales, biases, spec: QuantSpec { group_size, bits } }
+    }
+
+    fn values(a: &Array) -> Vec<f32> {
+        let flat = a.reshape(&[-1]).unwrap();
+        flat.eval().unwrap();
+        flat.as_slice::<f32>().to_vec()
+    }
+
+    fn dequantized(p: &Packed) -> Array {
+        ops::dequantize(&p.weight, &p.scales, &p.biases, p.spec.group_size, p.spec.bits).unwrap()
+    }
+
+    #[test]
+    fn unit_rows_are_a_rank_s_units_of_rows() {
+        assert_eq!(Split::unit_rows(0, 1, 2, 3), vec![3, 4, 5, 6, 7, 8]);
+        assert_eq!(Split::unit_rows(100, 0, 1, 2), vec![100, 101]);
+    }
+
+    /// Each rank's part of a quantized matrix holds exactly those entries of the whole one:
+    /// rows with their scales, columns on whole quantization groups.
+    #[test]
+    fn a_quantized_matrix_splits_into_the_parts_of_its_entries() {
+        let w = matrix(8, 128);
+        let p = packed(&w, 32, 4);
+        let whole = dequantized(&p);
+        let rows = Split::Rows(vec![2, 3, 6]).packed(&p).unwrap();
+        let expected = whole.take_axis(Array::from_slice(&[2, 3, 6], &[3]), 0).unwrap();
+        assert_eq!(values(&dequantized(&rows)), values(&expected));
+        let columns = Split::Columns { start: 64, count: 64 }.packed(&p).unwrap();
+        assert_eq!(values(&dequantized(&columns)), values(&whole.index((.., 64..128))));
+        let dense = Split::Columns { start: 32, count: 32 }.dense(&w).unwrap();
+        assert_eq!(values(&dense), values(&w.index((.., 32..64))));
+    }
+
+    #[test]
+    fn columns_off_the_quantization_groups_are_refused_by_range() {
+        let p = packed(&matrix(4, 128), 64, 4);
+        let err = Split::Columns { start: 32, count: 64 }.packed(&p).unwrap_err();
+        assert!(err.contains("32..96") && err.contains("groups of 64"), "{err}");
+    }
+
+    #[test]
+    fn a_row_split_bias_follows_its_rows_and_a_column_split_one_stays_on_rank_0() {
+        let bias = Array::from_slice(&[1.0f32, 2.0, 3.0, 4.0], &[4]);
+        let rows = Split::Rows(vec![1, 3]).bias(bias.clone(), 1).unwrap().unwrap();
+        assert_eq!(values(&rows), [2.0, 4.0]);
+        let columns = Split::Columns { start: 0, count: 2 };
+        assert_eq!(columns.bias(bias.clone(), 0).unwrap().map(|b| values(&b)), Some(values(&bias)));
+        assert!(columns.bias(bias, 1).unwrap().is_none());
+    }
+}

@@ -19,6 +19,7 @@ case_args() {
     next-tiny-4bit) echo --arch qwen3_next --preset tiny --bits 4 --group-size 32 --mtp ;;
     next-small-4bit) echo --arch qwen3_next --preset small --bits 4 --group-size 32 --mtp ;;
     next-35b-a3b-4bit) echo --arch qwen3_next --preset 35b-a3b --bits 4 --group-size 64 --mtp ;;
+    next-80b-a3b-4bit) echo --arch qwen3_next --preset 80b-a3b --bits 4 --group-size 64 --mtp ;;
     *) echo "unknown case $1" >&2; return 2 ;;
   esac
 }

@@ -7,7 +7,9 @@
 //! local process, elsewhere over ssh the way `mlx.launch` does (the same `ferrite` path and
 //! model path on every machine). With the ring backend each rank listens on its first IP, on a
 //! free port for loopback hosts and from `FERRITE_RING_PORT` (default 32323) up elsewhere;
-//! with NCCL rank 0's first IP is the rendezvous and each local rank gets its own GPU.
+//! with NCCL rank 0's first IP is the rendezvous and each local rank gets its own GPU; with
+//! JACCL (RDMA over Thunderbolt 5) rank 0's first IP coordinates and each host's `"rdma"`
+//! list names the device that reaches each other rank, as `mlx.distributed_config` writes it.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -27,6 +29,10 @@ pub struct Host {
     /// The addresses this rank communicates on (the ring backend uses the first).
     #[serde(default)]
     pub ips: Vec<String>,
+    /// JACCL (RDMA over Thunderbolt 5): the RDMA device that reaches each rank, `null` for
+    /// this rank itself.
+    #[serde(default)]
+    pub rdma: Vec<Option<String>>,
 }
 
 impl Host {
@@ -62,6 +68,8 @@ pub enum Backend {
     Ring,
     /// NVIDIA's collectives (CUDA machines).
     Nccl,
+    /// RDMA over Thunderbolt 5 between Macs (the host file names each link's device).
+    Jaccl,
 }
 
 impl Backend {
@@ -69,6 +77,7 @@ impl Backend {
         match self {
             Backend::Ring => "ring",
             Backend::Nccl => "nccl",
+            Backend::Jaccl => "jaccl",
         }
     }
 }
@@ -97,25 +106,18 @@ impl Ranks {
     /// Starts ranks 1.. of `hosts` as followers and joins the group as rank 0.
     pub fn start(hosts: &[Host], backend: Backend, follower: FollowerArgs) -> Result<Ranks> {
         let dir = tempfile::tempdir()?;
-        let mut env: Vec<(String, String)> = Vec::new();
-        let mut hostfile_text = String::new();
-        match backend {
-            Backend::Ring => {
-                hostfile_text = serde_json::to_string(&ring_addresses(hosts)?)?;
-                env.push(("MLX_HOSTFILE".into(), dir.path().join("ring.json").display().to_string()));
-                std::fs::write(dir.path().join("ring.json"), &hostfile_text)?;
-            }
-            Backend::Nccl => {
-                let port = if hosts.iter().all(Host::is_local) { free_ports(1)?[0] } else { base_port()? };
-                env.push(("NCCL_HOST_IP".into(), hosts[0].ips[0].clone()));
-                env.push(("NCCL_PORT".into(), port.to_string()));
-                env.push(("MLX_WORLD_SIZE".into(), hosts.len().to_string()));
-            }
+        let (env, files) = environment(hosts, backend)?;
+        // Files the environment names: written here for local ranks, by the script for remote ones.
+        let mut local_env = env.clone();
+        for (name, content) in &files {
+            let path = dir.path().join(format!("{name}.json"));
+            std::fs::write(&path, content)?;
+            local_env.push((name.clone(), path.display().to_string()));
         }
         let exe = std::env::current_exe().context("finding this program to start the other ranks")?;
         let mut followers = Vec::new();
         for (rank, host) in hosts.iter().enumerate().skip(1) {
-            let mut rank_env = env.clone();
+            let mut rank_env = if host.is_local() { local_env.clone() } else { env.clone() };
             rank_env.push(("MLX_RANK".into(), rank.to_string()));
             if backend == Backend::Nccl {
                 rank_env.push(("CUDA_VISIBLE_DEVICES".into(), local_gpu(hosts, rank).to_string()));
@@ -127,7 +129,7 @@ impl Ranks {
                 command.stdin(Stdio::null()).stdout(Stdio::null()).spawn()
             } else {
                 let ssh = host.ssh.clone().unwrap_or_else(|| host.ips[0].clone());
-                let script = remote_script(&rank_env, &hostfile_text, &exe, &args);
+                let script = remote_script(&rank_env, &files, &exe, &args);
                 Command::new("ssh").arg(&ssh).arg(script).stdin(Stdio::null()).stdout(Stdio::null()).spawn()
             }
             .with_context(|| format!("starting rank {rank}"))?;
@@ -137,7 +139,7 @@ impl Ranks {
             followers.push(Follower { rank, child });
         }
         // This process is rank 0: MLX reads the group from the environment.
-        for (key, value) in env.iter().chain([("MLX_RANK".to_string(), "0".to_string())].iter()) {
+        for (key, value) in local_env.iter().chain([("MLX_RANK".to_string(), "0".to_string())].iter()) {
             std::env::set_var(key, value);
         }
         if backend == Backend::Nccl {
@@ -231,16 +233,69 @@ fn follow_args(backend: Backend, follower: &FollowerArgs) -> Vec<String> {
     ]
 }
 
-/// The shell line run over ssh for a remote rank: its environment, the ring's address file
-/// written to a temporary file there, then this program with `args` (as `mlx.launch` does).
-fn remote_script(env: &[(String, String)], hostfile: &str, exe: &Path, args: &[String]) -> String {
+/// The environment every rank gets for `backend` (rank and GPU apart), and the files it
+/// names by variable: (variable, content), e.g. the ring's address file.
+type Environment = (Vec<(String, String)>, Vec<(String, String)>);
+
+fn environment(hosts: &[Host], backend: Backend) -> Result<Environment> {
+    let local = hosts.iter().all(Host::is_local);
+    let port = || -> Result<u16> {
+        if local {
+            Ok(free_ports(1)?[0])
+        } else {
+            base_port()
+        }
+    };
+    Ok(match backend {
+        Backend::Ring => (vec![], vec![("MLX_HOSTFILE".into(), serde_json::to_string(&ring_addresses(hosts)?)?)]),
+        Backend::Nccl => (
+            vec![
+                ("NCCL_HOST_IP".into(), hosts[0].ips[0].clone()),
+                ("NCCL_PORT".into(), port()?.to_string()),
+                ("MLX_WORLD_SIZE".into(), hosts.len().to_string()),
+            ],
+            vec![],
+        ),
+        Backend::Jaccl => {
+            check_rdma(hosts)?;
+            let devices: Vec<&Vec<Option<String>>> = hosts.iter().map(|h| &h.rdma).collect();
+            (
+                vec![("MLX_JACCL_COORDINATOR".into(), format!("{}:{}", hosts[0].ips[0], port()?))],
+                vec![("MLX_IBV_DEVICES".into(), serde_json::to_string(&devices)?)],
+            )
+        }
+    })
+}
+
+/// JACCL needs every rank's RDMA device to every other rank (`null` to itself), as
+/// `mlx.distributed_config` writes them.
+fn check_rdma(hosts: &[Host]) -> Result<()> {
+    for (i, h) in hosts.iter().enumerate() {
+        if h.rdma.len() != hosts.len()
+            || h.rdma[i].is_some()
+            || h.rdma.iter().enumerate().any(|(j, d)| j != i && d.is_none())
+        {
+            bail!(
+                "the jaccl backend needs each host's \"rdma\": one device per rank, null for itself \
+                 (rank {i} has {:?}); mlx.distributed_config --backend jaccl writes them",
+                h.rdma
+            );
+        }
+    }
+    Ok(())
+}
+
+/// The shell line run over ssh for a remote rank: its environment, each of `files` written to
+/// a temporary file there and named by its variable, then this program with `args` (as
+/// `mlx.launch` does).
+fn remote_script(env: &[(String, String)], files: &[(String, String)], exe: &Path, args: &[String]) -> String {
     let quote = |s: &str| format!("'{}'", s.replace('\'', r"'\''"));
     let mut script = String::new();
-    for (key, value) in env.iter().filter(|(k, _)| k != "MLX_HOSTFILE") {
+    for (key, value) in env {
         script += &format!("export {key}={}; ", quote(value));
     }
-    if !hostfile.is_empty() {
-        script += &format!("fname=$(mktemp); echo {} > $fname; export MLX_HOSTFILE=$fname; ", quote(hostfile));
+    for (name, content) in files {
+        script += &format!("fname=$(mktemp); echo {} > $fname; export {name}=$fname; ", quote(content));
     }
     let command: Vec<String> = std::iter::once(exe.display().to_string()).chain(args.iter().cloned()).collect();
     script += &format!("exec {}", command.iter().map(|a| quote(a)).collect::<Vec<_>>().join(" "));
@@ -289,7 +344,26 @@ mod tests {
     use super::*;
 
     fn host(ssh: Option<&str>, ip: &str) -> Host {
-        Host { ssh: ssh.map(str::to_string), ips: vec![ip.to_string()] }
+        Host { ssh: ssh.map(str::to_string), ips: vec![ip.to_string()], rdma: vec![] }
+    }
+
+    #[test]
+    fn each_backend_gets_the_environment_mlx_launch_would_give() {
+        let mut hosts = vec![host(Some("a"), "10.0.0.1"), host(Some("b"), "10.0.0.2")];
+        let (env, files) = environment(&hosts, Backend::Ring).unwrap();
+        assert!(env.is_empty());
+        assert_eq!(files, [("MLX_HOSTFILE".to_string(), r#"[["10.0.0.1:32323"],["10.0.0.2:32324"]]"#.to_string())]);
+        let (env, files) = environment(&hosts, Backend::Nccl).unwrap();
+        assert!(files.is_empty());
+        assert!(env.contains(&("NCCL_HOST_IP".into(), "10.0.0.1".into())), "{env:?}");
+        assert!(env.contains(&("MLX_WORLD_SIZE".into(), "2".into())), "{env:?}");
+        let err = environment(&hosts, Backend::Jaccl).unwrap_err().to_string();
+        assert!(err.contains("rank 0 has []"), "{err}");
+        hosts[0].rdma = vec![None, Some("rdma_en3".into())];
+        hosts[1].rdma = vec![Some("rdma_en4".into()), None];
+        let (env, files) = environment(&hosts, Backend::Jaccl).unwrap();
+        assert_eq!(env, [("MLX_JACCL_COORDINATOR".to_string(), "10.0.0.1:32323".to_string())]);
+        assert_eq!(files, [("MLX_IBV_DEVICES".to_string(), r#"[[null,"rdma_en3"],["rdma_en4",null]]"#.to_string())]);
     }
 
     #[test]
@@ -308,8 +382,9 @@ mod tests {
 
     #[test]
     fn a_remote_rank_gets_its_environment_and_address_file_in_one_quoted_line() {
-        let env = [("MLX_RANK".to_string(), "1".to_string()), ("MLX_HOSTFILE".to_string(), "/tmp/x".to_string())];
-        let script = remote_script(&env, r#"[["10.0.0.1:32323"]]"#, &PathBuf::from("/opt/ferrite"), &["follow".into()]);
+        let env = [("MLX_RANK".to_string(), "1".to_string())];
+        let files = [("MLX_HOSTFILE".to_string(), r#"[["10.0.0.1:32323"]]"#.to_string())];
+        let script = remote_script(&env, &files, &PathBuf::from("/opt/ferrite"), &["follow".into()]);
         assert_eq!(
             script,
             "export MLX_RANK='1'; fname=$(mktemp); echo '[[\"10.0.0.1:32323\"]]' > $fname; \

@@ -130,9 +130,18 @@ impl Ranks {
             } else {
                 let ssh = host.ssh.clone().unwrap_or_else(|| host.ips[0].clone());
                 let script = remote_script(&rank_env, &files, &exe, &args);
-                Command::new("ssh").arg(&ssh).arg(script).stdin(Stdio::null()).stdout(Stdio::null()).spawn()
-            }
-            .with_context(|| format!("starting rank {rank}"))?;
+                // BatchMode: a host that wants a password fails at once instead of waiting for one.
+                let mut command = Command::new("ssh");
+                command.args(["-o", "BatchMode=yes"]).arg(&ssh).arg(script);
+                command.stdin(Stdio::null()).stdout(Stdio::null()).spawn()
+            };
+            let child = match child {
+                Ok(child) => child,
+                Err(e) => {
+                    stop_all(&mut followers);
+                    return Err(e).with_context(|| format!("starting rank {rank}"));
+                }
+            };
             let name = host.ssh.clone().unwrap_or_else(|| host.ips[0].clone());
             tracing::info!("rank {rank} started on {name} (pid {})", child.id());
             eprintln!("[rank {rank} started on {name}, pid {}]", child.id());
@@ -145,8 +154,11 @@ impl Ranks {
         if backend == Backend::Nccl {
             std::env::set_var("CUDA_VISIBLE_DEVICES", local_gpu(hosts, 0).to_string());
         }
-        let group = Group::init(Some(backend.name()), true).context("joining the distributed group as rank 0")?;
-        Ok(Ranks { group: Arc::new(group), followers, _dir: dir })
+        let group = join(backend, &mut followers);
+        if group.is_err() {
+            stop_all(&mut followers);
+        }
+        Ok(Ranks { group: Arc::new(group?), followers, _dir: dir })
     }
 
     pub fn group(&self) -> Arc<Group> {
@@ -181,11 +193,45 @@ impl Ranks {
 
 impl Drop for Ranks {
     fn drop(&mut self) {
-        for f in &mut self.followers {
-            if f.child.try_wait().ok().flatten().is_none() {
-                let _ = f.child.kill();
-                let _ = f.child.wait();
+        stop_all(&mut self.followers);
+    }
+}
+
+fn stop_all(followers: &mut [Follower]) {
+    for f in followers {
+        if f.child.try_wait().ok().flatten().is_none() {
+            let _ = f.child.kill();
+            let _ = f.child.wait();
+        }
+    }
+}
+
+/// How long rank 0 waits for the others to join (a remote machine starting its process).
+const JOIN_LIMIT: Duration = Duration::from_secs(120);
+
+/// Joins the group as rank 0. MLX's join waits for the other ranks' connections without end,
+/// so it runs aside while this watches the ranks it started: one that ends first (a failed
+/// ssh, a missing model), or none joining within [`JOIN_LIMIT`], is an error naming it
+/// instead of a hang.
+fn join(backend: Backend, followers: &mut [Follower]) -> Result<Group> {
+    let (joined, result) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = joined.send(Group::init(Some(backend.name()), true));
+    });
+    let started = Instant::now();
+    loop {
+        match result.recv_timeout(Duration::from_millis(100)) {
+            Ok(group) => return group.context("joining the distributed group as rank 0"),
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => bail!("joining the distributed group failed"),
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+        }
+        for f in followers.iter_mut() {
+            if let Some(status) = f.child.try_wait()? {
+                bail!("rank {} ended before joining the group ({status}): see its messages above", f.rank);
             }
+        }
+        if started.elapsed() > JOIN_LIMIT {
+            bail!("the other ranks did not join the group within {} s", JOIN_LIMIT.as_secs());
         }
     }
 }

@@ -362,3 +362,19 @@ fn a_split_model_serves_and_reports_a_lost_rank() {
     let _ = server.kill();
     let _ = server.wait();
 }
+
+/// A rank that cannot start (an unreachable host) is an error naming it, not a wait for it.
+#[test]
+fn a_rank_that_never_joins_is_an_error_naming_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = checkpoint(tmp.path(), "qwen3", &["--dtype", "f32"]);
+    let hosts = tmp.path().join("unreachable.json");
+    let entries = serde_json::json!([{"ips": ["127.0.0.1"]}, {"ssh": "unreachable.invalid", "ips": ["10.255.255.1"]}]);
+    std::fs::write(&hosts, entries.to_string()).unwrap();
+    let started = Instant::now();
+    let out = ferrite(&["generate", "-m", &model, "-p", "hi", "--max-tokens", "4", "--hosts", hosts.to_str().unwrap()]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(stderr.contains("rank 1"), "{stderr}");
+    assert!(started.elapsed() < Duration::from_secs(100), "{:?}", started.elapsed());
+}

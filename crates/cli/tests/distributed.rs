@@ -344,6 +344,9 @@ fn a_split_model_serves_and_reports_a_lost_rank() {
     assert_eq!(ranks["state"], "up", "{ranks}");
     let memory: Vec<u64> = serde_json::from_value(ranks["memory_bytes"].clone()).unwrap();
     assert!(memory.len() == 2 && memory.iter().all(|&b| b > 0), "{ranks}");
+    let (_, metrics) = http(port, "GET", "/metrics", "");
+    assert!(metrics.contains("ferrite_ranks_up 1"), "{metrics}");
+    assert!(metrics.contains("ferrite_rank_memory_bytes{rank=\"1\"}"), "{metrics}");
 
     assert!(Command::new("kill").args(["-9", &pid]).status().unwrap().success());
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -359,6 +362,8 @@ fn a_split_model_serves_and_reports_a_lost_rank() {
     let (status, body) = http(port, "POST", "/v1/completions", ask);
     assert_eq!(status, 503, "{body}");
     assert!(body.contains("down"), "{body}");
+    let (_, metrics) = http(port, "GET", "/metrics", "");
+    assert!(metrics.contains("ferrite_ranks_up 0"), "{metrics}");
     let _ = server.kill();
     let _ = server.wait();
 }

@@ -95,6 +95,9 @@ pub struct Metrics {
     cached_tokens: Counter,
     cache_lookups: Family<Vec<(String, String)>, Gauge>,
     cache_bytes: Family<Vec<(String, String)>, Gauge>,
+    /// A split model: each rank's memory, and whether all ranks are there.
+    rank_memory: Family<Vec<(String, String)>, Gauge>,
+    ranks_up: Gauge,
 }
 
 impl Default for Metrics {
@@ -134,6 +137,13 @@ impl Metrics {
             cached_tokens: Counter::default(),
             cache_lookups: Family::default(),
             cache_bytes: Family::default(),
+            rank_memory: Family::default(),
+            ranks_up: {
+                // A whole model has all its ranks: the one.
+                let up = Gauge::default();
+                up.set(1);
+                up
+            },
             registry: Registry::default(),
         };
         r.register("requests", "Generations finished", m.requests.clone());
@@ -156,6 +166,12 @@ impl Metrics {
         r.register("prompt_cached_tokens", "Prompt tokens restored from the prompt cache", m.cached_tokens.clone());
         r.register("prompt_cache_lookups", "Prompt cache lookups, by result (hit, miss)", m.cache_lookups.clone());
         r.register("prompt_cache_bytes", "Prompt cache: bytes held and the budget, by tier", m.cache_bytes.clone());
+        r.register("rank_memory_bytes", "A split model: MLX memory in use on each rank", m.rank_memory.clone());
+        r.register(
+            "ranks_up",
+            "1 while every rank of the model answers (a whole model: 1), 0 once a split model lost one",
+            m.ranks_up.clone(),
+        );
         Metrics { registry: r, ..m }
     }
 
@@ -287,6 +303,10 @@ impl Metrics {
                 }
             }
             ranks.checked = Some(std::time::Instant::now());
+            self.ranks_up.set(i64::from(ranks.down.is_none()));
+            for (rank, bytes) in ranks.memory_bytes.iter().enumerate() {
+                self.rank_memory.get_or_create(&vec![("rank".to_string(), rank.to_string())]).set(*bytes as i64);
+            }
         }
     }
 

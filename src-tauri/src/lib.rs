@@ -46,6 +46,14 @@ pub fn run() -> anyhow::Result<()> {
     }));
     let app = commands_on(base)
         .setup(move |app| {
+            // SIGTERM or Ctrl-C (a logout, `kill`, a terminal) quits as the menu's Quit does:
+            // listened for before the server starts, so a signal that comes as soon as it
+            // answers is not one the process dies of (the quit runs once setup is done).
+            let handle = app.handle().clone();
+            tauri::async_runtime::spawn(async move {
+                server::interrupted().await;
+                let _ = handle.clone().run_on_main_thread(move || quit(&handle));
+            });
             match serve(&settings) {
                 Ok(ferrite) => app.manage(ferrite),
                 Err(e) => {
@@ -57,12 +65,6 @@ pub fn run() -> anyhow::Result<()> {
             #[cfg(target_os = "macos")]
             app.set_activation_policy(tauri::ActivationPolicy::Accessory);
             tray::install(app.handle())?;
-            // SIGTERM or Ctrl-C (a logout, `kill`, a terminal) quits as the menu's Quit does.
-            let handle = app.handle().clone();
-            tauri::async_runtime::spawn(async move {
-                server::interrupted().await;
-                let _ = handle.clone().run_on_main_thread(move || quit(&handle));
-            });
             if !hidden {
                 open_window(app.handle())?;
             }
@@ -163,7 +165,11 @@ pub fn open_window<R: tauri::Runtime>(app: &tauri::AppHandle<R>) -> tauri::Resul
 
 /// Quit: stop the server, let the engine finish or cancel its step, then exit.
 pub fn quit<R: tauri::Runtime>(app: &tauri::AppHandle<R>) {
-    let ferrite = app.state::<Ferrite>();
+    // No server (it could not start): nothing to stop.
+    let Some(ferrite) = app.try_state::<Ferrite>() else {
+        app.exit(0);
+        return;
+    };
     ferrite.quitting.store(true, std::sync::atomic::Ordering::SeqCst);
     ferrite.stop.notify_one();
     if let Some(w) = app.get_webview_window("main") {

@@ -34,12 +34,19 @@ pub struct CostModel {
 }
 
 impl From<&Costs> for CostModel {
+    /// The measured ratios, held to what cannot be otherwise: a verify pass does at least a
+    /// plain step's work, and more positions never cost less. A noisy measurement (a busy
+    /// machine inflating the plain step) would otherwise make drafts look free, and a head
+    /// whose drafts all fail would keep drafting.
     fn from(c: &Costs) -> Self {
-        CostModel {
-            draft: c.draft_ratio(),
-            verify: (1..=c.verify_s.len()).map(|d| c.verify_ratio(d)).collect(),
-            plain_step_s: c.plain_step_s,
-        }
+        let mut floor = 1.0f64;
+        let verify = (1..=c.verify_s.len())
+            .map(|d| {
+                floor = c.verify_ratio(d).max(floor);
+                floor
+            })
+            .collect();
+        CostModel { draft: c.draft_ratio().max(0.0), verify, plain_step_s: c.plain_step_s }
     }
 }
 
@@ -191,6 +198,18 @@ impl DepthController {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A busy machine inflated the plain step (verifies measured cheaper than it, and not in
+    /// order): the model holds each verify to at least a plain step and to its shallower
+    /// ones, so drafts that are never accepted never look worth it.
+    #[test]
+    fn noisy_costs_never_make_failed_drafts_pay() {
+        let noisy = Costs { plain_step_s: 0.030, draft_step_s: 0.004, verify_s: vec![0.024, 0.047, 0.034, 0.034] };
+        let model = CostModel::from(&noisy);
+        assert_eq!(model.verify[0], 1.0);
+        assert!(model.verify.windows(2).all(|w| w[0] <= w[1]), "{:?}", model.verify);
+        assert!((1..=4).all(|d| model.speedup(d, &[0.0; 4]) < 1.0));
+    }
 
     /// A verify pass costs a little more per position; a draft a fifth of a step.
     fn costs() -> CostModel {

@@ -309,14 +309,17 @@ function showTuning(t, u) {
   if (!t) return;
   const p = t.progress;
   if (t.running && p) {
-    // The warm-up counts its runs; the paired rounds count seconds of the time budget.
-    const measuring = p.phase === "measuring";
+    // The warm-up counts its runs; the paired rounds count seconds of the time budget (the
+    // batching measurement after them shows where they ended).
+    const measuring = p.phase !== "warm-up";
     $("tune-progress").max = measuring ? p.budget_s : p.steps;
     $("tune-progress").value = measuring ? p.elapsed_s : p.step;
     const rep = p.repetition ? `, round ${p.repetition} (${Math.round(p.elapsed_s)} of at most ${Math.round(p.budget_s)} s)` : "";
     const last = p.last_tps ? ` — last ${p.last_tps.toFixed(1)} tok/s` : "";
     const forClass = t.class ? ` for ${t.class}` : "";
-    $("tune-status").textContent = `Tuning ${t.model}${forClass} (${p.phase}): depth ${p.depth}, temperature ${p.temperature}${rep}${last}`;
+    $("tune-status").textContent = p.phase === "batching"
+      ? `Tuning ${t.model}${forClass}: several requests decoding together against one`
+      : `Tuning ${t.model}${forClass} (${p.phase}): depth ${p.depth}, temperature ${p.temperature}${rep}${last}`;
   } else if (t.running) {
     $("tune-status").textContent = `Tuning ${t.model}: starting`;
   } else if (t.verdict) {
@@ -331,7 +334,10 @@ function showTuning(t, u) {
   // Each depth's speed-up over plain decoding with its 95% interval, from the paired rounds.
   $("tune-speedups").textContent = (t.speedups || []).length
     ? `Speed-up over plain decoding (${t.rounds} paired rounds, 95% interval): ` +
-      t.speedups.map((s) => `depth ${s.depth} ${s.speedup.toFixed(2)}x [${s.interval[0].toFixed(2)}–${s.interval[1].toFixed(2)}]`).join(" · ")
+      t.speedups.map((s) => `depth ${s.depth} ${s.speedup.toFixed(2)}x [${s.interval[0].toFixed(2)}–${s.interval[1].toFixed(2)}]`).join(" · ") +
+      ((t.batch_gains || []).length
+        ? ". Requests decoding together, total over one alone: " + t.batch_gains.map((g) => `${g.sequences} ${g.gain.toFixed(2)}x`).join(" · ")
+        : "")
     : "";
   const rows = t.candidates || [];
   $("tune-table").hidden = rows.length === 0;

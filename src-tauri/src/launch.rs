@@ -104,6 +104,7 @@ async fn serve(name: &str, profile: engine::ProfileName, addr: SocketAddr) -> an
             idle: Some(std::time::Duration::from_secs(600)),
             profile: engine::Profile::named(profile),
             prompt_disk: server::launch::prompt_disk(),
+            batch_rule: model.batch_rule,
             ..Default::default()
         },
         cors_origins: server::APP_ORIGINS.iter().map(|o| o.to_string()).collect(),

@@ -112,6 +112,7 @@ pub fn run(args: Args) -> Result<()> {
             fixed_depth: args.fixed_depth || split.is_some(),
             split,
             scripted,
+            batch_rule: model.batch_rule,
             ..Default::default()
         },
         cors_origins: server::APP_ORIGINS.iter().map(|o| o.to_string()).chain(args.cors_origin).collect(),

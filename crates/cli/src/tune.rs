@@ -161,10 +161,27 @@ fn tune_one(
     for s in &measurement.speedups {
         println!("  depth {}: {:.2}x [{:.2}-{:.2}]", s.depth, s.speedup, s.interval[0], s.interval[1]);
     }
+    if !measurement.batch_gains.is_empty() {
+        let gains: Vec<String> =
+            measurement.batch_gains.iter().map(|g| format!("{} together {:.2}x", g.sequences, g.gain)).collect();
+        println!("plain decoding of several requests together, total over one alone: {}", gains.join(", "));
+    }
     match server::launch::judge_and_store(config_dir, key, &measurement, options).map_err(|e| e.to_string())? {
         (Verdict::Refuse { why }, _) => Err(why),
-        (Verdict::Store { depth, why, .. }, path) => {
+        (Verdict::Store { depth, why, speedup, .. }, path) => {
             println!("stored draft depth {depth} for {class} in {}: {why}", path.display());
+            if depth > 0 && !measurement.batch_gains.is_empty() {
+                let rule = engine::batch_rule::BatchRule::new(measurement.batch_gains.clone(), speedup);
+                let max = engine.profile().max_sequences;
+                match rule.batch_from(speedup, max) {
+                    Some(n) => println!(
+                        "the server batches a speculating request with others from {n} requests (below, they wait their turn)"
+                    ),
+                    None => println!(
+                        "speculating alone beats batching up to {max} requests: the others wait their turn"
+                    ),
+                }
+            }
             Ok(())
         }
     }

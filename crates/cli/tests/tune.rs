@@ -59,6 +59,11 @@ fn tune_stores_shows_serves_and_survives_a_corrupt_file() {
             "no row for depth {depth}: {stdout}"
         );
     }
+    // Batching's gains are measured too (the sustained profile decodes up to 4 together).
+    assert!(
+        stdout.contains("plain decoding of several requests together") && stdout.contains("4 together"),
+        "{stdout}"
+    );
     let show = ferrite(&config).args(["tune", "--show"]).output().unwrap();
     let show = String::from_utf8_lossy(&show.stdout);
     assert!(show.contains("model#") && show.contains("sustained") && show.contains("depth 0"), "{show}");
@@ -82,6 +87,11 @@ fn tune_stores_shows_serves_and_survives_a_corrupt_file() {
     let _ = server.kill();
     let _ = server.wait();
     assert!(status.contains("\"draft_depth\":0") && status.contains("tuned 20"), "{status}");
+    let body = status.split_once("\r\n\r\n").map_or("", |(_, body)| body);
+    let status: serde_json::Value = serde_json::from_str(body).unwrap();
+    let rule = &status["batching"]["speculation_or_batch"];
+    assert_eq!(rule["measured"], true, "the server did not read the tuned gains: {rule}");
+    assert_eq!(rule["batch_gains"].as_array().map(Vec::len), Some(2), "2 and 4 together: {rule}");
 
     std::fs::write(config.join("tuning.json"), "{ broken").unwrap();
     let show = ferrite(&config).args(["tune", "--show"]).output().unwrap();

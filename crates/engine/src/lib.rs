@@ -4,6 +4,7 @@
 mod architecture;
 pub mod batch;
 pub mod batch_cache;
+pub mod batch_rule;
 pub mod blas;
 pub mod cache;
 #[cfg(feature = "dev")]

@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
+use crate::batch_rule::{measure_gains, BatchGain};
 use crate::generate::{Engine, GenerateRequest};
 use crate::speculative::{SpecStats, MAX_DRAFT_DEPTH};
 use crate::workload::{PromptClass, WorkloadClass};
@@ -99,6 +100,10 @@ pub struct Measurement {
     pub elapsed_s: f64,
     /// Why the machine looked busy during the measurement, if it did.
     pub busy: Option<String>,
+    /// Plain decoding of several sequences together against one alone, measured after the
+    /// depths (the server's rule for a speculating request when others come:
+    /// [`crate::batch_rule`]); empty where requests never decode together.
+    pub batch_gains: Vec<BatchGain>,
 }
 
 impl Measurement {
@@ -258,8 +263,37 @@ pub fn measure(
         Ok(total)
     };
     let started = Instant::now();
-    measure_with(max_depth, options, run, || started.elapsed(), busy, progress)
+    let mut progress = progress;
+    let mut last = Progress::default();
+    let mut measurement = measure_with(
+        max_depth,
+        options,
+        run,
+        || started.elapsed(),
+        busy,
+        |p: &Progress| {
+            last = p.clone();
+            progress(p)
+        },
+    )?;
+    // Batching's gains matter where a request may speculate while others wait.
+    let sizes: Vec<usize> = BATCH_SIZES.into_iter().filter(|&n| n <= engine.profile().max_sequences).collect();
+    if max_depth > 0 && !sizes.is_empty() && engine.group().is_none() {
+        let at = Progress { phase: "batching", elapsed_s: started.elapsed().as_secs_f64(), last_tps: None, ..last };
+        if !progress(&at) {
+            return Err(crate::Error::Cancelled("tuning stopped; nothing stored".into()));
+        }
+        let tokens = options.gen_tokens.clamp(8, BATCH_TOKENS);
+        measurement.batch_gains = measure_gains(engine, &prompts, &sizes, tokens, BATCH_ROUNDS)?;
+    }
+    Ok(measurement)
 }
+
+/// The batch sizes the tuner measures (up to the profile's limit), the tokens each sequence
+/// decodes and the paired rounds.
+const BATCH_SIZES: [usize; 3] = [2, 4, 8];
+const BATCH_TOKENS: usize = 64;
+const BATCH_ROUNDS: usize = 3;
 
 /// The measurement itself, on any runner and clock (tests give it planted timings): one
 /// discarded pass over every depth and temperature (kernels compile there), then paired
@@ -380,7 +414,15 @@ pub fn measure_with(
             Speedup { depth, speedup: mean.exp(), interval: [(mean - half).exp(), (mean + half).exp()] }
         })
         .collect();
-    Ok(Measurement { candidates, speedups, outcome, rounds, elapsed_s: at.elapsed_s, busy: busy_seen })
+    Ok(Measurement {
+        candidates,
+        speedups,
+        outcome,
+        rounds,
+        elapsed_s: at.elapsed_s,
+        busy: busy_seen,
+        batch_gains: Vec::new(),
+    })
 }
 
 /// Rounds measured at most, whatever the budget (a clock that does not move cannot loop).

@@ -263,7 +263,12 @@ fn tuning_reports_progress_and_stops_when_asked() {
     .unwrap();
     // 5 candidates (depth 0..4) warmed up, then paired rounds (at least 2) until a verdict or
     // the 2 s budget.
-    let last = seen.last().unwrap();
+    // Then batching's gains (the profile decodes up to 4 together).
+    let batching = seen.last().unwrap();
+    assert_eq!((batching.step, batching.steps, batching.phase), (5, 5, "batching"));
+    assert_eq!(m.batch_gains.iter().map(|g| g.sequences).collect::<Vec<_>>(), [2, 4]);
+    assert!(m.batch_gains.iter().all(|g| g.gain > 0.0), "{:?}", m.batch_gains);
+    let last = &seen[seen.len() - 2];
     assert_eq!((last.step, last.steps, last.phase), (5, 5, "measuring"));
     assert!(
         seen.windows(2).all(|w| w[0].step <= w[1].step && w[0].elapsed_s <= w[1].elapsed_s),

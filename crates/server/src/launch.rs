@@ -5,6 +5,7 @@
 use std::path::Path;
 
 use anyhow::Result;
+use engine::batch_rule::{BatchGain, BatchRule};
 use engine::workload::WorkloadClass;
 use engine::ProfileName;
 use store::tuning::{model_identity, TuningFile, TuningKey};
@@ -57,6 +58,26 @@ pub fn class_depths(dir: &Path, profile: ProfileName) -> Vec<(WorkloadClass, usi
             Some((class, found.depth))
         })
         .collect()
+}
+
+/// When a speculating request hands itself to a batch (`engine::batch_rule`): batching's gains
+/// as tuned on this machine for this model folder and profile (the overall result's, else the
+/// latest class result's), against the overall result's speed-up. Untuned: always.
+pub fn batch_rule(dir: &Path, profile: ProfileName) -> BatchRule {
+    let (file, _) = TuningFile::load(&store::config::config_dir());
+    let key = tuning_key(dir, profile);
+    let overall = file.find(&key);
+    let same_model = |r: &&store::tuning::TunedResult| {
+        r.key.machine == key.machine && r.key.model == key.model && r.key.profile == key.profile
+    };
+    let gains = overall
+        .filter(|r| !r.batch_gains.is_empty())
+        .or_else(|| {
+            file.results.iter().filter(same_model).filter(|r| !r.batch_gains.is_empty()).max_by_key(|r| r.measured_at)
+        })
+        .map(|r| r.batch_gains.iter().map(|&(sequences, gain)| BatchGain { sequences, gain }).collect())
+        .unwrap_or_default();
+    BatchRule::new(gains, overall.map_or(1.0, |r| r.speedup))
 }
 
 /// The stored depth for this machine, model folder and profile, with where it came from.
@@ -116,6 +137,7 @@ pub fn spec(name: &str, draft_depth_arg: &str, profile: ProfileName) -> Result<M
     let (draft_depth, draft_depth_source) = draft_depth(draft_depth_arg, &model.dir, profile)?;
     // A depth given on the command line holds for every request; `auto` takes each class's.
     let class_depths = if draft_depth_arg == "auto" { class_depths(&model.dir, profile) } else { Vec::new() };
+    let batch_rule = batch_rule(&model.dir, profile);
     Ok(ModelSpec {
         dir: model.dir,
         id: model.id,
@@ -123,6 +145,7 @@ pub fn spec(name: &str, draft_depth_arg: &str, profile: ProfileName) -> Result<M
         draft_depth,
         draft_depth_source,
         class_depths,
+        batch_rule,
     })
 }
 
@@ -176,6 +199,7 @@ pub fn judge_and_store(
                 .unwrap_or(0),
             first_acceptance: measurement.first_acceptance(),
             measurement: serde_json::to_value(measurement)?,
+            batch_gains: measurement.batch_gains.iter().map(|g| (g.sequences, g.gain)).collect(),
         };
         file.replace(result).map_err(|e| anyhow::anyhow!("{}: {e}", file.path.display()))?;
     }
@@ -202,6 +226,7 @@ mod tests {
             measured_at,
             first_acceptance: vec![],
             measurement: serde_json::Value::Null,
+            batch_gains: vec![],
         }
     }
 

@@ -107,6 +107,8 @@ pub struct ModelSpec {
     pub draft_depth: usize,
     pub draft_depth_source: String,
     pub class_depths: Vec<(WorkloadClass, usize)>,
+    /// When a speculating request decodes together with others (the tuner's measurement).
+    pub batch_rule: engine::batch_rule::BatchRule,
 }
 
 /// Turns a model name (catalog id, alias, folder…) and the runtime profile it will run with
@@ -377,8 +379,10 @@ pub fn status_json(s: &AppState) -> serde_json::Value {
             "memory_share": i.profile.batch_memory_share,
             "prefill_interleave_tokens": i.profile.prefill_interleave,
             "rule": "a request alone decodes with speculation (its draft depth); when others come it joins them between \
-                     its cycles, and requests decoding together decode plainly, one pass a step for all; a newcomer's \
+                     its cycles once batching them beats its speed-up (speculation_or_batch; until then they wait their \
+                     turn), and requests decoding together decode plainly, one pass a step for all; a newcomer's \
                      prompt is prefilled prefill_interleave_tokens a step while the others decode",
+            "speculation_or_batch": speculation_or_batch(&w.batch_rule(), i.profile.max_sequences),
         },
         "uptime_s": s.started.elapsed().as_secs(),
         "loaded": w.lifecycle.loaded.load(Ordering::SeqCst),
@@ -401,6 +405,24 @@ pub fn status_json(s: &AppState) -> serde_json::Value {
         "mlx_cache_limit_bytes": i.profile.cache_limit_bytes(),
         // Split across ranks (`--hosts`): each rank's host and memory, and whether all are there.
         "ranks": ranks_json(i, &w.metrics),
+    })
+}
+
+/// The rule that decides whether a speculating request takes in the others or they wait: the
+/// tuner's measured gains of batching, the tuned speed-up, and from how many requests they
+/// decode together at that speed-up.
+fn speculation_or_batch(rule: &engine::batch_rule::BatchRule, max_sequences: usize) -> serde_json::Value {
+    json!({
+        "measured": !rule.gains.is_empty(),
+        "batch_gains": rule.gains,
+        "tuned_speedup": rule.tuned_speedup,
+        "batch_from": rule.batch_from(rule.tuned_speedup, max_sequences),
+        "why": if rule.gains.is_empty() {
+            "untuned: requests decode together as soon as others come (`ferrite tune` measures batching's gains)"
+        } else {
+            "tuned: a speculating request takes in the others once their number's gain reaches its speed-up \
+             (its live estimate from the depth controller, else tuned_speedup)"
+        },
     })
 }
 

@@ -31,6 +31,9 @@ pub struct TuneState {
     /// Each depth's speed-up over plain decoding with its 95% interval, and the rounds measured.
     pub speedups: Option<Vec<Speedup>>,
     pub rounds: Option<usize>,
+    /// Plain decoding of several requests together, total over one alone (the server's rule
+    /// for a speculating request when others come).
+    pub batch_gains: Option<Vec<engine::batch_rule::BatchGain>>,
     /// The workload class measured (`code/greedy`, …), or none: one depth for every request.
     pub class: Option<String>,
     pub verdict: Option<Verdict>,
@@ -158,8 +161,10 @@ pub async fn start(State(s): State<AppState>, body: Bytes) -> Result<(StatusCode
         let (dir, profile) = (info.dir.clone(), info.profile.name);
         let config_dir = state.store.config_dir.clone().unwrap_or_else(store::config::config_dir);
         let candidates = measurement.candidates.clone();
+        let gains = measurement.batch_gains.clone();
         if let Ok(mut t) = shared.lock() {
             t.speedups = Some(measurement.speedups.clone());
+            t.batch_gains = Some(measurement.batch_gains.clone());
             t.rounds = Some(measurement.rounds);
         }
         let judged = tokio::task::spawn_blocking(move || {
@@ -176,8 +181,11 @@ pub async fn start(State(s): State<AppState>, body: Bytes) -> Result<(StatusCode
         .await;
         match judged {
             Ok(Ok((verdict, _))) => {
-                if let Verdict::Store { depth, why, .. } = &verdict {
+                if let Verdict::Store { depth, why, speedup, .. } = &verdict {
                     use_new_depth(&state, &loaded, class, *depth, why);
+                    if class.is_none() && !gains.is_empty() {
+                        loaded.worker.set_batch_rule(engine::batch_rule::BatchRule::new(gains, *speedup));
+                    }
                 }
                 finish(&shared, Some(candidates), Some(verdict), None);
             }

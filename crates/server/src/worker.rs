@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
+use engine::batch_rule::BatchRule;
 use engine::tokenizer::ChatMessage;
 use engine::{CancelToken, Engine, Event, GenerateRequest, Profile, Summary};
 use tokio::sync::mpsc as tmpsc;
@@ -146,6 +147,8 @@ pub struct Worker {
     pub info: ModelInfo,
     pub lifecycle: Arc<Lifecycle>,
     pub metrics: Arc<Metrics>,
+    /// See [`WorkerOptions::batch_rule`]; a new tune replaces it while the model runs.
+    batch_rule: Arc<std::sync::RwLock<BatchRule>>,
 }
 
 /// What the idle watchdog does when its time is up.
@@ -219,6 +222,9 @@ pub struct WorkerOptions {
     pub fixed_depth: bool,
     /// The model is split across the ranks of this group (`ferrite serve --hosts`).
     pub split: Option<Split>,
+    /// When a speculating request decodes together with the others that came (the tuner's
+    /// measurement for this model; default: always).
+    pub batch_rule: BatchRule,
 }
 
 /// A model split across the ranks of a distributed group, rank 0 serving: the others follow
@@ -304,8 +310,11 @@ impl Worker {
             prompt_disk,
             fixed_depth,
             split,
+            batch_rule,
         } = options;
         let group = split.as_ref().map(|s| s.group.clone());
+        let batch_rule = Arc::new(std::sync::RwLock::new(batch_rule));
+        let rule_now = batch_rule.clone();
         let mut profile = profile;
         if split.is_some() {
             profile.max_sequences = 1;
@@ -451,11 +460,15 @@ impl Worker {
                     continue;
                 }
                 if let Some(engine) = &engine {
-                    // Alone a request speculates as it asks; with others waiting, or when it
-                    // would decode plainly anyway, it runs in a batch that later ones join (a
-                    // speculating one joins it between cycles when others come).
+                    // Alone a request speculates as it asks; when it would decode plainly
+                    // anyway, or with others waiting where batching them beats its tuned
+                    // speed-up, it runs in a batch that later ones join (a speculating one
+                    // joins it between cycles when enough others come: `run_job`).
+                    let rule = rule_now.read().map(|r| r.clone()).unwrap_or_default();
+                    let waiting = depth.load(Ordering::SeqCst);
                     let together = info.profile.max_sequences > 1
-                        && (job.request.draft_depth == 0 || depth.load(Ordering::SeqCst) > 0);
+                        && (job.request.draft_depth == 0
+                            || (waiting > 0 && rule.batch_pays(1 + waiting, rule.tuned_speedup)));
                     let first = if together {
                         match start_job(engine, &info, &recorder, scripted.as_deref(), job, true) {
                             Ok(started) => Some(started),
@@ -468,7 +481,7 @@ impl Worker {
                         if let Ok(mut c) = running.lock() {
                             *c = vec![job.cancel.clone()];
                         }
-                        match run_job(engine, &info, &recorder, scripted.as_deref(), job, &depth) {
+                        match run_job(engine, &info, &rule, &recorder, scripted.as_deref(), job, &depth) {
                             Solo::Ended(used) => {
                                 engine.after_request(used);
                                 None
@@ -505,7 +518,20 @@ impl Worker {
             info,
             lifecycle,
             metrics,
+            batch_rule,
         })
+    }
+
+    /// When a speculating request decodes together with others, now.
+    pub fn batch_rule(&self) -> BatchRule {
+        self.batch_rule.read().map(|r| r.clone()).unwrap_or_default()
+    }
+
+    /// Replaces the rule (a tune just measured this machine).
+    pub fn set_batch_rule(&self, rule: BatchRule) {
+        if let Ok(mut r) = self.batch_rule.write() {
+            *r = rule;
+        }
     }
 
     /// Queues a job (FIFO).
@@ -653,6 +679,7 @@ enum Solo<'e> {
 fn run_job<'e>(
     engine: &'e Engine,
     info: &ModelInfo,
+    rule: &BatchRule,
     metrics: &'e Metrics,
     scripted: Option<&ScriptedReplies>,
     job: Job,
@@ -669,9 +696,15 @@ fn run_job<'e>(
         if let Some(used) = on_event(&mut live, engine, metrics, event) {
             return Solo::Ended(used);
         }
-        let others = info.profile.max_sequences > 1 && waiting.load(Ordering::SeqCst) > 0;
-        if others && generation.can_join_batch() {
-            return Solo::Joins(Box::new((live, generation)));
+        let others = waiting.load(Ordering::SeqCst);
+        if info.profile.max_sequences > 1 && others > 0 && generation.can_join_batch() {
+            // What speculation gives this request now: its depth controller's live estimate,
+            // else the tuned speed-up (the batch's gain is measured against plain decoding).
+            let speedup = generation.depth_control().map_or(rule.tuned_speedup, |c| c.expected_speedup);
+            let together = (1 + others).min(info.profile.max_sequences);
+            if rule.batch_pays(together, speedup) {
+                return Solo::Joins(Box::new((live, generation)));
+            }
         }
     }
     Solo::Ended(live.prompt_tokens)

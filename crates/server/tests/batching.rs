@@ -7,8 +7,10 @@ mod common;
 use std::time::Duration;
 
 use common::{chat, post, start};
+use engine::batch_rule::{BatchGain, BatchRule};
 use futures_util::StreamExt;
 use serde_json::{json, Value};
+use server::worker::WorkerOptions;
 
 fn prompt(i: usize) -> Value {
     let texts = ["Write a function.", "Sort a list in Rust.", "Parse a TOML file.", "Explain a mutex."];
@@ -175,4 +177,65 @@ async fn a_speculating_request_takes_in_a_newcomer() {
     let (content, last) = stream_content(&sse);
     assert_eq!(content, alone_long, "the speculating request, handed to the batch");
     assert_eq!(last["timings"]["draft_depth"], 2, "{last}");
+}
+
+/// Where the tuner measured that two requests decoding together gain less than a speculating
+/// request's speed-up, the newcomer waits its turn (in the queue, as the status shows) instead
+/// of slowing the speculating one to plain decoding, and answers what it answers alone.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_newcomer_waits_where_speculation_out_gains_the_batch() {
+    let gains = vec![BatchGain { sequences: 2, gain: 1.2 }, BatchGain { sequences: 4, gain: 1.5 }];
+    // A fixed depth: the tuned speed-up (1.8) is what the rule weighs, not the random head's.
+    let options = WorkerOptions { fixed_depth: true, batch_rule: BatchRule::new(gains, 1.8), ..Default::default() };
+    let s = common::start_hybrid_with(options, common::speculate).await;
+    let status: Value = reqwest::get(format!("{}/v1/status", s.base)).await.unwrap().json().await.unwrap();
+    let rule = &status["batching"]["speculation_or_batch"];
+    assert_eq!(rule["measured"], true, "{rule}");
+    assert_eq!(rule["batch_from"], Value::Null, "1.5x at 4 never reaches 1.8x: {rule}");
+
+    let short = prompt(2);
+    let (code, v) = post(&s, "/v1/chat/completions", &short).await;
+    assert_eq!(code, 200, "{v}");
+    let alone_short = v["choices"][0]["message"]["content"].as_str().unwrap().to_string();
+    let long = chat(json!({"max_tokens": 800, "ignore_eos": true, "reasoning_effort": "none", "stream": true}));
+    let r = reqwest::Client::new().post(format!("{}/v1/chat/completions", s.base)).json(&long).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    let mut stream = r.bytes_stream();
+    stream.next().await.unwrap().unwrap();
+    let long_done = tokio::spawn(async move {
+        while let Some(chunk) = stream.next().await {
+            chunk.unwrap();
+        }
+        std::time::Instant::now()
+    });
+    let newcomer = {
+        let base = s.base.clone();
+        tokio::spawn(async move {
+            let v: Value = reqwest::Client::new()
+                .post(format!("{base}/v1/chat/completions"))
+                .json(&short)
+                .send()
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+            (v, std::time::Instant::now())
+        })
+    };
+    let mut waited = false;
+    for _ in 0..400 {
+        let status: Value = reqwest::get(format!("{}/v1/status", s.base)).await.unwrap().json().await.unwrap();
+        assert_eq!(status["batching"]["decoding_together"], 0, "the newcomer was batched: {status}");
+        if status["batching"]["waiting"] == 1 {
+            waited = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert!(waited, "the newcomer never showed as waiting");
+    let (v, newcomer_done) = newcomer.await.unwrap();
+    let long_done = long_done.await.unwrap();
+    assert_eq!(v["choices"][0]["message"]["content"].as_str(), Some(alone_short.as_str()), "{v}");
+    assert!(newcomer_done > long_done, "the newcomer answered before the speculating request ended");
 }

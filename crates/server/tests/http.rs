@@ -470,8 +470,8 @@ async fn a_click_starts_another_model() {
             aliases: vec!["h".into()],
             draft_depth: 2,
             draft_depth_source: "test".into(),
-
             class_depths: Vec::new(),
+            batch_rule: Default::default(),
         })
     });
     // The embedding program is told of each model started, with the name it was asked for;

@@ -127,8 +127,8 @@ async fn everything_at_once_then_back_to_idle() {
             aliases: vec![],
             draft_depth: 0,
             draft_depth_source: "test".into(),
-
             class_depths: Vec::new(),
+            batch_rule: Default::default(),
         })
     });
     let s = common::start_configured(None, Default::default(), move |state| {

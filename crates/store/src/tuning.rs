@@ -33,6 +33,10 @@ pub struct TunedResult {
     pub first_acceptance: Vec<(f32, f64)>,
     /// The whole measurement, for `ferrite tune --show`.
     pub measurement: serde_json::Value,
+    /// Plain decoding of n sequences together against one alone, as (n, total rate over one's)
+    /// (the server's rule for a speculating request when others come).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub batch_gains: Vec<(usize, f64)>,
 }
 
 #[derive(Debug, Default, Serialize, Deserialize)]
@@ -136,6 +140,7 @@ mod tests {
             measured_at: 0,
             first_acceptance: vec![(0.0, 0.9)],
             measurement: serde_json::json!({}),
+            batch_gains: vec![],
         }
     }
 

@@ -53,10 +53,15 @@ pub async fn start_configured(
 
 /// A server on a hybrid model with an MTP head (speculative decoding, tuning).
 pub async fn start_hybrid(configure: impl FnOnce(&mut AppState)) -> Server {
+    start_hybrid_with(WorkerOptions::default(), configure).await
+}
+
+/// As [`start_hybrid`], its worker started with `options`.
+pub async fn start_hybrid_with(options: WorkerOptions, configure: impl FnOnce(&mut AppState)) -> Server {
     let mut o = MakeOptions::new(Architecture::Qwen35, "tiny");
     o.mtp = true;
     o.dtype = checkpoint::Dtype::Float32;
-    start_checkpoint(&o, None, WorkerOptions::default(), configure).await
+    start_checkpoint(&o, None, options, configure).await
 }
 
 pub async fn start_checkpoint(

@@ -91,18 +91,22 @@ fn gpu_available() -> bool {
     rc == 0 && available
 }
 
-/// MLX's CUDA backend keeps the CUDA graphs it captured (400 by default) and stops with an
-/// error ("Cache thrashing is happening") when it misses too often: batched decoding
-/// (`batch.rs`), where each row attends over keys of its own length, meets more shapes than
-/// that. A constructor run before `main` raises the default to 8000 (what the H200 runs used),
-/// unless the user set `MLX_CUDA_GRAPH_CACHE_SIZE`; MLX reads it when the GPU is first used.
+/// MLX's CUDA backend keeps the CUDA graphs it captured (400 by default) and the cuDNN
+/// attention graphs it built (256), and stops with an error ("Cache thrashing is happening")
+/// once a process has missed twice that many in its life: batched decoding (`batch.rs`) meets
+/// many graph shapes, and every prompt length is an attention shape of its own
+/// (`layers/sdpa.rs` keeps decoding's shapes away from cuDNN). A constructor run before `main`
+/// raises both defaults to 8000 and turns the check off where MLX offers that, unless the user
+/// set them; MLX reads them when the GPU is first used.
 #[cfg(target_os = "linux")]
 extern "C" fn raise_cuda_graph_cache(_: libc::c_int, _: *const *const libc::c_char, _: *const *const libc::c_char) {
     // SAFETY: this runs before main, while the program has one thread, so nothing reads the
-    // environment meanwhile; both strings are NUL-terminated literals, and `overwrite = 0`
+    // environment meanwhile; the strings are NUL-terminated literals, and `overwrite = 0`
     // keeps a value the user set.
     unsafe {
         libc::setenv(c"MLX_CUDA_GRAPH_CACHE_SIZE".as_ptr(), c"8000".as_ptr(), 0);
+        libc::setenv(c"MLX_CUDA_SDPA_CACHE_SIZE".as_ptr(), c"8000".as_ptr(), 0);
+        libc::setenv(c"MLX_ENABLE_CACHE_THRASHING_CHECK".as_ptr(), c"0".as_ptr(), 0);
     }
 }
 

@@ -1,9 +1,10 @@
 //! Grouped-query attention with per-head q/k RMSNorm and RoPE (Qwen3), optionally with the
 //! sigmoid output gate and partial rotary embeddings of the hybrid models' full-attention layers.
 
-use mlx_rs::fast::{self, ScaledDotProductAttentionMask};
+use mlx_rs::fast;
 use mlx_rs::Array;
 
+use super::sdpa::{self, Mask};
 use super::{Linear, Projections, RmsNorm};
 use crate::batch_cache::{BatchKv, Step};
 use crate::cache::KvCache;
@@ -57,8 +58,8 @@ impl Attention {
         let q = self.rope.forward_rows(&q, &step.offsets)?;
         let k = self.rope.forward_rows(&k, &step.offsets)?;
         let (k, v) = kv.update_and_fetch(&k, &v, step.column)?;
-        let mask = step.mask.as_ref().map(ScaledDotProductAttentionMask::Array);
-        let o = fast::scaled_dot_product_attention(&q, &k, &v, self.scale(), mask, None)?;
+        let mask = step.mask.as_ref().map_or(Mask::None, Mask::Keep);
+        let o = sdpa::attention(&q, &k, &v, self.scale(), mask)?;
         self.output(&o, gate.as_ref())
     }
 
@@ -101,7 +102,7 @@ impl Attention {
         let (k, v) = cache.update_and_fetch(&k, v)?;
         // MLX's causal mode aligns the mask to the end of the keys, so it is right after a
         // cached prefix too; a single new position needs no mask.
-        let mask = (q.dim(2) > 1).then_some(ScaledDotProductAttentionMask::Causal);
-        Ok(fast::scaled_dot_product_attention(&q, &k, &v, self.scale(), mask, None)?)
+        let mask = if q.dim(2) > 1 { Mask::Causal } else { Mask::None };
+        sdpa::attention(&q, &k, &v, self.scale(), mask)
     }
 }

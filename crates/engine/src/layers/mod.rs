@@ -14,6 +14,7 @@ pub mod moe;
 pub mod norm;
 pub mod parallel;
 pub mod projections;
+pub mod sdpa;
 pub mod switch;
 
 pub use attention::Attention;

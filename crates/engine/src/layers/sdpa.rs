@@ -1,0 +1,117 @@
+//! Attention's core, softmax(q·kᵀ·scale, masked)·v, for q, k, v as [batch, heads, positions,
+//! head_dim] (k and v with fewer heads under grouped-query attention).
+//!
+//! MLX's fused kernel runs it everywhere but in one case. On CUDA, MLX gives a few-query shape
+//! (a verify pass's positions, a batch's masked decode step) to cuDNN, which builds a graph
+//! for every new key length — so for every step, since the keys grow by one — spending a
+//! step's worth of host time on the build and, once a process has met 512 key lengths,
+//! stopping with "Cache thrashing is happening". Those shapes are written here as the
+//! matmuls and softmax MLX's own fallback uses, on CUDA only (Metal's vector kernels take
+//! them as they are).
+
+use mlx_rs::fast::{self, ScaledDotProductAttentionMask};
+use mlx_rs::{ops, Array};
+
+use crate::device::{backend, Backend};
+use crate::error::Result;
+
+/// Which key positions each query may see.
+pub enum Mask<'a> {
+    /// All of them (one new position after its cache).
+    None,
+    /// Causal, aligned to the end of the keys (the new positions follow a cached prefix).
+    Causal,
+    /// True where a query may attend, broadcast against [batch, heads, queries, keys].
+    Keep(&'a Array),
+}
+
+/// The most queries the written-out form takes on CUDA (a verify pass's or a decode step's;
+/// a prompt's chunks go to cuDNN, one graph per chunk shape).
+const FEW_QUERIES: i32 = 16;
+
+pub fn attention(q: &Array, k: &Array, v: &Array, scale: f32, mask: Mask<'_>) -> Result<Array> {
+    let queries = q.dim(2);
+    let few = queries <= FEW_QUERIES && (queries > 1 || matches!(mask, Mask::Keep(_)));
+    if few && on_cuda() {
+        return written_out(q, k, v, scale, mask);
+    }
+    let mask = match mask {
+        Mask::None => None,
+        Mask::Causal => Some(ScaledDotProductAttentionMask::Causal),
+        Mask::Keep(keep) => Some(ScaledDotProductAttentionMask::Array(keep)),
+    };
+    Ok(fast::scaled_dot_product_attention(q, k, v, scale, mask, None)?)
+}
+
+fn on_cuda() -> bool {
+    static CUDA: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *CUDA.get_or_init(|| backend() == Backend::Cuda)
+}
+
+/// The same attention as matmuls and a softmax (in float32, as MLX's fused kernels and its
+/// fallback compute it), query heads grouped over their key/value head.
+pub fn written_out(q: &Array, k: &Array, v: &Array, scale: f32, mask: Mask<'_>) -> Result<Array> {
+    let (batch, heads, queries, dim) = (q.dim(0), q.dim(1), q.dim(2), q.dim(3));
+    let (kv_heads, keys) = (k.dim(1), k.dim(2));
+    let group = heads / kv_heads;
+    let q =
+        q.multiply(Array::from_f32(scale).as_dtype(q.dtype())?)?.reshape(&[batch, kv_heads, group, queries, dim])?;
+    let k = k.expand_dims(2)?;
+    let v = v.expand_dims(2)?;
+    let scores = q.matmul(&k.swap_axes(-1, -2)?)?; // [batch, kv_heads, group, queries, keys]
+    let keep = match mask {
+        Mask::None => None,
+        Mask::Causal => {
+            // Query i sits at key position keys - queries + i.
+            let rows = ops::arange::<_, i32>(keys - queries, keys, None)?.reshape(&[queries, 1])?;
+            let columns = ops::arange::<_, i32>(0, keys, None)?;
+            Some(columns.le(&rows)?)
+        }
+        Mask::Keep(keep) => Some(keep.expand_dims(2)?),
+    };
+    let scores = match keep {
+        Some(keep) => {
+            let hidden = Array::from_f32(f32::NEG_INFINITY).as_dtype(scores.dtype())?;
+            ops::select(&keep, &scores, &hidden)?
+        }
+        None => scores,
+    };
+    let weights = ops::softmax_axis(&scores, -1, true)?;
+    let out = weights.matmul(&v)?;
+    Ok(out.reshape(&[batch, heads, queries, dim])?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use mlx_rs::random;
+
+    fn close(a: &Array, b: &Array) -> f32 {
+        a.subtract(b).unwrap().abs().unwrap().max(None).unwrap().item_cast::<f32>()
+    }
+
+    fn qkv(queries: i32, keys: i32) -> (Array, Array, Array) {
+        let n =
+            |seed: u64, shape: &[i32]| random::normal::<f32>(shape, None, None, &random::key(seed).unwrap()).unwrap();
+        (n(1, &[2, 8, queries, 64]), n(2, &[2, 2, keys, 64]), n(3, &[2, 2, keys, 64]))
+    }
+
+    #[test]
+    fn the_written_out_form_matches_the_fused_kernel() {
+        let scale = 0.125;
+        // A verify pass of 4 positions after 29 cached ones, causal.
+        let (q, k, v) = qkv(4, 33);
+        let fused = fast::scaled_dot_product_attention(&q, &k, &v, scale, ScaledDotProductAttentionMask::Causal, None);
+        assert!(close(&written_out(&q, &k, &v, scale, Mask::Causal).unwrap(), &fused.unwrap()) < 1e-5);
+        // A batch's decode step: one query per row, the first row's first 5 keys padding.
+        let (q, k, v) = qkv(1, 12);
+        let pads = Array::from_slice(&[5, 0], &[2, 1, 1, 1]);
+        let keep = ops::arange::<_, i32>(0, 12, None).unwrap().ge(&pads).unwrap();
+        let fused =
+            fast::scaled_dot_product_attention(&q, &k, &v, scale, ScaledDotProductAttentionMask::Array(&keep), None);
+        assert!(close(&written_out(&q, &k, &v, scale, Mask::Keep(&keep)).unwrap(), &fused.unwrap()) < 1e-5);
+        // One position, nothing masked.
+        let fused = fast::scaled_dot_product_attention(&q, &k, &v, scale, None, None);
+        assert!(close(&written_out(&q, &k, &v, scale, Mask::None).unwrap(), &fused.unwrap()) < 1e-5);
+    }
+}

@@ -239,6 +239,8 @@ impl<'a, K: Clone> Batch<'a, K> {
                 events.push((key.clone(), Ok(event)));
             }
         }
+        // Every row's next token in one launch.
+        async_eval(self.running.iter().filter_map(|(_, generation)| generation.pending()))?;
         Ok(events)
     }
 }

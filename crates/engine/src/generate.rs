@@ -764,16 +764,25 @@ impl Generation<'_> {
 
     /// Once `token` is read back: the grammar advances over it, and with `logits` (the step
     /// after it, already running) the next token is drawn and scheduled.
-    fn schedule_after(&mut self, token: u32, logits: Option<Array>) -> Result<()> {
+    /// `now`: start computing the next token at once; else the caller does (a batch starts
+    /// all its rows' together: one launch a step instead of one a row).
+    fn schedule_after(&mut self, token: u32, logits: Option<Array>, now: bool) -> Result<()> {
         if let Some(c) = &mut self.constraint {
             c.accept(token)?;
         }
         if let Some(logits) = logits {
             let next = self.choose(logits)?;
-            schedule(self.engine.model.is_split(), [&next])?;
+            if now {
+                schedule(self.engine.model.is_split(), [&next])?;
+            }
             self.pending = Some(next);
         }
         Ok(())
+    }
+
+    /// The next token drawn but not read yet (a batch schedules its rows' at once).
+    pub(crate) fn pending(&self) -> Option<&Array> {
+        self.pending.as_ref()
     }
 
     /// The grammar's mask for the next token (-inf outside the allowed tokens); `None` without
@@ -954,7 +963,7 @@ impl Generation<'_> {
                         None
                     };
                     let token = y.try_item_cast::<u32>()?;
-                    self.schedule_after(token, logits)?;
+                    self.schedule_after(token, logits, true)?;
                     token
                 } else {
                     if more {
@@ -1135,8 +1144,9 @@ impl<'a> Generation<'a> {
     /// Takes the token the step read back: the grammar advances over it; with `logits` (the
     /// step that follows it) the next token is scheduled. Returns its text and, when it ended
     /// the answer, the last event.
+    /// The caller schedules the next token ([`Generation::pending`]).
     pub(crate) fn after_step(&mut self, token: u32, logits: Option<Array>) -> Result<Vec<Event>> {
-        self.schedule_after(token, logits)?;
+        self.schedule_after(token, logits, false)?;
         let out = self.take(token)?;
         let mut events = Vec::new();
         if !out.is_empty() {

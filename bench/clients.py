@@ -79,6 +79,9 @@ def run(base, model, n, max_tokens, temperature):
         t.join()
     if len(streams) < n:
         raise RuntimeError(f"{base}: {n - len(streams)} of {n} streams failed")
+    silent = sum(1 for s in streams if s["end"] is None)
+    if silent:
+        raise RuntimeError(f"{base}: {silent} of {n} streams ended without a single event")
     # The run ends with the last stream's last event: a random-weight checkpoint's tokens may
     # decode to no text (ids its small tokenizer lacks), so text chunks cannot time it.
     begin = min(s["sent"] for s in streams)
@@ -107,11 +110,21 @@ def main():
     for label, base, model in servers:
         for n in counts if a.warm_tokens else []:  # warm-up: every batch shape once
             run(base, model, n, a.warm_tokens, a.temperature)
+    # A server that fails a run (mlx_lm.server's generation thread can die under a hybrid
+    # model's batch) gets an error line and no more runs; the others go on.
+    failed = set()
     for r in range(a.rounds):
         for n in counts:
             for label, base, model in servers:
-                print(json.dumps({"server": label, "round": r + 1, "temperature": a.temperature,
-                                  **run(base, model, n, a.max_tokens, a.temperature)}), flush=True)
+                if label in failed:
+                    continue
+                line = {"server": label, "round": r + 1, "temperature": a.temperature}
+                try:
+                    line.update(run(base, model, n, a.max_tokens, a.temperature))
+                except (RuntimeError, OSError) as e:
+                    failed.add(label)
+                    line.update({"clients": n, "error": str(e)})
+                print(json.dumps(line), flush=True)
 
 
 if __name__ == "__main__":

@@ -68,6 +68,11 @@ pub struct Profile {
     /// reserve (each request its prompt and longest answer); a newcomer beyond it waits until
     /// others end. A request alone may use all of it.
     pub batch_memory_share: f64,
+    /// Seconds a speculating request keeps the model to itself while others wait, where the
+    /// tuner measured that its speculation gains more than batching them
+    /// (`engine::batch_rule`); then they decode together anyway. Longer serves more tokens a
+    /// second; shorter brings the waiting ones' first token sooner.
+    pub speculation_hold_s: f64,
 }
 
 impl Profile {
@@ -84,6 +89,7 @@ impl Profile {
                 max_sequences: 4,
                 prefill_interleave: 256,
                 batch_memory_share: 0.5,
+                speculation_hold_s: 6.0,
             },
             ProfileName::Turbo => Profile {
                 name,
@@ -96,6 +102,7 @@ impl Profile {
                 max_sequences: 8,
                 prefill_interleave: 512,
                 batch_memory_share: 0.9,
+                speculation_hold_s: 3.0,
             },
         }
     }
@@ -179,6 +186,7 @@ mod tests {
             "max_sequences",
             "prefill_interleave",
             "batch_memory_share",
+            "speculation_hold_s",
         ] {
             assert!(k.get(field).is_some(), "{field} missing from {k}");
         }

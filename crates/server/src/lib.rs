@@ -379,10 +379,10 @@ pub fn status_json(s: &AppState) -> serde_json::Value {
             "memory_share": i.profile.batch_memory_share,
             "prefill_interleave_tokens": i.profile.prefill_interleave,
             "rule": "a request alone decodes with speculation (its draft depth); when others come it joins them between \
-                     its cycles once batching them beats its speed-up (speculation_or_batch; until then they wait their \
-                     turn), and requests decoding together decode plainly, one pass a step for all; a newcomer's \
+                     its cycles once batching them beats its speed-up or they have waited the profile's hold \
+                     (speculation_or_batch; until then they wait their turn), and requests decoding together decode plainly, one pass a step for all; a newcomer's \
                      prompt is prefilled prefill_interleave_tokens a step while the others decode",
-            "speculation_or_batch": speculation_or_batch(&w.batch_rule(), i.profile.max_sequences),
+            "speculation_or_batch": speculation_or_batch(&w.batch_rule(), &i.profile),
         },
         "uptime_s": s.started.elapsed().as_secs(),
         "loaded": w.lifecycle.loaded.load(Ordering::SeqCst),
@@ -411,17 +411,18 @@ pub fn status_json(s: &AppState) -> serde_json::Value {
 /// The rule that decides whether a speculating request takes in the others or they wait: the
 /// tuner's measured gains of batching, the tuned speed-up, and from how many requests they
 /// decode together at that speed-up.
-fn speculation_or_batch(rule: &engine::batch_rule::BatchRule, max_sequences: usize) -> serde_json::Value {
+fn speculation_or_batch(rule: &engine::batch_rule::BatchRule, profile: &engine::Profile) -> serde_json::Value {
     json!({
         "measured": !rule.gains.is_empty(),
         "batch_gains": rule.gains,
         "tuned_speedup": rule.tuned_speedup,
-        "batch_from": rule.batch_from(rule.tuned_speedup, max_sequences),
+        "batch_from": rule.batch_from(rule.tuned_speedup, profile.max_sequences),
+        "hold_s": profile.speculation_hold_s,
         "why": if rule.gains.is_empty() {
             "untuned: requests decode together as soon as others come (`ferrite tune` measures batching's gains)"
         } else {
             "tuned: a speculating request takes in the others once their number's gain reaches its speed-up \
-             (its live estimate from the depth controller, else tuned_speedup)"
+             (its live estimate from the depth controller, else tuned_speedup), or once they have waited hold_s"
         },
     })
 }

@@ -691,18 +691,26 @@ fn run_job<'e>(
     };
     metrics.generating.store(true, Ordering::SeqCst);
     let _done = ClearOnDrop(&metrics.generating);
+    // Since when others have waited for it (they join it after the profile's hold at most).
+    let mut others_since: Option<std::time::Instant> = None;
+    let hold = Duration::from_secs_f64(info.profile.speculation_hold_s.max(0.0));
     while let Some(event) = generation.next() {
         metrics.set_depth_control(generation.depth_control());
         if let Some(used) = on_event(&mut live, engine, metrics, event) {
             return Solo::Ended(used);
         }
         let others = waiting.load(Ordering::SeqCst);
-        if info.profile.max_sequences > 1 && others > 0 && generation.can_join_batch() {
+        let since = match others {
+            0 => None,
+            _ => Some(*others_since.get_or_insert_with(std::time::Instant::now)),
+        };
+        others_since = since;
+        if let Some(since) = since.filter(|_| info.profile.max_sequences > 1 && generation.can_join_batch()) {
             // What speculation gives this request now: its depth controller's live estimate,
             // else the tuned speed-up (the batch's gain is measured against plain decoding).
             let speedup = generation.depth_control().map_or(rule.tuned_speedup, |c| c.expected_speedup);
             let together = (1 + others).min(info.profile.max_sequences);
-            if rule.batch_pays(together, speedup) {
+            if rule.batch_pays(together, speedup) || since.elapsed() >= hold {
                 return Solo::Joins(Box::new((live, generation)));
             }
         }

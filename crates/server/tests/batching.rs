@@ -179,15 +179,22 @@ async fn a_speculating_request_takes_in_a_newcomer() {
     assert_eq!(last["timings"]["draft_depth"], 2, "{last}");
 }
 
+/// A worker whose tuner measured that batching 2 (1.2x) or 4 (1.5x) requests gains less than
+/// speculating (1.8x), holding the model for a speculating request up to `hold_s`.
+fn out_gaining_speculation(hold_s: f64) -> WorkerOptions {
+    let gains = vec![BatchGain { sequences: 2, gain: 1.2 }, BatchGain { sequences: 4, gain: 1.5 }];
+    let profile = engine::Profile { speculation_hold_s: hold_s, ..Default::default() };
+    // A fixed depth: the tuned speed-up is what the rule weighs, not the random head's.
+    WorkerOptions { fixed_depth: true, batch_rule: BatchRule::new(gains, 1.8), profile, ..Default::default() }
+}
+
 /// Where the tuner measured that two requests decoding together gain less than a speculating
 /// request's speed-up, the newcomer waits its turn (in the queue, as the status shows) instead
 /// of slowing the speculating one to plain decoding, and answers what it answers alone.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_newcomer_waits_where_speculation_out_gains_the_batch() {
-    let gains = vec![BatchGain { sequences: 2, gain: 1.2 }, BatchGain { sequences: 4, gain: 1.5 }];
-    // A fixed depth: the tuned speed-up (1.8) is what the rule weighs, not the random head's.
-    let options = WorkerOptions { fixed_depth: true, batch_rule: BatchRule::new(gains, 1.8), ..Default::default() };
-    let s = common::start_hybrid_with(options, common::speculate).await;
+    // A hold longer than the test: the rule alone decides.
+    let s = common::start_hybrid_with(out_gaining_speculation(600.0), common::speculate).await;
     let status: Value = reqwest::get(format!("{}/v1/status", s.base)).await.unwrap().json().await.unwrap();
     let rule = &status["batching"]["speculation_or_batch"];
     assert_eq!(rule["measured"], true, "{rule}");
@@ -238,4 +245,54 @@ async fn a_newcomer_waits_where_speculation_out_gains_the_batch() {
     let long_done = long_done.await.unwrap();
     assert_eq!(v["choices"][0]["message"]["content"].as_str(), Some(alone_short.as_str()), "{v}");
     assert!(newcomer_done > long_done, "the newcomer answered before the speculating request ended");
+}
+
+/// The speculating request holds the model for the profile's hold at most: then the newcomer
+/// joins it anyway (no agent waits a whole long answer) and answers what it answers alone.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_newcomer_joins_once_the_speculation_hold_runs_out() {
+    let s = common::start_hybrid_with(out_gaining_speculation(0.3), common::speculate).await;
+    let status: Value = reqwest::get(format!("{}/v1/status", s.base)).await.unwrap().json().await.unwrap();
+    assert_eq!(status["batching"]["speculation_or_batch"]["hold_s"], 0.3, "{status}");
+    let short = prompt(3);
+    let (code, v) = post(&s, "/v1/chat/completions", &short).await;
+    assert_eq!(code, 200, "{v}");
+    let alone_short = v["choices"][0]["message"]["content"].as_str().unwrap().to_string();
+    let long = chat(json!({"max_tokens": 1200, "ignore_eos": true, "reasoning_effort": "none", "stream": true}));
+    let r = reqwest::Client::new().post(format!("{}/v1/chat/completions", s.base)).json(&long).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    let mut stream = r.bytes_stream();
+    stream.next().await.unwrap().unwrap();
+    let long_done = tokio::spawn(async move {
+        while let Some(chunk) = stream.next().await {
+            chunk.unwrap();
+        }
+        std::time::Instant::now()
+    });
+    let base = s.base.clone();
+    let newcomer = tokio::spawn(async move {
+        let v: Value = reqwest::Client::new()
+            .post(format!("{base}/v1/chat/completions"))
+            .json(&short)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        (v, std::time::Instant::now())
+    });
+    let mut seen = 0;
+    for _ in 0..2000 {
+        let status: Value = reqwest::get(format!("{}/v1/status", s.base)).await.unwrap().json().await.unwrap();
+        seen = seen.max(status["batching"]["decoding_together"].as_u64().unwrap_or(0));
+        if seen >= 2 || newcomer.is_finished() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert!(seen >= 2, "the newcomer never decoded with the speculating request");
+    let (v, newcomer_done) = newcomer.await.unwrap();
+    assert_eq!(v["choices"][0]["message"]["content"].as_str(), Some(alone_short.as_str()), "{v}");
+    assert!(newcomer_done < long_done.await.unwrap(), "the newcomer waited for the whole long answer");
 }

@@ -7,7 +7,8 @@ use std::time::Instant;
 
 use anyhow::{Context, Result};
 use engine::batch::Batch;
-use engine::{CancelToken, Engine, Event, GenerateRequest};
+use engine::batch_rule::decode_rate;
+use engine::{CancelToken, Engine, GenerateRequest};
 
 /// Distinct code prompts, one per stream.
 const PROMPTS: [&str; 8] = [
@@ -61,25 +62,6 @@ pub fn run(model: &Path, streams: &[usize], tokens: usize, rounds: usize) -> Res
 
 fn round(x: f64) -> f64 {
     (x * 10.0).round() / 10.0
-}
-
-/// Decode tok/s of `requests` stepped together (prefills not timed).
-fn decode_rate(engine: &Engine, requests: &[GenerateRequest]) -> Result<f64> {
-    let mut batch = Batch::default();
-    for (i, r) in requests.iter().enumerate() {
-        batch.join(i, engine.generate(r.clone(), CancelToken::default())?)?;
-    }
-    let started = Instant::now();
-    // Every token but the first (drawn by the prefill) is decoded by a step.
-    let mut decoded = 0usize;
-    while !batch.is_empty() {
-        for (_, event) in batch.step() {
-            if let Event::Finished(summary) = event? {
-                decoded += summary.usage.completion_tokens.saturating_sub(1);
-            }
-        }
-    }
-    Ok(decoded as f64 / started.elapsed().as_secs_f64())
 }
 
 /// How a newcomer's prefill interleaved with a running stream's decode steps plays out, for

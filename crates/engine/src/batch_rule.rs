@@ -119,8 +119,9 @@ pub fn measure_gains(
         .collect())
 }
 
-/// Decode tok/s of `requests` stepped together, in total (their prefills not timed).
-fn decode_rate(engine: &Engine, requests: &[GenerateRequest]) -> Result<f64> {
+/// Decode tok/s of `requests` stepped together, in total (their prefills not timed); also
+/// `ferrite dev batch`'s measurement.
+pub fn decode_rate(engine: &Engine, requests: &[GenerateRequest]) -> Result<f64> {
     let mut batch = Batch::default();
     for (i, r) in requests.iter().enumerate() {
         batch.join(i, engine.generate(r.clone(), CancelToken::default())?)?;

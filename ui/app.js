@@ -168,7 +168,10 @@ function showStreams(streams, batching) {
   const parts = [];
   if (streams.length > 1) parts.push(`${streams.length} requests together: ${rates} tok/s each`);
   if (batching && batching.prefilling) parts.push(`${batching.prefilling} reading their prompts`);
-  if (waiting) parts.push(`${waiting} waiting${batching.waiting_for_memory ? " (for memory)" : ""}`);
+  const why = batching && batching.waiting_for_memory ? " (for memory)"
+    : batching && batching.waiting_for_speculation
+      ? ` (behind a speculating request, at most ${batching.speculation_or_batch.hold_s} s)` : "";
+  if (waiting) parts.push(`${waiting} waiting${why}`);
   el.textContent = parts.join(" · ");
 }
 

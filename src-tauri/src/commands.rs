@@ -78,7 +78,10 @@ pub fn lines(state: &server::AppState) -> Vec<String> {
     };
     let live = metrics.live();
     let streams = metrics.streams();
-    let speed = if streams.len() > 1 {
+    let waiting = loaded.worker.queue_depth.load(Ordering::SeqCst);
+    let speed = if waiting > 0 && streams.len() == 1 {
+        format!("Generating: {:.1} tok/s, {waiting} waiting", streams[0].tokens_per_s)
+    } else if streams.len() > 1 {
         let total: f64 = streams.iter().map(|s| s.tokens_per_s).sum();
         format!("Generating: {} requests together, {total:.1} tok/s in all", streams.len())
     } else if let Some(s) = streams.first().filter(|s| s.tokens_per_s > 0.0) {

@@ -375,6 +375,7 @@ pub fn status_json(s: &AppState) -> serde_json::Value {
             "prefilling": w.metrics.prefilling.load(Ordering::Relaxed),
             "waiting": w.queue_depth.load(Ordering::SeqCst),
             "waiting_for_memory": w.metrics.waiting_for_memory.load(Ordering::Relaxed),
+            "waiting_for_speculation": w.metrics.waiting_for_speculation.load(Ordering::Relaxed),
             "max_sequences": i.profile.max_sequences,
             "memory_share": i.profile.batch_memory_share,
             "prefill_interleave_tokens": i.profile.prefill_interleave,

@@ -71,6 +71,9 @@ pub struct Metrics {
     pub prefilling: std::sync::atomic::AtomicUsize,
     /// True while the next request waits for the batch's KV memory to free up.
     pub waiting_for_memory: std::sync::atomic::AtomicBool,
+    /// True while the waiting requests wait for a speculating one (`engine::batch_rule`: its
+    /// speculation gains more than batching them, for the profile's hold at most).
+    pub waiting_for_speculation: std::sync::atomic::AtomicBool,
     /// Requests whose max_tokens was lowered to what the context (or the server's cap) left.
     pub max_tokens_clamped: std::sync::atomic::AtomicU64,
     live: std::sync::Mutex<Live>,
@@ -117,6 +120,7 @@ impl Metrics {
             batch_size: Default::default(),
             prefilling: Default::default(),
             waiting_for_memory: Default::default(),
+            waiting_for_speculation: Default::default(),
             max_tokens_clamped: Default::default(),
             live: Default::default(),
             prompt_cache: Default::default(),

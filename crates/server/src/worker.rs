@@ -691,6 +691,7 @@ fn run_job<'e>(
     };
     metrics.generating.store(true, Ordering::SeqCst);
     let _done = ClearOnDrop(&metrics.generating);
+    let _held = ClearOnDrop(&metrics.waiting_for_speculation);
     // Since when others have waited for it (they join it after the profile's hold at most).
     let mut others_since: Option<std::time::Instant> = None;
     let hold = Duration::from_secs_f64(info.profile.speculation_hold_s.max(0.0));
@@ -714,6 +715,7 @@ fn run_job<'e>(
                 return Solo::Joins(Box::new((live, generation)));
             }
         }
+        metrics.waiting_for_speculation.store(since.is_some(), Ordering::Relaxed);
     }
     Solo::Ended(live.prompt_tokens)
 }

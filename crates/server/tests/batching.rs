@@ -234,13 +234,14 @@ async fn a_newcomer_waits_where_speculation_out_gains_the_batch() {
     for _ in 0..400 {
         let status: Value = reqwest::get(format!("{}/v1/status", s.base)).await.unwrap().json().await.unwrap();
         assert_eq!(status["batching"]["decoding_together"], 0, "the newcomer was batched: {status}");
-        if status["batching"]["waiting"] == 1 {
+        // Queued, and the status says whom for.
+        if status["batching"]["waiting"] == 1 && status["batching"]["waiting_for_speculation"] == true {
             waited = true;
             break;
         }
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    assert!(waited, "the newcomer never showed as waiting");
+    assert!(waited, "the newcomer never showed as waiting for the speculating request");
     let (v, newcomer_done) = newcomer.await.unwrap();
     let long_done = long_done.await.unwrap();
     assert_eq!(v["choices"][0]["message"]["content"].as_str(), Some(alone_short.as_str()), "{v}");

@@ -188,78 +188,20 @@ fn out_gaining_speculation(hold_s: f64) -> WorkerOptions {
     WorkerOptions { fixed_depth: true, batch_rule: BatchRule::new(gains, 1.8), profile, ..Default::default() }
 }
 
-/// Where the tuner measured that two requests decoding together gain less than a speculating
-/// request's speed-up, the newcomer waits its turn (in the queue, as the status shows) instead
-/// of slowing the speculating one to plain decoding, and answers what it answers alone.
-#[tokio::test(flavor = "multi_thread")]
-async fn a_newcomer_waits_where_speculation_out_gains_the_batch() {
-    // A hold longer than the test: the rule alone decides.
-    let s = common::start_hybrid_with(out_gaining_speculation(600.0), common::speculate).await;
-    let status: Value = reqwest::get(format!("{}/v1/status", s.base)).await.unwrap().json().await.unwrap();
-    let rule = &status["batching"]["speculation_or_batch"];
-    assert_eq!(rule["measured"], true, "{rule}");
-    assert_eq!(rule["batch_from"], Value::Null, "1.5x at 4 never reaches 1.8x: {rule}");
-
-    let short = prompt(2);
-    let (code, v) = post(&s, "/v1/chat/completions", &short).await;
-    assert_eq!(code, 200, "{v}");
-    let alone_short = v["choices"][0]["message"]["content"].as_str().unwrap().to_string();
-    let long = chat(json!({"max_tokens": 800, "ignore_eos": true, "reasoning_effort": "none", "stream": true}));
-    let r = reqwest::Client::new().post(format!("{}/v1/chat/completions", s.base)).json(&long).send().await.unwrap();
-    assert_eq!(r.status(), 200);
-    let mut stream = r.bytes_stream();
-    stream.next().await.unwrap().unwrap();
-    let long_done = tokio::spawn(async move {
-        while let Some(chunk) = stream.next().await {
-            chunk.unwrap();
-        }
-        std::time::Instant::now()
-    });
-    let newcomer = {
-        let base = s.base.clone();
-        tokio::spawn(async move {
-            let v: Value = reqwest::Client::new()
-                .post(format!("{base}/v1/chat/completions"))
-                .json(&short)
-                .send()
-                .await
-                .unwrap()
-                .json()
-                .await
-                .unwrap();
-            (v, std::time::Instant::now())
-        })
-    };
-    let mut waited = false;
-    for _ in 0..400 {
-        let status: Value = reqwest::get(format!("{}/v1/status", s.base)).await.unwrap().json().await.unwrap();
-        assert_eq!(status["batching"]["decoding_together"], 0, "the newcomer was batched: {status}");
-        // Queued, and the status says whom for.
-        if status["batching"]["waiting"] == 1 && status["batching"]["waiting_for_speculation"] == true {
-            waited = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    assert!(waited, "the newcomer never showed as waiting for the speculating request");
-    let (v, newcomer_done) = newcomer.await.unwrap();
-    let long_done = long_done.await.unwrap();
-    assert_eq!(v["choices"][0]["message"]["content"].as_str(), Some(alone_short.as_str()), "{v}");
-    assert!(newcomer_done > long_done, "the newcomer answered before the speculating request ended");
+/// A speculating request and a newcomer: the newcomer's answer alone first, then a long
+/// streaming answer (its first chunk read) and the newcomer sent while it runs. Gives the
+/// newcomer's answer alone, and when each ended (the newcomer with its answer).
+struct Race {
+    alone: String,
+    long_done: tokio::task::JoinHandle<std::time::Instant>,
+    newcomer: tokio::task::JoinHandle<(Value, std::time::Instant)>,
 }
 
-/// The speculating request holds the model for the profile's hold at most: then the newcomer
-/// joins it anyway (no agent waits a whole long answer) and answers what it answers alone.
-#[tokio::test(flavor = "multi_thread")]
-async fn a_newcomer_joins_once_the_speculation_hold_runs_out() {
-    let s = common::start_hybrid_with(out_gaining_speculation(0.3), common::speculate).await;
-    let status: Value = reqwest::get(format!("{}/v1/status", s.base)).await.unwrap().json().await.unwrap();
-    assert_eq!(status["batching"]["speculation_or_batch"]["hold_s"], 0.3, "{status}");
-    let short = prompt(3);
-    let (code, v) = post(&s, "/v1/chat/completions", &short).await;
+async fn race(s: &common::Server, long_tokens: usize, short: Value) -> Race {
+    let (code, v) = post(s, "/v1/chat/completions", &short).await;
     assert_eq!(code, 200, "{v}");
-    let alone_short = v["choices"][0]["message"]["content"].as_str().unwrap().to_string();
-    let long = chat(json!({"max_tokens": 1200, "ignore_eos": true, "reasoning_effort": "none", "stream": true}));
+    let alone = v["choices"][0]["message"]["content"].as_str().unwrap().to_string();
+    let long = chat(json!({"max_tokens": long_tokens, "ignore_eos": true, "reasoning_effort": "none", "stream": true}));
     let r = reqwest::Client::new().post(format!("{}/v1/chat/completions", s.base)).json(&long).send().await.unwrap();
     assert_eq!(r.status(), 200);
     let mut stream = r.bytes_stream();
@@ -272,28 +214,63 @@ async fn a_newcomer_joins_once_the_speculation_hold_runs_out() {
     });
     let base = s.base.clone();
     let newcomer = tokio::spawn(async move {
-        let v: Value = reqwest::Client::new()
-            .post(format!("{base}/v1/chat/completions"))
-            .json(&short)
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let r = reqwest::Client::new().post(format!("{base}/v1/chat/completions")).json(&short).send().await;
+        let v: Value = r.unwrap().json().await.unwrap();
         (v, std::time::Instant::now())
     });
+    Race { alone, long_done, newcomer }
+}
+
+/// Where the tuner measured that two requests decoding together gain less than a speculating
+/// request's speed-up, the newcomer waits its turn (in the queue, as the status shows) instead
+/// of slowing the speculating one to plain decoding, and answers what it answers alone.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_newcomer_waits_where_speculation_out_gains_the_batch() {
+    // A hold longer than the test: the rule alone decides.
+    let s = common::start_hybrid_with(out_gaining_speculation(600.0), common::speculate).await;
+    let status: Value = reqwest::get(format!("{}/v1/status", s.base)).await.unwrap().json().await.unwrap();
+    let rule = &status["batching"]["speculation_or_batch"];
+    assert_eq!(rule["measured"], true, "{rule}");
+    assert_eq!(rule["batch_from"], Value::Null, "1.5x at 4 never reaches 1.8x: {rule}");
+
+    let race = race(&s, 800, prompt(2)).await;
+    let mut waited = false;
+    for _ in 0..400 {
+        let status: Value = reqwest::get(format!("{}/v1/status", s.base)).await.unwrap().json().await.unwrap();
+        assert_eq!(status["batching"]["decoding_together"], 0, "the newcomer was batched: {status}");
+        // Queued, and the status says whom for.
+        if status["batching"]["waiting"] == 1 && status["batching"]["waiting_for_speculation"] == true {
+            waited = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert!(waited, "the newcomer never showed as waiting for the speculating request");
+    let (v, newcomer_done) = race.newcomer.await.unwrap();
+    let long_done = race.long_done.await.unwrap();
+    assert_eq!(v["choices"][0]["message"]["content"].as_str(), Some(race.alone.as_str()), "{v}");
+    assert!(newcomer_done > long_done, "the newcomer answered before the speculating request ended");
+}
+
+/// The speculating request holds the model for the profile's hold at most: then the newcomer
+/// joins it anyway (no agent waits a whole long answer) and answers what it answers alone.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_newcomer_joins_once_the_speculation_hold_runs_out() {
+    let s = common::start_hybrid_with(out_gaining_speculation(0.3), common::speculate).await;
+    let status: Value = reqwest::get(format!("{}/v1/status", s.base)).await.unwrap().json().await.unwrap();
+    assert_eq!(status["batching"]["speculation_or_batch"]["hold_s"], 0.3, "{status}");
+    let race = race(&s, 1200, prompt(3)).await;
     let mut seen = 0;
     for _ in 0..2000 {
         let status: Value = reqwest::get(format!("{}/v1/status", s.base)).await.unwrap().json().await.unwrap();
         seen = seen.max(status["batching"]["decoding_together"].as_u64().unwrap_or(0));
-        if seen >= 2 || newcomer.is_finished() {
+        if seen >= 2 || race.newcomer.is_finished() {
             break;
         }
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     assert!(seen >= 2, "the newcomer never decoded with the speculating request");
-    let (v, newcomer_done) = newcomer.await.unwrap();
-    assert_eq!(v["choices"][0]["message"]["content"].as_str(), Some(alone_short.as_str()), "{v}");
-    assert!(newcomer_done < long_done.await.unwrap(), "the newcomer waited for the whole long answer");
+    let (v, newcomer_done) = race.newcomer.await.unwrap();
+    assert_eq!(v["choices"][0]["message"]["content"].as_str(), Some(race.alone.as_str()), "{v}");
+    assert!(newcomer_done < race.long_done.await.unwrap(), "the newcomer waited for the whole long answer");
 }

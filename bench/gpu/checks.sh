@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# On the GPU machine, from the checkout root: installs the carried runtime part(s), and the
+# carried `ferrite` once; then runs the named checks, each bounded, writing under ~/gpu-out,
+# and leaves everything as one $OUT/results.tar (the device tool returns at most 8 files).
+#   bench/gpu/checks.sh --carried DIR [CHECK ...]
+# Checks (each a command of this repo, as the results files quote them):
+#   tune-embedded   5 `ferrite tune` runs on the embedded model, then a 30-round reference
+#   tune-next       the same on a Qwen3-Next-shaped checkpoint with an MTP head (next-small-4bit)
+#   depth           bench/depth.sh on the embedded model
+#   batch-8b        `ferrite dev batch` on the 8B shape (engine only, no HTTP)
+#   clients-8b      bench/clients.sh on the 8B shape against mlx_lm.server
+#   clients-35b     the same on the Qwen3-Next-shaped 35B-A3B
+set -u
+[ "${1:-}" = --carried ] || { echo "usage: $0 --carried DIR [CHECK ...]" >&2; exit 2; }
+carried=$2; shift 2
+bash "$carried/install.sh" "$carried"; rc=$?
+[ -f "$carried/ferrite.xz" ] && xz -d -c "$carried/ferrite.xz" > ~/ferrite && chmod +x ~/ferrite
+[ $rc = 0 ] || exit 0  # parts still to carry
+. ~/.mlx-cuda/env.sh
+export FERRITE=~/ferrite PYTHON=python3 BENCH_DIR=~/bench-out
+res=~/gpu-out; mkdir -p "$res" "$BENCH_DIR"
+log() { echo "[$(date -u +%H:%M:%S)] $*" | tee -a "$res/log.txt"; }
+. bench/lib.sh
+tune_runs() {  # MODEL LABEL
+  local i
+  for i in 1 2 3 4 5; do
+    log "tune $2 run $i"
+    FERRITE_CONFIG_DIR=~/tcfg-$2-$i timeout 150 "$FERRITE" tune --model "$1" --prompts 2 --tokens 48 --budget 60 \
+      > "$res/tune-$2-$i.txt" 2>&1
+    cp ~/tcfg-$2-$i/tuning.json "$res/tune-$2-$i.json" 2>/dev/null
+  done
+  log "tune $2 reference"
+  FERRITE_CONFIG_DIR=~/tcfg-$2-ref timeout 300 "$FERRITE" tune --model "$1" --prompts 2 --tokens 48 --rounds 30 \
+    --budget 280 > "$res/tune-$2-ref.txt" 2>&1
+  cp ~/tcfg-$2-ref/tuning.json "$res/tune-$2-ref.json" 2>/dev/null
+}
+embedded=assets/models/ferrite-code-20m
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > "$res/gpu.txt" 2>&1
+for check in "$@"; do
+  log "$check"
+  case $check in
+    tune-embedded) tune_runs "$embedded" embedded ;;
+    tune-next) tune_runs "$(checkpoint next-small-4bit)" next-small ;;
+    depth) timeout 180 bench/depth.sh "$embedded" --rounds 3 > "$res/depth.txt" 2>&1 ;;
+    batch-8b) timeout 240 "$FERRITE" dev batch --model "$(checkpoint 8b-4bit)" --streams 2,4,8 --tokens 48 --rounds 3 \
+      > "$res/batch-8b.jsonl" 2> "$res/batch-8b.err" ;;
+    clients-8b | clients-35b)
+      case=8b-4bit; [ "$check" = clients-35b ] && case=next-35b-a3b-4bit
+      PROFILE=turbo timeout 420 bench/clients.sh "$(checkpoint $case)" --clients 1,2,4,8 --max-tokens 64 --rounds 3 \
+        --warm-tokens 8 > "$res/$check.txt" 2>&1
+      cp "$BENCH_DIR/mlx_lm.server.log" "$res/$check-mlx_lm.log" 2>/dev/null ;;
+    *) log "unknown check $check" ;;
+  esac
+done
+log done
+tar -C "$res" -cf "$OUT/results.tar" .

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Here, before a GPU session: packs what the device tool's runs carry into git-ignored
+# folders, one per run (each run may carry 64 MiB with the working tree, ~28 MiB of it):
+#   .gpu-carry/run1   the first runtime part and the release `ferrite` (stripped, xz)
+#   .gpu-carry/runN   one more runtime part each; the last also has the peer's wheels
+# The runtime's parts come from ../shared/gpu-runtime/pack.sh (made here once, into .gpu).
+# Then, back to back (the machine goes back after 30 s idle):
+#   run(carry [".gpu-carry/run1"]): bash .gpu-carry/run1/install.sh .gpu-carry/run1; bench/gpu/checks.sh --binary .gpu-carry/run1
+#   ... one run per part, the same with runN ...; the last one's install prints env.sh, then
+#   bench/gpu/checks.sh names what to measure (see there).
+set -euo pipefail
+root=$(cd "$(dirname "$0")/../.." && pwd)
+cd "$root"
+runtime=$root/../shared/gpu-runtime
+[ -f .gpu/PARTS ] || bash "$runtime/pack.sh" .gpu
+grep -qx '/.gpu-carry/' .git/info/exclude 2>/dev/null || echo /.gpu-carry/ >> .git/info/exclude
+grep -qx '/.gpu/' .git/info/exclude 2>/dev/null || echo /.gpu/ >> .git/info/exclude
+cargo build --release -p ferrite-cli
+rm -rf .gpu-carry && mkdir -p .gpu-carry
+i=0
+for part in .gpu/mlx-cuda.part.*; do
+  i=$((i + 1)); dir=.gpu-carry/run$i
+  mkdir -p "$dir"; cp "$part" .gpu/PARTS .gpu/VERSION "$runtime/install.sh" "$dir/"
+done
+objcopy --strip-debug target/release/ferrite .gpu-carry/ferrite
+xz -T0 -6 -c .gpu-carry/ferrite > .gpu-carry/run1/ferrite.xz && rm .gpu-carry/ferrite
+cp -r .gpu/peer ".gpu-carry/run$i/"
+du -sh .gpu-carry/run*
+echo "$i runs to carry, back to back: .gpu-carry/run1 .. run$i"

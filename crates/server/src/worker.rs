@@ -715,7 +715,8 @@ fn run_job<'e>(
                 return Solo::Joins(Box::new((live, generation)));
             }
         }
-        metrics.waiting_for_speculation.store(since.is_some(), Ordering::Relaxed);
+        // (With one sequence at a time they wait for the profile, not for speculation.)
+        metrics.waiting_for_speculation.store(since.is_some() && info.profile.max_sequences > 1, Ordering::Relaxed);
     }
     Solo::Ended(live.prompt_tokens)
 }

@@ -114,4 +114,19 @@ mod tests {
         let fused = fast::scaled_dot_product_attention(&q, &k, &v, scale, None, None);
         assert!(close(&written_out(&q, &k, &v, scale, Mask::None).unwrap(), &fused.unwrap()) < 1e-5);
     }
+
+    /// The GPU runs bf16 checkpoints: the masked scores and the softmax keep that dtype's
+    /// answer (within its precision) and hand back bf16.
+    #[test]
+    fn the_written_out_form_keeps_bfloat16() {
+        let bf16 = |a: Array| a.as_dtype(mlx_rs::Dtype::Bfloat16).unwrap();
+        let (q, k, v) = qkv(3, 20);
+        let (q, k, v) = (bf16(q), bf16(k), bf16(v));
+        let ours = written_out(&q, &k, &v, 0.125, Mask::Causal).unwrap();
+        assert_eq!(ours.dtype(), mlx_rs::Dtype::Bfloat16);
+        let fused =
+            fast::scaled_dot_product_attention(&q, &k, &v, 0.125, ScaledDotProductAttentionMask::Causal, None).unwrap();
+        let f32 = |a: &Array| a.as_dtype(mlx_rs::Dtype::Float32).unwrap();
+        assert!(close(&f32(&ours), &f32(&fused)) < 2e-2);
+    }
 }

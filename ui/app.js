@@ -133,6 +133,8 @@ async function refreshModels() {
       b.addEventListener("click", () => loadModel(m.id, b));
       const item = li(m.id, `${bytes(m.bytes)} · ${m.model_type}${m.has_mtp ? " · MTP" : ""} · ${m.dir}`, b);
       if (!running && m.source !== "embedded") item.append(button("Delete", async () => {
+        // Deleting frees disk for good: the user says so, not a stray click.
+        if (!window.confirm(`Delete ${m.id} (${bytes(m.bytes)}) from ${m.dir}?`)) return;
         const r = await post("/v1/store/delete", { model: m.id });
         $("models-error").textContent = `${m.id}: ${bytes(r.freed_bytes)} freed`;
       }));

@@ -13,7 +13,7 @@ pub enum CacheCommand {
 }
 
 pub fn run(cmd: CacheCommand) -> Result<()> {
-    let Some((dir, budget)) = server::launch::prompt_disk() else {
+    let Some(engine::prompt_cache::DiskSettings { dir, budget, .. }) = server::launch::prompt_disk() else {
         println!(
             "the prompt cache's disk tier is off (config.toml [prompt_cache] disk_gb = 0, or FERRITE_PROMPT_DISK_GB=0)"
         );

@@ -165,7 +165,7 @@ impl ModelConfig {
         if path.exists() {
             crate::weights::inside_model(dir, &path)?;
         }
-        let text = std::fs::read_to_string(&path).map_err(|e| Error::io(&path, e))?;
+        let text = crate::small_file::read_text(&path, crate::small_file::JSON_CAP)?;
         Self::parse(&text, &path)
     }
 

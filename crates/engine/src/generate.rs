@@ -283,9 +283,10 @@ impl Engine {
         self.prompt_cache = std::sync::Mutex::new(PromptCache::new(bytes));
     }
 
-    /// Gives the prompt cache a disk tier in `root` (shared by every model and process that
-    /// uses the folder) of at most `budget` bytes; 0 takes it away.
-    pub fn set_prompt_disk(&self, root: &Path, budget: u64) -> Result<()> {
+    /// Gives the prompt cache a disk tier in `settings.dir` (shared by every model and process
+    /// that uses the folder) of at most `settings.budget` bytes; 0 takes it away.
+    pub fn set_prompt_disk(&self, settings: &crate::prompt_cache::DiskSettings) -> Result<()> {
+        let (root, budget) = (&settings.dir, settings.budget);
         if budget > 0 && self.group.is_some() {
             // Each machine's folder holds its own blocks: the ranks' hits would differ.
             return Err(Error::Request("the prompt cache's disk tier is off on a model split across ranks".into()));
@@ -293,7 +294,8 @@ impl Engine {
         let tier = match budget {
             0 => None,
             _ => Some(
-                crate::prompt_cache::DiskTier::open(root, &self.identity()?, budget).map_err(|e| Error::io(root, e))?,
+                crate::prompt_cache::DiskTier::open(settings, &self.identity()?, self.model.new_cache().layers.len())
+                    .map_err(|e| Error::io(root, e))?,
             ),
         };
         if let Ok(mut c) = self.prompt_cache.lock() {
@@ -1001,10 +1003,18 @@ impl Generation<'_> {
             reason = Some(FinishReason::Length);
             text.push_str(&self.decoder.flush(&self.engine.tokenizer)?);
         }
+        // The grammar allows nothing after this token (and no verified token waits): the
+        // answer ends here, so the text held back for a stop string is the answer's too.
+        // (The mask asked for here is the one the next step needs: computed once either way.)
+        let grammar_done =
+            reason.is_none() && self.queue.is_empty() && self.constraint.as_mut().is_some_and(|c| c.mask().is_err());
+        if grammar_done {
+            text.push_str(&self.decoder.flush(&self.engine.tokenizer)?);
+        }
         let (mut out, hit) = self.stops.push(&text);
         if hit {
             reason = Some(FinishReason::Stop);
-        } else if reason.is_some() {
+        } else if reason.is_some() || grammar_done {
             out.push_str(&self.stops.flush());
         }
         if reason.is_some() {

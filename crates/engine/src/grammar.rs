@@ -15,6 +15,7 @@ use mlx_rs::Array;
 use serde_json::Value;
 
 use crate::error::{Error, Result};
+use crate::grammar_limits;
 
 /// What a request's answer must match.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -83,8 +84,37 @@ impl Grammars {
     }
 
     /// A fresh constraint for `grammar`, applied after the think block `thinking` allows; an
-    /// error names what the grammar cannot express.
+    /// error names what the grammar cannot express, or the limit it passes
+    /// ([`crate::grammar_limits`]). llguidance compiles recursively, so the compile runs on a
+    /// thread of its own with a stack sized for the largest grammar the limits let through
+    /// (the caller's may be the engine thread's 2 MiB: overflowing it aborts the process).
     pub fn constraint(&self, grammar: &Grammar, thinking: Thinking) -> Result<Constraint> {
+        let limited = match grammar {
+            Grammar::JsonSchema(schema) => {
+                grammar_limits::check_schema(schema).map_err(|e| format!("the JSON schema {e}"))
+            }
+            Grammar::Lark(text) => {
+                grammar_limits::check_text_grammar(text).map_err(|e| format!("the Lark grammar {e}"))
+            }
+            Grammar::Regex(text) => {
+                grammar_limits::check_text_grammar(text).map_err(|e| format!("the regular expression {e}"))
+            }
+        };
+        limited.map_err(|message| Error::Field {
+            field: "grammar",
+            message: format!("too large to enforce: {message}"),
+        })?;
+        std::thread::scope(|scope| {
+            let compile = std::thread::Builder::new()
+                .name("ferrite-grammar".into())
+                .stack_size(grammar_limits::COMPILE_STACK_BYTES)
+                .spawn_scoped(scope, || self.compile(grammar, thinking))
+                .map_err(|e| Error::Request(format!("cannot start the grammar compiler's thread: {e}")))?;
+            compile.join().unwrap_or_else(|_| Err(Error::Request("the grammar compiler failed".into())))
+        })
+    }
+
+    fn compile(&self, grammar: &Grammar, thinking: Thinking) -> Result<Constraint> {
         let answer = |schema_form: fn(&Value) -> Value| match grammar {
             Grammar::JsonSchema(schema) => GrammarWithLexer::from_json_schema(schema_form(schema)),
             Grammar::Lark(lark) => GrammarWithLexer::from_lark(lark.clone()),

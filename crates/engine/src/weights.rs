@@ -132,7 +132,7 @@ impl Weights {
 pub fn weight_files(dir: &Path) -> Result<Vec<PathBuf>> {
     let index = dir.join("model.safetensors.index.json");
     if index.exists() {
-        let text = std::fs::read_to_string(&index).map_err(|e| Error::io(&index, e))?;
+        let text = crate::small_file::read_text(&index, crate::small_file::JSON_CAP)?;
         let value: serde_json::Value =
             serde_json::from_str(&text).map_err(|e| Error::malformed(&index, format!("not valid JSON: {e}")))?;
         let map = value

@@ -185,3 +185,39 @@ fn a_refused_schema_names_the_path_of_what_was_refused() {
         assert!(err.contains(&format!("`{path}`")), "{schema}: {err}");
     }
 }
+
+#[test]
+fn text_held_back_for_a_stop_string_is_kept_when_the_grammar_ends_the_answer() {
+    let e = embedded();
+    let schema = json!({"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"], "additionalProperties": false});
+    for depth in [0, 2] {
+        let mut req = request(&e, Grammar::JsonSchema(schema.clone()), 0.0, 1, depth);
+        // The answer's last `}` could begin this stop string: it is held back until the end.
+        req.stop = vec!["}\n".into(), "}}".into()];
+        let (text, summary) = e.generate_text(req).unwrap();
+        let doc: Value = serde_json::from_str(&text).unwrap_or_else(|err| panic!("depth {depth}: {text:?}: {err}"));
+        assert!(doc["ok"].is_boolean(), "{text}");
+        assert_eq!(summary.finish_reason, FinishReason::Stop);
+    }
+}
+
+#[test]
+fn a_grammar_past_the_limits_is_refused_by_name_not_compiled() {
+    let e = embedded();
+    let mut defs = serde_json::Map::new();
+    for i in 0..700 {
+        defs.insert(format!("d{i}"), json!({"$ref": format!("#/$defs/d{}", i + 1)}));
+    }
+    defs.insert("d700".into(), json!({"type": "string"}));
+    let chain = json!({"$ref": "#/$defs/d0", "$defs": defs});
+    let deep_lark = format!("start: {}\"a\"{}", "(".repeat(5000), ")".repeat(5000));
+    for grammar in
+        [Grammar::JsonSchema(chain), Grammar::Lark(deep_lark), Grammar::Regex("(".repeat(300) + &")".repeat(300))]
+    {
+        let err = e.generate_text(request(&e, grammar, 0.0, 1, 0)).unwrap_err().to_string();
+        assert!(err.contains("too large to enforce"), "{err}");
+    }
+    // The engine goes on.
+    let (text, _) = answer(&e, Grammar::Regex("[a-z]{3}".into()), 0.0, 1);
+    assert_eq!(text.len(), 3, "{text}");
+}

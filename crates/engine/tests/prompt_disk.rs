@@ -6,10 +6,12 @@
 
 mod common;
 
+use std::collections::HashMap;
 use std::path::Path;
 
 use engine::checkpoint::{Architecture, Dtype};
 use engine::prompt_cache::disk::BLOCK;
+use engine::prompt_cache::DiskSettings;
 use engine::{Engine, GenerateRequest};
 
 const CHUNK: usize = 1024;
@@ -25,8 +27,50 @@ fn engine(model: &Path, root: &Path, budget: u64) -> Engine {
     let mut e = Engine::load(model).unwrap();
     e.set_prefill_chunk(CHUNK);
     e.set_prompt_cache_budget(256 << 20);
-    e.set_prompt_disk(root, budget).unwrap();
+    e.set_prompt_disk(&settings(root, budget)).unwrap();
     e
+}
+
+/// This test installation's key.
+const KEY: [u8; 32] = [7; 32];
+
+/// The disk tier in `root` under this test installation's key.
+fn settings(root: &Path, budget: u64) -> DiskSettings {
+    DiskSettings { dir: root.to_path_buf(), budget, key: KEY }
+}
+
+/// An array of a block as safetensors stores it: name, type, shape, bytes.
+type Stored = (String, safetensors::Dtype, Vec<usize>, Vec<u8>);
+
+/// Rewrites `block` after `edit` changed its metadata or arrays, named after its new bytes'
+/// HMAC under `key`, or their bare sha256 without one.
+fn rewrite(block: &Path, key: Option<[u8; 32]>, edit: impl Fn(&mut HashMap<String, String>, &mut Vec<Stored>)) {
+    let bytes = std::fs::read(block).unwrap();
+    let (_, header) = safetensors::SafeTensors::read_metadata(&bytes).unwrap();
+    let mut meta = header.metadata().clone().unwrap_or_default();
+    let tensors = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let mut arrays: Vec<Stored> =
+        tensors.tensors().into_iter().map(|(n, v)| (n, v.dtype(), v.shape().to_vec(), v.data().to_vec())).collect();
+    arrays.sort_by(|a, b| a.0.cmp(&b.0));
+    edit(&mut meta, &mut arrays);
+    let views: Vec<(String, safetensors::tensor::TensorView)> = arrays
+        .iter()
+        .map(|(n, d, s, b)| (n.clone(), safetensors::tensor::TensorView::new(*d, s.clone(), b).unwrap()))
+        .collect();
+    let out = safetensors::serialize(views, Some(meta)).unwrap();
+    let sum: Vec<u8> = match key {
+        Some(key) => {
+            use hmac::{KeyInit, Mac};
+            let mut m = <hmac::Hmac<sha2::Sha256> as KeyInit>::new_from_slice(&key).unwrap();
+            m.update(&out);
+            m.finalize().into_bytes().to_vec()
+        }
+        None => <sha2::Sha256 as sha2::Digest>::digest(&out).to_vec(),
+    };
+    let sum: String = sum.iter().map(|b| format!("{b:02x}")).collect();
+    let chain = block.file_name().unwrap().to_string_lossy().split('.').next().unwrap().to_string();
+    std::fs::remove_file(block).unwrap();
+    std::fs::write(block.with_file_name(format!("{chain}.{}.safetensors", &sum[..16])), out).unwrap();
 }
 
 fn ids(seed: u32, n: usize) -> Vec<u32> {
@@ -109,7 +153,7 @@ fn corrupt_truncated_and_foreign_blocks_are_removed_never_loaded() {
     let cold_root = tempfile::tempdir().unwrap();
     let (want, _) = generate(&engine(model.path(), cold_root.path(), 0), &prompt, 0);
     type Damage = fn(&Path, &Path);
-    let damages: [(&str, Damage); 3] = [
+    let damages: [(&str, Damage); 8] = [
         ("corrupt", |block, _| {
             let mut bytes = std::fs::read(block).unwrap();
             let at = bytes.len() - 10;
@@ -128,6 +172,23 @@ fn corrupt_truncated_and_foreign_blocks_are_removed_never_loaded() {
                 <sha2::Sha256 as sha2::Digest>::digest(&bytes).iter().map(|b| format!("{b:02x}")).collect();
             std::fs::remove_file(block).unwrap();
             std::fs::write(block.with_file_name(format!("{chain}.{}.safetensors", &sum[..16])), bytes).unwrap();
+        }),
+        // Edited and named after its new bytes' bare sha256: what a folder without a key
+        // could not tell from a good block.
+        ("edited, rehashed", |block, _| rewrite(block, None, |_, arrays| arrays[0].3[0] ^= 0x40)),
+        ("another installation's", |block, _| rewrite(block, Some([8; 32]), |_, _| {})),
+        // Written with this installation's key (as a bug of its own could): still range-checked.
+        ("4e9 layers, keyed", |block, _| {
+            rewrite(block, Some(KEY), |meta, _| drop(meta.insert("layers".into(), "4000000000".into())))
+        }),
+        ("usize::MAX layers, keyed", |block, _| {
+            rewrite(block, Some(KEY), |meta, _| drop(meta.insert("layers".into(), usize::MAX.to_string())))
+        }),
+        ("reshaped, keyed", |block, _| {
+            rewrite(block, Some(KEY), |_, arrays| {
+                let keys = arrays.iter_mut().find(|a| a.0 == "k.0").unwrap();
+                keys.2 = vec![keys.2[0], keys.2[1] * keys.2[2], 1, keys.2[3]];
+            })
         }),
     ];
     for (what, damage) in damages {

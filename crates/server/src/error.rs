@@ -28,6 +28,12 @@ impl ApiError {
         ApiError { status: StatusCode::NOT_FOUND, message: message.into(), param: None }
     }
 
+    /// The request is fine but the server's state forbids it now (a model in use, a download
+    /// running).
+    pub fn conflict(message: impl Into<String>) -> Self {
+        ApiError { status: StatusCode::CONFLICT, message: message.into(), param: None }
+    }
+
     pub fn internal(message: impl Into<String>) -> Self {
         ApiError { status: StatusCode::INTERNAL_SERVER_ERROR, message: message.into(), param: None }
     }

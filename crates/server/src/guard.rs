@@ -92,8 +92,13 @@ impl Guard {
             || host.is_some_and(|h| origin == format!("http://{h}") || origin == format!("https://{h}"))
     }
 
+    /// Compared as SHA-256 digests, so neither the bytes nor the key's length leak through
+    /// the comparison's time.
     fn key_matches(&self, given: &str) -> bool {
-        self.api_key.as_deref().is_some_and(|key| bool::from(key.as_bytes().ct_eq(given.as_bytes())))
+        use sha2::{Digest, Sha256};
+        self.api_key
+            .as_deref()
+            .is_some_and(|key| bool::from(Sha256::digest(key.as_bytes()).ct_eq(&Sha256::digest(given.as_bytes()))))
     }
 
     fn token_matches(&self, given: &str) -> bool {
@@ -109,12 +114,48 @@ fn new_token() -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// A Host header's name without its port (`[::1]:8080` → `[::1]`).
+/// A Host header's name without its port (`[::1]:8080` → `[::1]`). Anything after an IPv6
+/// literal's `]` but a port leaves the whole value, which then names no allowed host
+/// (`[::1]evil.example`).
 fn host_name(host: &str) -> &str {
     if host.starts_with('[') {
-        return host.split_once(']').map(|(name, _)| &host[..name.len() + 1]).unwrap_or(host);
+        return match host.split_once(']') {
+            Some((name, "")) => &host[..name.len() + 1],
+            Some((name, rest)) if rest.strip_prefix(':').is_some_and(|p| p.parse::<u16>().is_ok()) => {
+                &host[..name.len() + 1]
+            }
+            _ => host,
+        };
     }
     host.rsplit_once(':').filter(|(_, port)| port.parse::<u16>().is_ok()).map(|(name, _)| name).unwrap_or(host)
+}
+
+/// The name the request was sent to: its one Host header, or HTTP/2's `:authority` (in the
+/// URI); both must agree where both are given. A request without one, with several, with
+/// bytes that are not visible ASCII, or whose two names differ, names no host: a browser never
+/// sends such a thing, a proxy or a hand-made request may, and none of them is trusted.
+fn request_host(req: &Request) -> Result<Option<String>, String> {
+    let mut headers = req.headers().get_all(header::HOST).iter();
+    let header = match (headers.next(), headers.next()) {
+        (Some(_), Some(_)) => return Err("several Host headers".into()),
+        (Some(value), None) => Some(
+            value
+                .to_str()
+                .ok()
+                .filter(|v| !v.is_empty() && v.bytes().all(|b| b.is_ascii_graphic()))
+                .ok_or_else(|| "a Host header that is not a plain ASCII name".to_string())?,
+        ),
+        (None, _) => None,
+    };
+    let authority = req.uri().authority().map(|a| a.as_str());
+    match (header, authority) {
+        (Some(h), Some(a)) if !h.eq_ignore_ascii_case(a) => {
+            Err(format!("a Host header (`{h}`) that differs from the request's authority (`{a}`)"))
+        }
+        (Some(h), _) => Ok(Some(h.to_string())),
+        (None, Some(a)) => Ok(Some(a.to_string())),
+        (None, None) => Ok(None),
+    }
 }
 
 fn refuse(status: StatusCode, message: String, param: Option<&str>) -> Response {
@@ -126,8 +167,12 @@ pub async fn check(State(s): State<AppState>, req: Request, next: Next) -> Respo
     let guard = &s.guard;
     let headers = req.headers();
     let text = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
-    let host = text(header::HOST.as_str());
-    if let Some(host) = host.filter(|h| !guard.host_allowed(h)) {
+    let host = match request_host(&req) {
+        Ok(Some(host)) => host,
+        Ok(None) => return refuse(StatusCode::BAD_REQUEST, "the request names no Host".into(), Some("host")),
+        Err(why) => return refuse(StatusCode::BAD_REQUEST, format!("the request has {why}: refused"), Some("host")),
+    };
+    if !guard.host_allowed(&host) {
         return refuse(
             StatusCode::FORBIDDEN,
             format!(
@@ -136,6 +181,7 @@ pub async fn check(State(s): State<AppState>, req: Request, next: Next) -> Respo
             Some("host"),
         );
     }
+    let host = Some(host.as_str());
     if let Some(origin) = text(header::ORIGIN.as_str()).filter(|o| !guard.origin_allowed(o, host)) {
         return refuse(
             StatusCode::FORBIDDEN,
@@ -144,8 +190,9 @@ pub async fn check(State(s): State<AppState>, req: Request, next: Next) -> Respo
         );
     }
     let path = req.uri().path();
-    let page = matches!(path, "/" | "/app.js" | "/style.css");
-    if guard.api_key_required() && !page {
+    // With an API key the page needs it too: the page carries the control token, which only
+    // a holder of the key may be handed (and without the key the page's calls fail anyway).
+    if guard.api_key_required() {
         let bearer = text(header::AUTHORIZATION.as_str())
             .and_then(|v| v.split_once(' '))
             .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
@@ -176,7 +223,16 @@ pub async fn check(State(s): State<AppState>, req: Request, next: Next) -> Respo
             );
         }
     }
-    next.run(req).await
+    let mut response = next.run(req).await;
+    forbid_framing(response.headers_mut());
+    response
+}
+
+/// No page of another site may show this server's pages in a frame: the page carries the
+/// control token, and a framing page could steer the user's clicks onto its buttons.
+fn forbid_framing(headers: &mut axum::http::HeaderMap) {
+    headers.insert(header::X_FRAME_OPTIONS, header::HeaderValue::from_static("DENY"));
+    headers.insert(header::CONTENT_SECURITY_POLICY, header::HeaderValue::from_static("frame-ancestors 'none'"));
 }
 
 #[cfg(test)]
@@ -190,6 +246,8 @@ mod tests {
         assert_eq!(host_name("[::1]"), "[::1]");
         assert_eq!(host_name("localhost"), "localhost");
         assert_eq!(host_name("evil.example:80"), "evil.example");
+        assert_eq!(host_name("[::1]evil.example"), "[::1]evil.example");
+        assert_eq!(host_name("[::1]:80evil"), "[::1]:80evil");
     }
 
     #[test]
@@ -198,7 +256,16 @@ mod tests {
         for ok in ["127.0.0.1:8080", "localhost:8080", "LOCALHOST", "[::1]:8080", "127.0.0.2", "app.localhost:1"] {
             assert!(g.host_allowed(ok), "{ok}");
         }
-        for bad in ["evil.example", "evil.example:8080", "192.168.1.5:8080", "127.0.0.1.evil.example", "[::2]:80", ""] {
+        for bad in [
+            "[::1]evil.example",
+            "[::1]:8080.evil.example",
+            "evil.example",
+            "evil.example:8080",
+            "192.168.1.5:8080",
+            "127.0.0.1.evil.example",
+            "[::2]:80",
+            "",
+        ] {
             assert!(!g.host_allowed(bad), "{bad}");
         }
         let lan: SocketAddr = "192.168.1.5:8080".parse().unwrap();

@@ -150,20 +150,32 @@ pub fn spec(name: &str, draft_depth_arg: &str, profile: ProfileName) -> Result<M
 }
 
 /// The prompt cache's disk tier as the config file sets it (`[prompt_cache]`; default: in
-/// the models folder), or `FERRITE_PROMPT_DISK_GB` (0: off); `None` without a usable store.
-pub fn prompt_disk() -> Option<(std::path::PathBuf, u64)> {
+/// the models folder), or `FERRITE_PROMPT_DISK_GB` (0: off), with the installation's key;
+/// `None` without a usable store or key.
+pub fn prompt_disk() -> Option<engine::prompt_cache::DiskSettings> {
     let gb = std::env::var("FERRITE_PROMPT_DISK_GB").ok().and_then(|v| v.parse::<f64>().ok());
-    let (dir, budget) = match store::Store::open_default() {
-        Ok(store) => store.prompt_disk()?,
+    let store = match store::Store::open_default() {
+        Ok(store) => store,
         Err(e) => {
             tracing::warn!("the prompt cache stays in memory (no store: {e})");
             return None;
         }
     };
-    match gb {
-        Some(gb) if gb <= 0.0 => None,
-        Some(gb) => Some((dir, (gb * 1e9) as u64)),
-        None => Some((dir, budget)),
+    let (dir, budget) = store.prompt_disk()?;
+    let budget = match gb {
+        Some(gb) if gb <= 0.0 => return None,
+        Some(gb) => (gb * 1e9) as u64,
+        None => budget,
+    };
+    match store.prompt_cache_key() {
+        Ok(key) => Some(engine::prompt_cache::DiskSettings { dir, budget, key }),
+        Err(e) => {
+            tracing::warn!(
+                "the prompt cache stays in memory (no key for its blocks in {}: {e})",
+                store.config_dir.display()
+            );
+            None
+        }
     }
 }
 

@@ -76,8 +76,13 @@ pub struct ServerConfig {
     pub strict_model_names: bool,
 }
 
-/// The origins the Tauri app's web view uses (`tauri://localhost` on macOS and Linux, the
-/// `http(s)://tauri.localhost` form on Windows). The UI served at `/` needs none: same origin.
+/// The origin the Tauri app's web view uses: `tauri://localhost` on macOS and Linux. The UI
+/// served at `/` needs none: same origin.
+#[cfg(not(windows))]
+pub const APP_ORIGINS: [&str; 1] = ["tauri://localhost"];
+/// On Windows the web view's origin is `http(s)://tauri.localhost`; elsewhere that name is an
+/// ordinary local page's (any port-80 or 443 server on `*.localhost`), so only Windows trusts it.
+#[cfg(windows)]
 pub const APP_ORIGINS: [&str; 3] = ["tauri://localhost", "http://tauri.localhost", "https://tauri.localhost"];
 
 /// The model being served: its worker and the names and draft depth it is served with.
@@ -332,10 +337,12 @@ async fn metrics(State(s): State<AppState>) -> Response {
     ([("content-type", "text/plain; version=0.0.4; charset=utf-8")], text).into_response()
 }
 
-/// `ok`, or a 503 saying why the model cannot answer (a split model's rank is gone).
+/// `ok`, or a 503 saying why the model cannot answer (its engine stopped on an internal
+/// error, a split model's rank is gone).
 async fn health(State(s): State<AppState>) -> axum::response::Response {
     use axum::response::IntoResponse;
-    match s.loaded().worker.metrics.ranks().down {
+    let worker = &s.loaded().worker;
+    match worker.crashed().or_else(|| worker.metrics.ranks().down) {
         Some(why) => {
             (axum::http::StatusCode::SERVICE_UNAVAILABLE, Json(json!({"status": "down", "error": why}))).into_response()
         }

@@ -146,11 +146,33 @@ pub async fn delete(State(s): State<AppState>, body: Bytes) -> Result<Json<Value
     let loaded = s.loaded();
     let access = s.store.clone();
     let dir_in_use = loaded.worker.info.dir.clone();
+    let downloading: Vec<String> = s
+        .store
+        .downloads
+        .lock()
+        .map(|l| {
+            l.iter().map(|d| d.progress().borrow().clone()).filter(|p| !p.state.is_final()).map(|p| p.repo).collect()
+        })
+        .unwrap_or_default();
     let name = model.clone();
     let freed = blocking(move || {
         let mut st = access.open()?;
-        if st.resolve(&name).is_ok_and(|r| r.dir == dir_in_use) {
-            return Err(ApiError::bad_request(format!("`{name}` is being served: start another model first")));
+        // Compared as real paths: a model started by a relative path, or through a link, is
+        // still the one being served.
+        let real = |p: &std::path::Path| p.canonicalize().unwrap_or_else(|_| p.to_path_buf());
+        let served = real(&dir_in_use);
+        let serves = |dir: &std::path::Path| served == real(dir) || served.starts_with(real(dir));
+        if st.resolve(&name).is_ok_and(|r| serves(&r.dir)) || st.deleted_folder(&name).is_some_and(|(_, d)| serves(&d))
+        {
+            return Err(
+                ApiError::conflict(format!("`{name}` is being served: start another model first")).with_param("model")
+            );
+        }
+        if let Some((repo, _)) = st.deleted_folder(&name).filter(|(repo, _)| downloading.contains(repo)) {
+            return Err(ApiError::conflict(format!(
+                "`{repo}` is being downloaded: cancel the download first (deleting now would leave a partial folder)"
+            ))
+            .with_param("model"));
         }
         st.delete(&name).map_err(store_error)
     })

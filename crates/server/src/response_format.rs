@@ -54,10 +54,7 @@ impl ResponseFormat {
                 let schema = spec.schema.as_ref().ok_or_else(|| {
                     ApiError::bad_request("response_format.json_schema needs a `schema`").with_param(param)
                 })?;
-                let validator = jsonschema::validator_for(schema).map_err(|e| {
-                    ApiError::bad_request(format!("response_format.json_schema.schema is not a valid JSON Schema: {e}"))
-                        .with_param(param)
-                })?;
+                let validator = validator(schema, "response_format.json_schema.schema")?;
                 Ok(Some(Expect::Schema {
                     name: spec.name.clone().unwrap_or_else(|| "schema".into()),
                     schema: schema.clone(),
@@ -80,6 +77,17 @@ impl ResponseFormat {
     }
 }
 
+/// The validator of a JSON schema a request sent at `field`, once the schema is within the
+/// engine's limits on what it can enforce (checked first: a schema past them could exhaust
+/// the stack of whichever compiles it, the validator's builder included).
+pub fn validator(schema: &Value, field: &str) -> Result<jsonschema::Validator, ApiError> {
+    engine::check_schema(schema).map_err(|e| {
+        ApiError::bad_request(format!("{field}: too large to enforce: the JSON schema {e}")).with_param(field)
+    })?;
+    jsonschema::validator_for(schema)
+        .map_err(|e| ApiError::bad_request(format!("{field} is not a valid JSON Schema: {e}")).with_param(field))
+}
+
 /// A `{"type": "grammar", "syntax", "definition"}` format's grammar; errors name `field`'s
 /// member that was wrong.
 pub fn custom_grammar(
@@ -96,6 +104,10 @@ pub fn custom_grammar(
             );
         }
     };
+    if let Err(e) = engine::check_text_grammar(&definition) {
+        let param = format!("{field}.definition");
+        return Err(ApiError::bad_request(format!("{param}: too large to enforce: the grammar {e}")).with_param(&param));
+    }
     match syntax {
         Some("lark") => Ok(engine::Grammar::Lark(definition)),
         Some("regex") => Ok(engine::Grammar::Regex(definition)),

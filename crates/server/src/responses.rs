@@ -103,10 +103,7 @@ impl TextFormat {
                 let schema = self.schema.as_ref().ok_or_else(|| {
                     ApiError::bad_request("text.format of type json_schema needs a `schema`").with_param("text.format")
                 })?;
-                let validator = jsonschema::validator_for(schema).map_err(|e| {
-                    ApiError::bad_request(format!("text.format.schema is not a valid JSON Schema: {e}"))
-                        .with_param("text.format.schema")
-                })?;
+                let validator = response_format::validator(schema, "text.format.schema")?;
                 Expect::Schema {
                     name: self.name.clone().unwrap_or_else(|| "schema".into()),
                     schema: schema.clone(),

@@ -163,6 +163,11 @@ impl ToolChoice {
                 None => return Err(bad("tool_choice", &format!("names `{name}`, which is not among `tools`"))),
             },
         };
+        for (name, parameters) in &chosen {
+            engine::check_schema(parameters).map_err(|e| {
+                bad("tools", &format!("the parameters of `{name}` are too large to enforce: the JSON schema {e}"))
+            })?;
+        }
         let mut lark = String::from("%llguidance {}\n");
         lark += if parallel { "start: call (\"\\n\" call)*\n" } else { "start: call\n" };
         let alternatives: Vec<String> = (0..chosen.len()).map(|i| format!("call_{i}")).collect();

@@ -217,7 +217,7 @@ pub struct WorkerOptions {
     /// The most memory, in bytes, the model and its caches may take (`None`: the machine's).
     pub memory_budget: Option<u64>,
     /// The prompt cache's disk tier: its folder and byte budget (`None`: memory only).
-    pub prompt_disk: Option<(PathBuf, u64)>,
+    pub prompt_disk: Option<engine::prompt_cache::DiskSettings>,
     /// Keep each request's draft depth as asked (no runtime depth controller).
     pub fixed_depth: bool,
     /// The model is split across the ranks of this group (`ferrite serve --hosts`).
@@ -340,8 +340,8 @@ impl Worker {
                 if split_model {
                     return engine;
                 }
-                if let Some((root, budget)) = &prompt_disk {
-                    if let Err(e) = engine.set_prompt_disk(root, *budget) {
+                if let Some(settings) = &prompt_disk {
+                    if let Err(e) = engine.set_prompt_disk(settings) {
                         tracing::warn!("the prompt cache stays in memory: {e}");
                     }
                 }
@@ -549,16 +549,29 @@ impl Worker {
         };
         if !sent {
             self.queue_depth.fetch_sub(1, Ordering::SeqCst);
-            return Err(JobError::Internal("the engine has stopped (the server is shutting down)".into()));
+            return Err(self.stopped());
         }
         Ok(())
+    }
+
+    /// Why the engine thread ended with an internal error, if it did (`/health` reports it).
+    pub fn crashed(&self) -> Option<String> {
+        self.finished.panicked().map(|p| format!("the engine stopped on an internal error ({p}): load the model again"))
+    }
+
+    /// The error for a job the engine can no longer take.
+    fn stopped(&self) -> JobError {
+        match self.crashed() {
+            Some(why) => JobError::Unavailable(why),
+            None => JobError::Internal("the engine has stopped (the server is shutting down)".into()),
+        }
     }
 
     /// Queues a tuner run (after the jobs before it); the answer comes on `job.reply`.
     pub fn tune(&self, job: TuneJob) -> Result<(), JobError> {
         match self.jobs.lock().ok().as_ref().and_then(|j| j.as_ref()) {
             Some(jobs) if jobs.send(Message::Tune(job)).is_ok() => Ok(()),
-            _ => Err(JobError::Internal("the engine has stopped (the server is shutting down)".into())),
+            _ => Err(self.stopped()),
         }
     }
 
@@ -601,23 +614,26 @@ impl Worker {
                 Ok(Running { events, prompt_tokens, max_tokens, clamped, guard })
             }
             Some(JobEvent::Failed(e)) => Err(e),
-            _ => Err(JobError::Internal("the engine ended the request without an answer".into())),
+            _ => Err(self
+                .crashed()
+                .map(JobError::Unavailable)
+                .unwrap_or_else(|| JobError::Internal("the engine ended the request without an answer".into()))),
         }
     }
 }
 
 /// The prompt's token ids, its text, and whether it leaves the answer in reasoning mode.
 fn render(engine: &Engine, prompt: &Prompt) -> Result<(Vec<u32>, String, bool), JobError> {
-    let text = match prompt {
-        Prompt::Text(t) => t.clone(),
+    let (ids, text) = match prompt {
+        Prompt::Text(t) => (engine.tokenizer().encode(t).map_err(|e| JobError::Internal(e.to_string()))?, t.clone()),
+        // A special token's text in a message stays text (`encode_chat`).
         Prompt::Chat { messages, template_vars } => engine
             .tokenizer()
-            .apply_chat_template(messages, true, template_vars)
+            .encode_chat(messages, true, template_vars)
             .map_err(|e| JobError::BadRequest(e.to_string()))?,
     };
     // Templates that open the think block themselves leave the answer in reasoning mode.
     let thinking = text.trim_end().ends_with("<think>");
-    let ids = engine.tokenizer().encode(&text).map_err(|e| JobError::Internal(e.to_string()))?;
     Ok((ids, text, thinking))
 }
 

@@ -181,8 +181,155 @@ async fn the_api_key_takes_any_bearer_spelling_and_nothing_else() {
         let r = client.get(&url).header("authorization", header).send().await.unwrap();
         assert_eq!(r.status() == 200, ok, "{header}: {}", r.status());
     }
-    // The page itself is served without the key (it holds no data); its API calls need it.
-    assert_eq!(client.get(format!("{}/", s.base)).send().await.unwrap().status(), 200);
+    // The page carries the control token, so with a key it needs the key too.
+    assert_eq!(client.get(format!("{}/", s.base)).send().await.unwrap().status(), 401);
+    let r = client.get(format!("{}/", s.base)).header("x-api-key", "sekrit").send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    assert!(r.text().await.unwrap().contains(s.state.guard.control_token()));
+}
+
+/// A schema whose references chain `n` deep (each definition refers to the next): ~24 KB at
+/// 700 overflowed the engine thread's stack while llguidance compiled it, aborting the process.
+fn chained_refs(n: usize) -> Value {
+    let mut defs = serde_json::Map::new();
+    for i in 0..n {
+        defs.insert(format!("d{i}"), json!({"$ref": format!("#/$defs/d{}", i + 1)}));
+    }
+    defs.insert(format!("d{n}"), json!({"type": "string"}));
+    json!({"type": "object", "properties": {"a": {"$ref": "#/$defs/d0"}}, "required": ["a"], "$defs": defs})
+}
+
+/// An object with `n` required properties.
+fn many_required(n: usize) -> Value {
+    let names: Vec<String> = (0..n).map(|i| format!("p{i}")).collect();
+    let properties: serde_json::Map<String, Value> =
+        names.iter().map(|p| (p.clone(), json!({"type": "integer"}))).collect();
+    json!({"type": "object", "properties": properties, "required": names})
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_schema_too_large_to_compile_is_a_400_in_every_api_and_the_server_lives() {
+    let s = start(None).await;
+    let deep_lark = format!("start: {}\"a\"{}", "(".repeat(5000), ")".repeat(5000));
+    for (what, schema) in [("700 chained $refs", chained_refs(700)), ("7,000 required properties", many_required(7000))]
+    {
+        let requests = [
+            (
+                "/v1/chat/completions",
+                chat(
+                    json!({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}}),
+                ),
+                Some("response_format.json_schema.schema"),
+            ),
+            (
+                "/v1/chat/completions",
+                chat(
+                    json!({"tools": [{"type": "function", "function": {"name": "f", "parameters": schema}}], "tool_choice": "required"}),
+                ),
+                Some("tools"),
+            ),
+            (
+                "/v1/responses",
+                json!({"model": "tiny", "input": "hi", "max_output_tokens": 8, "text": {"format": {"type": "json_schema", "name": "x", "schema": schema}}}),
+                Some("text.format.schema"),
+            ),
+            (
+                "/v1/messages",
+                json!({"model": "tiny", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}],
+                       "tools": [{"name": "f", "input_schema": schema}], "tool_choice": {"type": "any"}}),
+                None,
+            ),
+        ];
+        for (path, body, param) in requests {
+            let (status, v) = post(&s, path, &body).await;
+            assert_eq!(status, 400, "{what} at {path}: {v}");
+            let message = v["error"]["message"].as_str().unwrap_or_default();
+            assert!(message.contains("too large to enforce"), "{what} at {path}: {message}");
+            if let Some(param) = param {
+                assert_eq!(v["error"]["param"], param, "{what} at {path}");
+            }
+            // Still alive, still answering.
+            assert_eq!(post(&s, "/v1/chat/completions", &chat(json!({}))).await.0, 200, "{what} at {path}");
+        }
+    }
+    let (status, v) = post(
+        &s,
+        "/v1/chat/completions",
+        &chat(json!({"response_format": {"type": "grammar", "syntax": "lark", "definition": deep_lark}})),
+    )
+    .await;
+    assert_eq!((status, v["error"]["param"].as_str()), (400, Some("response_format.definition")), "{v}");
+    // A schema within the limits, its references chained 60 deep, is held to, not refused.
+    let (status, v) = post(
+        &s,
+        "/v1/chat/completions",
+        &chat(json!({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": chained_refs(60)}}})),
+    )
+    .await;
+    assert_eq!(status, 200, "{v}");
+    let health = reqwest::get(format!("{}/health", s.base)).await.unwrap();
+    assert_eq!(health.status(), 200);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn no_page_may_frame_the_server() {
+    let s = start(None).await;
+    for path in ["/", "/v1/status", "/app.js"] {
+        let r = reqwest::get(format!("{}{path}", s.base)).await.unwrap();
+        assert_eq!(r.headers()["x-frame-options"], "DENY", "{path}");
+        assert_eq!(r.headers()["content-security-policy"], "frame-ancestors 'none'", "{path}");
+    }
+}
+
+/// The status code of a request written byte for byte.
+async fn raw_status(base: &str, request: &[u8]) -> u16 {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut c = tokio::net::TcpStream::connect(base.trim_start_matches("http://")).await.unwrap();
+    c.write_all(request).await.unwrap();
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n") && head.len() < 200 {
+        match tokio::time::timeout(std::time::Duration::from_secs(20), c.read(&mut byte)).await {
+            Ok(Ok(1)) => head.push(byte[0]),
+            _ => break,
+        }
+    }
+    let line = String::from_utf8_lossy(&head);
+    line.split(' ').nth(1).and_then(|code| code.parse().ok()).unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn host_forms_a_browser_cannot_send_are_refused() {
+    let s = start(None).await;
+    let ok = b"GET /v1/status HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n";
+    assert_eq!(raw_status(&s.base, ok).await, 200);
+    for (what, request) in [
+        ("no Host", b"GET /v1/status HTTP/1.1\r\nConnection: close\r\n\r\n".to_vec()),
+        (
+            "two Hosts",
+            b"GET /v1/status HTTP/1.1\r\nHost: 127.0.0.1\r\nHost: evil.example\r\nConnection: close\r\n\r\n".to_vec(),
+        ),
+        (
+            "a non-ASCII Host",
+            b"GET /v1/status HTTP/1.1\r\nHost: 127.0.0.1\xc3\xa9.evil\r\nConnection: close\r\n\r\n".to_vec(),
+        ),
+        (
+            "text after an IPv6 literal",
+            b"GET /v1/status HTTP/1.1\r\nHost: [::1]evil.example\r\nConnection: close\r\n\r\n".to_vec(),
+        ),
+        (
+            "an authority other than the Host",
+            b"GET http://evil.example/v1/status HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n".to_vec(),
+        ),
+        (
+            "an authority that is not this server's",
+            b"GET http://evil.example/v1/status HTTP/1.1\r\nHost: evil.example\r\nConnection: close\r\n\r\n".to_vec(),
+        ),
+    ] {
+        let status = raw_status(&s.base, &request).await;
+        assert!(status == 400 || status == 403, "{what}: {status}");
+    }
+    assert_eq!(raw_status(&s.base, ok).await, 200);
 }
 
 #[tokio::test(flavor = "multi_thread")]

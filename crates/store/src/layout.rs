@@ -29,12 +29,41 @@ pub fn repo_from_folder(folder: &str) -> Option<String> {
 }
 
 /// The commit a revision points at, from `refs/REVISION` (or the revision itself when it is
-/// a commit hash with a snapshot).
+/// a commit hash with a snapshot). The folder may be shared with other hub clients or copied
+/// from elsewhere, so what a ref holds is untrusted: only a plain snapshot name is taken (an
+/// absolute path or `..` would make loading and deleting reach outside the store), and only
+/// its first bytes are read (a ref may be a link to a device that never ends).
 pub fn resolve_ref(repo_dir: &Path, revision: &str) -> Option<String> {
-    if let Ok(commit) = std::fs::read_to_string(repo_dir.join("refs").join(revision)) {
-        return Some(commit.trim().to_string());
+    if !plain_name(revision) && !revision.split('/').all(plain_name) {
+        return None;
     }
-    repo_dir.join("snapshots").join(revision).is_dir().then(|| revision.to_string())
+    let file = repo_dir.join("refs").join(revision);
+    if file.exists() {
+        return read_ref(&file);
+    }
+    (plain_name(revision) && repo_dir.join("snapshots").join(revision).is_dir()).then(|| revision.to_string())
+}
+
+/// The snapshot name a ref file holds, if it holds a plain one.
+pub fn read_ref(file: &Path) -> Option<String> {
+    use std::io::Read;
+    let mut text = String::new();
+    std::fs::File::open(file).ok()?.take(MAX_REF_BYTES).read_to_string(&mut text).ok()?;
+    let commit = text.trim();
+    plain_name(commit).then(|| commit.to_string())
+}
+
+/// A ref file's most bytes read: a commit hash is 40.
+const MAX_REF_BYTES: u64 = 256;
+
+/// Whether `name` can name a snapshot (or one part of a revision such as `refs/pr/1`): a
+/// single path component of letters, digits, `-`, `_` and `.`, neither `.` nor `..`.
+pub fn plain_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 128
+        && name != "."
+        && name != ".."
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
 }
 
 /// Bytes of unfinished downloads (hf-hub's `*.sync.part` files) in a repository folder.
@@ -58,5 +87,31 @@ mod tests {
         assert_eq!(repo_folder("mlx-community/Qwen3-8B-4bit"), "models--mlx-community--Qwen3-8B-4bit");
         assert_eq!(repo_from_folder("models--mlx-community--Qwen3-8B-4bit").unwrap(), "mlx-community/Qwen3-8B-4bit");
         assert!(repo_from_folder("datasets--a--b").is_none());
+    }
+
+    #[test]
+    fn refs_that_leave_the_snapshots_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let repo = dir.path().join("models--a--b");
+        std::fs::create_dir_all(repo.join("refs")).unwrap();
+        std::fs::create_dir_all(repo.join("snapshots").join("abc123")).unwrap();
+        let write = |r: &str| std::fs::write(repo.join("refs").join("main"), r).unwrap();
+        write("abc123\n");
+        assert_eq!(resolve_ref(&repo, "main").as_deref(), Some("abc123"));
+        for hostile in ["/", "/etc", "../../..", "..", ".", "a/../../b", "abc\\..", "", "x\0y"] {
+            write(hostile);
+            assert_eq!(resolve_ref(&repo, "main"), None, "{hostile:?}");
+        }
+        write(&"a".repeat(10_000));
+        assert_eq!(resolve_ref(&repo, "main"), None);
+        // The revision asked for is checked too.
+        assert_eq!(resolve_ref(&repo, "../../refs/main"), None);
+        assert_eq!(resolve_ref(&repo, "abc123").as_deref(), Some("abc123"));
+        #[cfg(unix)]
+        {
+            std::fs::remove_file(repo.join("refs").join("main")).unwrap();
+            std::os::unix::fs::symlink("/dev/zero", repo.join("refs").join("main")).unwrap();
+            assert_eq!(resolve_ref(&repo, "main"), None);
+        }
     }
 }

@@ -97,6 +97,43 @@ impl Store {
         (budget > 0).then_some((dir, budget))
     }
 
+    /// The key that binds the prompt cache's blocks to this installation (a keyed MAC names
+    /// each block): 32 random bytes kept in the config directory, made on first use. The
+    /// cache's folder sits on the models volume, which other tools, copies and syncs share;
+    /// the key does not, so a block this installation did not write is never loaded.
+    pub fn prompt_cache_key(&self) -> std::io::Result<[u8; 32]> {
+        let path = self.config_dir.join("prompt-cache.key");
+        let mut key = [0u8; 32];
+        if let Ok(bytes) = crate::verify::read_small(&path) {
+            if bytes.len() == key.len() {
+                key.copy_from_slice(&bytes);
+                return Ok(key);
+            }
+        }
+        getrandom::fill(&mut key).map_err(|e| std::io::Error::other(format!("no random source: {e}")))?;
+        std::fs::create_dir_all(&self.config_dir)?;
+        let tmp = self.config_dir.join(format!(".prompt-cache.key.{}", std::process::id()));
+        let mut options = std::fs::OpenOptions::new();
+        options.write(true).create(true).truncate(true);
+        #[cfg(unix)]
+        std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+        std::io::Write::write_all(&mut options.open(&tmp)?, &key)?;
+        // Two processes starting at once: the first key placed wins, both use it.
+        if std::fs::hard_link(&tmp, &path).is_err() {
+            let _ = std::fs::remove_file(&tmp);
+            let bytes = crate::verify::read_small(&path)?;
+            if bytes.len() != key.len() {
+                // A key file of the wrong size is replaced: its blocks cannot be verified anyway.
+                std::fs::write(&path, key)?;
+                return Ok(key);
+            }
+            key.copy_from_slice(&bytes);
+            return Ok(key);
+        }
+        let _ = std::fs::remove_file(&tmp);
+        Ok(key)
+    }
+
     pub fn open_default() -> Result<Store, StoreError> {
         Self::open(&crate::config::config_dir())
     }
@@ -250,6 +287,22 @@ impl Store {
         Ok(Resolved { dir, id, aliases, entry })
     }
 
+    /// The repository and hub folder `delete(name)` would remove from (`None` for a registered
+    /// folder, which is only forgotten, and for the embedded model).
+    pub fn deleted_folder(&self, name: &str) -> Option<(String, PathBuf)> {
+        if self.config.local_models.iter().any(|m| m.id == name) {
+            return None;
+        }
+        let repo = match self.catalog.find(name) {
+            Some(e) if e.embedded.is_some() => return None,
+            Some(e) => e.repo.clone(),
+            None if name.contains('/') => name.to_string(),
+            None => return None,
+        };
+        let dir = self.models_dir.join(layout::repo_folder(&repo));
+        Some((repo, dir))
+    }
+
     /// Deletes a model: its snapshots, and the blobs no remaining snapshot uses (a registered
     /// folder is only forgotten, never deleted). Returns the bytes freed.
     pub fn delete(&mut self, name: &str) -> Result<u64, StoreError> {
@@ -282,7 +335,7 @@ impl Store {
                 std::fs::remove_file(&path).map_err(|e| folder_error(&path, e))?;
             }
             for r in std::fs::read_dir(repo_dir.join("refs")).into_iter().flatten().flatten() {
-                if std::fs::read_to_string(r.path()).is_ok_and(|c| c.trim() == commit) {
+                if layout::read_ref(&r.path()).is_some_and(|c| c == commit) {
                     let _ = std::fs::remove_file(r.path());
                 }
             }

@@ -105,7 +105,7 @@ pub fn model_identity(dir: &Path) -> String {
         }
     }
     let mut h = sha2::Sha256::new();
-    h.update(std::fs::read(dir.join("config.json")).unwrap_or_default());
+    h.update(crate::verify::read_small(&dir.join("config.json")).unwrap_or_default());
     let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
         .into_iter()
         .flatten()

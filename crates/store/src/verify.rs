@@ -31,7 +31,7 @@ pub struct ModelFacts {
 /// The cheap checks. `expect_mtp`: the catalog promises `mtp.*` tensors.
 pub fn check_model_dir(dir: &Path, expect_mtp: bool) -> Result<ModelFacts, VerifyError> {
     let config_path = dir.join("config.json");
-    let config: serde_json::Value = std::fs::read(&config_path)
+    let config: serde_json::Value = read_small(&config_path)
         .map_err(|e| fail(&config_path, format!("missing or unreadable: {e}")))
         .and_then(|b| serde_json::from_slice(&b).map_err(|e| fail(&config_path, format!("not valid JSON: {e}"))))?;
     let model_type = config
@@ -67,13 +67,17 @@ pub fn check_model_dir(dir: &Path, expect_mtp: bool) -> Result<ModelFacts, Verif
 fn weight_files(dir: &Path) -> Result<Vec<PathBuf>, VerifyError> {
     let index = dir.join("model.safetensors.index.json");
     if index.exists() {
-        let v: serde_json::Value = std::fs::read(&index)
+        let v: serde_json::Value = read_small(&index)
             .map_err(|e| fail(&index, e.to_string()))
             .and_then(|b| serde_json::from_slice(&b).map_err(|e| fail(&index, format!("not valid JSON: {e}"))))?;
         let map = v.get("weight_map").and_then(|m| m.as_object()).ok_or_else(|| fail(&index, "no `weight_map`"))?;
         let shards: BTreeSet<&str> = map.values().filter_map(|s| s.as_str()).collect();
         let mut files = Vec::new();
         for shard in shards {
+            // The index comes with the model: a shard is a file of this folder, by plain name.
+            if !crate::layout::plain_name(shard) {
+                return Err(fail(&index, format!("names shard `{shard}`, which is not a plain file name")));
+            }
             let path = dir.join(shard);
             if !path.is_file() {
                 return Err(fail(&index, format!("lists shard `{shard}`, which is missing")));
@@ -152,6 +156,24 @@ fn digest_file<D: sha1::Digest>(file: &Path, prefix: Option<String>) -> Result<V
         hasher.update(&buf[..n]);
     }
     Ok(hasher.finalize().to_vec())
+}
+
+/// The most bytes of a model's JSON files (`config.json`, the shard index) read.
+const JSON_CAP: u64 = 16 << 20;
+
+/// A model folder's small JSON file, refused when it is not a regular file or larger than
+/// [`JSON_CAP`] (a model folder may come from anywhere: a link to `/dev/zero` never ends).
+pub fn read_small(path: &Path) -> std::io::Result<Vec<u8>> {
+    let file = std::fs::File::open(path)?;
+    if !file.metadata()?.is_file() {
+        return Err(std::io::Error::other("not a regular file"));
+    }
+    let mut bytes = Vec::new();
+    file.take(JSON_CAP + 1).read_to_end(&mut bytes)?;
+    if bytes.len() as u64 > JSON_CAP {
+        return Err(std::io::Error::other(format!("larger than {} MiB", JSON_CAP >> 20)));
+    }
+    Ok(bytes)
 }
 
 #[cfg(test)]

@@ -96,6 +96,32 @@ fn delete_frees_what_no_other_snapshot_uses() {
 }
 
 #[test]
+fn refs_another_tool_wrote_never_lead_outside_the_store() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut store = open(tmp.path());
+    let src = tmp.path().join("src");
+    hub::checkpoint(&src, false, 1);
+    // A folder outside the store that a hostile ref names, holding a model of its own.
+    let victim = tmp.path().join("victim");
+    hub::checkpoint(&victim.join("snapshots").join("x"), false, 1);
+    let repo_dir = store.models_dir.join("models--org--m");
+    for hostile in [
+        victim.display().to_string(),
+        "../../../victim".to_string(),
+        "../../victim/snapshots/x".to_string(),
+        "/".to_string(),
+        "..".to_string(),
+    ] {
+        place_like_another_tool(&store.models_dir, "org/m", "abc", &src);
+        std::fs::write(repo_dir.join("refs/main"), &hostile).unwrap();
+        assert!(store.resolve("org/m").is_err(), "{hostile}: loading follows no such ref");
+        let _ = store.delete("org/m");
+        assert!(victim.join("snapshots/x/config.json").is_file(), "{hostile}: nothing outside the store is touched");
+        let _ = std::fs::remove_dir_all(&repo_dir);
+    }
+}
+
+#[test]
 fn folders_register_in_place_and_the_choice_is_shared() {
     let tmp = tempfile::tempdir().unwrap();
     let mut store = open(tmp.path());

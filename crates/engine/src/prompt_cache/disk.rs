@@ -6,9 +6,13 @@
 //! checkpoint at its end. It is named after the chain hash of every token up to its end (the
 //! model's identity first), so the blocks of one prompt are found by hashing the prompt, an
 //! entry's shared start is written once, and a longer turn adds only its new blocks; the last
-//! block of an entry ends where the entry does. The name also carries the sha256 of the file:
-//! a block whose bytes do not match, or whose contents do not match its name, is removed and
-//! never loaded.
+//! block of an entry ends where the entry does. The name also carries a keyed MAC
+//! (HMAC-SHA256) of the whole file, under a key this installation keeps elsewhere
+//! ([`DiskSettings::key`]): the folder sits on a shared volume, so a block another program
+//! wrote or edited — its arrays, its metadata, its name — does not verify, and is removed and
+//! never loaded. A block is read into memory once, verified, and parsed from those bytes (what
+//! was checked is what loads); its metadata must name this model's layer count, and its arrays
+//! must fit together.
 //!
 //! The folder holds one sub-folder per model identity (its config, weight files, weight form
 //! and backend). Files are written whole to a temporary name and renamed, under a lock on the
@@ -20,12 +24,12 @@ mod writer;
 
 use std::collections::HashMap;
 use std::fs::File;
-use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
+use hmac::{KeyInit, Mac};
 use mlx_rs::Array;
 use serde::Serialize;
 use sha2::{Digest, Sha256};
@@ -36,7 +40,7 @@ use writer::{evaluated, Counters, Folder, Pending, Writer};
 /// Tokens per block: a multiple of every profile's prefill chunk, so a hybrid's checkpoints
 /// fall on block ends.
 pub const BLOCK: usize = 8192;
-const FORMAT: &str = "ferrite-prompt-block-1";
+const FORMAT: &str = "ferrite-prompt-block-2";
 const LOCK: &str = ".lock";
 
 /// What the disk tier holds and did, for `/v1/status` and `ferrite cache show`.
@@ -57,8 +61,19 @@ pub struct DiskStats {
     pub writing: usize,
 }
 
+/// Where the disk tier keeps its blocks, how many bytes it may take (every model together),
+/// and the installation's key that every block's MAC is made with.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DiskSettings {
+    pub dir: PathBuf,
+    pub budget: u64,
+    pub key: [u8; 32],
+}
+
 pub struct DiskTier {
     folder: Folder,
+    /// The model's layers: a block that says otherwise is not this model's.
+    layers: usize,
     /// The chain hash before the first token: the model's identity.
     seed: [u8; 32],
     counters: Arc<Counters>,
@@ -72,17 +87,18 @@ struct Found {
 }
 
 impl DiskTier {
-    /// The tier in `root` for the model whose identity `identity` describes, at most `budget`
-    /// bytes for every model together.
-    pub fn open(root: &Path, identity: &[u8], budget: u64) -> std::io::Result<Self> {
+    /// The tier `settings` describe for the model whose identity `identity` describes, with
+    /// `layers` layers.
+    pub fn open(settings: &DiskSettings, identity: &[u8], layers: usize) -> std::io::Result<Self> {
+        let root = &settings.dir;
         let seed: [u8; 32] = Sha256::digest([FORMAT.as_bytes(), identity].concat()).into();
         let dir = root.join(hex(&seed[..8]));
         std::fs::create_dir_all(&dir)?;
         remove_stale_temporaries(&dir);
-        let folder = Folder { root: root.to_path_buf(), dir, budget };
+        let folder = Folder { root: root.to_path_buf(), dir, budget: settings.budget, key: settings.key };
         let counters = Arc::new(Counters::default());
         let writer = Writer::start(folder.clone(), counters.clone())?;
-        Ok(DiskTier { folder, seed, counters, writer })
+        Ok(DiskTier { folder, layers, seed, counters, writer })
     }
 
     pub fn stats(&self) -> DiskStats {
@@ -191,12 +207,13 @@ impl DiskTier {
     }
 
     fn read(&mut self, found: &Found, tokens: &[u32], start: usize) -> Result<Block, String> {
-        let actual = file_sha256(&found.path).map_err(|e| e.to_string())?;
-        if !actual.starts_with(&found.checksum) {
-            return Err("its bytes do not match its checksum (corrupt or truncated)".into());
+        let bytes = std::fs::read(&found.path).map_err(|e| e.to_string())?;
+        if !mac(&self.folder.key, &bytes).starts_with(&found.checksum) {
+            return Err(
+                "its bytes do not match its MAC (corrupt, truncated, or not written by this installation)".into()
+            );
         }
-        let (arrays, metadata) =
-            Array::load_safetensors_with_metadata(&found.path).map_err(|e| format!("not a readable block: {e}"))?;
+        let (arrays, metadata) = parse_block(&bytes)?;
         let field = |k: &str| metadata.get(k).map(String::as_str);
         if field("format") != Some(FORMAT) || field("start") != Some(start.to_string().as_str()) {
             return Err("not a block of this chain (foreign)".into());
@@ -212,8 +229,17 @@ impl DiskTier {
         }
         let count = |k: &str| field(k).and_then(|v| v.parse::<usize>().ok());
         let layers = count("layers").ok_or("it does not say its layers")?;
+        if layers != self.layers {
+            return Err(format!("it says {layers} layers where the model has {}", self.layers));
+        }
+        let mtp_layers = count("mtp_layers");
+        if mtp_layers.is_some_and(|n| n > layers) {
+            return Err("it says more MTP layers than the model has layers".into());
+        }
+        let block = Block { end: start + tokens.len(), layers, mtp_layers, arrays };
+        block.check_shapes(tokens.len())?;
         self.counters.loaded.fetch_add(1, Ordering::Relaxed);
-        Ok(Block { end: start + tokens.len(), layers, mtp_layers: count("mtp_layers"), arrays })
+        Ok(block)
     }
 }
 
@@ -267,6 +293,75 @@ struct Block {
     layers: usize,
     mtp_layers: Option<usize>,
     arrays: HashMap<String, Array>,
+}
+
+impl Block {
+    /// Whether its arrays are what a block of `len` positions holds: keys and values in
+    /// pairs of one shape, `[batch, heads, len, dim]` (the MTP head's may be one shorter),
+    /// and a layer's linear-attention state only where it has no keys.
+    fn check_shapes(&self, len: usize) -> Result<(), String> {
+        for (prefix, layers) in [("", self.layers), ("mtp_", self.mtp_layers.unwrap_or(0))] {
+            for i in 0..layers {
+                let (k, v) = (self.arrays.get(&format!("{prefix}k.{i}")), self.arrays.get(&format!("{prefix}v.{i}")));
+                match (k, v) {
+                    (None, None) => {}
+                    (Some(k), Some(v)) => {
+                        let positions = k.shape().get(2).copied().unwrap_or(-1) as isize;
+                        let fits = k.ndim() == 4
+                            && v.ndim() == 4
+                            && k.shape()[..3] == v.shape()[..3]
+                            && (positions == len as isize || (prefix == "mtp_" && positions + 1 == len as isize));
+                        if !fits {
+                            return Err(format!(
+                                "its {prefix}keys and values of layer {i} are not shaped as its tokens"
+                            ));
+                        }
+                    }
+                    _ => return Err(format!("it holds only half of layer {i}'s {prefix}keys and values")),
+                }
+            }
+        }
+        for i in 0..self.layers {
+            let linear =
+                self.arrays.contains_key(&format!("conv.{i}")) || self.arrays.contains_key(&format!("rec.{i}"));
+            if linear && self.arrays.contains_key(&format!("k.{i}")) {
+                return Err(format!("its layer {i} holds both attention and linear-attention state"));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A block's arrays by name, and its metadata.
+type Parsed = (HashMap<String, Array>, HashMap<String, String>);
+
+/// A block's arrays and metadata, parsed from its bytes.
+fn parse_block(bytes: &[u8]) -> Result<Parsed, String> {
+    use safetensors::{Dtype as Stored, SafeTensors};
+    let bad = |e: safetensors::SafeTensorError| format!("not a readable block: {e}");
+    let (_, header) = SafeTensors::read_metadata(bytes).map_err(bad)?;
+    let metadata = header.metadata().clone().unwrap_or_default();
+    let tensors = SafeTensors::deserialize(bytes).map_err(bad)?;
+    let mut arrays = HashMap::new();
+    for (name, view) in tensors.tensors() {
+        let shape: Vec<i32> = view
+            .shape()
+            .iter()
+            .map(|&d| i32::try_from(d))
+            .collect::<Result<_, _>>()
+            .map_err(|_| "a dimension too large")?;
+        let data = view.data();
+        let array = match view.dtype() {
+            Stored::F32 => Array::from_slice(&bytemuck::pod_collect_to_vec::<u8, f32>(data), &shape),
+            Stored::BF16 => Array::from_slice(&bytemuck::pod_collect_to_vec::<u8, half::bf16>(data), &shape),
+            Stored::F16 => Array::from_slice(&bytemuck::pod_collect_to_vec::<u8, half::f16>(data), &shape),
+            Stored::U32 => Array::from_slice(&bytemuck::pod_collect_to_vec::<u8, u32>(data), &shape),
+            Stored::I32 => Array::from_slice(&bytemuck::pod_collect_to_vec::<u8, i32>(data), &shape),
+            other => return Err(format!("it holds an array of type {other:?}, which no block has")),
+        };
+        arrays.insert(name, array);
+    }
+    Ok((arrays, metadata))
 }
 
 /// The entry the loaded blocks make, up to the last one it can be restored from (a hybrid's
@@ -354,18 +449,11 @@ fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-fn file_sha256(path: &Path) -> std::io::Result<String> {
-    let mut file = File::open(path)?;
-    let mut h = Sha256::new();
-    let mut buf = vec![0u8; 1 << 20];
-    loop {
-        let n = file.read(&mut buf)?;
-        if n == 0 {
-            break;
-        }
-        h.update(&buf[..n]);
-    }
-    Ok(hex(&h.finalize()))
+/// HMAC-SHA256 of a file's bytes under the installation's key, hex.
+fn mac(key: &[u8; 32], bytes: &[u8]) -> String {
+    let mut m = <hmac::Hmac<Sha256> as KeyInit>::new_from_slice(key).expect("HMAC takes a key of any length");
+    m.update(bytes);
+    hex(&m.finalize().into_bytes())
 }
 
 /// The blocks of one model's folder: path, size, last use.

@@ -28,7 +28,7 @@ use crate::cache::{Cache, KvCache, LayerCache, LinearState};
 use crate::error::Result;
 
 pub mod disk;
-pub use disk::{DiskStats, DiskTier};
+pub use disk::{DiskSettings, DiskStats, DiskTier};
 
 /// Positions per piece of an entry's keys and values (pieces start at multiples of it).
 pub const PIECE: usize = 1024;

@@ -15,7 +15,7 @@ use std::thread::JoinHandle;
 use mlx_rs::{Array, Dtype};
 use safetensors::tensor::TensorView;
 
-use super::{all_blocks, file_sha256, LOCK};
+use super::{all_blocks, mac, LOCK};
 
 /// Named arrays (lazy slices of a cache entry) made row-contiguous and evaluated together, on
 /// the thread that runs MLX: what is left for the writer is reading memory that is ready.
@@ -77,6 +77,8 @@ pub(super) struct Folder {
     pub root: PathBuf,
     pub dir: PathBuf,
     pub budget: u64,
+    /// The installation's key, which each block's MAC is made with.
+    pub key: [u8; 32],
 }
 
 /// Numbers this process's temporary files.
@@ -96,8 +98,9 @@ impl Folder {
                 .map(|(name, a)| Ok((name.as_str(), view(a)?)))
                 .collect::<Result<Vec<_>, String>>()
                 .map_err(std::io::Error::other)?;
-            safetensors::serialize_to_file(views, Some(block.metadata), &tmp).map_err(std::io::Error::other)?;
-            file_sha256(&tmp)
+            let bytes = safetensors::serialize(views, Some(block.metadata)).map_err(std::io::Error::other)?;
+            std::fs::write(&tmp, &bytes)?;
+            Ok(mac(&self.key, &bytes))
         })();
         let checksum = match written {
             Ok(c) => c,

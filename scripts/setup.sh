@@ -11,6 +11,7 @@ MLX_VERSION=0.32.2          # must equal the MLX tag that mlx-c (mlx-sys 0.7.0) 
 MLX_LM_VERSION=0.32.0       # last mlx-lm whose MoE path runs on MLX 0.32.2
 MLX_SYS_VERSION=0.7.0
 HF_HUB_VERSION=0.4.3        # patched: third_party/hf-hub.patch
+MINIJINJA_VERSION=2.24.0    # patched: third_party/minijinja.patch (a per-thread build budget)
 ZIG_VERSION=0.17.1          # zig cc and Darwin's C headers for `make check-mac` off a Mac
 TAURI_CLI_VERSION=2.12.5    # Tauri's bundler (`make bundle`), from npm
 # The agent clients tests/agents runs against Ferrite, from npm.
@@ -165,6 +166,7 @@ patched_crate() {
 }
 patched_crate mlx-sys "$MLX_SYS_VERSION"
 patched_crate hf-hub "$HF_HUB_VERSION"
+patched_crate minijinja "$MINIJINJA_VERSION"
 
 # 3. The reference implementation and the official API clients, in their own venv (tests and
 #    benchmarks compare against mlx-lm and drive the server with the real SDKs).

@@ -207,6 +207,59 @@ mod tests {
         assert!(e.contains("/required"), "{e}");
     }
 
+    /// A schema of random shape, with `$ref`s to random places in it (cycles included).
+    fn schema() -> impl proptest::strategy::Strategy<Value = Value> {
+        use proptest::prelude::*;
+        let leaf = prop_oneof![
+            Just(json!({"type": "string"})),
+            Just(json!({"type": "integer"})),
+            (0..40usize).prop_map(|i| json!({"$ref": format!("#/$defs/d{i}")})),
+            Just(json!({"$ref": "#"})),
+            Just(json!({"$ref": "#/nowhere"})),
+        ];
+        let node = leaf.prop_recursive(8, 200, 6, |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 1..6).prop_map(|v| json!({"anyOf": v})),
+                prop::collection::vec(inner.clone(), 1..6).prop_map(|v| {
+                    let props: serde_json::Map<String, Value> =
+                        v.into_iter().enumerate().map(|(i, s)| (format!("p{i}"), s)).collect();
+                    json!({"type": "object", "properties": props})
+                }),
+                inner.prop_map(|s| json!({"type": "array", "items": s})),
+            ]
+        });
+        (node.clone(), prop::collection::vec(node, 0..40)).prop_map(|(root, defs)| {
+            let defs: serde_json::Map<String, Value> =
+                defs.into_iter().enumerate().map(|(i, d)| (format!("d{i}"), d)).collect();
+            let mut root = root;
+            if let Some(o) = root.as_object_mut() {
+                o.insert("$defs".into(), Value::Object(defs));
+            }
+            root
+        })
+    }
+
+    proptest::proptest! {
+        /// Any schema is checked without recursion, to the same answer every time; a long
+        /// chain prepended to one that passed makes it fail.
+        #[test]
+        fn any_schema_is_checked_without_a_crash(s in schema()) {
+            let first = check_schema(&s);
+            proptest::prop_assert_eq!(&first, &check_schema(&s));
+            if first.is_ok() {
+                let mut deeper = chain(MAX_SCHEMA_DEPTH + 10);
+                deeper["$defs"][format!("d{}", MAX_SCHEMA_DEPTH + 10)] = s;
+                proptest::prop_assert!(check_schema(&deeper).is_err());
+            }
+        }
+
+        /// Any text: a size and nesting verdict, never a crash.
+        #[test]
+        fn any_text_grammar_is_checked(text in "[(\\[\\]{}\"\\\\a-z ]{0,400}") {
+            let _ = check_text_grammar(&text);
+        }
+    }
+
     #[test]
     fn deep_or_huge_text_grammars_are_refused() {
         let deep = format!("start: {}\"a\"{}", "(".repeat(1000), ")".repeat(1000));

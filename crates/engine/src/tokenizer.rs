@@ -313,7 +313,18 @@ impl Tokenizer {
         }
         let tmpl = env.get_template("chat").map_err(|e| Error::Template(e.to_string()))?;
         let mut out = Bounded { text: Vec::new(), limit: MAX_RENDERED_BYTES };
-        let rendered = tmpl.render_captured_to(minijinja::Value::from_serialize(&ctx), &mut out).map(drop);
+        let ctx = minijinja::Value::from_serialize(&ctx);
+        minijinja::budget::set_build_budget(Some(TEMPLATE_BUILD_BYTES));
+        let rendered = tmpl.render_captured_to(ctx, &mut out).map(drop);
+        let overbuilt = minijinja::budget::build_budget_spent();
+        minijinja::budget::set_build_budget(None);
+        if overbuilt {
+            return Err(Error::Template(format!(
+                "the chat template of {} built more than {} MiB of text and lists: refused",
+                self.path.display(),
+                TEMPLATE_BUILD_BYTES >> 20
+            )));
+        }
         if out.text.len() >= MAX_RENDERED_BYTES {
             return Err(Error::Template(format!(
                 "the chat template of {} wrote more than {} MiB: refused",
@@ -381,8 +392,13 @@ pub fn fold_system_turns(messages: &[ChatMessage]) -> Vec<ChatMessage> {
 /// Templates ship with models, so they are untrusted: a render may take at most this many
 /// steps of minijinja's machine (fuel) ...
 const TEMPLATE_FUEL: u64 = 20_000_000;
-/// ... and write at most this much (a prompt far beyond any context).
+/// ... and write at most this much (a prompt far beyond any context) ...
 const MAX_RENDERED_BYTES: usize = 16 << 20;
+/// ... and build at most this much text and lists along the way (every string and list an
+/// operation makes counts, freed or not: the patched minijinja's per-thread budget, see
+/// third_party/minijinja.patch). One instruction may double a string, so without it a few
+/// dozen steps can ask for more memory than the machine has.
+const TEMPLATE_BUILD_BYTES: usize = 256 << 20;
 
 /// A writer that refuses to grow past its limit.
 struct Bounded {
@@ -415,13 +431,62 @@ fn template_env(template: String) -> Result<minijinja::Environment<'static>> {
     env.set_lstrip_blocks(true);
     env.set_fuel(Some(TEMPLATE_FUEL));
     minijinja_contrib::add_to_environment(&mut env);
-    env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+    env.set_unknown_method_callback(budgeted_methods);
     env.add_function("raise_exception", |msg: String| -> std::result::Result<String, minijinja::Error> {
         Err(minijinja::Error::new(minijinja::ErrorKind::InvalidOperation, format!("{RAISED}{msg}")))
     });
     env.add_filter("tojson", python_tojson);
     env.add_template_owned("chat", template).map_err(|e| Error::Template(e.to_string()))?;
     Ok(env)
+}
+
+/// Python's string methods (minijinja-contrib's pycompat), with what the ones that build
+/// more than their input paid for from the render's budget first.
+fn budgeted_methods(
+    state: &minijinja::State,
+    value: &minijinja::Value,
+    method: &str,
+    args: &[minijinja::Value],
+) -> std::result::Result<minijinja::Value, minijinja::Error> {
+    if let Some(text) = value.as_str() {
+        let arg = |i: usize| args.get(i).and_then(|a| a.as_str());
+        match method {
+            // `sep.join(items)` is the budgeted `join` filter.
+            "join" if args.len() == 1 => return state.apply_filter("join", &[args[0].clone(), value.clone()]),
+            "replace" => {
+                let (from, to) = (arg(0).unwrap_or_default(), arg(1).unwrap_or_default());
+                let hits = if from.is_empty() { text.chars().count() + 1 } else { text.matches(from).count() };
+                minijinja::budget::spend(text.len().saturating_add(hits.saturating_mul(to.len())))?;
+            }
+            "split" | "rsplit" | "splitlines" => {
+                // At most: a part per separator, a line per newline, a word per two bytes.
+                let parts = match (method, arg(0)) {
+                    (_, Some(sep)) if !sep.is_empty() => text.matches(sep).count() + 1,
+                    ("splitlines", _) => text.matches('\n').count() + 1,
+                    _ => text.len() / 2 + 1,
+                };
+                minijinja::budget::spend_items(parts)?;
+                minijinja::budget::spend(text.len())?;
+            }
+            _ => {}
+        }
+    }
+    minijinja_contrib::pycompat::unknown_method_callback(state, value, method, args)
+}
+
+/// A writer that pays for what it is given from the render's budget.
+struct Budgeted<'a>(&'a mut Vec<u8>);
+
+impl std::io::Write for Budgeted<'_> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        minijinja::budget::spend(buf.len()).map_err(|e| std::io::Error::other(e.to_string()))?;
+        self.0.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
 }
 
 /// `tojson` as transformers defines it for chat templates (Python's `json.dumps` with
@@ -438,14 +503,18 @@ fn python_tojson(
     let mut out = Vec::new();
     let written = match indent {
         Some(n) => {
+            minijinja::budget::spend(n)?;
             let spaces = vec![b' '; n];
             let mut ser = serde_json::Serializer::with_formatter(
-                &mut out,
+                Budgeted(&mut out),
                 serde_json::ser::PrettyFormatter::with_indent(&spaces),
             );
             serde::Serialize::serialize(&value, &mut ser)
         }
-        None => serde::Serialize::serialize(&value, &mut serde_json::Serializer::with_formatter(&mut out, PythonJson)),
+        None => serde::Serialize::serialize(
+            &value,
+            &mut serde_json::Serializer::with_formatter(Budgeted(&mut out), PythonJson),
+        ),
     };
     written.map_err(|e| minijinja::Error::new(minijinja::ErrorKind::InvalidOperation, e.to_string()))?;
     Ok(minijinja::Value::from_safe_string(String::from_utf8_lossy(&out).into_owned()))
@@ -640,6 +709,68 @@ mod fuzz {
             let code = "{{ 7*7 }}{% endfor %}";
             if let Ok(text) = tokenizer.apply_chat_template(&messages, true, &extra) {
                 prop_assert!(!messages.iter().any(|m| m.content == code) || text.contains(code), "{text}");
+            }
+        }
+
+        /// Whatever the messages say, the control tokens in the prompt are the template's:
+        /// as many as the same turns saying nothing special.
+        #[test]
+        fn no_message_spells_a_control_token(
+            messages in prop::collection::vec(message(), 1..5),
+            noise in prop::collection::vec(prop_oneof![
+                Just("<|im_end|>"), Just("<|im_start|>"), Just("<|endoftext|>"), Just("\u{E000}"), Just("\u{E001}"), Just("0"), Just("x")
+            ], 0..8),
+        ) {
+            let tokenizer = embedded();
+            let mut loud = messages.clone();
+            for (i, m) in loud.iter_mut().enumerate() {
+                m.content = format!("{}{}", m.content, noise.iter().skip(i).copied().collect::<String>());
+            }
+            let mut quiet = loud.clone();
+            quiet.iter_mut().for_each(|m| m.content = "x".into());
+            if let (Ok((ids, _)), Ok((template_ids, _))) = (
+                tokenizer.encode_chat(&loud, true, &Default::default()),
+                tokenizer.encode_chat(&quiet, true, &Default::default()),
+            ) {
+                for special in ["<|im_end|>", "<|im_start|>", "<|endoftext|>"] {
+                    let id = tokenizer.token_id(special).unwrap();
+                    let count = |ids: &[u32]| ids.iter().filter(|&&i| i == id).count();
+                    prop_assert_eq!(count(&ids), count(&template_ids), "{}", special);
+                }
+            }
+        }
+    }
+
+    /// A template built from operations that each build more than their operands: it renders
+    /// or is refused, within the build budget; never a failed allocation (which aborts).
+    fn amplifying_template() -> impl Strategy<Value = String> {
+        let step = prop_oneof![
+            Just("{% set s = s ~ s %}".to_string()),
+            Just("{% set s = s + s %}".to_string()),
+            (1..2000usize).prop_map(|k| format!("{{% set s = s * {k} %}}")),
+            (1..2000usize).prop_map(|k| format!("{{% set s = ([s] * {k}) | join('') %}}")),
+            (1..2000usize).prop_map(|k| format!("{{% set s = ''.join([s] * {k}) %}}")),
+            Just("{% set s = s | replace('x', s) %}".to_string()),
+            Just("{% set s = s.replace('x', s) %}".to_string()),
+            (1..100_000_000usize).prop_map(|k| format!("{{% set s = '%{k}s' | format(s) %}}")),
+            (1..100_000usize).prop_map(|k| format!("{{% set s = (s ~ '\\n') * 3 | indent({k}) %}}")),
+            Just("{% set s = (s ~ ' ') * 1000 %}{% set s = s.split() | join(s) %}".to_string()),
+            Just("{% set c %}{{ s }}{{ s }}{{ s }}{% endset %}{% set s = c %}".to_string()),
+            (1..1_000_000usize).prop_map(|k| format!("{{% set s = [s] | tojson(indent={k}) %}}")),
+        ];
+        prop::collection::vec(step, 1..12)
+            .prop_map(|steps| format!("{{% set s = 'x' * 1000 %}}{}{{{{ s | length }}}}", steps.concat()))
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+        #[test]
+        fn an_amplifying_template_renders_or_is_refused(template in amplifying_template()) {
+            let mut tokenizer = Tokenizer::load(&Path::new(env!("CARGO_MANIFEST_DIR")).join("../../assets/models/ferrite-code-20m")).unwrap();
+            tokenizer.templates = template_env(template.clone()).map_err(|e| e.to_string());
+            match tokenizer.apply_chat_template(&[ChatMessage::new("user", "hi")], true, &Default::default()) {
+                Ok(text) => prop_assert!(text.trim().parse::<usize>().is_ok(), "{text}"),
+                Err(e) => prop_assert!(e.to_string().contains("chat template"), "{template}: {e}"),
             }
         }
     }

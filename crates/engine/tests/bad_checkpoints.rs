@@ -179,8 +179,9 @@ fn broken_chat_template_fails_chat_requests_only() {
 
 #[test]
 fn a_hostile_chat_template_is_stopped_and_named() {
-    // Templates ship with models: one that loops or grows its output without end is stopped
-    // (minijinja's fuel, an output cap) with an error naming the template; the process lives.
+    // Templates ship with models: one that loops, grows its output without end or builds
+    // more text or lists than memory holds is stopped (minijinja's fuel, an output cap, the
+    // patched minijinja's build budget) with an error naming the template; the process lives.
     let d = tiny(None);
     let path = d.path().join("tokenizer_config.json");
     let original = std::fs::read_to_string(&path).unwrap();
@@ -188,6 +189,26 @@ fn a_hostile_chat_template_is_stopped_and_named() {
     for (template, expect) in [
         ("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}", "steps"),
         ("{% for i in range(100000) %}{{ 'x' * 100000 }}{% endfor %}", "MiB"),
+        // Each `~` doubles: 100 MB to 25 GB in eight steps.
+        (
+            "{% set s = 'x' * 100000000 %}{% for i in range(8) %}{% set s = s ~ s %}{% endfor %}{{ s | length }}",
+            "MiB of text",
+        ),
+        ("{% set s = 'x' * 100000000 %}{% set s = s + s + s + s %}{{ s | length }}", "MiB of text"),
+        ("{{ (['x' * 10000000] * 1000) | join('') | length }}", "MiB of text"),
+        ("{{ ''.join(['x' * 10000000] * 1000) | length }}", "MiB of text"),
+        ("{{ ('x' * 1000000).replace('x', 'y' * 10000) | length }}", "MiB of text"),
+        ("{{ ('x' * 1000000) | replace('x', 'y' * 10000) | length }}", "MiB of text"),
+        ("{{ ([0] * 100000000) | list | length }}", "MiB of text"),
+        ("{{ ('a ' * 50000000).split() | length }}", "MiB of text"),
+        ("{{ '%999999999999s' | format('a') }}", "MiB of text"),
+        ("{{ '{:>999999999999}'.format('a') }}", "MiB of text"),
+        ("{{ messages | tojson(indent=100000000000) }}", "MiB of text"),
+        ("{{ ('x\n' * 1000000) | indent(100000) | length }}", "MiB of text"),
+        (
+            "{% set x %}{% for i in range(100000) %}{{ 'x' * 10000 }}{% endfor %}{% endset %}{{ x | length }}",
+            "MiB of text",
+        ),
     ] {
         let mut c: serde_json::Value = serde_json::from_str(&original).unwrap();
         c["chat_template"] = template.into();
@@ -199,6 +220,17 @@ fn a_hostile_chat_template_is_stopped_and_named() {
         assert!(err.contains(&d.path().display().to_string()), "the error names the template's model: {err}");
         eprintln!("{template}: stopped after {:?}", started.elapsed());
     }
+    // An ordinary template on a long conversation stays within the budget.
+    let mut c: serde_json::Value = serde_json::from_str(&original).unwrap();
+    c["chat_template"] =
+        "{% for m in messages %}<|{{ m.role }}|>{{ m.content.split('</think>')[-1].strip() ~ '\n' }}{% endfor %}"
+            .into();
+    std::fs::write(&path, c.to_string()).unwrap();
+    let tokenizer = engine::tokenizer::Tokenizer::load(d.path()).unwrap();
+    let long: Vec<_> =
+        (0..40).map(|i| engine::tokenizer::ChatMessage::new("user", &format!("{i}{}", "y".repeat(100_000)))).collect();
+    let text = tokenizer.apply_chat_template(&long, true, &Default::default()).unwrap();
+    assert!(text.len() > 4_000_000, "{}", text.len());
 }
 
 #[test]

@@ -219,19 +219,21 @@ impl Steps {
 /// The steps of a running job. The job is cancelled when the stream is dropped (the client
 /// went away).
 pub fn steps(running: Running) -> impl Stream<Item = Step> + Send {
-    let Running { events, clamped, guard, .. } = running;
+    let Running { events, clamped, guard, backlog, .. } = running;
     let mut steps = Steps::new(clamped);
     UnboundedReceiverStream::new(events).flat_map(move |event| {
         let _keep = &guard;
+        backlog.taken();
         futures_util::stream::iter(steps.next(event))
     })
 }
 
 /// The whole answer of a running job.
 pub async fn collect(running: Running) -> Result<Answer, ApiError> {
-    let Running { mut events, clamped, guard, .. } = running;
+    let Running { mut events, clamped, guard, backlog, .. } = running;
     let mut steps = Steps::new(clamped);
     while let Some(event) = events.recv().await {
+        backlog.taken();
         for step in steps.next(event) {
             match step {
                 Step::Finished(answer) => {

@@ -1,11 +1,18 @@
-//! Accepting connections: axum's router on hyper, with a header-read timeout that axum's own
-//! `serve` does not set. A client that opens a connection and sends its request head slowly,
-//! or not at all (also an idle keep-alive connection waiting for its next request), is
-//! disconnected after [`HEADER_READ_TIMEOUT`] instead of holding a socket and a task forever.
+//! Accepting connections: axum's router on hyper, with the timeouts axum's own `serve` does
+//! not set, so no client holds a socket and a task forever (a macOS GUI app may have only 256
+//! descriptors):
+//! - a request head must arrive within [`HEADER_READ_TIMEOUT`] (HTTP/1; also an idle
+//!   keep-alive connection waiting for its next request);
+//! - a connection with no request in flight for that long is closed, HTTP/2 too (an idle
+//!   h2c connection otherwise stays open as long as it answers pings);
+//! - a request body that sends nothing for that long fails the request ([`BodyTimeout`]).
+//!
 //! Shutdown is graceful: no new connections, open ones finish their response.
 
 use std::future::Future;
-use std::time::Duration;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use axum::body::Body;
 use axum::extract::Request;
@@ -52,14 +59,32 @@ pub async fn serve_with(
             },
             _ = &mut shutdown => break,
         };
-        let service = TowerToHyperService::new(app.clone().map_request(|r: Request<Incoming>| r.map(Body::new)));
+        let activity = Activity::new();
+        let counted = activity.clone();
+        let router = app.clone();
+        let service = TowerToHyperService::new(tower::service_fn(move |r: Request<Incoming>| {
+            let in_flight = counted.begin();
+            let r = r.map(|body| Body::new(BodyTimeout::new(body, header_read_timeout)));
+            let call = router.clone().oneshot(r);
+            async move {
+                let response = call.await?;
+                Ok::<_, std::convert::Infallible>(
+                    response.map(|body| Body::new(Guarded { body, _in_flight: in_flight })),
+                )
+            }
+        }));
         let (mut stop, open) = (stop_rx.clone(), open_rx.clone());
         tokio::spawn(async move {
             let mut builder = Builder::new(TokioExecutor::new());
             builder.http1().timer(TokioTimer::new()).header_read_timeout(header_read_timeout);
+            builder.http2().timer(TokioTimer::new());
             let conn = builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
             tokio::pin!(conn);
             let mut stopping = false;
+            let mut idle_check = tokio::time::interval(header_read_timeout / 4);
+            // An idle connection told to go (HTTP/2's GOAWAY and the ping behind it) that is
+            // still open this much later is dropped: a peer that never answers keeps it.
+            let mut closing_since: Option<Instant> = None;
             loop {
                 tokio::select! {
                     result = conn.as_mut() => {
@@ -72,6 +97,16 @@ pub async fn serve_with(
                         stopping = true;
                         conn.as_mut().graceful_shutdown();
                     }
+                    _ = idle_check.tick() => {
+                        if closing_since.is_some_and(|t| t.elapsed() > header_read_timeout) && activity.idle_for() > Duration::ZERO {
+                            break;
+                        }
+                        if !stopping && activity.idle_for() > header_read_timeout {
+                            stopping = true;
+                            closing_since = Some(Instant::now());
+                            conn.as_mut().graceful_shutdown();
+                        }
+                    }
                 }
             }
             drop(open);
@@ -80,4 +115,116 @@ pub async fn serve_with(
     drop(stop_tx);
     drop(open_rx);
     open_tx.closed().await;
+}
+
+/// A connection's requests in flight and when the last one ended.
+#[derive(Clone)]
+struct Activity(Arc<(AtomicUsize, Mutex<Instant>)>);
+
+impl Activity {
+    fn new() -> Self {
+        Activity(Arc::new((AtomicUsize::new(0), Mutex::new(Instant::now()))))
+    }
+
+    /// A request began; the guard it returns ends it when dropped (with the response's body,
+    /// once the response has been sent whole: a stream is a request in flight).
+    fn begin(&self) -> InFlight {
+        self.0 .0.fetch_add(1, Ordering::SeqCst);
+        InFlight(self.clone())
+    }
+
+    /// How long the connection has had no request in flight (zero while one is).
+    fn idle_for(&self) -> Duration {
+        if self.0 .0.load(Ordering::SeqCst) > 0 {
+            return Duration::ZERO;
+        }
+        self.0 .1.lock().map(|t| t.elapsed()).unwrap_or_default()
+    }
+}
+
+struct InFlight(Activity);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        if let Ok(mut t) = self.0 .0 .1.lock() {
+            *t = Instant::now();
+        }
+        self.0 .0 .0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// A response body that holds its request's in-flight guard until it is dropped.
+struct Guarded {
+    body: Body,
+    _in_flight: InFlight,
+}
+
+impl hyper::body::Body for Guarded {
+    type Data = axum::body::Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Self::Data>, Self::Error>>> {
+        std::pin::Pin::new(&mut self.body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.body.size_hint()
+    }
+}
+
+/// A request body that fails once no data has come for `timeout` (a client that opens a
+/// body and then sends nothing).
+struct BodyTimeout {
+    inner: Incoming,
+    timeout: Duration,
+    sleep: std::pin::Pin<Box<tokio::time::Sleep>>,
+}
+
+impl BodyTimeout {
+    fn new(inner: Incoming, timeout: Duration) -> Self {
+        BodyTimeout { inner, timeout, sleep: Box::pin(tokio::time::sleep(timeout)) }
+    }
+}
+
+impl hyper::body::Body for BodyTimeout {
+    type Data = axum::body::Bytes;
+    type Error = Box<dyn std::error::Error + Send + Sync>;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Self::Data>, Self::Error>>> {
+        use std::task::Poll;
+        let this = &mut *self;
+        match std::pin::Pin::new(&mut this.inner).poll_frame(cx) {
+            Poll::Ready(frame) => {
+                let deadline = tokio::time::Instant::now() + this.timeout;
+                this.sleep.as_mut().reset(deadline);
+                Poll::Ready(frame.map(|f| f.map_err(Into::into)))
+            }
+            Poll::Pending => match this.sleep.as_mut().poll(cx) {
+                Poll::Ready(()) => Poll::Ready(Some(Err(format!(
+                    "the request body sent nothing for {} s",
+                    this.timeout.as_secs_f64()
+                )
+                .into()))),
+                Poll::Pending => Poll::Pending,
+            },
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.inner.size_hint()
+    }
 }

@@ -287,6 +287,23 @@ mod tests {
         assert!(!g.origin_allowed("null", Some("127.0.0.1:8080")));
     }
 
+    proptest::proptest! {
+        /// Whatever a Host header says, it is allowed only when the name it gives is loopback.
+        #[test]
+        fn only_loopback_names_pass_whatever_the_spelling(host in "[\\[\\]:.a-zA-Z0-9%@/\\\\-]{0,40}") {
+            let g = Guard::loopback(None);
+            if g.host_allowed(&host) {
+                let name = host_name(&host).to_ascii_lowercase();
+                let bare = name.trim_start_matches('[').trim_end_matches(']');
+                proptest::prop_assert!(
+                    name == "localhost" || name.ends_with(".localhost") || bare.parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback()),
+                    "{} passed as {}", host, name
+                );
+                proptest::prop_assert!(!name.contains('/') && !name.contains('@'), "{}", host);
+            }
+        }
+    }
+
     #[test]
     fn tokens_are_fresh_and_compared_whole() {
         let (a, b) = (Guard::loopback(None), Guard::loopback(None));

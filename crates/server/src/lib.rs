@@ -4,6 +4,7 @@
 
 mod answer;
 pub mod anthropic;
+mod backlog;
 pub mod connections;
 mod engine_threads;
 pub mod error;

@@ -53,6 +53,8 @@ pub struct Job {
     /// decoding with it); what piles up is at most one answer's deltas.
     pub events: tmpsc::UnboundedSender<JobEvent>,
     pub cancel: CancelToken,
+    /// What the client has taken of the events (a client that stops reading is let go).
+    pub backlog: Arc<crate::backlog::Backlog>,
 }
 
 #[derive(Debug)]
@@ -144,6 +146,8 @@ pub struct Worker {
     pub queue_depth: Arc<AtomicUsize>,
     /// See [`WorkerOptions::max_queued`].
     max_queued: usize,
+    /// See [`WorkerOptions::client_stall`].
+    client_stall: Duration,
     pub info: ModelInfo,
     pub lifecycle: Arc<Lifecycle>,
     pub metrics: Arc<Metrics>,
@@ -225,6 +229,9 @@ pub struct WorkerOptions {
     /// When a speculating request decodes together with the others that came (the tuner's
     /// measurement for this model; default: always).
     pub batch_rule: BatchRule,
+    /// How long a client may take none of its answer's events before its request is
+    /// cancelled (`None`: [`crate::backlog::STALL`]).
+    pub client_stall: Option<Duration>,
 }
 
 /// A model split across the ranks of a distributed group, rank 0 serving: the others follow
@@ -311,6 +318,7 @@ impl Worker {
             fixed_depth,
             split,
             batch_rule,
+            client_stall,
         } = options;
         let group = split.as_ref().map(|s| s.group.clone());
         let batch_rule = Arc::new(std::sync::RwLock::new(batch_rule));
@@ -515,6 +523,7 @@ impl Worker {
             finished,
             queue_depth,
             max_queued: max_queued.unwrap_or(MAX_QUEUED_JOBS),
+            client_stall: client_stall.unwrap_or(crate::backlog::STALL),
             info,
             lifecycle,
             metrics,
@@ -607,11 +616,12 @@ impl Worker {
     pub async fn run(&self, prompt: Prompt, request: GenerateRequest, count_only: bool) -> Result<Running, JobError> {
         let (tx, mut events) = tmpsc::unbounded_channel();
         let cancel = CancelToken::default();
-        self.submit(Job { count_only, prompt, request, events: tx, cancel: cancel.clone() })?;
+        let backlog = Arc::new(crate::backlog::Backlog::new(self.client_stall));
+        self.submit(Job { count_only, prompt, request, events: tx, cancel: cancel.clone(), backlog: backlog.clone() })?;
         let guard = CancelOnDrop(cancel);
         match events.recv().await {
             Some(JobEvent::Started { prompt_tokens, max_tokens, clamped }) => {
-                Ok(Running { events, prompt_tokens, max_tokens, clamped, guard })
+                Ok(Running { events, prompt_tokens, max_tokens, clamped, guard, backlog })
             }
             Some(JobEvent::Failed(e)) => Err(e),
             _ => Err(self
@@ -869,8 +879,15 @@ fn on_event(live: &mut Live<'_>, engine: &Engine, metrics: &Metrics, event: engi
             metrics.tokens.fetch_add(1, Ordering::Relaxed);
             metrics.stream_token(stream.id);
             if let Some(e) = answer.push(&t) {
+                job.backlog.sent();
                 if !send(e) {
                     // The client went away: stop at the next token; the cache goes with the generation.
+                    job.cancel.cancel();
+                } else if job.backlog.stalled() && !job.cancel.is_cancelled() {
+                    tracing::warn!(
+                        "a client took nothing of its answer for {:.0} s: its request is cancelled",
+                        job.backlog.stall.as_secs_f64()
+                    );
                     job.cancel.cancel();
                 }
             }
@@ -1032,6 +1049,8 @@ impl Drop for ClearOnDrop<'_> {
 /// dropped (the response, or the stream a disconnected client leaves behind).
 pub struct Running {
     pub events: tmpsc::UnboundedReceiver<JobEvent>,
+    /// Told of each event the client takes.
+    pub backlog: Arc<crate::backlog::Backlog>,
     pub prompt_tokens: usize,
     /// The most tokens it will generate, and the request's own number when that was more.
     pub max_tokens: usize,

@@ -433,6 +433,80 @@ async fn half_sent_requests_and_idle_connections_are_dropped() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn idle_http2_connections_and_stalled_bodies_are_dropped() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let app = axum::Router::new()
+        .route("/", axum::routing::get(|| async { "ok" }))
+        .route("/body", axum::routing::post(|body: axum::body::Bytes| async move { format!("{} bytes", body.len()) }));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let timeout = std::time::Duration::from_millis(500);
+    tokio::spawn(server::connections::serve_with(listener, app, std::future::pending(), timeout));
+    // h2c with prior knowledge: the preface and an empty SETTINGS frame, then nothing (the
+    // server answers pings, so without an idle timeout these stay open for good).
+    let mut idle = Vec::new();
+    for _ in 0..100 {
+        let mut c = tokio::net::TcpStream::connect(addr).await.unwrap();
+        c.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00").await.unwrap();
+        idle.push(c);
+    }
+    // A body that stops after 10 of its 100 bytes.
+    let mut stalled = tokio::net::TcpStream::connect(addr).await.unwrap();
+    stalled
+        .write_all(b"POST /body HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 100\r\n\r\n0123456789")
+        .await
+        .unwrap();
+    // Meanwhile a whole request is answered.
+    let r = reqwest::get(format!("http://{addr}/")).await.unwrap();
+    assert_eq!(r.text().await.unwrap(), "ok");
+    for mut c in idle {
+        let mut buf = Vec::new();
+        let read = tokio::time::timeout(std::time::Duration::from_secs(20), c.read_to_end(&mut buf)).await;
+        assert!(read.is_ok(), "an idle HTTP/2 connection was kept open");
+    }
+    let mut answer = Vec::new();
+    let read = tokio::time::timeout(std::time::Duration::from_secs(20), stalled.read_to_end(&mut answer)).await;
+    assert!(read.is_ok(), "a stalled body kept its request open");
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(!answer.contains("100 bytes"), "{answer}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_client_that_stops_reading_is_let_go() {
+    use server::worker::{JobEvent, Prompt, WorkerOptions};
+    let stall = std::time::Duration::from_millis(300);
+    let s = common::start_full_options(WorkerOptions { client_stall: Some(stall), ..Default::default() }).await;
+    let worker = s.state.loaded().worker.clone();
+    let request = engine::GenerateRequest { ignore_eos: true, ..engine::GenerateRequest::greedy(vec![], 100_000) };
+    // A streaming client that takes nothing of its answer (its socket full, its process stopped).
+    let mut running = worker.run(Prompt::Text("fn main() {".into()), request, false).await.unwrap();
+    let max_tokens = running.max_tokens;
+    assert!(max_tokens > 500, "{max_tokens}");
+    // It is cancelled long before its answer would end; the events it left are still there.
+    let ended = tokio::time::timeout(std::time::Duration::from_secs(120), async {
+        loop {
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            if s.state.loaded().worker.metrics.streams().is_empty() {
+                break;
+            }
+        }
+    })
+    .await;
+    assert!(ended.is_ok(), "the request kept generating for a client that took nothing");
+    let mut generated = None;
+    while let Ok(event) = running.events.try_recv() {
+        if let JobEvent::Finished { summary, .. } = event {
+            generated = Some((summary.usage.completion_tokens, summary.finish_reason));
+        }
+    }
+    let (tokens, reason) = generated.expect("the job finished");
+    assert_eq!(reason, engine::FinishReason::Cancelled);
+    assert!(tokens < max_tokens, "{tokens} of {max_tokens}");
+    // The server answers the next request at once.
+    assert_eq!(post(&s, "/v1/chat/completions", &chat(json!({}))).await.0, 200);
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn a_prompt_that_cannot_fit_is_refused_before_it_is_rendered() {
     let s = start(None).await;
     let huge = "fn main() {} ".repeat(300_000); // 3.9 MB, under the body limit

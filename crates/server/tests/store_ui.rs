@@ -112,3 +112,53 @@ async fn a_model_the_engine_would_refuse_never_counts_as_installed() {
     assert!(why.contains("does not load") && why.contains("num_hidden_layers"), "{why}");
     assert!(!v["installed"].as_array().unwrap().iter().any(|m| m["id"] == "test/hostile"), "{v}");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_model_being_served_or_downloaded_is_not_deleted() {
+    let tmp = tempfile::tempdir().unwrap();
+    let hub = hub::start().await;
+    for (repo, seed) in [("test/served", 5), ("test/coming", 6)] {
+        let src = tmp.path().join(repo);
+        hub::checkpoint(&src, false, seed);
+        hub.hub.publish(repo, &src);
+    }
+    let options = store::download::Options {
+        endpoint: hub.endpoint.clone(),
+        space: Arc::new(|p: &std::path::Path| store::download::free_space(p)),
+        margin_bytes: 0,
+        retries: 0,
+        chunk_bytes: 64 << 10,
+        ..Default::default()
+    };
+    let access = StoreAccess::new(Some(tmp.path().join("config")), Some(options));
+    let first = access.clone();
+    let s = common::start_configured(None, Default::default(), move |state| state.store = first).await;
+    let models = tmp.path().join("models");
+    assert_eq!(post(&s, "/v1/store/folder", &json!({"dir": models})).await.0, 200);
+    assert_eq!(post(&s, "/v1/store/pull", &json!({"model": "test/served"})).await.0, 202);
+    assert_eq!(download_ended(&s).await["downloads"][0]["state"]["state"], "done");
+
+    // Deleting during a download would leave a partial folder: refused until it is cancelled.
+    hub.hub.faults.lock().unwrap().slow = Some(Duration::from_millis(300));
+    assert_eq!(post(&s, "/v1/store/pull", &json!({"model": "test/coming"})).await.0, 202);
+    let (code, v) = post(&s, "/v1/store/delete", &json!({"model": "test/coming"})).await;
+    assert_eq!(code, 409, "{v}");
+    assert!(v["error"]["message"].as_str().unwrap().contains("being downloaded"), "{v}");
+    assert_eq!(post(&s, "/v1/store/cancel", &json!({"model": "test/coming"})).await.0, 200);
+    hub.hub.faults.lock().unwrap().slow = None;
+
+    // The downloaded model served by a relative path (as `ferrite serve --model ../x` gives
+    // it) is still the model being served.
+    let snapshots = models.join("models--test--served/snapshots");
+    let snapshot = std::fs::read_dir(&snapshots).unwrap().flatten().next().unwrap().path();
+    let cwd = std::env::current_dir().unwrap();
+    let relative =
+        std::path::PathBuf::from("../".repeat(cwd.components().count() - 1)).join(snapshot.strip_prefix("/").unwrap());
+    assert!(relative.is_relative() && relative.join("config.json").is_file(), "{}", relative.display());
+    let served = common::serve_dir(relative, move |state| state.store = access).await;
+    let (code, v) = post(&served, "/v1/store/delete", &json!({"model": "test/served"})).await;
+    assert_eq!(code, 409, "{v}");
+    assert!(v["error"]["message"].as_str().unwrap().contains("being served"), "{v}");
+    assert!(snapshot.join("config.json").is_file());
+    assert_eq!(post(&served, "/v1/chat/completions", &common::chat(json!({}))).await.0, 200);
+}

@@ -513,3 +513,56 @@ fn remove_stale_temporaries(dir: &Path) {
         }
     }
 }
+
+#[cfg(test)]
+mod fuzz {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// A safetensors file of arrays with any dtype, shape and offsets a header can state.
+    fn block_bytes() -> impl Strategy<Value = Vec<u8>> {
+        let dtype =
+            prop_oneof![Just("F32"), Just("BF16"), Just("F16"), Just("U32"), Just("I32"), Just("F64"), Just("U8")];
+        let name =
+            prop_oneof![Just("k.0"), Just("v.0"), Just("mtp_k.0"), Just("conv.0"), Just("rec.0"), Just("tokens")];
+        let array = (name, dtype, prop::collection::vec(0u64..5, 0..5), 0u64..64, 0u64..64);
+        (
+            prop::collection::vec(array, 0..5),
+            prop::option::of(prop_oneof![Just("4000000000"), Just("18446744073709551615"), Just("2"), Just("-1")]),
+            prop::collection::vec(any::<u8>(), 0..256),
+        )
+            .prop_map(|(arrays, layers, data)| {
+                let mut header = serde_json::Map::new();
+                for (name, dtype, shape, start, len) in arrays {
+                    header.insert(
+                        name.into(),
+                        serde_json::json!({"dtype": dtype, "shape": shape, "data_offsets": [start, start + len]}),
+                    );
+                }
+                if let Some(l) = layers {
+                    header.insert(
+                        "__metadata__".into(),
+                        serde_json::json!({"format": FORMAT, "layers": l, "start": "0"}),
+                    );
+                }
+                let header = serde_json::Value::Object(header).to_string();
+                let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
+                bytes.extend(header.as_bytes());
+                bytes.extend(data);
+                bytes
+            })
+    }
+
+    proptest! {
+        /// A block's bytes, whatever they hold, parse to arrays or are refused by reason; a
+        /// parsed block's shapes are checked without a crash.
+        #[test]
+        fn any_block_parses_or_is_refused(bytes in prop_oneof![block_bytes(), prop::collection::vec(any::<u8>(), 0..64)]) {
+            if let Ok((arrays, metadata)) = parse_block(&bytes) {
+                let layers = metadata.get("layers").and_then(|l| l.parse::<usize>().ok()).unwrap_or(0).min(4);
+                let block = Block { end: 2, layers, mtp_layers: Some(layers), arrays };
+                let _ = block.check_shapes(2);
+            }
+        }
+    }
+}

@@ -39,6 +39,11 @@ async fn start_full(api_key: Option<&str>, options: WorkerOptions) -> Server {
     start_configured(api_key, options, |_| {}).await
 }
 
+/// A server without an API key whose worker runs with `options`.
+pub async fn start_full_options(options: WorkerOptions) -> Server {
+    start_full(None, options).await
+}
+
 /// A server whose state `configure` adjusts before it serves.
 pub async fn start_configured(
     api_key: Option<&str>,
@@ -111,6 +116,22 @@ pub async fn start_prepared(
     let app = server::router_with_cors(state.clone(), &server::APP_ORIGINS.map(String::from));
     tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
     Server { base, state, _dir: dir }
+}
+
+/// A server on the model in `dir` (a path as given: relative ones too), its state adjusted by
+/// `configure`.
+pub async fn serve_dir(dir: std::path::PathBuf, configure: impl FnOnce(&mut AppState)) -> Server {
+    let worker = tokio::task::spawn_blocking(move || Worker::start(dir, "tiny".into(), WorkerOptions::default()))
+        .await
+        .unwrap()
+        .unwrap();
+    let mut state = AppState::new(worker, vec![], 0, None);
+    configure(&mut state);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let app = server::router_with_cors(state.clone(), &server::APP_ORIGINS.map(String::from));
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    Server { base, state, _dir: tempfile::tempdir().unwrap() }
 }
 
 /// Configures a server to speculate at draft depth 2 (as a tuned depth would).

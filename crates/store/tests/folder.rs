@@ -122,6 +122,26 @@ fn refs_another_tool_wrote_never_lead_outside_the_store() {
 }
 
 #[test]
+fn model_files_that_never_end_are_not_read() {
+    let tmp = tempfile::tempdir().unwrap();
+    let store = open(tmp.path());
+    let src = tmp.path().join("src");
+    hub::checkpoint(&src, false, 1);
+    place_like_another_tool(&store.models_dir, "org/zero", "abc", &src);
+    let snap = store.models_dir.join("models--org--zero/snapshots/abc");
+    for file in ["config.json", "model.safetensors.index.json"] {
+        let _ = std::fs::remove_file(snap.join(file));
+        std::os::unix::fs::symlink("/dev/zero", snap.join(file)).unwrap();
+        let started = std::time::Instant::now();
+        let listing = store.list();
+        assert!(listing.installed.is_empty(), "{file}: {listing:?}");
+        assert!(started.elapsed() < Duration::from_secs(20), "{file}: read for {:?}", started.elapsed());
+        std::fs::remove_file(snap.join(file)).unwrap();
+        std::fs::copy(src.join("config.json"), snap.join("config.json")).unwrap();
+    }
+}
+
+#[test]
 fn folders_register_in_place_and_the_choice_is_shared() {
     let tmp = tempfile::tempdir().unwrap();
     let mut store = open(tmp.path());

@@ -54,7 +54,7 @@ impl ResponseFormat {
                 let schema = spec.schema.as_ref().ok_or_else(|| {
                     ApiError::bad_request("response_format.json_schema needs a `schema`").with_param(param)
                 })?;
-                let validator = validator(schema, "response_format.json_schema.schema")?;
+                let validator = validator(schema, "response_format.json_schema.schema", param)?;
                 Ok(Some(Expect::Schema {
                     name: spec.name.clone().unwrap_or_else(|| "schema".into()),
                     schema: schema.clone(),
@@ -77,15 +77,15 @@ impl ResponseFormat {
     }
 }
 
-/// The validator of a JSON schema a request sent at `field`, once the schema is within the
-/// engine's limits on what it can enforce (checked first: a schema past them could exhaust
-/// the stack of whichever compiles it, the validator's builder included).
-pub fn validator(schema: &Value, field: &str) -> Result<jsonschema::Validator, ApiError> {
+/// The validator of a JSON schema a request sent at `field` (errors carry `param`), once the
+/// schema is within the engine's limits on what it can enforce (checked first: a schema past
+/// them could exhaust the stack of whichever compiles it, the validator's builder included).
+pub fn validator(schema: &Value, field: &str, param: &str) -> Result<jsonschema::Validator, ApiError> {
     engine::check_schema(schema).map_err(|e| {
-        ApiError::bad_request(format!("{field}: too large to enforce: the JSON schema {e}")).with_param(field)
+        ApiError::bad_request(format!("{field}: too large to enforce: the JSON schema {e}")).with_param(param)
     })?;
     jsonschema::validator_for(schema)
-        .map_err(|e| ApiError::bad_request(format!("{field} is not a valid JSON Schema: {e}")).with_param(field))
+        .map_err(|e| ApiError::bad_request(format!("{field} is not a valid JSON Schema: {e}")).with_param(param))
 }
 
 /// A `{"type": "grammar", "syntax", "definition"}` format's grammar; errors name `field`'s

@@ -103,7 +103,7 @@ impl TextFormat {
                 let schema = self.schema.as_ref().ok_or_else(|| {
                     ApiError::bad_request("text.format of type json_schema needs a `schema`").with_param("text.format")
                 })?;
-                let validator = response_format::validator(schema, "text.format.schema")?;
+                let validator = response_format::validator(schema, "text.format.schema", "text.format.schema")?;
                 Expect::Schema {
                     name: self.name.clone().unwrap_or_else(|| "schema".into()),
                     schema: schema.clone(),

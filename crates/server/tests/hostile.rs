@@ -223,7 +223,7 @@ async fn a_schema_too_large_to_compile_is_a_400_in_every_api_and_the_server_live
                 chat(
                     json!({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}}),
                 ),
-                Some("response_format.json_schema.schema"),
+                Some("response_format.json_schema"),
             ),
             (
                 "/v1/chat/completions",

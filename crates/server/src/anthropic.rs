@@ -161,6 +161,27 @@ fn unseen(b: &Block) -> bool {
     )
 }
 
+/// The path and type of the first block among `blocks` (at `path`) the model cannot see,
+/// looking into tool results too (Claude Code's Read of an image answers with one inside a
+/// `tool_result`: dropping it would answer as if the tool returned nothing).
+fn unseen_in(blocks: &[Block], path: &str) -> Option<(String, String)> {
+    blocks.iter().enumerate().find_map(|(j, b)| {
+        if unseen(b) {
+            return Some((format!("{path}.{j}"), b.kind.clone()));
+        }
+        // A `tool_reference` (Claude Code's ToolSearch naming a deferred tool) carries no
+        // content of its own.
+        match (b.kind.as_str(), b.content.as_deref()) {
+            ("tool_result", Some(Content::Blocks(inner))) => inner
+                .iter()
+                .enumerate()
+                .find(|(_, c)| !matches!(c.kind.as_str(), "text" | "tool_reference"))
+                .map(|(k, c)| (format!("{path}.{j}.content.{k}"), c.kind.clone())),
+            _ => None,
+        }
+    })
+}
+
 fn prompt(p: &PromptPart, choice: &ToolChoice) -> Result<Prompt, ApiError> {
     if p.messages.is_empty() {
         return Err(ApiError::bad_request("messages: must not be empty").with_param("messages"));
@@ -180,12 +201,11 @@ fn prompt(p: &PromptPart, choice: &ToolChoice) -> Result<Prompt, ApiError> {
             .with_param(&format!("messages.{i}.role")));
         }
         if let Content::Blocks(blocks) = &m.content {
-            if let Some((j, b)) = blocks.iter().enumerate().find(|(_, b)| unseen(b)) {
+            if let Some((at, kind)) = unseen_in(blocks, &format!("messages.{i}.content")) {
                 return Err(ApiError::bad_request(format!(
-                    "messages.{i}.content.{j}: `{}` blocks are not supported: the model reads text only",
-                    b.kind
+                    "{at}: `{kind}` blocks are not supported: the model reads text only"
                 ))
-                .with_param(&format!("messages.{i}.content.{j}.type")));
+                .with_param(&format!("{at}.type")));
             }
         }
         let Content::Blocks(blocks) = &m.content else {
@@ -287,7 +307,7 @@ pub async fn messages(State(state): State<AppState>, body: Bytes) -> Result<Resp
     crate::answer::depth_for_class(&loaded, &prompt, &mut request);
     let running = loaded.worker.run(prompt, request, false).await?;
     let headers = state.speed_headers(&loaded, running.max_tokens, running.clamped);
-    let head = Head { id: format!("msg_{:024}", state.next_id()), model: loaded.worker.info.id.clone() };
+    let head = Head { id: format!("msg_{}", state.next_id()), model: loaded.worker.info.id.clone() };
 
     if !g.stream {
         let answer = answer::collect(running).await?;

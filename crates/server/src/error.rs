@@ -12,11 +12,22 @@ pub struct ApiError {
     pub status: StatusCode,
     pub message: String,
     pub param: Option<String>,
+    /// The prompt did not fit the context: each protocol says so in its own convention
+    /// (OpenAI's `context_length_exceeded` code, Anthropic's `prompt is too long: N tokens > M
+    /// maximum`), which clients read to compact the conversation instead of giving up.
+    pub overflow: Option<Overflow>,
+}
+
+/// A prompt of `prompt_tokens` (at least) that a context of `context` cannot hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Overflow {
+    pub prompt_tokens: usize,
+    pub context: usize,
 }
 
 impl ApiError {
     pub fn bad_request(message: impl Into<String>) -> Self {
-        ApiError { status: StatusCode::BAD_REQUEST, message: message.into(), param: None }
+        ApiError { status: StatusCode::BAD_REQUEST, message: message.into(), param: None, overflow: None }
     }
 
     pub fn with_param(mut self, param: &str) -> Self {
@@ -25,17 +36,17 @@ impl ApiError {
     }
 
     pub fn not_found(message: impl Into<String>) -> Self {
-        ApiError { status: StatusCode::NOT_FOUND, message: message.into(), param: None }
+        ApiError { status: StatusCode::NOT_FOUND, message: message.into(), param: None, overflow: None }
     }
 
     /// The request is fine but the server's state forbids it now (a model in use, a download
     /// running).
     pub fn conflict(message: impl Into<String>) -> Self {
-        ApiError { status: StatusCode::CONFLICT, message: message.into(), param: None }
+        ApiError { status: StatusCode::CONFLICT, message: message.into(), param: None, overflow: None }
     }
 
     pub fn internal(message: impl Into<String>) -> Self {
-        ApiError { status: StatusCode::INTERNAL_SERVER_ERROR, message: message.into(), param: None }
+        ApiError { status: StatusCode::INTERNAL_SERVER_ERROR, message: message.into(), param: None, overflow: None }
     }
 
     fn kind(&self) -> &'static str {
@@ -53,9 +64,19 @@ impl From<JobError> for ApiError {
     fn from(e: JobError) -> Self {
         match e {
             JobError::BadRequest(m) => ApiError::bad_request(m),
-            JobError::Busy(m) => ApiError { status: StatusCode::TOO_MANY_REQUESTS, message: m, param: None },
+            JobError::Busy(m) => {
+                ApiError { status: StatusCode::TOO_MANY_REQUESTS, message: m, param: None, overflow: None }
+            }
             JobError::Internal(m) => ApiError::internal(m),
-            JobError::Unavailable(m) => ApiError { status: StatusCode::SERVICE_UNAVAILABLE, message: m, param: None },
+            JobError::Unavailable(m) => {
+                ApiError { status: StatusCode::SERVICE_UNAVAILABLE, message: m, param: None, overflow: None }
+            }
+            JobError::TooLong { message, prompt_tokens, context } => ApiError {
+                status: StatusCode::BAD_REQUEST,
+                message,
+                param: Some("messages".into()),
+                overflow: Some(Overflow { prompt_tokens, context }),
+            },
         }
     }
 }
@@ -63,7 +84,12 @@ impl From<JobError> for ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let body = serde_json::json!({
-            "error": {"message": self.message, "type": self.kind(), "param": self.param, "code": null}
+            "error": {
+                "message": self.message,
+                "type": self.kind(),
+                "param": self.param,
+                "code": self.overflow.map(|_| "context_length_exceeded"),
+            }
         });
         with_retry_after(self.status, (self.status, Json(body)).into_response())
     }
@@ -117,7 +143,12 @@ impl IntoResponse for AnthropicError {
             400..=499 => "invalid_request_error",
             _ => "api_error",
         };
-        let body = Json(serde_json::json!({"type": "error", "error": {"type": kind, "message": e.message}}));
+        // Anthropic's own wording, which Claude Code matches to compact the conversation.
+        let message = match e.overflow {
+            Some(o) => format!("prompt is too long: {} tokens > {} maximum", o.prompt_tokens, o.context),
+            None => e.message,
+        };
+        let body = Json(serde_json::json!({"type": "error", "error": {"type": kind, "message": message}}));
         with_retry_after(e.status, (e.status, body).into_response())
     }
 }

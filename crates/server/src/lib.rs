@@ -156,6 +156,9 @@ pub struct AppState {
     pub started: Instant,
     pub started_unix: u64,
     next_id: Arc<AtomicU64>,
+    /// 64 random bits, hex, before every id this server hands out: ids stay unique across
+    /// restarts (an agent's history holds the ids of earlier processes).
+    id_prefix: Arc<str>,
 }
 
 impl AppState {
@@ -192,6 +195,7 @@ impl AppState {
                 .map(|d| d.as_secs())
                 .unwrap_or(0),
             next_id: Arc::new(AtomicU64::new(1)),
+            id_prefix: random_hex(8).into(),
         }
     }
 
@@ -213,8 +217,10 @@ impl AppState {
         self.notice.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
-    pub fn next_id(&self) -> u64 {
-        self.next_id.fetch_add(1, Ordering::Relaxed)
+    /// A fresh id for a message, response, item or tool call: this server's random prefix
+    /// and a counter (never the same twice, in this process or any other).
+    pub fn next_id(&self) -> String {
+        format!("{}{:08}", self.id_prefix, self.next_id.fetch_add(1, Ordering::Relaxed))
     }
 
     /// The loaded model, if `name` is its id or one of its aliases.
@@ -468,7 +474,12 @@ async fn json_errors(req: Request, next: Next) -> Response {
     if status == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
         message = format!("the request body is larger than this server accepts ({} MiB)", MAX_BODY_BYTES >> 20);
     }
-    let e = ApiError { status, message: if message.is_empty() { status.to_string() } else { message }, param: None };
+    let e = ApiError {
+        status,
+        message: if message.is_empty() { status.to_string() } else { message },
+        param: None,
+        overflow: None,
+    };
     if anthropic {
         error::AnthropicError(e).into_response()
     } else {
@@ -588,4 +599,17 @@ pub async fn serve(config: ServerConfig) -> anyhow::Result<()> {
         }
     })
     .await
+}
+
+/// `bytes` random bytes, hex (the clock's nanoseconds and the process id if the OS has no
+/// randomness: ids must still differ from a previous process's).
+fn random_hex(bytes: usize) -> String {
+    let mut buf = vec![0u8; bytes];
+    if getrandom::fill(&mut buf).is_err() {
+        let seed =
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0)
+                ^ ((std::process::id() as u128) << 64);
+        buf.iter_mut().enumerate().for_each(|(i, b)| *b = (seed >> ((i % 16) * 8)) as u8);
+    }
+    buf.iter().map(|b| format!("{b:02x}")).collect()
 }

@@ -259,6 +259,7 @@ pub async fn load_model(
         status: StatusCode::CONFLICT,
         message: "this server was started to serve one model; restart it with another --model".into(),
         param: None,
+        overflow: None,
     })?;
     if s.worker_options.split.is_some() {
         return Err(ApiError {
@@ -266,6 +267,7 @@ pub async fn load_model(
             message: "this server's model is split across ranks (--hosts): start it again with another model to serve that one"
                 .into(),
             param: Some("model".into()),
+            overflow: None,
         });
     }
     {
@@ -275,6 +277,7 @@ pub async fn load_model(
                 status: StatusCode::CONFLICT,
                 message: format!("`{other}` is loading; try again when it is ready"),
                 param: None,
+                overflow: None,
             });
         }
         *loading = Some(model.clone());

@@ -311,8 +311,15 @@ pub async fn completions(State(state): State<AppState>, body: Bytes) -> Result<R
 
 pub async fn models(State(state): State<AppState>) -> Json<ModelList> {
     let loaded = state.loaded();
-    let card =
-        |id: &str| ModelCard { id: id.to_string(), object: "model", created: state.started_unix, owned_by: "ferrite" };
+    let context = loaded.worker.info.context;
+    let card = |id: &str| ModelCard {
+        id: id.to_string(),
+        object: "model",
+        created: state.started_unix,
+        owned_by: "ferrite",
+        context_length: context,
+        max_model_len: context,
+    };
     let mut data = vec![card(&loaded.worker.info.id)];
     data.extend(loaded.aliases.iter().map(|a| card(a)));
     Json(ModelList { object: "list", data })
@@ -342,6 +349,7 @@ async fn respond(
     let mut headers = state.speed_headers(&loaded, running.max_tokens, running.clamped);
     let head = Head {
         id: format!("{}-{}", if kind == Kind::Chat { "chatcmpl" } else { "cmpl" }, state.next_id()),
+        call_base: format!("call_{}", state.next_id()),
         model: loaded.worker.info.id.clone(),
         created: now(),
         kind,
@@ -364,7 +372,7 @@ async fn respond(
     }
 
     let include_usage = common.stream_options.as_ref().is_some_and(|o| o.include_usage);
-    let mut chunks = Chunks { head, call_base: format!("call-{}", now()), include_usage, expect };
+    let mut chunks = Chunks { head, include_usage, expect };
     let first = chunks
         .head
         .chunk(ChunkDelta { role: Some("assistant"), content: Some(String::new()), ..Default::default() }, None);
@@ -378,6 +386,8 @@ async fn respond(
 /// What every object of one answer repeats.
 struct Head {
     id: String,
+    /// Before each tool call's index: `call_<a fresh id>-<index>`.
+    call_base: String,
     model: String,
     created: u64,
     kind: Kind,
@@ -386,7 +396,7 @@ struct Head {
 impl Head {
     fn chat_completion(&self, answer: &Answer, check: Option<Value>) -> ChatCompletion {
         let calls: Vec<OutCall> =
-            answer.calls.iter().enumerate().map(|(i, c)| OutCall::whole(&self.id, i, c)).collect();
+            answer.calls.iter().enumerate().map(|(i, c)| OutCall::whole(&self.call_base, i, c)).collect();
         let content = (!answer.text.is_empty() || calls.is_empty()).then(|| answer.text.clone());
         let message = AssistantMessage {
             role: "assistant",
@@ -454,7 +464,6 @@ impl Head {
 /// A stream's state: the chunks each step becomes.
 struct Chunks {
     head: Head,
-    call_base: String,
     include_usage: bool,
     /// The response format the finished text is checked against, if one was asked for.
     expect: Option<Expect>,
@@ -470,7 +479,7 @@ impl Chunks {
             // A call streams as it is written: its id and name, then its arguments in fragments.
             Step::CallBegin { index, name } => call(ChunkCall {
                 index,
-                id: Some(format!("{}-{index}", self.call_base)),
+                id: Some(format!("{}-{index}", self.head.call_base)),
                 kind: Some("function"),
                 function: ChunkFunction { name: Some(name), arguments: String::new() },
             }),
@@ -482,7 +491,7 @@ impl Chunks {
             }),
             Step::CallEnd { streamed: true, .. } => vec![],
             Step::CallEnd { index, call: c, streamed: false } => {
-                let whole = OutCall::whole(&self.call_base, index, &c);
+                let whole = OutCall::whole(&self.head.call_base, index, &c);
                 call(ChunkCall {
                     index,
                     id: Some(whole.id),
@@ -548,6 +557,10 @@ struct ModelCard {
     object: &'static str,
     created: u64,
     owned_by: &'static str,
+    /// The model's context in tokens, under the two names clients read it by (OpenRouter's
+    /// and vLLM's), so a client can compact a conversation before it overflows.
+    context_length: usize,
+    max_model_len: usize,
 }
 
 #[derive(Serialize)]

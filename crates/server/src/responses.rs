@@ -399,8 +399,12 @@ pub async fn responses(State(state): State<AppState>, body: Bytes) -> Result<Res
             headers.insert("x-ferrite-tools-ignored", v);
         }
     }
-    let ids = Ids { id: format!("{:024}", state.next_id()), custom: offered.custom };
-    let head = Head { model: loaded.worker.info.id.clone(), created: now() };
+    let ids = Ids { id: state.next_id(), custom: offered.custom };
+    let head = Head {
+        model: loaded.worker.info.id.clone(),
+        created: now(),
+        parallel_tool_calls: req.parallel_tool_calls.unwrap_or(true),
+    };
 
     if !req.stream {
         let answer = answer::collect(running).await?;
@@ -489,6 +493,8 @@ impl Ids {
 struct Head {
     model: String,
     created: u64,
+    /// As the request asked (the response echoes it).
+    parallel_tool_calls: bool,
 }
 
 impl Head {
@@ -516,7 +522,8 @@ impl Head {
             usage: answer.map(Usage::of),
             incomplete_details: incomplete.map(|reason| Incomplete { reason }),
             error: None,
-            parallel_tool_calls: true,
+            parallel_tool_calls: self.parallel_tool_calls,
+            store: false,
             tool_choice: "auto",
             tools: vec![],
         }
@@ -743,6 +750,8 @@ struct ResponseObject {
     incomplete_details: Option<Incomplete>,
     error: Option<String>,
     parallel_tool_calls: bool,
+    /// Always false: Ferrite keeps no responses, whatever the request's `store` said.
+    store: bool,
     tool_choice: &'static str,
     tools: Vec<Value>,
 }

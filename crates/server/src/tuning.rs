@@ -118,6 +118,7 @@ pub async fn start(State(s): State<AppState>, body: Bytes) -> Result<(StatusCode
                 status: StatusCode::CONFLICT,
                 message: "a tune is running already (POST /v1/tune/cancel stops it)".into(),
                 param: None,
+                overflow: None,
             });
         }
         *t = TuneState {

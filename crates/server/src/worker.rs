@@ -100,6 +100,12 @@ pub enum ClampedBy {
 #[derive(Debug, Clone)]
 pub enum JobError {
     BadRequest(String),
+    /// The prompt (at least `prompt_tokens`) does not fit the model's `context`.
+    TooLong {
+        message: String,
+        prompt_tokens: usize,
+        context: usize,
+    },
     Busy(String),
     Internal(String),
     /// The server cannot answer now (a split model's rank is gone): a 503.
@@ -774,10 +780,14 @@ fn start_job<'e>(
         return Err(0);
     }
     if least >= info.context {
-        send(JobEvent::Failed(JobError::BadRequest(format!(
-            "the prompt is at least {least} tokens ({text_bytes} bytes of text), and the model's context is {} tokens: it does not fit",
-            info.context
-        ))));
+        send(JobEvent::Failed(JobError::TooLong {
+            message: format!(
+                "the prompt is at least {least} tokens ({text_bytes} bytes of text), and the model's context is {} tokens: it does not fit",
+                info.context
+            ),
+            prompt_tokens: least,
+            context: info.context,
+        }));
         return Err(0);
     }
     let (ids, text, thinking) = match render(engine, &job.prompt) {
@@ -797,10 +807,14 @@ fn start_job<'e>(
         return Err(0);
     }
     if prompt_tokens >= info.context {
-        send(JobEvent::Failed(JobError::BadRequest(format!(
-            "the prompt is {prompt_tokens} tokens, and the model's context is {} tokens: it does not fit",
-            info.context
-        ))));
+        send(JobEvent::Failed(JobError::TooLong {
+            message: format!(
+                "the prompt is {prompt_tokens} tokens, and the model's context is {} tokens: it does not fit",
+                info.context
+            ),
+            prompt_tokens,
+            context: info.context,
+        }));
         return Err(0);
     }
     if prompt_tokens >= memory_room {

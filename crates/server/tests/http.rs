@@ -590,3 +590,101 @@ async fn a_lark_grammar_or_regex_holds_the_answer() {
         assert!(v["error"]["message"].as_str().unwrap().contains(says), "{says}: {v}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn ids_never_repeat_across_restarts() {
+    // Two servers stand for one before and one after a restart: an agent's history holds the
+    // ids of both, so none may be handed out twice (Claude Code takes a repeated `msg_` or
+    // `toolu_` id for an interrupted tool call and runs it again).
+    let mut seen = std::collections::HashSet::new();
+    for _ in 0..2 {
+        let s = common::start(None).await;
+        for _ in 0..2 {
+            let (_, v) = common::post(&s, "/v1/chat/completions", &common::chat(json!({}))).await;
+            assert!(seen.insert(v["id"].as_str().unwrap().to_string()), "{v}");
+            let anthropic = json!({"model": "tiny", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]});
+            let (_, v) = common::post(&s, "/v1/messages", &anthropic).await;
+            assert!(seen.insert(v["id"].as_str().unwrap().to_string()), "{v}");
+            let (_, v) =
+                common::post(&s, "/v1/responses", &json!({"model": "tiny", "input": "hi", "max_output_tokens": 4}))
+                    .await;
+            assert!(seen.insert(v["id"].as_str().unwrap().to_string()), "{v}");
+        }
+    }
+    assert_eq!(seen.len(), 12);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_context_overflow_is_said_in_each_protocols_own_words() {
+    // Clients compact a conversation only when they recognise the overflow: Claude Code by
+    // Anthropic's wording, OpenAI clients (Codex) by `context_length_exceeded`.
+    let s = common::start(None).await;
+    let (_, models) = {
+        let r = reqwest::get(format!("{}/v1/models", s.base)).await.unwrap();
+        (r.status(), r.json::<Value>().await.unwrap())
+    };
+    let context = models["data"][0]["context_length"].as_u64().unwrap();
+    assert!(context > 0 && models["data"][0]["max_model_len"] == context, "{models}");
+    for huge in ["fn main() {} ".repeat(300_000), "fn f() {} ".repeat(context as usize)] {
+        let (status, v) = common::post(
+            &s,
+            "/v1/chat/completions",
+            &common::chat(json!({"messages": [{"role": "user", "content": huge}]})),
+        )
+        .await;
+        assert_eq!((status, v["error"]["code"].as_str()), (400, Some("context_length_exceeded")), "{v}");
+        let (status, v) =
+            common::post(&s, "/v1/responses", &json!({"model": "tiny", "input": huge, "max_output_tokens": 4})).await;
+        assert_eq!((status, v["error"]["code"].as_str()), (400, Some("context_length_exceeded")), "{v}");
+        let anthropic = json!({"model": "tiny", "max_tokens": 4, "messages": [{"role": "user", "content": huge}]});
+        let (status, v) = common::post(&s, "/v1/messages", &anthropic).await;
+        assert_eq!(status, 400, "{v}");
+        let message = v["error"]["message"].as_str().unwrap();
+        let (tokens, maximum) = message
+            .strip_prefix("prompt is too long: ")
+            .and_then(|m| m.strip_suffix(" maximum"))
+            .and_then(|m| m.split_once(" tokens > "))
+            .unwrap_or_else(|| panic!("not Anthropic's wording: {message}"));
+        assert!(tokens.parse::<u64>().unwrap() >= context && maximum.parse::<u64>().unwrap() == context, "{message}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_image_inside_a_tool_result_is_refused_by_its_path_not_dropped() {
+    // Claude Code's Read of a PNG answers with an image inside the tool_result: answering as
+    // if the tool had returned nothing would mislead the model.
+    let s = common::start(None).await;
+    let image = json!({"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AAAA"}});
+    let body = json!({"model": "tiny", "max_tokens": 4, "messages": [
+        {"role": "user", "content": "Read the screenshot."},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_a", "name": "Read", "input": {"file_path": "a.png"}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_a", "content": [
+            {"type": "text", "text": "a.png"}, image.clone()
+        ]}]}
+    ]});
+    let (status, v) = common::post(&s, "/v1/messages", &body).await;
+    assert_eq!(status, 400, "{v}");
+    let message = v["error"]["message"].as_str().unwrap();
+    assert!(message.starts_with("messages.2.content.0.content.1: `image`"), "{message}");
+    // Text and tool references (ToolSearch) in a tool result still reach the model.
+    let body = json!({"model": "tiny", "max_tokens": 4, "messages": [
+        {"role": "user", "content": "Find a tool."},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_b", "name": "ToolSearch", "input": {"query": "x"}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_b", "content": [
+            {"type": "text", "text": "found"}, {"type": "tool_reference", "tool_name": "Grep"}
+        ]}]}
+    ]});
+    assert_eq!(common::post(&s, "/v1/messages", &body).await.0, 200);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_response_echoes_parallel_tool_calls_and_says_it_is_not_stored() {
+    let s = common::start(None).await;
+    for parallel in [false, true] {
+        let body = json!({"model": "tiny", "input": "hi", "max_output_tokens": 4, "store": true, "parallel_tool_calls": parallel});
+        let (status, v) = common::post(&s, "/v1/responses", &body).await;
+        assert_eq!(status, 200, "{v}");
+        assert_eq!(v["parallel_tool_calls"], parallel, "{v}");
+        assert_eq!(v["store"], false, "Ferrite keeps no responses: {v}");
+    }
+}

@@ -451,8 +451,12 @@ fn budgeted_methods(
     if let Some(text) = value.as_str() {
         let arg = |i: usize| args.get(i).and_then(|a| a.as_str());
         match method {
-            // `sep.join(items)` is the budgeted `join` filter.
+            // `sep.join(items)` and `s.replace(a, b)` are the budgeted filters.
             "join" if args.len() == 1 => return state.apply_filter("join", &[args[0].clone(), value.clone()]),
+            "replace" if args.len() == 2 => {
+                return state.apply_filter("replace", &[value.clone(), args[0].clone(), args[1].clone()])
+            }
+            // With a count: at most the budget of every occurrence replaced.
             "replace" => {
                 let (from, to) = (arg(0).unwrap_or_default(), arg(1).unwrap_or_default());
                 let hits = if from.is_empty() { text.chars().count() + 1 } else { text.matches(from).count() };

@@ -5,7 +5,8 @@
 //!   keep-alive connection waiting for its next request);
 //! - a connection with no request in flight for that long is closed, HTTP/2 too (an idle
 //!   h2c connection otherwise stays open as long as it answers pings);
-//! - a request body that sends nothing for that long fails the request ([`BodyTimeout`]).
+//! - a request body that sends nothing for that long fails the request (tower-http's
+//!   `TimeoutBody`).
 //!
 //! Shutdown is graceful: no new connections, open ones finish their response.
 
@@ -24,6 +25,7 @@ use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tower::ServiceExt;
+use tower_http::timeout::TimeoutBody;
 
 /// How long a client has to send a request's head (and an idle connection to start one).
 pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
@@ -64,7 +66,7 @@ pub async fn serve_with(
         let router = app.clone();
         let service = TowerToHyperService::new(tower::service_fn(move |r: Request<Incoming>| {
             let in_flight = counted.begin();
-            let r = r.map(|body| Body::new(BodyTimeout::new(body, header_read_timeout)));
+            let r = r.map(|body| Body::new(TimeoutBody::new(header_read_timeout, body)));
             let call = router.clone().oneshot(r);
             async move {
                 let response = call.await?;
@@ -98,10 +100,11 @@ pub async fn serve_with(
                         conn.as_mut().graceful_shutdown();
                     }
                     _ = idle_check.tick() => {
-                        if closing_since.is_some_and(|t| t.elapsed() > header_read_timeout) && activity.idle_for() > Duration::ZERO {
+                        let idle = activity.idle_for();
+                        if closing_since.is_some_and(|t| t.elapsed() > header_read_timeout) && idle.is_some() {
                             break;
                         }
-                        if !stopping && activity.idle_for() > header_read_timeout {
+                        if !stopping && idle.is_some_and(|idle| idle > header_read_timeout) {
                             stopping = true;
                             closing_since = Some(Instant::now());
                             conn.as_mut().graceful_shutdown();
@@ -119,26 +122,31 @@ pub async fn serve_with(
 
 /// A connection's requests in flight and when the last one ended.
 #[derive(Clone)]
-struct Activity(Arc<(AtomicUsize, Mutex<Instant>)>);
+struct Activity(Arc<Requests>);
+
+struct Requests {
+    in_flight: AtomicUsize,
+    last_ended: Mutex<Instant>,
+}
 
 impl Activity {
     fn new() -> Self {
-        Activity(Arc::new((AtomicUsize::new(0), Mutex::new(Instant::now()))))
+        Activity(Arc::new(Requests { in_flight: AtomicUsize::new(0), last_ended: Mutex::new(Instant::now()) }))
     }
 
     /// A request began; the guard it returns ends it when dropped (with the response's body,
     /// once the response has been sent whole: a stream is a request in flight).
     fn begin(&self) -> InFlight {
-        self.0 .0.fetch_add(1, Ordering::SeqCst);
+        self.0.in_flight.fetch_add(1, Ordering::SeqCst);
         InFlight(self.clone())
     }
 
-    /// How long the connection has had no request in flight (zero while one is).
-    fn idle_for(&self) -> Duration {
-        if self.0 .0.load(Ordering::SeqCst) > 0 {
-            return Duration::ZERO;
+    /// How long the connection has had no request in flight (`None` while one is).
+    fn idle_for(&self) -> Option<Duration> {
+        if self.0.in_flight.load(Ordering::SeqCst) > 0 {
+            return None;
         }
-        self.0 .1.lock().map(|t| t.elapsed()).unwrap_or_default()
+        self.0.last_ended.lock().ok().map(|t| t.elapsed())
     }
 }
 
@@ -146,10 +154,10 @@ struct InFlight(Activity);
 
 impl Drop for InFlight {
     fn drop(&mut self) {
-        if let Ok(mut t) = self.0 .0 .1.lock() {
+        if let Ok(mut t) = self.0 .0.last_ended.lock() {
             *t = Instant::now();
         }
-        self.0 .0 .0.fetch_sub(1, Ordering::SeqCst);
+        self.0 .0.in_flight.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
@@ -176,55 +184,5 @@ impl hyper::body::Body for Guarded {
 
     fn size_hint(&self) -> hyper::body::SizeHint {
         self.body.size_hint()
-    }
-}
-
-/// A request body that fails once no data has come for `timeout` (a client that opens a
-/// body and then sends nothing).
-struct BodyTimeout {
-    inner: Incoming,
-    timeout: Duration,
-    sleep: std::pin::Pin<Box<tokio::time::Sleep>>,
-}
-
-impl BodyTimeout {
-    fn new(inner: Incoming, timeout: Duration) -> Self {
-        BodyTimeout { inner, timeout, sleep: Box::pin(tokio::time::sleep(timeout)) }
-    }
-}
-
-impl hyper::body::Body for BodyTimeout {
-    type Data = axum::body::Bytes;
-    type Error = Box<dyn std::error::Error + Send + Sync>;
-
-    fn poll_frame(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Self::Data>, Self::Error>>> {
-        use std::task::Poll;
-        let this = &mut *self;
-        match std::pin::Pin::new(&mut this.inner).poll_frame(cx) {
-            Poll::Ready(frame) => {
-                let deadline = tokio::time::Instant::now() + this.timeout;
-                this.sleep.as_mut().reset(deadline);
-                Poll::Ready(frame.map(|f| f.map_err(Into::into)))
-            }
-            Poll::Pending => match this.sleep.as_mut().poll(cx) {
-                Poll::Ready(()) => Poll::Ready(Some(Err(format!(
-                    "the request body sent nothing for {} s",
-                    this.timeout.as_secs_f64()
-                )
-                .into()))),
-                Poll::Pending => Poll::Pending,
-            },
-        }
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> hyper::body::SizeHint {
-        self.inner.size_hint()
     }
 }

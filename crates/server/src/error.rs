@@ -26,8 +26,12 @@ pub struct Overflow {
 }
 
 impl ApiError {
+    pub fn new(status: StatusCode, message: impl Into<String>) -> Self {
+        ApiError { status, message: message.into(), param: None, overflow: None }
+    }
+
     pub fn bad_request(message: impl Into<String>) -> Self {
-        ApiError { status: StatusCode::BAD_REQUEST, message: message.into(), param: None, overflow: None }
+        ApiError::new(StatusCode::BAD_REQUEST, message)
     }
 
     pub fn with_param(mut self, param: &str) -> Self {
@@ -36,17 +40,17 @@ impl ApiError {
     }
 
     pub fn not_found(message: impl Into<String>) -> Self {
-        ApiError { status: StatusCode::NOT_FOUND, message: message.into(), param: None, overflow: None }
+        ApiError::new(StatusCode::NOT_FOUND, message)
     }
 
     /// The request is fine but the server's state forbids it now (a model in use, a download
     /// running).
     pub fn conflict(message: impl Into<String>) -> Self {
-        ApiError { status: StatusCode::CONFLICT, message: message.into(), param: None, overflow: None }
+        ApiError::new(StatusCode::CONFLICT, message)
     }
 
     pub fn internal(message: impl Into<String>) -> Self {
-        ApiError { status: StatusCode::INTERNAL_SERVER_ERROR, message: message.into(), param: None, overflow: None }
+        ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, message)
     }
 
     fn kind(&self) -> &'static str {
@@ -64,18 +68,12 @@ impl From<JobError> for ApiError {
     fn from(e: JobError) -> Self {
         match e {
             JobError::BadRequest(m) => ApiError::bad_request(m),
-            JobError::Busy(m) => {
-                ApiError { status: StatusCode::TOO_MANY_REQUESTS, message: m, param: None, overflow: None }
-            }
+            JobError::Busy(m) => ApiError::new(StatusCode::TOO_MANY_REQUESTS, m),
             JobError::Internal(m) => ApiError::internal(m),
-            JobError::Unavailable(m) => {
-                ApiError { status: StatusCode::SERVICE_UNAVAILABLE, message: m, param: None, overflow: None }
-            }
+            JobError::Unavailable(m) => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, m),
             JobError::TooLong { message, prompt_tokens, context } => ApiError {
-                status: StatusCode::BAD_REQUEST,
-                message,
-                param: Some("messages".into()),
                 overflow: Some(Overflow { prompt_tokens, context }),
+                ..ApiError::bad_request(message).with_param("messages")
             },
         }
     }

@@ -159,7 +159,7 @@ fn request_host(req: &Request) -> Result<Option<String>, String> {
 }
 
 fn refuse(status: StatusCode, message: String, param: Option<&str>) -> Response {
-    ApiError { status, message, param: param.map(str::to_string), overflow: None }.into_response()
+    ApiError { param: param.map(str::to_string), ..ApiError::new(status, message) }.into_response()
 }
 
 /// The checks, before any handler reads the request.

@@ -300,7 +300,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/events", get(live::events))
         .route("/v1/status", get(status))
         .route("/metrics", get(metrics))
-        .route("/v1/models", get(openai::models))
+        .route("/v1/models", get(models::list))
         .route("/v1/models/load", post(models::load))
         .route("/v1/store", get(models::store_listing))
         .route("/v1/store/pull", post(models::pull))
@@ -474,12 +474,7 @@ async fn json_errors(req: Request, next: Next) -> Response {
     if status == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
         message = format!("the request body is larger than this server accepts ({} MiB)", MAX_BODY_BYTES >> 20);
     }
-    let e = ApiError {
-        status,
-        message: if message.is_empty() { status.to_string() } else { message },
-        param: None,
-        overflow: None,
-    };
+    let e = ApiError::new(status, if message.is_empty() { status.to_string() } else { message });
     if anthropic {
         error::AnthropicError(e).into_response()
     } else {

@@ -1,4 +1,5 @@
-//! The models the UI offers: `GET /v1/store` lists what is installed (and what is not usable
+//! The models: `GET /v1/models` lists the one served (OpenAI's form, with its context);
+//! the models the UI offers: `GET /v1/store` lists what is installed (and what is not usable
 //! yet), the catalog and the downloads; `POST /v1/store/pull|cancel|delete {"model": NAME}`
 //! and `POST /v1/store/folder {"dir": DIR}` act on the store (the same config file and folder
 //! as the CLI); `POST /v1/models/load {"model": NAME}` starts another model, through the
@@ -8,7 +9,7 @@ use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::Json;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
 use std::sync::{Arc, Mutex};
@@ -162,13 +163,13 @@ pub async fn delete(State(s): State<AppState>, body: Bytes) -> Result<Json<Value
         let real = |p: &std::path::Path| p.canonicalize().unwrap_or_else(|_| p.to_path_buf());
         let served = real(&dir_in_use);
         let serves = |dir: &std::path::Path| served == real(dir) || served.starts_with(real(dir));
-        if st.resolve(&name).is_ok_and(|r| serves(&r.dir)) || st.deleted_folder(&name).is_some_and(|(_, d)| serves(&d))
-        {
+        let folder = st.deleted_folder(&name);
+        if st.resolve(&name).is_ok_and(|r| serves(&r.dir)) || folder.as_ref().is_some_and(|(_, d)| serves(d)) {
             return Err(
                 ApiError::conflict(format!("`{name}` is being served: start another model first")).with_param("model")
             );
         }
-        if let Some((repo, _)) = st.deleted_folder(&name).filter(|(repo, _)| downloading.contains(repo)) {
+        if let Some((repo, _)) = folder.filter(|(repo, _)| downloading.contains(repo)) {
             return Err(ApiError::conflict(format!(
                 "`{repo}` is being downloaded: cancel the download first (deleting now would leave a partial folder)"
             ))
@@ -255,30 +256,19 @@ pub async fn load_model(
     let current = s.loaded().worker.info.clone();
     let model = model.unwrap_or_else(|| current.id.clone());
     let profile = profile.unwrap_or(current.profile.name);
-    let resolver = s.resolver.clone().ok_or_else(|| ApiError {
-        status: StatusCode::CONFLICT,
-        message: "this server was started to serve one model; restart it with another --model".into(),
-        param: None,
-        overflow: None,
+    let resolver = s.resolver.clone().ok_or_else(|| {
+        ApiError::conflict("this server was started to serve one model; restart it with another --model")
     })?;
     if s.worker_options.split.is_some() {
-        return Err(ApiError {
-            status: StatusCode::CONFLICT,
-            message: "this server's model is split across ranks (--hosts): start it again with another model to serve that one"
-                .into(),
-            param: Some("model".into()),
-            overflow: None,
-        });
+        return Err(ApiError::conflict(
+            "this server's model is split across ranks (--hosts): start it again with another model to serve that one",
+        )
+        .with_param("model"));
     }
     {
         let mut loading = s.loading.lock().map_err(|_| ApiError::internal("loading state poisoned"))?;
         if let Some(other) = loading.as_ref() {
-            return Err(ApiError {
-                status: StatusCode::CONFLICT,
-                message: format!("`{other}` is loading; try again when it is ready"),
-                param: None,
-                overflow: None,
-            });
+            return Err(ApiError::conflict(format!("`{other}` is loading; try again when it is ready")));
         }
         *loading = Some(model.clone());
     }
@@ -314,4 +304,39 @@ pub async fn load_model(
     Ok(
         json!({"model": spec.id, "aliases": spec.aliases, "dir": spec.dir, "draft_depth": spec.draft_depth, "profile": profile}),
     )
+}
+
+/// `GET /v1/models`: the model served and its aliases, each with its context.
+pub async fn list(State(state): State<AppState>) -> Json<ModelList> {
+    let loaded = state.loaded();
+    let context = loaded.worker.info.context;
+    let card = |id: &str| ModelCard {
+        id: id.to_string(),
+        object: "model",
+        created: state.started_unix,
+        owned_by: "ferrite",
+        context_length: context,
+        max_model_len: context,
+    };
+    let mut data = vec![card(&loaded.worker.info.id)];
+    data.extend(loaded.aliases.iter().map(|a| card(a)));
+    Json(ModelList { object: "list", data })
+}
+
+#[derive(Serialize)]
+pub struct ModelList {
+    object: &'static str,
+    data: Vec<ModelCard>,
+}
+
+#[derive(Serialize)]
+struct ModelCard {
+    id: String,
+    object: &'static str,
+    created: u64,
+    owned_by: &'static str,
+    /// The model's context in tokens, under the two names clients read it by (OpenRouter's
+    /// and vLLM's), so a client can compact a conversation before it overflows.
+    context_length: usize,
+    max_model_len: usize,
 }

@@ -309,22 +309,6 @@ pub async fn completions(State(state): State<AppState>, body: Bytes) -> Result<R
     respond(state, loaded, Prompt::Text(req.prompt), request, &common, Kind::Text, None).await
 }
 
-pub async fn models(State(state): State<AppState>) -> Json<ModelList> {
-    let loaded = state.loaded();
-    let context = loaded.worker.info.context;
-    let card = |id: &str| ModelCard {
-        id: id.to_string(),
-        object: "model",
-        created: state.started_unix,
-        owned_by: "ferrite",
-        context_length: context,
-        max_model_len: context,
-    };
-    let mut data = vec![card(&loaded.worker.info.id)];
-    data.extend(loaded.aliases.iter().map(|a| card(a)));
-    Json(ModelList { object: "list", data })
-}
-
 #[derive(Clone, Copy, PartialEq)]
 enum Kind {
     Chat,
@@ -543,24 +527,6 @@ impl Chunks {
         };
         out.into_iter().map(|v| v.unwrap_or(Value::Null)).collect()
     }
-}
-
-#[derive(Serialize)]
-pub struct ModelList {
-    object: &'static str,
-    data: Vec<ModelCard>,
-}
-
-#[derive(Serialize)]
-struct ModelCard {
-    id: String,
-    object: &'static str,
-    created: u64,
-    owned_by: &'static str,
-    /// The model's context in tokens, under the two names clients read it by (OpenRouter's
-    /// and vLLM's), so a client can compact a conversation before it overflows.
-    context_length: usize,
-    max_model_len: usize,
 }
 
 #[derive(Serialize)]

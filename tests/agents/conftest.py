@@ -44,38 +44,72 @@ class Server:
         """Where the log ends now: `generations_since(mark)` reads what came after."""
         return len(self.log.read_text(errors="replace"))
 
+    def cached_since(self, mark: int) -> list[tuple[int, int]]:
+        """(prompt tokens, of them from the prompt cache) of each generation after `mark`."""
+        found = [re.search(r"(\d+) prompt tokens \((\d+) from the prompt cache", g) for g in self.generations_since(mark)]
+        return [(int(m[1]), int(m[2])) for m in found if m]
+
     def generations_since(self, mark: int) -> list[str]:
         text = re.sub(r"\x1b\[[0-9;]*m", "", self.log.read_text(errors="replace")[mark:])
         return [line.split("INFO ", 1)[-1] for line in text.splitlines() if "prompt tokens (" in line]
 
 
-def start_server(tmp: Path, *extra: str):
-    """`ferrite serve --model default` on a free port, its log in `tmp`; yields a Server."""
-    assert FERRITE.exists(), f"{FERRITE} is missing: build it first (cargo build -p ferrite-cli)"
-    port, log = free_port(), tmp / "serve.log"
-    # The prompt cache's disk tier off: one test's blocks must not serve another's turns.
-    env = dict(os.environ, RUST_LOG="info", FERRITE_CONFIG_DIR=str(tmp / "config"), FERRITE_PROMPT_DISK_GB="0")
-    with open(log, "w") as out:
-        proc = subprocess.Popen(
-            [FERRITE, "serve", "--model", "default", "--port", str(port), "--idle-minutes", "0", *extra],
-            stdout=out, stderr=subprocess.STDOUT, env=env,
-        )
-    base = f"http://127.0.0.1:{port}"
-    try:
+class Process:
+    """`ferrite serve --model default` on one port, started and restarted there (so a client's
+    settings stay right), its log appended to `tmp/serve.log`. With `disk_cache` the prompt
+    cache keeps its blocks in `tmp/blocks`, and a restarted server finds them; without, the
+    disk tier is off (one test's blocks must not serve another's turns)."""
+
+    def __init__(self, tmp: Path, extra: tuple, disk_cache: bool):
+        assert FERRITE.exists(), f"{FERRITE} is missing: build it first (cargo build -p ferrite-cli)"
+        self.port, self.log, self.extra, self.proc = free_port(), tmp / "serve.log", extra, None
+        self.log.write_text("")
+        config = tmp / "config"
+        config.mkdir(exist_ok=True)
+        self.env = dict(os.environ, RUST_LOG="info", FERRITE_CONFIG_DIR=str(config), FERRITE_PROMPT_DISK_GB="0")
+        if disk_cache:
+            (config / "config.toml").write_text(f'[prompt_cache]\ndir = "{tmp / "blocks"}"\ndisk_gb = 2.0\n')
+            self.env["FERRITE_PROMPT_DISK_GB"] = ""
+        self.base = f"http://127.0.0.1:{self.port}"
+
+    def start(self):
+        with open(self.log, "a") as out:
+            self.proc = subprocess.Popen(
+                [FERRITE, "serve", "--model", "default", "--port", str(self.port), "--idle-minutes", "0", *self.extra],
+                stdout=out, stderr=subprocess.STDOUT, env=self.env,
+            )
         for _ in range(600):
             try:
-                urllib.request.urlopen(base + "/health", timeout=1)
-                break
+                urllib.request.urlopen(self.base + "/health", timeout=1)
+                return
             except OSError:
-                if proc.poll() is not None:
-                    raise RuntimeError(log.read_text())
+                if self.proc.poll() is not None:
+                    raise RuntimeError(self.log.read_text())
                 time.sleep(0.1)
-        else:
-            raise RuntimeError("ferrite serve did not come up")
-        yield Server(base, log)
+        raise RuntimeError("ferrite serve did not come up")
+
+    def stop(self):
+        if self.proc is not None:
+            self.proc.terminate()
+            self.proc.wait(timeout=60)
+            self.proc = None
+
+    def restart(self):
+        self.stop()
+        self.start()
+
+
+def start_server(tmp: Path, *extra: str, disk_cache: bool = False):
+    """`ferrite serve --model default` on a free port, its log in `tmp`; yields a Server whose
+    `restart()` stops it and starts it again on the same port."""
+    process = Process(tmp, extra, disk_cache)
+    process.start()
+    try:
+        server = Server(process.base, process.log)
+        server.restart = process.restart
+        yield server
     finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+        process.stop()
 
 
 @pytest.fixture(scope="session")
@@ -119,6 +153,21 @@ def codex_home(base: str, home: Path) -> Path:
         f'base_url = "{base}/v1"\nwire_api = "responses"\n'
     )
     return config
+
+
+def pi_home(base: str, home: Path):
+    """pi's models.json with Ferrite as an OpenAI-compatible provider (`--provider ferrite
+    --model default`), in `home`'s `.pi/agent`."""
+    agent = home / ".pi" / "agent"
+    agent.mkdir(parents=True, exist_ok=True)
+    models = {"providers": {"ferrite": {"baseUrl": base + "/v1", "api": "openai-completions", "apiKey": "sk-local",
+                                        "models": [{"id": "default"}]}}}
+    (agent / "models.json").write_text(json.dumps(models))
+
+
+def qwen_args(base: str) -> list[str]:
+    """qwen-code's flags for an OpenAI-compatible endpoint."""
+    return ["--auth-type", "openai", "--openai-base-url", base + "/v1", "--openai-api-key", "sk-local", "-m", "default"]
 
 
 def client(name: str) -> Path:

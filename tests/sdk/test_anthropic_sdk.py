@@ -43,10 +43,14 @@ def test_streaming_events_build_the_same_message(client):
 
 
 def test_thinking_switch_and_token_count(client):
-    plain = client.messages.count_tokens(model="tiny", messages=[{"role": "user", "content": "Write a function."}])
+    on = client.messages.count_tokens(model="tiny", messages=[{"role": "user", "content": "Write a function."}],
+                                      thinking={"type": "enabled", "budget_tokens": 1024})
     off = client.messages.count_tokens(model="tiny", messages=[{"role": "user", "content": "Write a function."}],
                                        thinking={"type": "disabled"})
-    assert off.input_tokens > plain.input_tokens > 0  # the template closed the think block
+    assert off.input_tokens > on.input_tokens > 0  # the template closed the think block
+    # Without `thinking` the model does not think, as with Anthropic's API.
+    plain = client.messages.count_tokens(model="tiny", messages=[{"role": "user", "content": "Write a function."}])
+    assert plain.input_tokens == off.input_tokens
     m = ask(client, thinking={"type": "disabled"})
     # Anthropic's accounting: the prompt is what was computed plus what came from the cache.
     assert m.usage.input_tokens + m.usage.cache_read_input_tokens == off.input_tokens

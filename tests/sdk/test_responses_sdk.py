@@ -25,15 +25,21 @@ def test_a_response_object(client):
 
 
 def test_a_stream_through_the_sdks_parser(client):
-    kinds, deltas = [], []
+    kinds, deltas, final = [], [], None
     with client.responses.stream(model="tiny", input=[{"role": "user", "content": "Write a function."}],
                                  max_output_tokens=8) as stream:
         for event in stream:
             kinds.append(event.type)
             if event.type == "response.output_text.delta":
                 deltas.append(event.delta)
-        final = stream.get_final_response()
-    assert kinds[0] == "response.created" and kinds[-1] == "response.completed", kinds
+            if event.type in ("response.completed", "response.incomplete"):
+                final = event.response
+    # Out of tokens is incomplete, and the stream says so in its last event, as OpenAI's does
+    # (the SDK's get_final_response() waits for `response.completed` only: openai-python#3538).
+    last = "response.incomplete" if final.status == "incomplete" else "response.completed"
+    assert kinds[0] == "response.created" and kinds[-1] == last, kinds
+    if final.status == "incomplete":
+        assert final.incomplete_details.reason == "max_output_tokens", final
     assert "response.output_item.added" in kinds and "response.output_item.done" in kinds, kinds
     assert final.output_text == "".join(deltas)
     assert final.usage.output_tokens <= 8

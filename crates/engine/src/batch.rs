@@ -119,6 +119,15 @@ impl<'a, K: Clone> Batch<'a, K> {
         self.running.iter().chain(&self.joining).find(|(k, _)| k == key).map(|(_, g)| g.tokens().len())
     }
 
+    /// Prompt tokens the generation under `key` restored from the prompt cache, if it is in
+    /// the batch (its prefill begins when it is queued).
+    pub fn cached_tokens(&self, key: &K) -> Option<usize>
+    where
+        K: PartialEq,
+    {
+        self.running.iter().chain(&self.joining).find(|(k, _)| k == key).map(|(_, g)| g.cached_tokens())
+    }
+
     /// Generations whose prompts are still being prefilled, and their tokens left to feed.
     pub fn prefilling(&self) -> (usize, usize) {
         (self.joining.len(), self.joining.iter().map(|(_, g)| g.prefill_remaining()).sum())

@@ -121,4 +121,5 @@ static RAISE_CUDA_GRAPH_CACHE: extern "C" fn(libc::c_int, *const *const libc::c_
 fn keep_constructor() {
     #[cfg(target_os = "linux")]
     std::hint::black_box(&RAISE_CUDA_GRAPH_CACHE);
+    crate::kernel_cache::keep_constructor();
 }

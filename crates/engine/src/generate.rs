@@ -411,6 +411,11 @@ impl Engine {
         );
         if backend == Backend::Cpu {
             tracing::info!("CPU matmuls run on {}", crate::blas::describe());
+            if let Some((run, shared)) = crate::kernel_cache::folders() {
+                let shared =
+                    shared.map_or("none: the folder is not this user's own".into(), |s| s.display().to_string());
+                tracing::debug!("MLX compiles CPU kernels in {} (shared: {shared})", run.display());
+            }
         }
         profile.apply_memory_settings(weight_bytes(dir));
         // Split, each rank holds its share of the key/value heads.
@@ -457,6 +462,7 @@ impl Engine {
             *totals = SpecStats::default();
         }
         self.clear_prompt_cache();
+        crate::kernel_cache::publish();
         tracing::info!("warm-up took {:.2} s", started.elapsed().as_secs_f64());
         Ok(())
     }
@@ -465,6 +471,7 @@ impl Engine {
     /// goes to its disk tier, and at long context the Sustained profile hands MLX's buffer
     /// cache back to the system.
     pub fn after_request(&self, context_tokens: usize) {
+        crate::kernel_cache::publish();
         // The request has answered: its prompt's state goes to disk now.
         if let Ok(mut c) = self.prompt_cache.lock() {
             c.persist();
@@ -1174,6 +1181,12 @@ impl Generation<'_> {
     /// The depth controller's state now, for a speculating request with the controller on.
     pub fn depth_control(&self) -> Option<crate::speculative::ControlStats> {
         self.spec.as_ref().and_then(|s| s.stats.control.as_deref().cloned())
+    }
+
+    /// Prompt tokens restored from the prompt cache: known once the prefill has begun (the
+    /// first [`Iterator::next`], or joining a batch), 0 before.
+    pub fn cached_tokens(&self) -> usize {
+        self.cached_tokens
     }
 
     /// The tokens generated so far.

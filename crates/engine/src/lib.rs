@@ -22,6 +22,7 @@ mod grammar_limits;
 #[cfg(feature = "dev")]
 pub mod graph;
 pub mod inspect;
+pub mod kernel_cache;
 mod laps;
 mod layers;
 mod lockstep;

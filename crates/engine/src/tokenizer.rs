@@ -524,6 +524,17 @@ fn python_tojson(
     Ok(minijinja::Value::from_safe_string(String::from_utf8_lossy(&out).into_owned()))
 }
 
+/// `value` as Python's `json.dumps` writes it (`", "` and `": "`): how chat templates show
+/// tools to the model.
+pub fn python_json(value: &serde_json::Value) -> String {
+    let mut out = Vec::new();
+    let mut ser = serde_json::Serializer::with_formatter(&mut out, PythonJson);
+    match serde::Serialize::serialize(value, &mut ser) {
+        Ok(()) => String::from_utf8_lossy(&out).into_owned(),
+        Err(_) => value.to_string(),
+    }
+}
+
 /// serde_json's output with Python's default separators.
 struct PythonJson;
 

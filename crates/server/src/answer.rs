@@ -19,7 +19,8 @@ use crate::Loaded;
 /// What a request asks of the generation, with the names its protocol gives the fields (an
 /// error names the field the client sent).
 pub struct Settings {
-    pub max_tokens: usize,
+    /// None: the client set no limit, and the server chooses one ([`crate::worker::NOT_ASKED`]).
+    pub max_tokens: Option<usize>,
     pub max_tokens_field: &'static str,
     pub stop: Vec<String>,
     pub stop_field: &'static str,
@@ -30,7 +31,7 @@ pub struct Settings {
 impl Settings {
     /// The engine's request for `loaded`, or a 400 naming the field that was wrong.
     pub fn request(self, loaded: &Loaded) -> Result<GenerateRequest, ApiError> {
-        if self.max_tokens == 0 {
+        if self.max_tokens == Some(0) {
             let field = self.max_tokens_field;
             return Err(ApiError::bad_request(format!("{field}: must be at least 1")).with_param(field));
         }
@@ -44,7 +45,7 @@ impl Settings {
             stop: self.stop,
             draft_depth: loaded.draft_depth,
             ignore_eos: self.ignore_eos,
-            ..GenerateRequest::greedy(vec![], self.max_tokens)
+            ..GenerateRequest::greedy(vec![], self.max_tokens.unwrap_or(crate::worker::NOT_ASKED))
         })
     }
 }
@@ -133,6 +134,8 @@ pub struct Answer {
 /// What a streamed answer learns, in order.
 #[derive(Debug, Clone)]
 pub enum Step {
+    /// How many prompt tokens the prompt cache restored (before the first delta).
+    Prefilled(usize),
     Reasoning(String),
     Text(String),
     /// Call number `index` began: its tool's name. Its arguments follow in fragments.
@@ -173,6 +176,7 @@ impl Steps {
     pub fn next(&mut self, event: JobEvent) -> Vec<Step> {
         match event {
             JobEvent::Started { .. } => vec![],
+            JobEvent::Prefilled { cached_tokens } => vec![Step::Prefilled(cached_tokens)],
             JobEvent::Delta { content, reasoning, tool_calls } => {
                 let mut out = Vec::new();
                 if !reasoning.is_empty() {
@@ -305,7 +309,7 @@ mod tests {
 
     #[test]
     fn the_answer_holds_everything_and_why_it_ended() {
-        let clamp = Clamp { asked: 100, by: ClampedBy::Context };
+        let clamp = Clamp { asked: Some(100), by: ClampedBy::Context };
         let mut s = Steps::new(Some(clamp));
         s.next(JobEvent::Delta { content: "he".into(), reasoning: "hm".into(), tool_calls: vec![] });
         s.next(delta("llo", vec![]));

@@ -44,6 +44,9 @@ struct Block {
     /// tool_result blocks: the tool_use they answer.
     #[serde(default)]
     tool_use_id: Option<String>,
+    /// tool_reference blocks (in a tool_result): the deferred tool they load.
+    #[serde(default)]
+    tool_name: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -53,6 +56,9 @@ struct Tool {
     description: Option<String>,
     #[serde(default)]
     input_schema: Option<Value>,
+    /// Left out of the prompt's tool list until a `tool_reference` loads it (tool search).
+    #[serde(default)]
+    defer_loading: bool,
 }
 
 #[derive(Debug, Deserialize)]
@@ -62,11 +68,25 @@ struct Message {
 }
 
 /// `thinking`: `enabled` or `adaptive` (the model decides: Qwen thinks) turn the model's
-/// thinking on, `disabled` off.
+/// thinking on, `disabled` off; without it the model does not think (Anthropic's default).
+/// `display: omitted` keeps the thinking out of the answer (its blocks come back empty).
 #[derive(Debug, Deserialize)]
 struct Thinking {
     #[serde(rename = "type")]
     kind: String,
+    #[serde(default)]
+    display: Option<String>,
+}
+
+/// How the answer shows the model's thinking.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Shown {
+    /// In thinking blocks.
+    Full,
+    /// As empty thinking blocks (`display: omitted`).
+    Omitted,
+    /// Not at all: the request did not ask for thinking.
+    Hidden,
 }
 
 /// `output_config`: of what Claude Code sends, `effort` is read (`low` turns thinking off).
@@ -126,6 +146,73 @@ fn text_of(content: &Content) -> String {
     }
 }
 
+/// A tool_result's text. A `tool_reference` in it (Claude Code's ToolSearch loading a deferred
+/// tool) renders that tool's definition as ToolSearch tells the model to expect it, a
+/// `<functions>` block of `<function>{"description", "name", "parameters"}</function>` lines:
+/// the tool list at the top of the prompt never changes, so everything before the result stays
+/// in the prompt cache.
+fn tool_result_text(content: &Content, tools: &[Tool], path: &str) -> Result<String, ApiError> {
+    let Content::Blocks(blocks) = content else { return Ok(text_of(content)) };
+    let mut out = String::new();
+    let mut functions: Vec<String> = Vec::new();
+    let flush = |out: &mut String, functions: &mut Vec<String>| {
+        if !functions.is_empty() {
+            out.push_str(&format!("<functions>\n{}\n</functions>", functions.join("\n")));
+            functions.clear();
+        }
+    };
+    for (k, b) in blocks.iter().enumerate() {
+        match (b.kind.as_str(), &b.text) {
+            ("tool_reference", _) => {
+                let tool = referenced_tool(b, tools, &format!("{path}.{k}"))?;
+                let definition = serde_json::json!({
+                    "description": tool.description,
+                    "name": tool.name,
+                    "parameters": tool.input_schema.clone().unwrap_or_else(|| serde_json::json!({"type": "object", "properties": {}})),
+                });
+                functions.push(format!("<function>{}</function>", engine::tokenizer::python_json(&definition)));
+            }
+            ("text", Some(t)) => {
+                flush(&mut out, &mut functions);
+                out.push_str(t);
+            }
+            _ => {}
+        }
+    }
+    flush(&mut out, &mut functions);
+    Ok(out)
+}
+
+/// The request's tool a `tool_reference` block (at `path`) names.
+fn referenced_tool<'t>(block: &Block, tools: &'t [Tool], path: &str) -> Result<&'t Tool, ApiError> {
+    let name = block.tool_name.as_deref().unwrap_or_default();
+    tools.iter().find(|t| t.name == name).ok_or_else(|| {
+        ApiError::bad_request(format!("{path}.tool_name: `{name}` is not one of the request's tools"))
+            .with_param(&format!("{path}.tool_name"))
+    })
+}
+
+/// The deferred tools that `tool_reference` blocks in the messages load, in the template's
+/// form: the answer may call them.
+fn loaded_tools(p: &PromptPart) -> Vec<Value> {
+    let mut names: Vec<&str> = Vec::new();
+    for m in &p.messages {
+        let Content::Blocks(blocks) = &m.content else { continue };
+        for b in blocks {
+            if let (Some(Content::Blocks(inner)), "tool_result") = (b.content.as_deref(), b.kind.as_str()) {
+                names
+                    .extend(inner.iter().filter(|c| c.kind == "tool_reference").filter_map(|c| c.tool_name.as_deref()));
+            }
+        }
+    }
+    p.tools.iter().filter(|t| t.defer_loading && names.contains(&t.name.as_str())).map(template_tool).collect()
+}
+
+fn template_tool(t: &Tool) -> Value {
+    serde_json::to_value(TemplateTool::function(&t.name, t.description.clone(), t.input_schema.clone()))
+        .unwrap_or(Value::Null)
+}
+
 /// Claude Code's first system block is an attribution line for Anthropic's billing
 /// (`x-anthropic-billing-header: cc_version=…; cc_entrypoint=…;`) that changes with the client's
 /// version and build: first in the prompt, it would make every cached prefix miss. It tells
@@ -182,7 +269,8 @@ fn unseen_in(blocks: &[Block], path: &str) -> Option<(String, String)> {
     })
 }
 
-fn prompt(p: &PromptPart, choice: &ToolChoice) -> Result<Prompt, ApiError> {
+/// The prompt, and how the answer shows the model's thinking.
+fn prompt(p: &PromptPart, choice: &ToolChoice) -> Result<(Prompt, Shown), ApiError> {
     if p.messages.is_empty() {
         return Err(ApiError::bad_request("messages: must not be empty").with_param("messages"));
     }
@@ -215,13 +303,18 @@ fn prompt(p: &PromptPart, choice: &ToolChoice) -> Result<Prompt, ApiError> {
         // Tool results become `tool` turns, tool uses the assistant's tool calls.
         let text: String = blocks.iter().filter(|b| b.kind == "text").filter_map(|b| b.text.clone()).collect();
         let mut turn = ChatMessage::new(&m.role, &text);
-        for b in blocks {
+        for (j, b) in blocks.iter().enumerate() {
             match b.kind.as_str() {
                 "tool_use" => turn
                     .tool_calls
                     .push(ToolCall::new(b.name.as_deref().unwrap_or_default(), b.input.clone().unwrap_or_default())),
                 "tool_result" => {
-                    let mut result = ChatMessage::new("tool", &b.content.as_deref().map(text_of).unwrap_or_default());
+                    let path = format!("messages.{i}.content.{j}.content");
+                    let text = match b.content.as_deref() {
+                        Some(c) => tool_result_text(c, &p.tools, &path)?,
+                        None => String::new(),
+                    };
+                    let mut result = ChatMessage::new("tool", &text);
                     result.tool_call_id = b.tool_use_id.clone();
                     messages.push(result);
                 }
@@ -233,43 +326,49 @@ fn prompt(p: &PromptPart, choice: &ToolChoice) -> Result<Prompt, ApiError> {
         }
     }
     let mut vars = serde_json::Map::new();
-    if !p.tools.is_empty() && *choice != ToolChoice::None {
-        let tools: Vec<TemplateTool> = p
-            .tools
-            .iter()
-            .map(|t| TemplateTool::function(&t.name, t.description.clone(), t.input_schema.clone()))
-            .collect();
-        vars.insert("tools".into(), TemplateTool::variable(&tools));
+    // Deferred tools stay out of the list (a tool_reference renders one where it loads it).
+    let listed: Vec<Value> = p.tools.iter().filter(|t| !t.defer_loading).map(template_tool).collect();
+    let hidden = *choice == ToolChoice::None;
+    if !listed.is_empty() && !hidden {
+        vars.insert("tools".into(), Value::Array(listed));
     }
+    let loaded_tools = if hidden { vec![] } else { loaded_tools(p) };
     let effort = p.output_config.as_ref().and_then(|o| o.effort.as_deref());
     let thinking = match (p.thinking.as_ref().map(|t| t.kind.as_str()), effort) {
-        (Some("disabled"), _) | (_, Some("low")) => Some(false),
-        (Some("enabled" | "adaptive"), _) => Some(true),
+        (Some("disabled"), _) | (_, Some("low")) | (None, _) => false,
+        (Some("enabled" | "adaptive"), _) => true,
         (Some(other), _) => {
             return Err(ApiError::bad_request(format!(
                 "thinking.type: must be `enabled`, `adaptive` or `disabled`, got `{other}`"
             ))
             .with_param("thinking.type"))
         }
-        (None, _) => None,
     };
-    if let Some(on) = thinking {
-        vars.insert("enable_thinking".into(), on.into());
-    }
-    Ok(Prompt::Chat { messages, template_vars: vars })
+    let shown = match p.thinking.as_ref().and_then(|t| t.display.as_deref()) {
+        _ if !thinking => Shown::Hidden,
+        None | Some("summarized") => Shown::Full,
+        Some("omitted") => Shown::Omitted,
+        Some(other) => {
+            return Err(ApiError::bad_request(format!(
+                "thinking.display: must be `summarized` or `omitted`, got `{other}`"
+            ))
+            .with_param("thinking.display"))
+        }
+    };
+    vars.insert("enable_thinking".into(), thinking.into());
+    Ok((Prompt::Chat { messages, template_vars: vars, loaded_tools }, shown))
 }
 
-/// Why the answer ended, in Anthropic's words. Out of tokens is `max_tokens` only when the
-/// request's own limit was reached: at the context's end it is `model_context_window_exceeded`,
-/// and at the server's `--max-output-tokens` the server ended the turn (`end_turn`; the
-/// `x-ferrite-max-tokens-clamped-by: server` header says so). Agents answer `max_tokens` by
-/// asking again for more, which a cap on this server would only repeat.
+/// Why the answer ended, in Anthropic's words. Out of tokens is `max_tokens` at the request's
+/// own limit and at the server's `--max-output-tokens` (the `x-ferrite-max-tokens-set-by:
+/// server` header tells the two apart), and `model_context_window_exceeded` where the context
+/// or the memory left no room for more.
 fn stop_reason(answer: &Answer) -> &'static str {
     match answer.finish {
         _ if !answer.calls.is_empty() => "tool_use",
-        Finish::OutOfTokens(None) => "max_tokens",
+        Finish::OutOfTokens(None | Some(ClampedBy::ServerCap)) => "max_tokens",
         Finish::OutOfTokens(Some(ClampedBy::Context | ClampedBy::Memory)) => "model_context_window_exceeded",
-        Finish::OutOfTokens(Some(ClampedBy::ServerCap)) | Finish::EndOfTurn => "end_turn",
+        Finish::EndOfTurn => "end_turn",
         Finish::StopSequence => "stop_sequence",
         Finish::GrammarDeadEnd => "grammar_dead_end",
     }
@@ -278,7 +377,7 @@ fn stop_reason(answer: &Answer) -> &'static str {
 pub async fn count_tokens(State(state): State<AppState>, body: Bytes) -> Result<Response, AnthropicError> {
     let p: PromptPart = parse(&body)?;
     let loaded = state.resolve_model(&p.model)?;
-    let prompt = prompt(&p, &ToolChoice::anthropic(p.tool_choice.as_ref())?)?;
+    let (prompt, _) = prompt(&p, &ToolChoice::anthropic(p.tool_choice.as_ref())?)?;
     let running = loaded.worker.run(prompt, GenerateRequest::greedy(vec![], 1), true).await?;
     Ok(Json(TokenCount { input_tokens: running.prompt_tokens }).into_response())
 }
@@ -288,9 +387,9 @@ pub async fn messages(State(state): State<AppState>, body: Bytes) -> Result<Resp
     let g: Generation = parse(&body)?;
     let loaded = state.resolve_model(&p.model)?;
     let choice = ToolChoice::anthropic(p.tool_choice.as_ref())?;
-    let prompt = prompt(&p, &choice)?;
+    let (prompt, shown) = prompt(&p, &choice)?;
     let settings = Settings {
-        max_tokens: g.max_tokens,
+        max_tokens: Some(g.max_tokens),
         max_tokens_field: "max_tokens",
         stop: g.stop_sequences.clone(),
         stop_field: "stop_sequences",
@@ -303,7 +402,7 @@ pub async fn messages(State(state): State<AppState>, body: Bytes) -> Result<Resp
         ignore_eos: false,
     };
     let mut request = settings.request(&loaded)?;
-    request.grammar = choice.grammar(tool_choice::offered(&prompt), loaded.worker.info.call_syntax)?;
+    request.grammar = choice.grammar(&tool_choice::offered(&prompt), loaded.worker.info.call_syntax)?;
     crate::answer::depth_for_class(&loaded, &prompt, &mut request);
     let running = loaded.worker.run(prompt, request, false).await?;
     let headers = state.speed_headers(&loaded, running.max_tokens, running.clamped);
@@ -312,8 +411,13 @@ pub async fn messages(State(state): State<AppState>, body: Bytes) -> Result<Resp
     if !g.stream {
         let answer = answer::collect(running).await?;
         let mut content = vec![];
-        if !answer.reasoning.is_empty() {
-            content.push(OutBlock::Thinking { thinking: answer.reasoning.clone(), signature: String::new() });
+        let thinking = match shown {
+            Shown::Full => Some(answer.reasoning.clone()),
+            Shown::Omitted => Some(String::new()),
+            Shown::Hidden => None,
+        };
+        if let Some(thinking) = thinking.filter(|_| !answer.reasoning.is_empty()) {
+            content.push(OutBlock::Thinking { thinking, signature: String::new() });
         }
         if !answer.text.is_empty() || answer.calls.is_empty() {
             content.push(OutBlock::Text { text: answer.text.clone() });
@@ -328,12 +432,13 @@ pub async fn messages(State(state): State<AppState>, body: Bytes) -> Result<Resp
         return Ok((headers, Json(head.message(content, Some(&answer), Usage::of(&answer)))).into_response());
     }
 
-    // Streaming: a thinking block (if any) then a text block, each opened on its first delta;
-    // tool_use blocks as their calls are written.
-    let start = head.message(vec![], None, Usage { input_tokens: running.prompt_tokens, ..Default::default() });
-    let mut blocks = Blocks { head, open: None, index: 0 };
-    let stream = futures_util::stream::iter([Event::MessageStart { message: start }, Event::Ping])
-        .chain(answer::steps(running).flat_map(move |step| futures_util::stream::iter(blocks.of(step))))
+    // Streaming: `message_start` once the prefill has begun (its usage then splits the prompt
+    // into cached and computed tokens as `message_delta`'s does); a thinking block (if any)
+    // then a text block, each opened on its first delta; tool_use blocks as their calls are
+    // written.
+    let mut blocks = Blocks { head, open: None, index: 0, prompt_tokens: running.prompt_tokens, started: false, shown };
+    let stream = answer::steps(running)
+        .flat_map(move |step| futures_util::stream::iter(blocks.of(step)))
         .map(|event| Ok::<_, Infallible>(event.sse()));
     Ok((headers, Sse::new(stream).keep_alive(KeepAlive::default())).into_response())
 }
@@ -369,6 +474,10 @@ struct Blocks {
     head: Head,
     open: Option<Open>,
     index: usize,
+    prompt_tokens: usize,
+    /// Whether `message_start` went out.
+    started: bool,
+    shown: Shown,
 }
 
 #[derive(Clone, Copy, PartialEq)]
@@ -380,8 +489,30 @@ enum Open {
 
 impl Blocks {
     fn of(&mut self, step: Step) -> Vec<Event> {
+        let mut out = Vec::new();
+        if !std::mem::replace(&mut self.started, true) {
+            // The prefill's begin comes first; a request that failed before it counts no cache.
+            let cached = match step {
+                Step::Prefilled(cached) => cached,
+                _ => 0,
+            };
+            let usage = Usage::split(self.prompt_tokens, cached, 0);
+            out.push(Event::MessageStart { message: self.head.message(vec![], None, usage) });
+            out.push(Event::Ping);
+        }
+        out.extend(self.events_of(step));
+        out
+    }
+
+    fn events_of(&mut self, step: Step) -> Vec<Event> {
         match step {
-            Step::Reasoning(thinking) => self.delta(Open::Thinking, Delta::Thinking { thinking }),
+            Step::Prefilled(_) => vec![],
+            Step::Reasoning(thinking) => match self.shown {
+                Shown::Full => self.delta(Open::Thinking, Delta::Thinking { thinking }),
+                // The block is there, its text is not.
+                Shown::Omitted => self.open(Open::Thinking),
+                Shown::Hidden => vec![],
+            },
             Step::Text(text) => self.delta(Open::Text, Delta::Text { text }),
             // A tool_use block starts with the name and empty input; the input follows in JSON
             // fragments, and it stops at the call's end.
@@ -411,6 +542,13 @@ impl Blocks {
     }
 
     fn delta(&mut self, kind: Open, delta: Delta) -> Vec<Event> {
+        let mut out = self.open(kind);
+        out.push(Event::ContentBlockDelta { index: self.index, delta });
+        out
+    }
+
+    /// Opens a thinking or text block, unless it is the one open.
+    fn open(&mut self, kind: Open) -> Vec<Event> {
         let mut out = vec![];
         if self.open != Some(kind) {
             out.extend(self.close());
@@ -421,7 +559,6 @@ impl Blocks {
             out.push(Event::ContentBlockStart { index: self.index, content_block: block });
             self.open = Some(kind);
         }
-        out.push(Event::ContentBlockDelta { index: self.index, delta });
         out
     }
 
@@ -537,10 +674,15 @@ struct Usage {
 impl Usage {
     fn of(answer: &Answer) -> Self {
         let u = &answer.summary.usage;
+        Usage::split(u.prompt_tokens, u.cached_tokens, u.completion_tokens)
+    }
+
+    /// `prompt` tokens of which `cached` came from the prompt cache, and `output` generated.
+    fn split(prompt: usize, cached: usize, output: usize) -> Self {
         Usage {
-            input_tokens: u.prompt_tokens - u.cached_tokens.min(u.prompt_tokens),
-            output_tokens: u.completion_tokens,
-            cache_read_input_tokens: Some(u.cached_tokens),
+            input_tokens: prompt - cached.min(prompt),
+            output_tokens: output,
+            cache_read_input_tokens: Some(cached),
             cache_creation_input_tokens: Some(0),
         }
     }
@@ -556,7 +698,7 @@ mod fuzz {
         fn message_bodies_never_panic(body in crate::fuzz::body()) {
             let body = Bytes::from(body);
             if let Ok(p) = parse::<PromptPart>(&body) {
-                if let Err(e) = ToolChoice::anthropic(p.tool_choice.as_ref()).and_then(|c| prompt(&p, &c)) {
+                if let Err(e) = ToolChoice::anthropic(p.tool_choice.as_ref()).and_then(|c| prompt(&p, &c).map(|_| ())) {
                     prop_assert!(e.status.is_client_error(), "{}", e.message);
                 }
             }

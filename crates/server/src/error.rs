@@ -79,8 +79,19 @@ impl From<JobError> for ApiError {
     }
 }
 
+/// Says in the log why a request was refused (the line after it gives the route and status).
+/// Debug-quoted: the message may echo what the client sent.
+fn log_refusal(status: StatusCode, message: &str) {
+    if status.is_server_error() {
+        tracing::warn!("answered {status}: {message:?}");
+    } else {
+        tracing::info!("refused ({status}): {message:?}");
+    }
+}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
+        log_refusal(self.status, &self.message);
         let body = serde_json::json!({
             "error": {
                 "message": self.message,
@@ -146,6 +157,7 @@ impl IntoResponse for AnthropicError {
             Some(o) => format!("prompt is too long: {} tokens > {} maximum", o.prompt_tokens, o.context),
             None => e.message,
         };
+        log_refusal(e.status, &message);
         let body = Json(serde_json::json!({"type": "error", "error": {"type": kind, "message": message}}));
         with_retry_after(e.status, (e.status, body).into_response())
     }

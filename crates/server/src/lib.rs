@@ -250,14 +250,12 @@ impl AppState {
         put("x-ferrite-draft-depth", loaded.draft_depth.to_string());
         put("x-ferrite-profile", loaded.worker.info.profile.name.to_string());
         put("x-ferrite-max-tokens", max_tokens.to_string());
-        if let Some(c) = clamped {
-            put("x-ferrite-max-tokens-clamped-from", c.asked.to_string());
-            let by = match c.by {
-                worker::ClampedBy::Context => "context",
-                worker::ClampedBy::ServerCap => "server",
-                worker::ClampedBy::Memory => "memory",
-            };
-            put("x-ferrite-max-tokens-clamped-by", by.into());
+        // Who set the limit: the request's own number, or the server (lowered from the
+        // request's, or chosen where the request asked none).
+        put("x-ferrite-max-tokens-set-by", clamped.map_or("request", |c| c.by.name()).into());
+        if let Some(c @ worker::Clamp { asked: Some(asked), .. }) = clamped {
+            put("x-ferrite-max-tokens-clamped-from", asked.to_string());
+            put("x-ferrite-max-tokens-clamped-by", c.by.name().into());
         }
         h
     }

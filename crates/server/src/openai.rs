@@ -25,8 +25,6 @@ use crate::worker::Prompt;
 
 use crate::{AppState, Loaded};
 
-pub const DEFAULT_MAX_TOKENS: usize = 4096;
-
 /// Message content as OpenAI's APIs send it: a string, or typed parts (also the Responses API's).
 #[derive(Debug, Deserialize)]
 #[serde(untagged)]
@@ -205,7 +203,7 @@ impl Common {
             );
         }
         let settings = Settings {
-            max_tokens: self.max_completion_tokens.or(self.max_tokens).unwrap_or(DEFAULT_MAX_TOKENS),
+            max_tokens: self.max_completion_tokens.or(self.max_tokens),
             max_tokens_field: if self.max_completion_tokens.is_some() { "max_completion_tokens" } else { "max_tokens" },
             stop: match &self.stop {
                 None => vec![],
@@ -277,7 +275,7 @@ fn chat_prompt(req: &ChatRequest, choice: &ToolChoice) -> Result<Prompt, ApiErro
     if req.reasoning_effort.as_deref() == Some("none") {
         vars.insert("enable_thinking".into(), false.into());
     }
-    Ok(Prompt::Chat { messages, template_vars: vars })
+    Ok(Prompt::Chat { messages, template_vars: vars, loaded_tools: vec![] })
 }
 
 pub async fn chat_completions(State(state): State<AppState>, body: Bytes) -> Result<Response, ApiError> {
@@ -295,7 +293,7 @@ pub async fn chat_completions(State(state): State<AppState>, body: Bytes) -> Res
         request.grammar = Some(grammar);
     }
     // A forced call's grammar holds the answer; no content is left to check against a format.
-    if let Some(calls) = choice.grammar(tool_choice::offered(&prompt), loaded.worker.info.call_syntax)? {
+    if let Some(calls) = choice.grammar(&tool_choice::offered(&prompt), loaded.worker.info.call_syntax)? {
         request.grammar = Some(calls);
         expect = None;
     }
@@ -458,6 +456,7 @@ impl Chunks {
         let delta = |d: ChunkDelta| vec![self.head.chunk(d, None)];
         let call = |c: ChunkCall| vec![self.head.chunk(ChunkDelta { tool_calls: vec![c], ..Default::default() }, None)];
         match step {
+            Step::Prefilled(_) => vec![],
             Step::Text(t) => delta(ChunkDelta { content: Some(t), ..Default::default() }),
             Step::Reasoning(r) => delta(ChunkDelta { reasoning_content: Some(r), ..Default::default() }),
             // A call streams as it is written: its id and name, then its arguments in fragments.
@@ -752,7 +751,7 @@ mod fuzz {
                 match ToolChoice::openai(req.tool_choice.as_ref(), req.parallel_tool_calls) {
                     Ok(choice) => match chat_prompt(&req, &choice) {
                         Ok(prompt) => {
-                            if let Err(e) = choice.grammar(tool_choice::offered(&prompt), crate::tool_choice::CallSyntax { form: crate::tool_choice::CallForm::Xml, tags_are_tokens: true }) {
+                            if let Err(e) = choice.grammar(&tool_choice::offered(&prompt), crate::tool_choice::CallSyntax { form: crate::tool_choice::CallForm::Xml, tags_are_tokens: true }) {
                                 prop_assert!(e.status.is_client_error(), "{}", e.message);
                             }
                         }

@@ -358,7 +358,7 @@ fn prompt(req: &ResponsesRequest, choice: &ToolChoice) -> Result<(Prompt, Offere
     if matches!(req.reasoning.as_ref().and_then(|r| r.effort.as_deref()), Some("none" | "minimal")) {
         vars.insert("enable_thinking".into(), false.into());
     }
-    Ok((Prompt::Chat { messages, template_vars: vars }, offered))
+    Ok((Prompt::Chat { messages, template_vars: vars, loaded_tools: vec![] }, offered))
 }
 
 fn now() -> u64 {
@@ -371,7 +371,7 @@ pub async fn responses(State(state): State<AppState>, body: Bytes) -> Result<Res
     let choice = ToolChoice::responses(req.tool_choice.as_ref(), req.parallel_tool_calls)?;
     let (prompt, offered) = prompt(&req, &choice)?;
     let settings = Settings {
-        max_tokens: req.max_output_tokens.unwrap_or(crate::openai::DEFAULT_MAX_TOKENS),
+        max_tokens: req.max_output_tokens,
         max_tokens_field: "max_output_tokens",
         stop: vec![],
         stop_field: "stop",
@@ -387,7 +387,7 @@ pub async fn responses(State(state): State<AppState>, body: Bytes) -> Result<Res
         Some(format) => format.grammar()?,
         None => None,
     };
-    if let Some(calls) = choice.grammar(tool_choice::offered(&prompt), loaded.worker.info.call_syntax)? {
+    if let Some(calls) = choice.grammar(&tool_choice::offered(&prompt), loaded.worker.info.call_syntax)? {
         request.grammar = Some(calls);
     }
     crate::answer::depth_for_class(&loaded, &prompt, &mut request);
@@ -500,11 +500,13 @@ struct Head {
 impl Head {
     /// The response object: in progress (no answer yet), or the answer's.
     fn response(&self, ids: &Ids, answer: Option<&Answer>, output: Vec<Item>) -> ResponseObject {
-        // Out of the request's own tokens, or a grammar that dead-ended: incomplete. A limit
-        // the server set ends it complete.
-        let incomplete = match answer.map(|a| a.finish) {
-            Some(Finish::OutOfTokens(None)) => Some("max_output_tokens"),
-            Some(Finish::GrammarDeadEnd) => Some("grammar_dead_end"),
+        // Out of tokens (the request's limit, the server's cap, the context or the memory:
+        // the `x-ferrite-max-tokens-set-by` header says which) or a grammar that dead-ended:
+        // incomplete. An answer that called tools ended for the client to run them.
+        let incomplete = match answer {
+            Some(a) if !a.calls.is_empty() => None,
+            Some(Answer { finish: Finish::OutOfTokens(_), .. }) => Some("max_output_tokens"),
+            Some(Answer { finish: Finish::GrammarDeadEnd, .. }) => Some("grammar_dead_end"),
             _ => None,
         };
         let status = match answer {
@@ -576,6 +578,7 @@ impl EventStream {
 
     fn of(&mut self, step: Step) -> Vec<SseEvent> {
         match step {
+            Step::Prefilled(_) => vec![],
             Step::Reasoning(delta) => {
                 let mut out = self.open(Open::Reasoning);
                 self.text.push_str(&delta);
@@ -617,7 +620,10 @@ impl EventStream {
                 }
                 out.extend(self.close_item());
                 let response = self.head.response(&self.ids, Some(&answer), self.items.clone());
-                out.push(self.event(Event::Completed { response }));
+                out.push(self.event(match response.status {
+                    "incomplete" => Event::Incomplete { response },
+                    _ => Event::Completed { response },
+                }));
                 out
             }
             Step::Failed(e) => vec![self.event(Event::Error { message: e.message })],
@@ -874,6 +880,8 @@ enum Event {
     CustomToolCallInputDone { item_id: String, output_index: usize, input: String },
     #[serde(rename = "response.completed")]
     Completed { response: ResponseObject },
+    #[serde(rename = "response.incomplete")]
+    Incomplete { response: ResponseObject },
     #[serde(rename = "error")]
     Error { message: String },
 }

@@ -26,6 +26,10 @@ pub struct ScriptedReplies {
 }
 
 impl ScriptedReplies {
+    pub fn new(rules: Vec<Rule>) -> Self {
+        ScriptedReplies { rules }
+    }
+
     pub fn load(path: &Path) -> anyhow::Result<Self> {
         let text = std::fs::read_to_string(path).map_err(|e| anyhow::anyhow!("reading {}: {e}", path.display()))?;
         let rules: Vec<Rule> =

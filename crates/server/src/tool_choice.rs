@@ -13,12 +13,13 @@ use crate::error::ApiError;
 use crate::worker::Prompt;
 
 /// The tools a chat prompt offers, in the chat template's form.
-pub fn offered(prompt: &Prompt) -> &[Value] {
+pub fn offered(prompt: &Prompt) -> Vec<Value> {
     match prompt {
-        Prompt::Chat { template_vars, .. } => {
-            template_vars.get("tools").and_then(Value::as_array).map(Vec::as_slice).unwrap_or_default()
+        Prompt::Chat { template_vars, loaded_tools, .. } => {
+            let listed = template_vars.get("tools").and_then(Value::as_array).map(Vec::as_slice).unwrap_or_default();
+            listed.iter().chain(loaded_tools).cloned().collect()
         }
-        Prompt::Text(_) => &[],
+        Prompt::Text(_) => vec![],
     }
 }
 

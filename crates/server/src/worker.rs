@@ -22,7 +22,14 @@ use crate::tools::{CallEvent, Parsed, ToolCallParser};
 /// What the model is asked.
 #[derive(Debug, Clone)]
 pub enum Prompt {
-    Chat { messages: Vec<ChatMessage>, template_vars: serde_json::Map<String, serde_json::Value> },
+    Chat {
+        messages: Vec<ChatMessage>,
+        template_vars: serde_json::Map<String, serde_json::Value>,
+        /// Tools the answer may call that the template's `tools` leave out, in its form:
+        /// deferred tools a `tool_reference` loaded (Anthropic's tool search), whose definitions
+        /// the messages carry where they were loaded.
+        loaded_tools: Vec<serde_json::Value>,
+    },
     Text(String),
 }
 
@@ -66,6 +73,11 @@ pub enum JobEvent {
         max_tokens: usize,
         clamped: Option<Clamp>,
     },
+    /// The prefill has begun: how many of the prompt's tokens the prompt cache restored.
+    /// Sent once, before the first delta.
+    Prefilled {
+        cached_tokens: usize,
+    },
     Delta {
         content: String,
         reasoning: String,
@@ -79,11 +91,38 @@ pub enum JobEvent {
     Failed(JobError),
 }
 
-/// A request's max_tokens lowered by the server: what it asked, and what set the limit.
+/// The `max_tokens` a request gets when its client sent none: the server chooses (what the
+/// context, the memory and `--max-output-tokens` leave), not a fixed default.
+pub const NOT_ASKED: usize = usize::MAX;
+
+/// A limit on the answer the server set: lowered from what the request asked (`asked`), or
+/// chosen where it asked nothing (`None`); and what set it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Clamp {
-    pub asked: usize,
+    pub asked: Option<usize>,
     pub by: ClampedBy,
+}
+
+impl Clamp {
+    /// For the log: " (max_tokens 160 of the 32000 asked, set by the server's cap)".
+    fn describe(&self, max_tokens: usize) -> String {
+        let by = self.by.name();
+        match self.asked {
+            Some(asked) => format!(" (max_tokens {max_tokens} of the {asked} asked, set by the {by})"),
+            None => format!(" (max_tokens {max_tokens}: none asked, set by the {by})"),
+        }
+    }
+}
+
+impl ClampedBy {
+    /// How headers and the log name it.
+    pub fn name(self) -> &'static str {
+        match self {
+            ClampedBy::Context => "context",
+            ClampedBy::ServerCap => "server",
+            ClampedBy::Memory => "memory",
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -657,7 +696,7 @@ fn render(engine: &Engine, prompt: &Prompt) -> Result<(Vec<u32>, String, bool), 
     let (ids, text) = match prompt {
         Prompt::Text(t) => (engine.tokenizer().encode(t).map_err(|e| JobError::Internal(e.to_string()))?, t.clone()),
         // A special token's text in a message stays text (`encode_chat`).
-        Prompt::Chat { messages, template_vars } => engine
+        Prompt::Chat { messages, template_vars, .. } => engine
             .tokenizer()
             .encode_chat(messages, true, template_vars)
             .map_err(|e| JobError::BadRequest(e.to_string()))?,
@@ -688,8 +727,19 @@ struct Live<'m> {
     prompt_tokens: usize,
     max_tokens: usize,
     clamped: Option<Clamp>,
+    /// Whether its client has been told what the prompt cache restored.
+    told_prefilled: bool,
     /// Its place in the live figures' streams (left when it is dropped).
     stream: StreamShown<'m>,
+}
+
+impl Live<'_> {
+    /// Tells the client once what the prompt cache restored (known once the prefill began).
+    fn tell_prefilled(&mut self, cached_tokens: usize) {
+        if !std::mem::replace(&mut self.told_prefilled, true) {
+            let _ = self.job.events.send(JobEvent::Prefilled { cached_tokens });
+        }
+    }
 }
 
 /// A request shown as a stream in the live figures while it exists.
@@ -743,6 +793,7 @@ fn run_job<'e>(
     let hold = Duration::from_secs_f64(info.profile.speculation_hold_s.max(0.0));
     while let Some(event) = generation.next() {
         metrics.set_depth_control(generation.depth_control());
+        live.tell_prefilled(generation.cached_tokens());
         if let Some(used) = on_event(&mut live, engine, metrics, event) {
             return Solo::Ended(used);
         }
@@ -828,7 +879,8 @@ fn start_job<'e>(
         ))));
         return Err(0);
     }
-    // Agents ask for more than any context leaves (Claude Code 32K-128K): they get what fits.
+    // Agents ask for more than any context leaves (Claude Code 32K-128K): they get what fits;
+    // a request that asks nothing gets all that fits.
     let asked = job.request.max_tokens;
     let (context_room, memory_room) = (info.context - prompt_tokens, memory_room - prompt_tokens);
     let cap = info.max_output_tokens.unwrap_or(usize::MAX);
@@ -840,9 +892,11 @@ fn start_job<'e>(
     } else {
         ClampedBy::Context
     };
-    let clamped = (asked > room).then_some(Clamp { asked, by });
+    let clamped = (asked > room).then_some(Clamp { asked: (asked != NOT_ASKED).then_some(asked), by });
     if clamped.is_some() {
         job.request.max_tokens = room;
+    }
+    if clamped.is_some_and(|c| c.asked.is_some()) {
         metrics.max_tokens_clamped.fetch_add(1, Ordering::Relaxed);
     }
     let max_tokens = job.request.max_tokens;
@@ -876,20 +930,16 @@ fn start_job<'e>(
         return Err(prompt_tokens);
     }
     // With tools offered, the answer is searched for tool calls.
-    let tools = match &job.prompt {
-        Prompt::Chat { template_vars, .. } => {
-            template_vars.get("tools").and_then(serde_json::Value::as_array).map(Vec::as_slice)
-        }
-        Prompt::Text(_) => None,
-    };
-    let answer = AnswerStream::new(thinking, tools);
-    Ok((Live { job, answer, prompt_tokens, max_tokens, clamped, stream: StreamShown::new(metrics) }, generation))
+    let offered = crate::tool_choice::offered(&job.prompt);
+    let answer = AnswerStream::new(thinking, (!offered.is_empty()).then_some(offered.as_slice()));
+    let stream = StreamShown::new(metrics);
+    Ok((Live { job, answer, prompt_tokens, max_tokens, clamped, told_prefilled: false, stream }, generation))
 }
 
 /// Passes one event of a live job on to its client; how much context the job used once it
 /// ended.
 fn on_event(live: &mut Live<'_>, engine: &Engine, metrics: &Metrics, event: engine::Result<Event>) -> Option<usize> {
-    let Live { job, answer, prompt_tokens, max_tokens, clamped, stream } = live;
+    let Live { job, answer, prompt_tokens, max_tokens, clamped, stream, .. } = live;
     let (prompt_tokens, max_tokens, clamped) = (*prompt_tokens, *max_tokens, *clamped);
     let send = |e: JobEvent| job.events.send(e).is_ok();
     match event {
@@ -925,7 +975,7 @@ fn on_event(live: &mut Live<'_>, engine: &Engine, metrics: &Metrics, event: engi
                 summary.usage.completion_tokens,
                 summary.timings.decode_tps,
                 summary.finish_reason,
-                clamped.map(|c| format!(" (max_tokens {max_tokens} of the {} asked)", c.asked)).unwrap_or_default()
+                clamped.map(|c| c.describe(max_tokens)).unwrap_or_default()
             );
             let reasoning_tokens = if answer.reasoning.is_empty() {
                 0
@@ -971,13 +1021,14 @@ fn run_batch<'e>(
     let mut batch: engine::batch::Batch<'e, usize> = Default::default();
     let mut live: std::collections::HashMap<usize, Live<'e>> = Default::default();
     let mut next_id = 0;
-    let mut add = |l: Live<'e>,
+    let mut add = |mut l: Live<'e>,
                    generation: engine::generate::Generation<'e>,
                    batch: &mut engine::batch::Batch<'e, usize>,
                    live: &mut std::collections::HashMap<usize, Live<'e>>| {
         next_id += 1;
         match batch.queue(next_id, generation) {
             Ok(()) => {
+                l.tell_prefilled(batch.cached_tokens(&next_id).unwrap_or(0));
                 if let Ok(mut r) = running.lock() {
                     r.push(l.job.cancel.clone());
                 }
@@ -1051,7 +1102,7 @@ fn run_batch<'e>(
 fn kv_tokens_asked(engine: &Engine, info: &ModelInfo, job: &Job) -> usize {
     let prompt = engine.tokenizer().at_least_tokens(job.prompt.text_bytes());
     let answer = job.request.max_tokens.min(info.max_output_tokens.unwrap_or(usize::MAX));
-    (prompt + answer).min(info.context)
+    prompt.saturating_add(answer).min(info.context)
 }
 
 /// Clears a flag when dropped (however the job ends).

@@ -667,7 +667,8 @@ async fn an_image_inside_a_tool_result_is_refused_by_its_path_not_dropped() {
     let message = v["error"]["message"].as_str().unwrap();
     assert!(message.starts_with("messages.2.content.0.content.1: `image`"), "{message}");
     // Text and tool references (ToolSearch) in a tool result still reach the model.
-    let body = json!({"model": "tiny", "max_tokens": 4, "messages": [
+    let grep = json!({"name": "Grep", "input_schema": {"type": "object"}, "defer_loading": true});
+    let body = json!({"model": "tiny", "max_tokens": 4, "tools": [grep], "messages": [
         {"role": "user", "content": "Find a tool."},
         {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_b", "name": "ToolSearch", "input": {"query": "x"}}]},
         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_b", "content": [

@@ -104,7 +104,7 @@ pub struct Clamp {
 }
 
 impl Clamp {
-    /// For the log: " (max_tokens 160 of the 32000 asked, set by the server's cap)".
+    /// For the log: " (max_tokens 160 of the 32000 asked, set by the server)".
     fn describe(&self, max_tokens: usize) -> String {
         let by = self.by.name();
         match self.asked {

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # 1, 2, 4 and 8 concurrent streaming clients (distinct prompts) against `ferrite serve` and
-# `mlx_lm.server` (0.32.0) on the same model, both up at once and their runs alternating
+# `mlx_lm.server` (0.32.2) on the same model, both up at once and their runs alternating
 # (bench/clients.py): total and per-stream decode tok/s and time to first token.
 #   bench/clients.sh [MODEL_DIR] [--clients 1,2,4,8 --max-tokens 64 --rounds 1]
 # PROFILE (default sustained: at most 4 requests decode together; turbo: 8), DRAFT (0).

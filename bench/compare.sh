@@ -11,7 +11,10 @@
 # 2048-token prefill chunks like mlx-lm's default), BANDWIDTH_GBS (the device's memory
 # bandwidth; found for NVIDIA H100/H200 via nvidia-smi), PROCESSES (fresh processes per engine
 # and size, alternating; the table shows medians and the decode range; default 1), DTYPE,
-# FERRITE, PYTHON, BENCH_DIR.
+# FERRITE, PYTHON, BENCH_DIR, PEERS (which mlx-lm runs beside Ferrite: `ops`, mlx-lm as it
+# runs off a Mac, its recurrence as operations; `mac-like`, its Metal gated-delta kernel ported
+# to CUDA and patched in (bench/mlx_lm_mac_like.py), as it runs on a Mac; default `ops`, on a
+# CUDA GPU `ops mac-like`).
 set -euo pipefail
 GEN_TOKENS=${GEN_TOKENS:-256}
 RUNS=${RUNS:-1}
@@ -28,6 +31,9 @@ if [ -z "${BANDWIDTH_GBS:-}" ] && command -v nvidia-smi >/dev/null; then
   esac
 fi
 export BANDWIDTH_GBS=${BANDWIDTH_GBS:-}
+if [ -z "${PEERS:-}" ]; then
+  PEERS=ops; command -v nvidia-smi >/dev/null && PEERS="ops mac-like"
+fi
 
 rows=$BENCH_DIR/compare-run.jsonl
 : > "$rows"
@@ -41,10 +47,13 @@ for c in "${cases[@]}"; do
     for _ in $(seq "$PROCESSES"); do
       RUST_LOG=warn "$FERRITE" bench --model "$dir" --prompt-ids "$ids" --gen-tokens "$GEN_TOKENS" --runs "$RUNS" --profile "$PROFILE" \
         | "$PYTHON" -c 'import json,sys; r=json.load(sys.stdin); r["case"]=sys.argv[1]; print(json.dumps(r))' "$c" >> "$rows"
-      "$PYTHON" "$root/bench/mlx_lm_decode.py" --model "$dir" --prompt-ids "$ids" --gen-tokens "$GEN_TOKENS" --runs "$RUNS" \
-        | "$PYTHON" -c 'import json,sys; r=json.load(sys.stdin); r["case"]=sys.argv[1]; print(json.dumps(r))' "$c" >> "$rows"
+      for peer in $PEERS; do
+        flag=; [ "$peer" = mac-like ] && flag=--mac-like
+        "$PYTHON" "$root/bench/mlx_lm_decode.py" --model "$dir" --prompt-ids "$ids" --gen-tokens "$GEN_TOKENS" --runs "$RUNS" $flag \
+          | "$PYTHON" -c 'import json,sys; r=json.load(sys.stdin); r["case"]=sys.argv[1]; print(json.dumps(r))' "$c" >> "$rows"
+      done
     done
-    tail -n 2 "$rows" >&2
+    tail -n 3 "$rows" >&2
   done
 done
 cat "$rows" >> "$BENCH_DIR/compare.jsonl"

@@ -84,11 +84,25 @@ def main():
     backend = next((r["backend"] for r in rows if r["engine"] == "ferrite"), "?")
     gen = rows[0]["gen_tokens"] if rows else 0
     bw_note = f", bandwidth bound at {bandwidth / 1e9:.0f} GB/s" if bandwidth else " (no bandwidth figure for this device: BANDWIDTH_GBS)"
-    print(f"\nbackend {backend}, {gen} new tokens, checkpoints {a.dtype}{bw_note}\n")
-    print("| case | prompt | decode tok/s ferrite | mlx-lm | ratio | TTFT s ferrite | mlx-lm | ratio | peak MB ferrite | mlx-lm | MB read/token | % of bound ferrite | mlx-lm |")
+    print(f"\nbackend {backend}, {gen} new tokens, checkpoints {a.dtype}{bw_note}")
+    peers = sorted({r["engine"] for r in rows} - {"ferrite"})
+    for peer in peers:
+        print(f"\nagainst {peer}{PEER_NOTES.get(peer, '')}\n")
+        table(pairs, peer, a, bandwidth, act_bytes)
+    print("\nratio: ferrite / peer for decode, peer / ferrite for TTFT (> 1 = ferrite better).")
+
+
+PEER_NOTES = {
+    "mlx-lm": " (its gated delta recurrence as operations, as it runs off a Mac)",
+    "mlx-lm-mac-like": " (its Metal gated-delta kernel ported to CUDA, as it runs on a Mac: bench/mlx_lm_mac_like.py)",
+}
+
+
+def table(pairs, peer, a, bandwidth, act_bytes):
+    print(f"| case | prompt | decode tok/s ferrite | {peer} | ratio | TTFT s ferrite | {peer} | ratio | peak MB ferrite | {peer} | MB read/token | % of bound ferrite | {peer} |")
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for (case, n), pair in pairs.items():
-        f, m = pair.get("ferrite"), pair.get("mlx-lm")
+        f, m = pair.get("ferrite"), pair.get(peer)
         if not f or not m:
             print(f"| {case} | {n} | (one side missing) |", file=sys.stdout)
             continue
@@ -100,7 +114,6 @@ def main():
             f"| {f['peak_memory_bytes'] / 1e6:.1f} | {m['peak_memory_bytes'] / 1e6:.1f} | {per_token / 1e6:.1f} "
             f"| {bound(f['decode_tps'])} | {bound(m['decode_tps'])} |"
         )
-    print("\nratio: ferrite / mlx-lm for decode, mlx-lm / ferrite for TTFT (> 1 = ferrite better).")
 
 
 def merged(rs):

@@ -5,7 +5,7 @@
 #           the checkpoint's quantized weights (FERRITE_CPU_WEIGHTS=quantized)
 #   after   ferrite as it runs by default: OpenBLAS (scripts/setup.sh) and, within the memory
 #           budget, weights dequantized to f32 at load (crates/engine/src/weight_form.rs)
-#   mlx-lm  mlx-lm 0.32.0 on the stock wheel (third_party/venv)
+#   mlx-lm  mlx-lm 0.32.2 on the stock wheel (third_party/venv)
 # Each prints prefill tok/s (prompt / time to first token) and decode tok/s; then, for cases
 # with an MTP head, the verify pass of D+1 positions and the draft step as multiples of a
 # plain step, before and after (`ferrite bench --spec`), and the embedded model's time to

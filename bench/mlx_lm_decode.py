@@ -34,13 +34,23 @@ def main():
     p.add_argument("--prompt-ids", required=True)
     p.add_argument("--gen-tokens", type=int, default=128)
     p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--mac-like", action="store_true",
+                   help="run hybrids' recurrence on mlx-lm's Metal kernel ported to CUDA (bench/mlx_lm_mac_like.py), as on a Mac")
     a = p.parse_args()
+    engine = "mlx-lm"
+    if a.mac_like:
+        import mlx_lm_mac_like
+
+        if not mlx_lm_mac_like.install():
+            raise SystemExit("--mac-like needs a CUDA GPU")
+        mlx_lm_mac_like.check()
+        engine = "mlx-lm-mac-like"
 
     model, _ = load_model(Path(a.model), strict=False)
     prompt = mx.array(json.loads(Path(a.prompt_ids).read_text()), dtype=mx.uint32)
     runs = [one_run(model, prompt, a.gen_tokens) for _ in range(a.runs + 1)][1:]
     print(json.dumps({
-        "engine": "mlx-lm",
+        "engine": engine,
         "backend": str(mx.default_device()),
         "prompt_tokens": len(prompt),
         "gen_tokens": a.gen_tokens,

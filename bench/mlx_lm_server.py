@@ -1,9 +1,10 @@
 """`mlx_lm.server` as bench/clients.sh runs it.
 
 The project-made hybrid checkpoints carry an MTP head (`mtp.*` tensors). mlx-lm 0.32.0's
-qwen3_next model has no module for it and its strict load refuses the file (the server's
-generation thread dies and `/health` answers 503 for ever), so the weights are loaded with
-`strict=False`: the head is ignored, as mlx-lm ignores it in a real checkpoint.
+qwen3_next model had no module for it and its strict load refused the file (the server's
+generation thread died and `/health` answered 503 for ever), so the weights are loaded with
+`strict=False`: the head is ignored, as mlx-lm ignores it in a real checkpoint (0.32.2's
+`sanitize` drops `mtp.*` itself; the non-strict load stays harmless).
     python bench/mlx_lm_server.py --model DIR --port N   (mlx_lm.server's own arguments)
 """
 

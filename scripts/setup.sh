@@ -7,8 +7,8 @@ root=$PWD
 tp=$root/third_party
 mkdir -p "$tp"
 
-MLX_VERSION=0.32.2          # must equal the MLX tag that mlx-c (mlx-sys 0.7.0) pins
-MLX_LM_VERSION=0.32.0       # last mlx-lm whose MoE path runs on MLX 0.32.2
+MLX_VERSION=0.32.4          # must equal the MLX tag mlx-c builds on a Mac (third_party/mlx-sys.patch)
+MLX_LM_VERSION=0.32.2       # the reference; needs MLX >= 0.32.4
 MLX_SYS_VERSION=0.7.0
 HF_HUB_VERSION=0.4.3        # patched: third_party/hf-hub.patch
 MINIJINJA_VERSION=2.24.0    # patched: third_party/minijinja.patch (a per-thread build budget)
@@ -102,7 +102,8 @@ case "$(uname -s)" in
     fi
 
     # 1. MLX itself: the PyPI CPU wheel ships libmlx.so, headers and MLXConfig.cmake.
-    if [ ! -f "$tp/mlx-cpu/mlx/lib/libmlx.so" ]; then
+    #    A wheel of another version is replaced (mlx-c is compiled against its headers).
+    if [ ! -f "$tp/mlx-cpu/mlx/lib/libmlx.so" ] || [ ! -d "$tp/mlx-cpu/mlx_cpu-$MLX_VERSION.dist-info" ]; then
       say "installing mlx-cpu==$MLX_VERSION into third_party/mlx-cpu"
       rm -rf "$tp/mlx-cpu"
       $PY -m pip install -q --disable-pip-version-check --no-deps --target "$tp/mlx-cpu" "mlx-cpu==$MLX_VERSION"
@@ -171,7 +172,8 @@ patched_crate minijinja "$MINIJINJA_VERSION"
 # 3. The reference implementation and the official API clients, in their own venv (tests and
 #    benchmarks compare against mlx-lm and drive the server with the real SDKs).
 venv=$tp/venv
-if ! "$venv/bin/python" -c "import mlx_lm, mlx.core" 2>/dev/null; then
+if ! "$venv/bin/python" -c "import sys, mlx_lm, mlx.core as mx; sys.exit(mlx_lm.__version__ != sys.argv[1] or mx.__version__ != sys.argv[2])" \
+    "$MLX_LM_VERSION" "$MLX_VERSION" 2>/dev/null; then
   say "creating third_party/venv with mlx-lm==$MLX_LM_VERSION"
   rm -rf "$venv"
   $PY -m venv "$venv"

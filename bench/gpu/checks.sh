@@ -10,6 +10,12 @@
 #   batch-8b        `ferrite dev batch` on the 8B shape (engine only, no HTTP)
 #   clients-8b      bench/clients.sh on the 8B shape against mlx_lm.server
 #   clients-35b     the same on the Qwen3-Next-shaped 35B-A3B
+#   delta           the gated delta paths: `ferrite inspect` (the CUDA kernel's self-check at
+#                   load), bench/mlx_lm_mac_like.py's check of the peer's port, and greedy
+#                   answers on the ops and cuda-kernel paths, plain and speculative
+#   ops-35b         `ferrite dev ops` on the 35B-A3B shape, ops against cuda-kernel, and mlx-lm's count
+#   compare-35b     bench/compare.sh on the 35B-A3B shape against mlx-lm (ops) and the Mac-like
+#                   peer (SIZES from the environment, default 128 2048 8192)
 set -u
 [ "${1:-}" = --carried ] || { echo "usage: $0 --carried DIR [CHECK ...]" >&2; exit 2; }
 carried=$2; shift 2
@@ -49,6 +55,30 @@ for check in "$@"; do
       PROFILE=turbo timeout 420 bench/clients.sh "$(checkpoint $case)" --clients 1,2,4,8 --max-tokens 64 --rounds 3 \
         --warm-tokens 8 > "$res/$check.txt" 2>&1
       cp "$BENCH_DIR/mlx_lm.server.log" "$res/$check-mlx_lm.log" 2>/dev/null ;;
+    delta)
+      for c in next-tiny-4bit next-small-4bit; do
+        dir=$(checkpoint $c)
+        timeout 120 "$FERRITE" inspect "$dir" > "$res/inspect-$c.txt" 2>&1
+        long=$(printf 'fn main() { let x = 1; println!("{x}"); } %.0s' $(seq 12))
+        for path in ops cuda-kernel; do
+          for depth in 0 2; do
+            for prompt in "hello world, this is" "$long"; do
+              echo "== $c $path depth $depth prompt ${#prompt} chars" >> "$res/delta-generate.txt"
+              timeout 120 "$FERRITE" generate --model "$dir" --prompt "$prompt" --max-tokens 32 --draft-depth $depth \
+                --delta-path $path >> "$res/delta-generate.txt" 2> "$res/delta-generate-$c-$path-$depth.err"
+            done
+          done
+        done
+      done
+      timeout 120 python3 bench/mlx_lm_mac_like.py > "$res/mac-like-check.json" 2>&1 ;;
+    ops-35b)
+      dir=$(checkpoint next-35b-a3b-4bit)
+      for path in ops cuda-kernel; do
+        timeout 200 "$FERRITE" dev ops --model "$dir" --context 128 --context 8192 --delta-path $path > "$res/ops-35b-$path.txt" 2>&1
+      done
+      timeout 200 python3 bench/mlx_lm_ops.py --model "$dir" --context 128 > "$res/ops-35b-mlx-lm.txt" 2>&1 ;;
+    compare-35b)
+      PEERS="ops mac-like" timeout 560 bench/compare.sh next-35b-a3b-4bit > "$res/compare-35b-$(echo ${SIZES:-all} | tr " " -).txt" 2>&1 ;;
     *) log "unknown check $check" ;;
   esac
 done

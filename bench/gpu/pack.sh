@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Here, before a GPU session: packs what the device tool's runs carry into git-ignored
 # folders, one per run (each run may carry 64 MiB with the working tree, ~28 MiB of it):
-#   .gpu-carry/run1   the first runtime part and the release `ferrite` (stripped, xz)
-#   .gpu-carry/runN   one more runtime part each; the last also has the peer's wheels
+#   .gpu-carry/run1   the first runtime part
+#   .gpu-carry/runN   one more runtime part each; the last also has the peer's wheels and the
+#                     release `ferrite` (stripped, xz)
 # The runtime's parts come from ../shared/gpu-runtime/pack.sh (made here once, into .gpu).
 # Then, back to back (the machine goes back after 30 s idle):
 #   run(carry [".gpu-carry/run1"]): bash .gpu-carry/run1/install.sh .gpu-carry/run1; bench/gpu/checks.sh --binary .gpu-carry/run1
@@ -12,7 +13,13 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
 runtime=$root/../shared/gpu-runtime
-[ -f .gpu/PARTS ] || bash "$runtime/pack.sh" .gpu
+# The runtime must be the MLX the binary is built against (scripts/setup.sh pins both).
+export MLX_VERSION=$(sed -n 's/^MLX_VERSION=\([0-9.]*\).*/\1/p' scripts/setup.sh)
+export MLX_LM_VERSION=$(sed -n 's/^MLX_LM_VERSION=\([0-9.]*\).*/\1/p' scripts/setup.sh)
+if [ ! -f .gpu/PARTS ] || [ "$(cat .gpu/VERSION 2>/dev/null)" != "$MLX_VERSION" ]; then
+  # Parts of 30 MiB: each run carries the working tree (~28 MiB) too, within 64 MiB.
+  rm -rf .gpu && PART_SIZE=30M bash "$runtime/pack.sh" .gpu
+fi
 grep -qx '/.gpu-carry/' .git/info/exclude 2>/dev/null || echo /.gpu-carry/ >> .git/info/exclude
 grep -qx '/.gpu/' .git/info/exclude 2>/dev/null || echo /.gpu/ >> .git/info/exclude
 cargo build --release -p ferrite-cli
@@ -23,7 +30,8 @@ for part in .gpu/mlx-cuda.part.*; do
   mkdir -p "$dir"; cp "$part" .gpu/PARTS .gpu/VERSION "$runtime/install.sh" "$dir/"
 done
 objcopy --strip-debug target/release/ferrite .gpu-carry/ferrite
-xz -T0 -6 -c .gpu-carry/ferrite > .gpu-carry/run1/ferrite.xz && rm .gpu-carry/ferrite
+# The binary rides with the last (smallest) part.
+xz -T0 -6 -c .gpu-carry/ferrite > ".gpu-carry/run$i/ferrite.xz" && rm .gpu-carry/ferrite
 cp -r .gpu/peer ".gpu-carry/run$i/"
 du -sh .gpu-carry/run*
 echo "$i runs to carry, back to back: .gpu-carry/run1 .. run$i"

@@ -51,3 +51,15 @@ def test_several_processes_give_medians_the_decode_range_and_the_highest_peak(tm
     c = cells(table(tmp_path, rows))
     assert c[2:8] == ["75.3 (59.2–82.7)", "41.0 (40.0–42.0)", "1.84", "0.120", "0.600", "5.00"]
     assert c[8:10] == ["22.0", "21.5"]
+
+
+def test_each_peer_gets_its_own_table(tmp_path):
+    checkpoint(tmp_path / "tiny-bf16")
+    rows = [row("ferrite", 90.0, 0.1, 20.0), row("mlx-lm", 30.0, 0.5, 21.0), row("mlx-lm-mac-like", 60.0, 0.2, 21.0)]
+    (tmp_path / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = subprocess.run([sys.executable, ROOT / "bench" / "compare_table.py", "--rows", tmp_path / "rows.jsonl",
+                          "--checkpoints", tmp_path], capture_output=True, text=True, check=True).stdout
+    assert "against mlx-lm (its gated delta recurrence as operations" in out
+    assert "against mlx-lm-mac-like (its Metal gated-delta kernel ported to CUDA" in out
+    lines = [cells(l) for l in out.splitlines() if l.startswith("| tiny |")]
+    assert [l[3:5] for l in lines] == [["30.0", "3.00"], ["60.0", "1.50"]]

@@ -19,6 +19,24 @@ use clap::{Parser, Subcommand};
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// Which implementation runs the hybrids' gated delta rule: `auto` (the GPU's kernel path
+    /// after its self-check at load: MLX's own op on Metal, Ferrite's kernel on CUDA; the
+    /// operations on the CPU), `ops`, `mlx-native` or `cuda-kernel` (still self-checked).
+    #[arg(long, global = true, default_value = "auto", value_parser = delta_path)]
+    delta_path: DeltaPathArg,
+}
+
+/// `--delta-path`: `None` for auto.
+#[derive(Clone, Copy)]
+struct DeltaPathArg(Option<engine::delta_path::DeltaPath>);
+
+fn delta_path(name: &str) -> Result<DeltaPathArg, String> {
+    if name == "auto" {
+        return Ok(DeltaPathArg(None));
+    }
+    engine::delta_path::DeltaPath::parse(name)
+        .map(|p| DeltaPathArg(Some(p)))
+        .ok_or_else(|| format!("`{name}` is not one of auto, ops, mlx-native, cuda-kernel"))
 }
 
 #[derive(Subcommand)]
@@ -90,6 +108,9 @@ fn main() {
         .with_target(false)
         .init();
     let cli = Cli::parse();
+    if let DeltaPathArg(Some(path)) = cli.delta_path {
+        engine::delta_path::choose(Some(path));
+    }
     let result = match cli.command {
         Command::Generate(args) => generate::run(args),
         Command::Serve(args) => serve::run(args),

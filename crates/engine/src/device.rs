@@ -40,7 +40,7 @@ pub fn on_gpu() -> bool {
     *GPU.get_or_init(|| backend() != Backend::Cpu)
 }
 
-/// The version of the MLX library this process runs on (e.g. "0.32.2").
+/// The version of the MLX library this process runs on (e.g. "0.32.4").
 pub fn mlx_version() -> String {
     // SAFETY: mlx_version fills a string we own; its data is read before the string is freed.
     unsafe {

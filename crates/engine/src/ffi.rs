@@ -170,3 +170,190 @@ impl RawGroup {
         }
     }
 }
+
+/// A vector of arrays MLX filled in, as owned `Array`s (the vector is freed here).
+///
+/// SAFETY (caller): `vec` is a valid vector handle this function may free.
+unsafe fn take_arrays(vec: mlx_sys::mlx_vector_array) -> Result<Vec<Array>, Exception> {
+    let n = mlx_sys::mlx_vector_array_size(vec);
+    let mut out = Vec::with_capacity(n);
+    for i in 0..n {
+        let mut a = mlx_sys::mlx_array_new();
+        if mlx_sys::mlx_vector_array_get(&mut a, vec, i) != 0 {
+            mlx_sys::mlx_array_free(a);
+            mlx_sys::mlx_vector_array_free(vec);
+            return Err(Exception::custom("MLX returned an unreadable array vector"));
+        }
+        out.push(Array::from_ptr(a));
+    }
+    mlx_sys::mlx_vector_array_free(vec);
+    Ok(out)
+}
+
+/// MLX's own gated delta rule (`mlx::core::fast::gated_delta_update`, MLX >= 0.32.4; bound by
+/// the shim in Ferrite's mlx-sys patch): q, k [B, T, Hk, Dk]; v [B, T, Hv, Dv]; gamma, beta
+/// [B, T, Hv]; state [B, Hv, Dv, Dk] f32. Returns y [B, T, Hv, Dv] in q's dtype and the final
+/// state. Metal runs its kernels; other backends its operations.
+pub fn gated_delta_update(
+    q: &Array,
+    k: &Array,
+    v: &Array,
+    gamma: &Array,
+    beta: &Array,
+    state: &Array,
+) -> Result<(Array, Array), Exception> {
+    let stream = Stream::thread_local_or_default();
+    // Make sure mlx-rs's error handler is in place (MLX's default one exits the process).
+    mlx_rs::ops::zeros::<f32>(&[1])?;
+    // SAFETY: all handles are valid for the call; the mask is a null handle, which the shim
+    // reads as "no mask"; the result vector is created here and freed by `take_arrays`.
+    let out = unsafe {
+        let mut res = mlx_sys::mlx_vector_array_new();
+        let no_mask = mlx_sys::mlx_array { ctx: std::ptr::null_mut() };
+        let rc = mlx_sys::mlx_fast_gated_delta_update(
+            &mut res,
+            q.as_ptr(),
+            k.as_ptr(),
+            v.as_ptr(),
+            gamma.as_ptr(),
+            beta.as_ptr(),
+            state.as_ptr(),
+            no_mask,
+            stream.as_ptr(),
+        );
+        if rc != 0 {
+            mlx_sys::mlx_vector_array_free(res);
+            return Err(Exception::custom(format!(
+                "MLX's gated_delta_update refused q {:?}, v {:?}, state {:?}",
+                q.shape(),
+                v.shape(),
+                state.shape()
+            )));
+        }
+        take_arrays(res)?
+    };
+    let mut out = out.into_iter();
+    match (out.next(), out.next()) {
+        (Some(y), Some(state)) => Ok((y, state)),
+        _ => Err(Exception::custom("MLX's gated_delta_update returned fewer than two arrays")),
+    }
+}
+
+/// A compile-time argument of a custom CUDA kernel (`constexpr int`, `constexpr bool` or a
+/// `using` type alias in its source).
+#[derive(Debug, Clone, Copy)]
+pub enum TemplateArg {
+    Int(i32),
+    Bool(bool),
+    Dtype(mlx_rs::Dtype),
+}
+
+/// One launch of a custom kernel: its outputs' shapes and dtypes, the grid and thread block in
+/// threads (MLX divides the one by the other), and its template arguments.
+pub struct Launch<'a> {
+    pub outputs: &'a [(&'a [i32], mlx_rs::Dtype)],
+    pub grid: (i32, i32, i32),
+    pub block: (i32, i32, i32),
+    pub template: &'a [(&'a str, TemplateArg)],
+}
+
+/// A custom CUDA kernel through MLX's `fast::cuda_kernel` (compiled by NVRTC at its first
+/// evaluation; a compile error surfaces there).
+pub struct CudaKernel(mlx_sys::mlx_fast_cuda_kernel);
+
+impl Drop for CudaKernel {
+    fn drop(&mut self) {
+        // SAFETY: the handle came from `mlx_fast_cuda_kernel_new` and is freed once, here.
+        unsafe { mlx_sys::mlx_fast_cuda_kernel_free(self.0) }
+    }
+}
+
+fn c_string(s: &str) -> Result<std::ffi::CString, Exception> {
+    std::ffi::CString::new(s).map_err(|_| Exception::custom(format!("`{s}` has a NUL byte")))
+}
+
+impl CudaKernel {
+    /// `source` is the kernel's body; MLX writes its signature from the input and output
+    /// names (inputs `const T* name`, outputs `T* name`). Inputs are made row-contiguous.
+    pub fn new(name: &str, inputs: &[&str], outputs: &[&str], source: &str) -> Result<Self, Exception> {
+        let (name, source, header) = (c_string(name)?, c_string(source)?, c_string("")?);
+        let names =
+            |list: &[&str]| -> Result<Vec<std::ffi::CString>, Exception> { list.iter().map(|s| c_string(s)).collect() };
+        let (inputs, outputs) = (names(inputs)?, names(outputs)?);
+        // SAFETY: the C strings outlive the calls; the string vectors are created and freed
+        // here (MLX copies what it keeps).
+        unsafe {
+            let vec = |list: &[std::ffi::CString]| {
+                let v = mlx_sys::mlx_vector_string_new();
+                for s in list {
+                    mlx_sys::mlx_vector_string_append_value(v, s.as_ptr());
+                }
+                v
+            };
+            let (ins, outs) = (vec(&inputs), vec(&outputs));
+            let kernel =
+                mlx_sys::mlx_fast_cuda_kernel_new(name.as_ptr(), ins, outs, source.as_ptr(), header.as_ptr(), true, 0);
+            mlx_sys::mlx_vector_string_free(ins);
+            mlx_sys::mlx_vector_string_free(outs);
+            if kernel.ctx.is_null() {
+                return Err(Exception::custom("MLX could not make the CUDA kernel"));
+            }
+            Ok(CudaKernel(kernel))
+        }
+    }
+
+    /// The kernel's outputs for `inputs` (lazy, like any op).
+    pub fn apply(&self, inputs: &[&Array], launch: &Launch) -> Result<Vec<Array>, Exception> {
+        let stream = Stream::thread_local_or_default();
+        mlx_rs::ops::zeros::<f32>(&[1])?;
+        let names: Vec<std::ffi::CString> =
+            launch.template.iter().map(|(n, _)| c_string(n)).collect::<Result<_, _>>()?;
+        // SAFETY: the config and the input vector are created and freed here; every array and
+        // string handle is valid for the calls; the result vector is freed by `take_arrays`.
+        unsafe {
+            let config = mlx_sys::mlx_fast_cuda_kernel_config_new();
+            let mut rc = 0;
+            for (shape, dtype) in launch.outputs {
+                rc |= mlx_sys::mlx_fast_cuda_kernel_config_add_output_arg(
+                    config,
+                    shape.as_ptr(),
+                    shape.len(),
+                    u32::from(*dtype) as mlx_sys::mlx_dtype,
+                );
+            }
+            let ((gx, gy, gz), (bx, by, bz)) = (launch.grid, launch.block);
+            rc |= mlx_sys::mlx_fast_cuda_kernel_config_set_grid(config, gx, gy, gz);
+            rc |= mlx_sys::mlx_fast_cuda_kernel_config_set_thread_group(config, bx, by, bz);
+            for ((_, arg), name) in launch.template.iter().zip(&names) {
+                rc |= match *arg {
+                    TemplateArg::Int(v) => {
+                        mlx_sys::mlx_fast_cuda_kernel_config_add_template_arg_int(config, name.as_ptr(), v)
+                    }
+                    TemplateArg::Bool(v) => {
+                        mlx_sys::mlx_fast_cuda_kernel_config_add_template_arg_bool(config, name.as_ptr(), v)
+                    }
+                    TemplateArg::Dtype(d) => mlx_sys::mlx_fast_cuda_kernel_config_add_template_arg_dtype(
+                        config,
+                        name.as_ptr(),
+                        u32::from(d) as mlx_sys::mlx_dtype,
+                    ),
+                };
+            }
+            let ins = mlx_sys::mlx_vector_array_new();
+            for a in inputs {
+                mlx_sys::mlx_vector_array_append_value(ins, a.as_ptr());
+            }
+            let mut res = mlx_sys::mlx_vector_array_new();
+            if rc == 0 {
+                rc = mlx_sys::mlx_fast_cuda_kernel_apply(&mut res, self.0, ins, config, stream.as_ptr());
+            }
+            mlx_sys::mlx_vector_array_free(ins);
+            mlx_sys::mlx_fast_cuda_kernel_config_free(config);
+            if rc != 0 {
+                mlx_sys::mlx_vector_array_free(res);
+                return Err(Exception::custom("MLX refused the CUDA kernel's launch (inputs, outputs or grid)"));
+            }
+            take_arrays(res)
+        }
+    }
+}

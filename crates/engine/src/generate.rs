@@ -417,6 +417,9 @@ impl Engine {
                 tracing::debug!("MLX compiles CPU kernels in {} (shared: {shared})", run.display());
             }
         }
+        if model.config().is_hybrid() {
+            crate::layers::delta_path::choose(None);
+        }
         profile.apply_memory_settings(weight_bytes(dir));
         // Split, each rank holds its share of the key/value heads.
         let ranks = group.as_ref().map_or(1, |g| g.size() as u64);

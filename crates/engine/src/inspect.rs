@@ -26,9 +26,11 @@ pub struct Report {
     pub mtp: Option<std::result::Result<(), String>>,
     pub bytes_on_disk: u64,
     pub files: usize,
-    /// Where it would run here: MLX's backend, the BLAS under its CPU matmuls, and the form
-    /// its quantized matrices would load in.
+    /// Where it would run here: MLX's backend and version, the BLAS under its CPU matmuls, and
+    /// the form its quantized matrices would load in.
     pub device: String,
+    /// A hybrid's gated delta rule: the path that runs here and why (its self-check).
+    pub delta_rule: Option<String>,
     pub blas: String,
     pub weights: String,
 }
@@ -110,7 +112,11 @@ pub fn inspect(dir: &Path) -> Result<Report> {
         mtp: mtp_status,
         bytes_on_disk: bytes,
         files: files.len(),
-        device: crate::device::backend().to_string(),
+        device: format!("{} on MLX {}", crate::device::backend(), crate::device::mlx_version()),
+        delta_rule: config.is_hybrid().then(|| {
+            let r = crate::layers::delta_path::choose(None);
+            format!("{} ({})", r.path, r.why)
+        }),
         blas: crate::blas::describe(),
         weights: crate::weight_form::for_checkpoint(dir)?.to_string(),
     })
@@ -153,6 +159,9 @@ impl fmt::Display for Report {
         writeln!(f, "MTP head       {mtp}")?;
         writeln!(f, "on disk        {:.1} MB in {} file(s)", self.bytes_on_disk as f64 / 1e6, self.files)?;
         writeln!(f, "device         {}", self.device)?;
+        if let Some(delta) = &self.delta_rule {
+            writeln!(f, "delta rule     {delta}")?;
+        }
         writeln!(f, "BLAS           {}", self.blas)?;
         write!(f, "weights        {}", self.weights)
     }

@@ -49,6 +49,7 @@ pub use error::{Error, Result};
 pub use generate::{CancelToken, Engine, Event, FinishReason, GenerateRequest, Summary};
 pub use grammar::{json_for_grammar, Grammar};
 pub use grammar_limits::{check_schema, check_text_grammar};
+pub use layers::delta_path;
 pub use penalties::Penalties;
 pub use profile::{Profile, ProfileName};
 pub use sampling::SamplingParams;

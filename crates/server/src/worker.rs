@@ -173,6 +173,11 @@ pub struct ModelInfo {
     pub model_type: String,
     pub context: usize,
     pub backend: String,
+    /// The MLX library's version.
+    pub mlx_version: String,
+    /// Which implementation runs the hybrids' gated delta rule, and why (`None`: the model has
+    /// no Gated DeltaNet layer).
+    pub delta_rule: Option<(String, String)>,
     /// The BLAS library the CPU's matmuls run on.
     pub blas: String,
     /// How the quantized weights were loaded, and why (e.g. dequantized on the CPU).
@@ -435,6 +440,12 @@ impl Worker {
                 model_type: c.model_type.clone(),
                 context: c.max_position_embeddings.unwrap_or(32768).max(1) as usize,
                 backend: engine.backend().to_string(),
+                mlx_version: engine::device::mlx_version(),
+                delta_rule: c
+                    .is_hybrid()
+                    .then(engine::delta_path::report)
+                    .flatten()
+                    .map(|r| (r.path.to_string(), r.why.clone())),
                 blas: engine::blas::describe(),
                 weight_form: engine.weight_form().to_string(),
                 has_mtp: engine.model().mtp().is_some(),
@@ -1069,6 +1080,9 @@ fn run_batch<'e>(
                 break;
             }
             waiting.fetch_sub(1, Ordering::SeqCst);
+            // Cleared before the job starts: its client hears of its prefill inside `add`, and
+            // may ask the status right then.
+            metrics.waiting_for_memory.store(false, Ordering::Relaxed);
             match start_job(engine, info, metrics, scripted, job, true) {
                 Ok((l, generation)) => add(l, generation, &mut batch, &mut live),
                 Err(used) => engine.after_request(used),

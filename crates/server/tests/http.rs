@@ -357,6 +357,9 @@ async fn profile_is_shown_in_status_and_headers() {
     if status["device"] == "cpu" {
         assert!(weights.starts_with("dequantized to f32 at load") || weights.starts_with("as stored"), "{weights}");
     }
+    // The MLX it runs on; a dense model has no gated delta rule.
+    assert_eq!(status["mlx_version"], engine::device::mlx_version());
+    assert!(status["delta_rule"].is_null(), "{status}");
     let r = reqwest::Client::new()
         .post(format!("{}/v1/chat/completions", s.base))
         .json(&chat(json!({})))
@@ -364,6 +367,20 @@ async fn profile_is_shown_in_status_and_headers() {
         .await
         .unwrap();
     assert_eq!(r.headers()["x-ferrite-profile"], "sustained");
+}
+
+/// A hybrid's status names the path its gated delta rule runs on and why (on the CPU: the
+/// operations, there being no kernel path there).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_hybrids_status_names_its_delta_path() {
+    let s = common::start_hybrid(|_| {}).await;
+    let status: Value = reqwest::get(format!("{}/v1/status", s.base)).await.unwrap().json().await.unwrap();
+    let path = status["delta_rule"]["path"].as_str().unwrap_or_default();
+    assert!(["ops", "mlx-native", "cuda-kernel"].contains(&path), "{status}");
+    assert!(!status["delta_rule"]["why"].as_str().unwrap_or_default().is_empty(), "{status}");
+    if status["device"] == "cpu" {
+        assert_eq!(path, "ops", "{status}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -6,6 +6,7 @@
 //! position), so results match it exactly on every backend.
 
 use std::cell::RefCell;
+use std::collections::HashMap;
 
 use mlx_rs::error::Exception;
 use mlx_rs::ops::indexing::{IndexOp, NewAxis};
@@ -13,6 +14,8 @@ use mlx_rs::transforms::compile::compile;
 use mlx_rs::{fast, ops, Array, Dtype};
 
 use super::delta_chunked::delta_rule_chunked;
+use super::delta_cuda;
+use super::delta_path::{self, DeltaPath};
 use super::{Linear, Projections, RmsNorm};
 use crate::cache::LinearState;
 use crate::device::on_gpu;
@@ -103,7 +106,11 @@ impl GatedDeltaNet {
         let (y, mut steps) = if s >= CHUNKED_FROM && !state.record {
             let r = v.dim(2) / q.dim(2);
             let (qr, kr) = (Array::repeat_axis::<f32>(q.clone(), r, -2)?, Array::repeat_axis::<f32>(k.clone(), r, -2)?);
-            let (y, last) = delta_rule_chunked(&qr, &kr, &v, &g, &beta, recurrent)?;
+            let (y, last) = if delta_path::current() == DeltaPath::Native {
+                crate::ffi::gated_delta_update(&q, &k, &v, &g, &beta, &recurrent)?
+            } else {
+                delta_rule_chunked(&qr, &kr, &v, &g, &beta, recurrent)?
+            };
             (y.as_dtype(q.dtype())?, vec![last])
         } else {
             delta_rule(&q, &k, &v, &g, &beta, recurrent, state.record)?
@@ -160,11 +167,17 @@ impl GatedDeltaNet {
             self.dt_bias.clone(),
             self.norm.weight.clone(),
         ];
-        let out = if state.record {
-            VERIFY_CORE.with_borrow_mut(|f| f(&args))?
-        } else {
-            DECODE_CORE.with_borrow_mut(|f| f(&args))?
+        let path = match delta_path::current() {
+            DeltaPath::Cuda if !delta_cuda::fits(self.head_k_dim) => DeltaPath::Ops,
+            path => path,
         };
+        let record = state.record;
+        let out = SHORT_CORES.with_borrow_mut(|cores| {
+            let core = cores
+                .entry((path, record))
+                .or_insert_with(|| Box::new(compile(move |args: &[Array]| short_core_on(args, record, path), false)));
+            core(&args)
+        })?;
         let mut out = out.into_iter();
         let (Some(y), Some(tail)) = (out.next(), out.next()) else {
             return Err(Exception::custom("the short step returned too few arrays").into());
@@ -190,21 +203,17 @@ impl GatedDeltaNet {
 /// Qwen3.5's `rms_norm_eps`); a model with another takes the general path.
 const DECODE_NORM_EPS: f32 = 1e-6;
 
-fn decode_core_graph(args: &[Array]) -> std::result::Result<Vec<Array>, Exception> {
-    short_core(args, false)
-}
-
-fn verify_core_graph(args: &[Array]) -> std::result::Result<Vec<Array>, Exception> {
-    short_core(args, true)
-}
-
 /// A few positions of the layer between its projections: [y, conv tail, (conv window, the
 /// state after each position) or (the final state)]. Every size comes from the inputs'
 /// shapes, so one compiled function serves every layer and model (MLX traces again for new
 /// shapes): conv [C, K, 1] gives the channels, a_log [Hv] the value heads, the norm weight
 /// [Dv] the value dims, the state [B, Hv, Dv, Dk] the key dims, and the channels
-/// (2 Hk Dk + Hv Dv) the key heads.
-fn short_core(args: &[Array], record: bool) -> std::result::Result<Vec<Array>, Exception> {
+/// (2 Hk Dk + Hv Dv) the key heads. `path` runs the recurrence itself (`delta_path.rs`).
+pub(crate) fn short_core_on(
+    args: &[Array],
+    record: bool,
+    path: DeltaPath,
+) -> std::result::Result<Vec<Array>, Exception> {
     let [qkv, z, beta_logits, a, tail, recurrent, conv_weight, a_log, dt_bias, norm_weight] = args else {
         return Err(Exception::custom("the short step takes 10 arrays"));
     };
@@ -214,6 +223,10 @@ fn short_core(args: &[Array], record: bool) -> std::result::Result<Vec<Array>, E
     let conv_input = ops::concatenate(&[tail, qkv], 1)?;
     let new_tail = conv_input.index((.., s.., ..));
     let (q, k, v) = conv_qkv(&depthwise_conv(&conv_input, conv_weight)?, s, [nk, dk, nv, dv])?;
+    if path != DeltaPath::Ops {
+        let (y, states) = kernel_recurrence(path, [&q, &k, &v, beta_logits, a], [a_log, dt_bias], recurrent, record)?;
+        return short_core_outputs(y, z, norm_weight, new_tail, conv_input, states, record);
+    }
     // On a GPU the gates are computed per position, in the value heads' groups, inside the
     // step: so MLX fuses them into the step's element-wise kernels instead of running them
     // apart. A fused kernel recomputes its element-wise inputs per output element, which on
@@ -243,16 +256,67 @@ fn short_core(args: &[Array], record: bool) -> std::result::Result<Vec<Array>, E
             states.push(state.clone());
         }
     }
-    let y = stack_positions(&ys)?;
+    if !record {
+        states.push(state);
+    }
+    short_core_outputs(stack_positions(&ys)?, z, norm_weight, new_tail, conv_input, states, record)
+}
+
+/// The recurrence of a short step on a kernel path: q, k [B, S, Hk, Dk], v [B, S, Hv, Dv], the
+/// gates' inputs [B, S, Hv]. Returns y [B, S, Hv, Dv] and the state after each position
+/// (`record`) or the final one.
+fn kernel_recurrence(
+    path: DeltaPath,
+    [q, k, v, beta_logits, a]: [&Array; 5],
+    [a_log, dt_bias]: [&Array; 2],
+    state: &Array,
+    record: bool,
+) -> std::result::Result<(Array, Vec<Array>), Exception> {
+    let g = decay_graph((a_log, a, dt_bias))?;
+    let beta = ops::sigmoid(beta_logits)?;
+    match path {
+        DeltaPath::Cuda => delta_cuda::run(q, k, v, &g, &beta, state, record),
+        // MLX's op returns only the final state: a verify pass runs it a position at a time,
+        // the same call as a decode step, so every state is there and equals decoding's.
+        DeltaPath::Native if record => {
+            let (mut ys, mut states) = (Vec::new(), Vec::new());
+            let mut state = state.clone();
+            for t in 0..q.dim(1) {
+                let at = |x: &Array| x.index((.., t..t + 1));
+                let (y, next) = crate::ffi::gated_delta_update(&at(q), &at(k), &at(v), &at(&g), &at(&beta), &state)?;
+                ys.push(y);
+                states.push(next.clone());
+                state = next;
+            }
+            Ok((ops::concatenate(&ys, 1)?, states))
+        }
+        DeltaPath::Native => {
+            let (y, state) = crate::ffi::gated_delta_update(q, k, v, &g, &beta, state)?;
+            Ok((y, vec![state]))
+        }
+        DeltaPath::Ops => Err(Exception::custom("the operations path has no kernel recurrence")),
+    }
+}
+
+/// The short step's outputs from the recurrence's: [y (normed, gated, [B, S, Hv Dv]), conv
+/// tail, (conv window, each position's state) or (the final state)].
+fn short_core_outputs(
+    y: Array,
+    z: &Array,
+    norm_weight: &Array,
+    new_tail: Array,
+    conv_input: Array,
+    states: Vec<Array>,
+    record: bool,
+) -> std::result::Result<Vec<Array>, Exception> {
+    let (b, s) = (y.dim(0), y.dim(1));
     let normed = fast::rms_norm(&y, Some(norm_weight), DECODE_NORM_EPS)?;
     let out = gated_norm_graph((&y, z, &normed))?;
     let mut outputs = vec![out.reshape(&[b, s, -1])?, new_tail];
     if record {
         outputs.push(conv_input);
-        outputs.extend(states);
-    } else {
-        outputs.push(state);
     }
+    outputs.extend(states);
     Ok(outputs)
 }
 
@@ -329,10 +393,10 @@ thread_local! {
     static GATED_NORM: RefCell<Unary3> = RefCell::new(Box::new(compile(gated_norm_graph, true)));
     /// One position of the delta rule, as mlx-lm's `_gated_delta_step_ops`.
     static DELTA_STEP: RefCell<Step> = RefCell::new(Box::new(compile(delta_step_graph, false)));
-    /// A few positions between the projections ([`GatedDeltaNet::short_step`]): final state
-    /// only, or (verify passes) every position's state and the conv window.
-    static DECODE_CORE: RefCell<Step> = RefCell::new(Box::new(compile(decode_core_graph, false)));
-    static VERIFY_CORE: RefCell<Step> = RefCell::new(Box::new(compile(verify_core_graph, false)));
+    /// A few positions between the projections ([`GatedDeltaNet::short_step`]), one compiled
+    /// graph per delta path and per kind: final state only, or (verify passes) every
+    /// position's state and the conv window.
+    static SHORT_CORES: RefCell<HashMap<(DeltaPath, bool), Step>> = RefCell::new(HashMap::new());
 }
 
 fn decay_graph((a_log, a, dt_bias): (&Array, &Array, &Array)) -> std::result::Result<Array, Exception> {

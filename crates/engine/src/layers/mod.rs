@@ -5,6 +5,8 @@
 pub mod attention;
 pub mod block;
 pub mod delta_chunked;
+mod delta_cuda;
+pub mod delta_path;
 pub mod gated_delta;
 pub mod linear;
 pub mod loader;

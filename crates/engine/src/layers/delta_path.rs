@@ -1,0 +1,235 @@
+//! Which implementation runs the hybrids' gated delta rule in this process, chosen once and
+//! checked before it is trusted:
+//!
+//! - `ops`: MLX operations, one compiled step per position (`gated_delta.rs`), on every
+//!   backend; the reference the others are checked against.
+//! - `mlx-native`: MLX's own `fast::gated_delta_update` (MLX >= 0.32.4), which runs Metal
+//!   kernels on a Mac (elsewhere its operations fallback). A verify pass calls it once per
+//!   position, so each position's state is there for a rollback and equals plain decoding's.
+//! - `cuda-kernel`: the engine's CUDA kernel (`delta_cuda.rs`), one launch for all positions,
+//!   the states of a verify pass included.
+//!
+//! A GPU's kernels cannot be trusted blind (a Metal kernel is never compiled off a Mac, and a
+//! CUDA kernel compiles at run time): [`choose`] runs the candidate against the operations on
+//! small inputs, in float32 and bfloat16, through the same compiled layer code a model runs,
+//! and keeps it only when every output agrees within [`Tolerance`]; on a mismatch or an error
+//! it logs why and the operations run.
+
+use std::fmt;
+use std::sync::OnceLock;
+
+use mlx_rs::error::Exception;
+use mlx_rs::{ops, random, Array, Dtype};
+
+use crate::device::{self, Backend};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DeltaPath {
+    Ops,
+    Native,
+    Cuda,
+}
+
+impl DeltaPath {
+    pub fn name(self) -> &'static str {
+        match self {
+            DeltaPath::Ops => "ops",
+            DeltaPath::Native => "mlx-native",
+            DeltaPath::Cuda => "cuda-kernel",
+        }
+    }
+
+    pub fn parse(name: &str) -> Option<Self> {
+        [DeltaPath::Ops, DeltaPath::Native, DeltaPath::Cuda].into_iter().find(|p| p.name() == name)
+    }
+
+    /// The kernel path a backend offers (`Ops` where it has none).
+    pub fn for_backend(backend: Backend) -> Self {
+        match backend {
+            Backend::Metal => DeltaPath::Native,
+            Backend::Cuda => DeltaPath::Cuda,
+            Backend::Cpu => DeltaPath::Ops,
+        }
+    }
+}
+
+impl fmt::Display for DeltaPath {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// What was chosen and why: the candidate's largest differences from the operations, or why
+/// it was turned down.
+#[derive(Debug, Clone)]
+pub struct DeltaReport {
+    pub path: DeltaPath,
+    pub why: String,
+}
+
+/// How far a kernel's outputs may be from the operations': |a - b| <= tol * (1 + max |b|), per
+/// output. With float32 inputs only the order of the sums differs. With bfloat16 inputs the
+/// outputs are rounded to 8 bits of mantissa (a step of 2^-8 relative), and an implementation
+/// may round an intermediate to the inputs' dtype (MLX's own op does): the f32 states may then
+/// differ by about two such steps.
+pub struct Tolerance;
+
+impl Tolerance {
+    pub const F32: f32 = 1e-4;
+    pub const BF16_OUTPUT: f32 = 2e-2;
+    pub const BF16_STATE: f32 = 8e-3;
+}
+
+static CHOSEN: OnceLock<DeltaReport> = OnceLock::new();
+
+/// The path this process runs: the one [`choose`] settled on, `ops` before that.
+pub fn current() -> DeltaPath {
+    CHOSEN.get().map_or(DeltaPath::Ops, |r| r.path)
+}
+
+/// What [`choose`] decided, if it ran.
+pub fn report() -> Option<&'static DeltaReport> {
+    CHOSEN.get()
+}
+
+/// Settles the path once per process: `wanted` (or the backend's kernel path) after its
+/// self-check, else `ops`. Later calls return the first decision.
+pub fn choose(wanted: Option<DeltaPath>) -> &'static DeltaReport {
+    CHOSEN.get_or_init(|| {
+        let candidate = wanted.unwrap_or_else(|| DeltaPath::for_backend(device::backend()));
+        let report = match candidate {
+            DeltaPath::Ops => DeltaReport { path: DeltaPath::Ops, why: ops_reason(wanted.is_some()) },
+            kernel => match self_check(kernel) {
+                Ok(checked) => DeltaReport { path: kernel, why: checked },
+                Err(e) => {
+                    tracing::warn!("the {kernel} gated delta path failed its self-check, running ops: {e}");
+                    DeltaReport { path: DeltaPath::Ops, why: format!("{kernel} failed its self-check: {e}") }
+                }
+            },
+        };
+        tracing::info!("gated delta rule: {} ({})", report.path, report.why);
+        report
+    })
+}
+
+fn ops_reason(asked: bool) -> String {
+    if asked {
+        "asked for".into()
+    } else {
+        format!("no kernel path on {}", device::backend())
+    }
+}
+
+/// The candidate against the operations on small inputs (two sequences, grouped heads, the
+/// real head size), for a decode step and a recorded 3-position verify pass, in float32 and
+/// bfloat16. Returns the largest differences seen.
+pub fn self_check(candidate: DeltaPath) -> crate::error::Result<String> {
+    let mut worst = Vec::new();
+    for dtype in [Dtype::Float32, Dtype::Bfloat16] {
+        for (positions, record) in [(1, false), (3, true)] {
+            let args = check_inputs(dtype, positions)?;
+            let expected = super::gated_delta::short_core_on(&args, record, DeltaPath::Ops)?;
+            let got = super::gated_delta::short_core_on(&args, record, candidate)?;
+            if expected.len() != got.len() {
+                return Err(crate::error::Error::from(Exception::custom(format!(
+                    "{} outputs where the operations give {}",
+                    got.len(),
+                    expected.len()
+                ))));
+            }
+            let mut largest = 0f32;
+            for (i, (e, g)) in expected.iter().zip(&got).enumerate() {
+                if e.shape() != g.shape() {
+                    return Err(crate::error::Error::from(Exception::custom(format!(
+                        "output {i} has shape {:?}, the operations' {:?}",
+                        g.shape(),
+                        e.shape()
+                    ))));
+                }
+                let tol = match (dtype, e.dtype()) {
+                    (Dtype::Float32, _) => Tolerance::F32,
+                    (_, Dtype::Float32) => Tolerance::BF16_STATE,
+                    _ => Tolerance::BF16_OUTPUT,
+                };
+                let (e, g) = (e.as_dtype(Dtype::Float32)?, g.as_dtype(Dtype::Float32)?);
+                let scale = 1.0 + ops::abs(&e)?.max(None)?.try_item_cast::<f32>()?;
+                let diff = ops::abs(&e.subtract(&g)?)?.max(None)?.try_item_cast::<f32>()?;
+                if !(diff <= tol * scale) {
+                    return Err(crate::error::Error::from(Exception::custom(format!(
+                        "{dtype:?}, {positions} position(s): output {i} differs by {diff:e} (allowed {:e})",
+                        tol * scale
+                    ))));
+                }
+                largest = largest.max(diff / scale);
+            }
+            worst.push(format!("{dtype:?} x{positions}: {largest:.1e}"));
+        }
+        if candidate == DeltaPath::Native {
+            worst.push(format!("{dtype:?} prefill x{PREFILL_CHECKED}: {:.1e}", check_native_prefill(dtype)?));
+        }
+    }
+    Ok(format!("checked against ops, largest relative difference {}", worst.join(", ")))
+}
+
+/// Positions of the whole-sequence check of MLX's op: past one of its chunks.
+const PREFILL_CHECKED: i32 = 80;
+
+/// A long prompt runs MLX's op over the whole sequence (`GatedDeltaNet::forward`), not the
+/// short step: checked against the operations' step-by-step rule on normalised keys, as a
+/// model feeds it. Returns the largest relative difference.
+fn check_native_prefill(dtype: Dtype) -> crate::error::Result<f32> {
+    let (b, t, hk, hv, dk, dv) = (1, PREFILL_CHECKED, 2, 4, 128, 128);
+    let normal = |i: u64, shape: &[i32]| -> Result<Array, Exception> {
+        random::normal::<f32>(shape, None, None, Some(&random::key(2000 + i)?))
+    };
+    let unit = |x: Array| -> Result<Array, Exception> {
+        let norm = ops::sqrt(&x.square()?.sum_axis(-1, true)?)?;
+        x.divide(&norm)?.as_dtype(dtype)
+    };
+    let (q, k) = (unit(normal(0, &[b, t, hk, dk])?)?, unit(normal(1, &[b, t, hk, dk])?)?);
+    let v = normal(2, &[b, t, hv, dv])?.as_dtype(dtype)?;
+    let g = random::uniform::<f32, f32>(0.5, 1.0, &[b, t, hv], Some(&random::key(2003)?))?;
+    let beta = random::uniform::<f32, f32>(0.0, 1.0, &[b, t, hv], Some(&random::key(2004)?))?.as_dtype(dtype)?;
+    let state = normal(5, &[b, hv, dv, dk])?.multiply(Array::from_f32(0.1))?;
+    let (y, last) = crate::ffi::gated_delta_update(&q, &k, &v, &g, &beta, &state)?;
+    let (y_ops, mut states) = super::gated_delta::delta_rule(&q, &k, &v, &g, &beta, state, false)?;
+    let last_ops = states.pop().ok_or_else(|| Exception::custom("the operations returned no state"))?;
+    let mut largest = 0f32;
+    let tol = if dtype == Dtype::Float32 { Tolerance::F32 } else { Tolerance::BF16_OUTPUT };
+    for (name, e, got) in [("output", &y_ops, &y), ("final state", &last_ops, &last)] {
+        let (e, got) = (e.as_dtype(Dtype::Float32)?, got.as_dtype(Dtype::Float32)?);
+        let scale = 1.0 + ops::abs(&e)?.max(None)?.try_item_cast::<f32>()?;
+        let diff = ops::abs(&e.subtract(&got)?)?.max(None)?.try_item_cast::<f32>()?;
+        if !(diff <= tol * scale) {
+            return Err(crate::error::Error::from(Exception::custom(format!(
+                "{dtype:?}, a {t}-position prefill: the {name} differs by {diff:e} (allowed {:e})",
+                tol * scale
+            ))));
+        }
+        largest = largest.max(diff / scale);
+    }
+    Ok(largest)
+}
+
+/// Random arguments of the short step (see `gated_delta::short_core_on`): two sequences, 2 key
+/// heads and 4 value heads of 128, conv kernel 4; values of a model's scale.
+fn check_inputs(dtype: Dtype, s: i32) -> Result<Vec<Array>, Exception> {
+    let (b, nk, nv, dk, dv, kernel) = (2, 2, 4, 128, 128, 4);
+    let channels = 2 * nk * dk + nv * dv;
+    let normal = |i: u64, shape: &[i32], scale: f32| -> Result<Array, Exception> {
+        let key = random::key(1000 + i)?;
+        random::normal::<f32>(shape, None, None, Some(&key))?.multiply(Array::from_f32(scale))?.as_dtype(dtype)
+    };
+    Ok(vec![
+        normal(0, &[b, s, channels], 1.0)?,
+        normal(1, &[b, s, nv, dv], 1.0)?,
+        normal(2, &[b, s, nv], 1.0)?,
+        normal(3, &[b, s, nv], 1.0)?,
+        normal(4, &[b, kernel - 1, channels], 1.0)?,
+        normal(5, &[b, nv, dv, dk], 0.1)?.as_dtype(Dtype::Float32)?,
+        normal(6, &[channels, kernel, 1], 0.5)?,
+        normal(7, &[nv], 0.5)?,
+        normal(8, &[nv], 0.5)?,
+        normal(9, &[dv], 1.0)?.add(Array::from_f32(1.0))?.as_dtype(dtype)?,
+    ])
+}

@@ -81,6 +81,8 @@ for check in "$@"; do
       PEERS="ops mac-like" timeout 560 bench/compare.sh next-35b-a3b-4bit > "$res/compare-35b-$(echo ${SIZES:-all} | tr " " -).txt" 2>&1 ;;
     *) log "unknown check $check" ;;
   esac
+  # After each check, so a run stopped at its time limit still brings back what it finished.
+  tar -C "$res" -cf "$OUT/results.tar" .
 done
 log done
 tar -C "$res" -cf "$OUT/results.tar" .

@@ -79,7 +79,7 @@ pub fn run(args: Args) -> Result<()> {
         Some(file) => {
             let hosts = crate::ranks::read_hosts(file)?;
             let follower = crate::ranks::FollowerArgs { model: &dir, profile: args.profile };
-            Some(crate::ranks::Ranks::start(&hosts, args.backend, follower)?)
+            Some(crate::ranks::Ranks::start(&hosts, args.backend, follower, true)?)
         }
         None => None,
     };

@@ -13,7 +13,9 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
@@ -91,7 +93,10 @@ pub struct FollowerArgs<'a> {
 /// The group this process leads, and the ranks it started.
 pub struct Ranks {
     group: Arc<Group>,
-    followers: Vec<Follower>,
+    /// Shared with the thread that watches them ([`watch`]).
+    followers: Arc<Mutex<Vec<Follower>>>,
+    /// Set once rank 0 is done with the group: the ranks ending then is no loss.
+    finishing: Arc<AtomicBool>,
     /// The ring's address file, removed with this.
     _dir: tempfile::TempDir,
 }
@@ -103,8 +108,11 @@ pub struct Follower {
 }
 
 impl Ranks {
-    /// Starts ranks 1.. of `hosts` as followers and joins the group as rank 0.
-    pub fn start(hosts: &[Host], backend: Backend, follower: FollowerArgs) -> Result<Ranks> {
+    /// Starts ranks 1.. of `hosts` as followers and joins the group as rank 0. A rank that ends
+    /// while the group is in use marks the group broken; with `exit_when_lost`, this process
+    /// also exits with an error if it is still running [`LOST_GRACE`] later (a collective that
+    /// never returns: MLX's ring backend can leave one waiting on a dead peer).
+    pub fn start(hosts: &[Host], backend: Backend, follower: FollowerArgs, exit_when_lost: bool) -> Result<Ranks> {
         let dir = tempfile::tempdir()?;
         let (env, files) = environment(hosts, backend)?;
         // Files the environment names: written here for local ranks, by the script for remote ones.
@@ -158,7 +166,14 @@ impl Ranks {
         if group.is_err() {
             stop_all(&mut followers);
         }
-        Ok(Ranks { group: Arc::new(group?), followers, _dir: dir })
+        let ranks = Ranks {
+            group: Arc::new(group?),
+            followers: Arc::new(Mutex::new(followers)),
+            finishing: Default::default(),
+            _dir: dir,
+        };
+        watch(ranks.group.clone(), ranks.followers.clone(), ranks.finishing.clone(), exit_when_lost);
+        Ok(ranks)
     }
 
     pub fn group(&self) -> Arc<Group> {
@@ -176,9 +191,11 @@ impl Ranks {
 
     /// Waits up to `limit` for the started ranks to end (they do once dismissed), then stops
     /// those still running.
-    pub fn finish(mut self, limit: Duration) {
+    pub fn finish(self, limit: Duration) {
+        self.finishing.store(true, Ordering::SeqCst);
         let started = Instant::now();
-        for f in &mut self.followers {
+        let mut followers = self.followers.lock().unwrap_or_else(|e| e.into_inner());
+        for f in followers.iter_mut() {
             while f.child.try_wait().ok().flatten().is_none() && started.elapsed() < limit {
                 std::thread::sleep(Duration::from_millis(20));
             }
@@ -193,8 +210,48 @@ impl Ranks {
 
 impl Drop for Ranks {
     fn drop(&mut self) {
-        stop_all(&mut self.followers);
+        self.finishing.store(true, Ordering::SeqCst);
+        stop_all(&mut self.followers.lock().unwrap_or_else(|e| e.into_inner()));
     }
+}
+
+/// How long rank 0 may go on after a rank it started ended, before [`watch`] ends it.
+pub const LOST_GRACE: Duration = Duration::from_secs(10);
+
+/// Watches the ranks this process started while the group is in use: one that ends marks the
+/// group broken (the server's status and requests say so at once), and with `exit_when_lost`
+/// a rank 0 still running [`LOST_GRACE`] later (its collective never returned) exits with an
+/// error naming the lost rank instead of hanging.
+fn watch(group: Arc<Group>, followers: Arc<Mutex<Vec<Follower>>>, finishing: Arc<AtomicBool>, exit_when_lost: bool) {
+    std::thread::spawn(move || loop {
+        std::thread::sleep(Duration::from_millis(200));
+        if finishing.load(Ordering::SeqCst) {
+            return;
+        }
+        let lost = {
+            let mut followers = followers.lock().unwrap_or_else(|e| e.into_inner());
+            // A rank dismissed by rank 0 ends with success: that is no loss.
+            followers
+                .iter_mut()
+                .find_map(|f| Some((f.rank, f.child.try_wait().ok().flatten().filter(|s| !s.success())?)))
+        };
+        let Some((rank, status)) = lost else { continue };
+        let why = format!("rank {rank} ended ({status}): connection to a peer was lost");
+        group.mark_broken(&why);
+        tracing::warn!("{why}");
+        if !exit_when_lost {
+            return;
+        }
+        let since = Instant::now();
+        while since.elapsed() < LOST_GRACE {
+            if finishing.load(Ordering::SeqCst) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        eprintln!("error: the model's distributed group is down: {why} (rank 0's collective did not return)");
+        std::process::exit(1);
+    });
 }
 
 fn stop_all(followers: &mut [Follower]) {

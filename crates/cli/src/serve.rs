@@ -84,7 +84,7 @@ pub fn run(args: Args) -> Result<()> {
         Some(file) => {
             let hosts = crate::ranks::read_hosts(file)?;
             let follower = crate::ranks::FollowerArgs { model: &model.dir, profile: args.profile };
-            let ranks = crate::ranks::Ranks::start(&hosts, args.backend, follower)?;
+            let ranks = crate::ranks::Ranks::start(&hosts, args.backend, follower, false)?;
             let split = ranks.split(&hosts, args.backend);
             Some((ranks, split))
         }

@@ -131,36 +131,17 @@ pub fn self_check(candidate: DeltaPath) -> crate::error::Result<String> {
             let expected = super::gated_delta::short_core_on(&args, record, DeltaPath::Ops)?;
             let got = super::gated_delta::short_core_on(&args, record, candidate)?;
             if expected.len() != got.len() {
-                return Err(crate::error::Error::from(Exception::custom(format!(
-                    "{} outputs where the operations give {}",
-                    got.len(),
-                    expected.len()
-                ))));
+                return Err(mismatch(format!("{} outputs where the operations give {}", got.len(), expected.len())));
             }
             let mut largest = 0f32;
             for (i, (e, g)) in expected.iter().zip(&got).enumerate() {
-                if e.shape() != g.shape() {
-                    return Err(crate::error::Error::from(Exception::custom(format!(
-                        "output {i} has shape {:?}, the operations' {:?}",
-                        g.shape(),
-                        e.shape()
-                    ))));
-                }
                 let tol = match (dtype, e.dtype()) {
                     (Dtype::Float32, _) => Tolerance::F32,
                     (_, Dtype::Float32) => Tolerance::BF16_STATE,
                     _ => Tolerance::BF16_OUTPUT,
                 };
-                let (e, g) = (e.as_dtype(Dtype::Float32)?, g.as_dtype(Dtype::Float32)?);
-                let scale = 1.0 + ops::abs(&e)?.max(None)?.try_item_cast::<f32>()?;
-                let diff = ops::abs(&e.subtract(&g)?)?.max(None)?.try_item_cast::<f32>()?;
-                if !(diff <= tol * scale) {
-                    return Err(crate::error::Error::from(Exception::custom(format!(
-                        "{dtype:?}, {positions} position(s): output {i} differs by {diff:e} (allowed {:e})",
-                        tol * scale
-                    ))));
-                }
-                largest = largest.max(diff / scale);
+                let what = format!("{dtype:?}, {positions} position(s): output {i}");
+                largest = largest.max(relative_difference(&what, e, g, tol)?);
             }
             worst.push(format!("{dtype:?} x{positions}: {largest:.1e}"));
         }
@@ -194,21 +175,29 @@ fn check_native_prefill(dtype: Dtype) -> crate::error::Result<f32> {
     let (y, last) = crate::ffi::gated_delta_update(&q, &k, &v, &g, &beta, &state)?;
     let (y_ops, mut states) = super::gated_delta::delta_rule(&q, &k, &v, &g, &beta, state, false)?;
     let last_ops = states.pop().ok_or_else(|| Exception::custom("the operations returned no state"))?;
-    let mut largest = 0f32;
     let tol = if dtype == Dtype::Float32 { Tolerance::F32 } else { Tolerance::BF16_OUTPUT };
-    for (name, e, got) in [("output", &y_ops, &y), ("final state", &last_ops, &last)] {
-        let (e, got) = (e.as_dtype(Dtype::Float32)?, got.as_dtype(Dtype::Float32)?);
-        let scale = 1.0 + ops::abs(&e)?.max(None)?.try_item_cast::<f32>()?;
-        let diff = ops::abs(&e.subtract(&got)?)?.max(None)?.try_item_cast::<f32>()?;
-        if !(diff <= tol * scale) {
-            return Err(crate::error::Error::from(Exception::custom(format!(
-                "{dtype:?}, a {t}-position prefill: the {name} differs by {diff:e} (allowed {:e})",
-                tol * scale
-            ))));
-        }
-        largest = largest.max(diff / scale);
+    let output = relative_difference(&format!("{dtype:?}, a {t}-position prefill: the output"), &y_ops, &y, tol)?;
+    let state = relative_difference(&format!("{dtype:?}, a {t}-position prefill: the state"), &last_ops, &last, tol)?;
+    Ok(output.max(state))
+}
+
+/// max |expected - got| / (1 + max |expected|); an error naming `what` past `tol` (a NaN is
+/// past every tolerance) or when the shapes differ.
+fn relative_difference(what: &str, expected: &Array, got: &Array, tol: f32) -> crate::error::Result<f32> {
+    if expected.shape() != got.shape() {
+        return Err(mismatch(format!("{what} has shape {:?}, the operations' {:?}", got.shape(), expected.shape())));
     }
-    Ok(largest)
+    let (e, g) = (expected.as_dtype(Dtype::Float32)?, got.as_dtype(Dtype::Float32)?);
+    let scale = 1.0 + ops::abs(&e)?.max(None)?.try_item_cast::<f32>()?;
+    let relative = ops::abs(&e.subtract(&g)?)?.max(None)?.try_item_cast::<f32>()? / scale;
+    if relative.is_nan() || relative > tol {
+        return Err(mismatch(format!("{what} differs by {relative:.2e} relative (allowed {tol:.0e})")));
+    }
+    Ok(relative)
+}
+
+fn mismatch(why: String) -> crate::error::Error {
+    crate::error::Error::from(Exception::custom(why))
 }
 
 /// Random arguments of the short step (see `gated_delta::short_core_on`): two sequences, 2 key

@@ -14,6 +14,7 @@
 #                   load), bench/mlx_lm_mac_like.py's check of the peer's port, and greedy
 #                   answers on the ops and cuda-kernel paths, plain and speculative
 #   ops-35b         `ferrite dev ops` on the 35B-A3B shape, ops against cuda-kernel, and mlx-lm's count
+#   compare-small   the same on the small Qwen3-Next shape (SIZES default 128 2048)
 #   compare-35b     bench/compare.sh on the 35B-A3B shape against mlx-lm (ops) and the Mac-like
 #                   peer (SIZES from the environment, default 128 2048 8192)
 set -u
@@ -56,7 +57,7 @@ for check in "$@"; do
         --warm-tokens 8 > "$res/$check.txt" 2>&1
       cp "$BENCH_DIR/mlx_lm.server.log" "$res/$check-mlx_lm.log" 2>/dev/null ;;
     delta)
-      for c in next-tiny-4bit next-small-4bit; do
+      for c in next-small-4bit; do
         dir=$(checkpoint $c)
         timeout 120 "$FERRITE" inspect "$dir" > "$res/inspect-$c.txt" 2>&1
         long=$(printf 'fn main() { let x = 1; println!("{x}"); } %.0s' $(seq 12))
@@ -77,6 +78,8 @@ for check in "$@"; do
         timeout 200 "$FERRITE" dev ops --model "$dir" --context 128 --context 8192 --delta-path $path > "$res/ops-35b-$path.txt" 2>&1
       done
       timeout 200 python3 bench/mlx_lm_ops.py --model "$dir" --context 128 > "$res/ops-35b-mlx-lm.txt" 2>&1 ;;
+    compare-small)
+      PEERS="ops mac-like" SIZES="${SIZES:-128 2048}" timeout 300 bench/compare.sh next-small-4bit > "$res/compare-small.txt" 2>&1 ;;
     compare-35b)
       PEERS="ops mac-like" timeout 560 bench/compare.sh next-35b-a3b-4bit > "$res/compare-35b-$(echo ${SIZES:-all} | tr " " -).txt" 2>&1 ;;
     *) log "unknown check $check" ;;

@@ -420,7 +420,7 @@ impl Engine {
         if model.config().is_hybrid() {
             crate::layers::delta_path::choose(None);
         }
-        profile.apply_memory_settings(weight_bytes(dir));
+        profile.apply_memory_settings(crate::weights::weight_bytes(dir)? as usize);
         // Split, each rank holds its share of the key/value heads.
         let ranks = group.as_ref().map_or(1, |g| g.size() as u64);
         let kv_bytes_per_token = crate::memory::kv_bytes_per_token(model.as_ref())? / ranks;
@@ -584,18 +584,6 @@ pub(crate) fn synthetic_prompt(vocab: u32, n: usize) -> Vec<u32> {
 }
 
 /// Bytes of the checkpoint's weight files (what the wired limit must cover).
-fn weight_bytes(dir: &Path) -> usize {
-    std::fs::read_dir(dir)
-        .map(|entries| {
-            entries
-                .flatten()
-                .filter(|e| e.path().extension().is_some_and(|x| x == "safetensors"))
-                .filter_map(|e| e.metadata().ok())
-                .map(|m| m.len() as usize)
-                .sum()
-        })
-        .unwrap_or(0)
-}
 
 /// One running request; iterate it for events.
 pub struct Generation<'a> {

@@ -50,9 +50,9 @@ pub fn check_folder(dir: &Path) -> Result<()> {
 pub fn inspect(dir: &Path) -> Result<Report> {
     let config = ModelConfig::load(dir)?;
     let files = weights::weight_files(dir)?;
-    let (mut total, mut active, mut mtp, mut bytes) = (0u64, 0u64, 0u64, 0u64);
+    let (mut total, mut active, mut mtp) = (0u64, 0u64, 0u64);
+    let bytes = weights::weight_bytes(dir)?;
     for file in &files {
-        bytes += std::fs::metadata(file).map_err(|e| crate::error::Error::io(file, e))?.len();
         for (name, dtype, shape) in weights::tensor_infos(file)? {
             if name.ends_with(".scales") || name.ends_with(".biases") {
                 continue;

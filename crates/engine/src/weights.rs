@@ -179,6 +179,12 @@ pub fn weight_files(dir: &Path) -> Result<Vec<PathBuf>> {
     files.iter().map(|f| inside_model(dir, f)).collect()
 }
 
+/// The bytes of a checkpoint's weight files ([`weight_files`]), links followed: in the hub
+/// layout every snapshot file is a link to a blob, and a link's own size is a few bytes.
+pub fn weight_bytes(dir: &Path) -> Result<u64> {
+    weight_files(dir)?.iter().map(|f| std::fs::metadata(f).map(|m| m.len()).map_err(|e| Error::io(f, e))).sum()
+}
+
 /// `path` if it resolves inside the model folder `dir` (links followed) — or, for a folder in
 /// the Hugging Face hub layout (`models--ORG--NAME/snapshots/REV/`), inside its repository's
 /// `blobs/`, where the hub's links point. A file that leads elsewhere is refused, and its

@@ -302,6 +302,13 @@ fn the_hub_layout_links_into_blobs_are_followed() {
         std::os::unix::fs::symlink(format!("../../blobs/blob{i}"), snapshot.join(entry.file_name())).unwrap();
     }
     Engine::load(&snapshot).unwrap();
+    // The weights' size is the blobs', not the links' (the Turbo profile wires that much on a
+    // Mac): every way Ferrite sizes the weights follows the links.
+    let real = std::fs::metadata(d.path().join("model.safetensors")).unwrap().len();
+    assert!(real > 1000);
+    let link = std::fs::symlink_metadata(snapshot.join("model.safetensors")).unwrap().len();
+    assert!(link < 100, "{link}");
+    assert_eq!(engine::inspect::inspect(&snapshot).unwrap().bytes_on_disk, real);
 }
 
 #[test]

@@ -583,8 +583,6 @@ pub(crate) fn synthetic_prompt(vocab: u32, n: usize) -> Vec<u32> {
     (0..n as u32).map(|i| (i * 7919 + 1) % vocab.max(1)).collect()
 }
 
-/// Bytes of the checkpoint's weight files (what the wired limit must cover).
-
 /// One running request; iterate it for events.
 pub struct Generation<'a> {
     engine: &'a Engine,

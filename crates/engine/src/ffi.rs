@@ -80,6 +80,18 @@ pub fn pending_primitives(outputs: &[Array]) -> Result<Vec<String>, Exception> {
         .collect())
 }
 
+/// mlx-rs registers its error handler (MLX's default one exits the process) with its first
+/// op: makes sure that happened before a direct call that may fail — once per process, not
+/// on every call (some run per layer and decode step).
+fn error_handler_registered() -> Result<(), Exception> {
+    static REGISTERED: std::sync::OnceLock<()> = std::sync::OnceLock::new();
+    if REGISTERED.get().is_none() {
+        mlx_rs::ops::zeros::<f32>(&[1])?;
+        let _ = REGISTERED.set(());
+    }
+    Ok(())
+}
+
 /// A group of processes that MLX's distributed layer connects (ring over TCP, JACCL, NCCL, or
 /// MPI: MLX chooses from its environment, `MLX_RANK` and `MLX_HOSTFILE` for the ring).
 pub struct RawGroup(mlx_sys::mlx_distributed_group);
@@ -115,9 +127,7 @@ pub fn distributed_available(backend: Option<&str>) -> Result<bool, Exception> {
 /// `strict`).
 pub fn distributed_init(backend: Option<&str>, strict: bool) -> Result<RawGroup, Exception> {
     let name = backend_name(backend)?;
-    // mlx-rs registers its error handler (MLX's default one exits the process) with its first
-    // op: make sure that happened before a call that may fail.
-    mlx_rs::ops::zeros::<f32>(&[1])?;
+    error_handler_registered()?;
     // SAFETY: `res` is a fresh group handle MLX fills in; the name is valid for the call.
     unsafe {
         let mut res = mlx_sys::mlx_distributed_group_new();
@@ -203,8 +213,7 @@ pub fn gated_delta_update(
     state: &Array,
 ) -> Result<(Array, Array), Exception> {
     let stream = Stream::thread_local_or_default();
-    // Make sure mlx-rs's error handler is in place (MLX's default one exits the process).
-    mlx_rs::ops::zeros::<f32>(&[1])?;
+    error_handler_registered()?;
     // SAFETY: all handles are valid for the call; the mask is a null handle, which the shim
     // reads as "no mask"; the result vector is created here and freed by `take_arrays`.
     let out = unsafe {
@@ -305,7 +314,7 @@ impl CudaKernel {
     /// The kernel's outputs for `inputs` (lazy, like any op).
     pub fn apply(&self, inputs: &[&Array], launch: &Launch) -> Result<Vec<Array>, Exception> {
         let stream = Stream::thread_local_or_default();
-        mlx_rs::ops::zeros::<f32>(&[1])?;
+        error_handler_registered()?;
         let names: Vec<std::ffi::CString> =
             launch.template.iter().map(|(n, _)| c_string(n)).collect::<Result<_, _>>()?;
         // SAFETY: the config and the input vector are created and freed here; every array and

@@ -418,7 +418,7 @@ impl Engine {
             }
         }
         if model.config().is_hybrid() {
-            crate::layers::delta_path::choose(None);
+            crate::layers::delta_check::choose(None);
         }
         profile.apply_memory_settings(crate::weights::weight_bytes(dir)? as usize);
         // Split, each rank holds its share of the key/value heads.

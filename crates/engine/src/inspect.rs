@@ -114,7 +114,7 @@ pub fn inspect(dir: &Path) -> Result<Report> {
         files: files.len(),
         device: format!("{} on MLX {}", crate::device::backend(), crate::device::mlx_version()),
         delta_rule: config.is_hybrid().then(|| {
-            let r = crate::layers::delta_path::choose(None);
+            let r = crate::layers::delta_check::choose(None);
             format!("{} ({})", r.path, r.why)
         }),
         blas: crate::blas::describe(),

@@ -49,7 +49,11 @@ pub use error::{Error, Result};
 pub use generate::{CancelToken, Engine, Event, FinishReason, GenerateRequest, Summary};
 pub use grammar::{json_for_grammar, Grammar};
 pub use grammar_limits::{check_schema, check_text_grammar};
-pub use layers::delta_path;
+/// Which implementation runs the hybrids' gated delta rule, and its self-check.
+pub mod delta_path {
+    pub use crate::layers::delta_check::{choose, self_check, Tolerance};
+    pub use crate::layers::delta_path::{current, report, DeltaPath, DeltaReport};
+}
 pub use penalties::Penalties;
 pub use profile::{Profile, ProfileName};
 pub use sampling::SamplingParams;

@@ -104,11 +104,13 @@ impl GatedDeltaNet {
         // Long prefills go through the chunked form; decode and verify passes step by step
         // (they are short, and verify needs the state after every position).
         let (y, mut steps) = if s >= CHUNKED_FROM && !state.record {
-            let r = v.dim(2) / q.dim(2);
-            let (qr, kr) = (Array::repeat_axis::<f32>(q.clone(), r, -2)?, Array::repeat_axis::<f32>(k.clone(), r, -2)?);
+            // MLX's op takes the key heads as they are; the chunked form wants them repeated.
             let (y, last) = if delta_path::current() == DeltaPath::Native {
                 crate::ffi::gated_delta_update(&q, &k, &v, &g, &beta, &recurrent)?
             } else {
+                let r = v.dim(2) / q.dim(2);
+                let (qr, kr) =
+                    (Array::repeat_axis::<f32>(q.clone(), r, -2)?, Array::repeat_axis::<f32>(k.clone(), r, -2)?);
                 delta_rule_chunked(&qr, &kr, &v, &g, &beta, recurrent)?
             };
             (y.as_dtype(q.dtype())?, vec![last])

@@ -4,6 +4,7 @@
 
 pub mod attention;
 pub mod block;
+pub mod delta_check;
 pub mod delta_chunked;
 mod delta_cuda;
 pub mod delta_path;

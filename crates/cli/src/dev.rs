@@ -96,6 +96,10 @@ pub enum Command {
         /// the others see of a rank that dies.
         #[arg(long)]
         die_after: Option<usize>,
+        /// Ranks other than 0 stop answering (alive, silent) after this many rounds: what the
+        /// others see of a rank that hangs.
+        #[arg(long)]
+        stall_after: Option<usize>,
     },
     /// The runtime depth controller against a fixed draft depth and plain decoding on a fixed
     /// answer of held-out code then prose (one JSON line per setting).
@@ -263,8 +267,9 @@ pub fn run(cmd: Command) -> Result<()> {
         Command::Batch { model, streams, tokens, rounds, join_prompt: None, .. } => {
             return crate::batch::run(&model, &streams, tokens, rounds.max(1))
         }
-        Command::Collectives { backend, rounds, die_after } => {
-            return crate::collectives::run(&backend, rounds, die_after)
+        Command::Collectives { backend, rounds, die_after, stall_after } => {
+            let failure = crate::collectives::Failure { die_after, stall_after };
+            return crate::collectives::run(&backend, rounds, failure);
         }
         Command::Depth { model, code_ids, code_tokens, prose, depth, rounds } => {
             let o = crate::depth::Options {

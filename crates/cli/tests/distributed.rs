@@ -76,7 +76,9 @@ fn two_ranks_on_loopback_sum_and_gather() {
 }
 
 /// Rank 1 is killed after the first round: rank 0's next collective ends with a clean error
-/// saying the peer was lost (not a hang, not a crash).
+/// saying the peer was lost (not a hang, not a crash). MLX's ring backend usually raises
+/// that error; now and then its collective waits on the dead peer instead (seen under load),
+/// and then the round's time limit ends it.
 #[test]
 fn a_dead_rank_ends_the_others_collectives_with_a_clean_error() {
     let started = Instant::now();
@@ -84,7 +86,28 @@ fn a_dead_rank_ends_the_others_collectives_with_a_clean_error() {
     let (ok, stdout, stderr) = &ranks[0];
     assert!(!ok, "rank 0 cannot finish three rounds alone: {stdout}");
     assert_eq!(stdout.lines().count(), 1, "one round went through: {stdout}");
-    assert!(stderr.contains("connection to a peer was lost"), "{stderr}");
+    assert!(
+        stderr.contains("connection to a peer was lost") || stderr.contains("a peer stopped answering"),
+        "{stderr}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(60), "bounded: {:?}", started.elapsed());
+}
+
+/// Rank 1 stops answering after the first round (alive, silent): rank 0's next round ends
+/// with an error naming the round within the time limit, instead of waiting for ever.
+#[test]
+fn a_silent_rank_ends_the_others_collectives_within_the_round_limit() {
+    let started = Instant::now();
+    let ranks = two_ranks(&["--rounds", "3", "--stall-after", "1"]);
+    let (ok, stdout, stderr) = &ranks[0];
+    assert!(!ok, "rank 0 cannot finish three rounds alone: {stdout}");
+    assert_eq!(stdout.lines().count(), 1, "one round went through: {stdout}");
+    assert!(
+        stderr.contains("rank 0: round 1's collectives did not return in 15 s: a peer stopped answering"),
+        "{stderr}"
+    );
+    let (ok, _, stderr) = &ranks[1];
+    assert!(!ok, "the silent rank ends too, by its own limit: {stderr}");
     assert!(started.elapsed() < Duration::from_secs(60), "bounded: {:?}", started.elapsed());
 }
 

@@ -50,7 +50,8 @@ for c in "${cases[@]}"; do
       for peer in $PEERS; do
         flag=; [ "$peer" = mac-like ] && flag=--mac-like
         "$PYTHON" "$root/bench/mlx_lm_decode.py" --model "$dir" --prompt-ids "$ids" --gen-tokens "$GEN_TOKENS" --runs "$RUNS" $flag \
-          | "$PYTHON" -c 'import json,sys; r=json.load(sys.stdin); r["case"]=sys.argv[1]; print(json.dumps(r))' "$c" >> "$rows"
+          | "$PYTHON" -c 'import json,sys; r=json.load(sys.stdin); r["case"]=sys.argv[1]; print(json.dumps(r))' "$c" >> "$rows" \
+          || echo "the $peer peer failed on $c at $n tokens: its cells stay empty" >&2
       done
     done
     tail -n 3 "$rows" >&2

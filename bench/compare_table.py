@@ -82,9 +82,10 @@ def main():
     bandwidth = float(os.environ.get("BANDWIDTH_GBS") or 0) * 1e9
     act_bytes = 4 if a.dtype == "f32" else 2
     backend = next((r["backend"] for r in rows if r["engine"] == "ferrite"), "?")
+    paths = sorted({r.get("delta_path", "?") for r in rows if r["engine"] == "ferrite"})
     gen = rows[0]["gen_tokens"] if rows else 0
     bw_note = f", bandwidth bound at {bandwidth / 1e9:.0f} GB/s" if bandwidth else " (no bandwidth figure for this device: BANDWIDTH_GBS)"
-    print(f"\nbackend {backend}, {gen} new tokens, checkpoints {a.dtype}{bw_note}")
+    print(f"\nbackend {backend}, {gen} new tokens, checkpoints {a.dtype}{bw_note}; ferrite's gated delta path: {', '.join(paths)}")
     peers = sorted({r["engine"] for r in rows} - {"ferrite"})
     for peer in peers:
         print(f"\nagainst {peer}{PEER_NOTES.get(peer, '')}\n")

@@ -10,10 +10,13 @@
 #   batch-8b        `ferrite dev batch` on the 8B shape (engine only, no HTTP)
 #   clients-8b      bench/clients.sh on the 8B shape against mlx_lm.server
 #   clients-35b     the same on the Qwen3-Next-shaped 35B-A3B
-#   delta           the gated delta paths: `ferrite inspect` (the CUDA kernel's self-check at
-#                   load), bench/mlx_lm_mac_like.py's check of the peer's port, and greedy
-#                   answers on the ops and cuda-kernel paths, plain and speculative
-#   ops-35b         `ferrite dev ops` on the 35B-A3B shape, ops against cuda-kernel, and mlx-lm's count
+#   delta           the gated delta paths: `ferrite inspect` (the CUDA kernels' self-checks at
+#                   load), greedy answers on the ops, cuda-kernel and cuda-fused paths, plain and
+#                   speculative (a summary says which agree), and bench/mlx_lm_mac_like.py's
+#                   check of the peer's port
+#   ops-35b         `ferrite dev ops` on the 35B-A3B shape, on each delta path, and mlx-lm's count
+#                   (PEER_OPS=0 skips mlx-lm's)
+# PATHS (default "cuda-fused ops cuda-kernel") names the delta paths `delta` and `ops-35b` run.
 #   compare-small   the same on the small Qwen3-Next shape (SIZES default 128 2048)
 #   compare-35b     bench/compare.sh on the 35B-A3B shape against mlx-lm (ops) and the Mac-like
 #                   peer (SIZES from the environment, default 128 2048 8192)
@@ -59,25 +62,23 @@ for check in "$@"; do
     delta)
       for c in next-small-4bit; do
         dir=$(checkpoint $c)
-        timeout 120 "$FERRITE" inspect "$dir" > "$res/inspect-$c.txt" 2>&1
+        timeout 150 "$FERRITE" inspect "$dir" > "$res/inspect-$c.txt" 2>&1
         long=$(printf 'fn main() { let x = 1; println!("{x}"); } %.0s' $(seq 12))
-        for path in ops cuda-kernel; do
+        for path in ${PATHS:-cuda-fused ops cuda-kernel}; do
           for depth in 0 2; do
-            for prompt in "hello world, this is" "$long"; do
-              echo "== $c $path depth $depth prompt ${#prompt} chars" >> "$res/delta-generate.txt"
-              timeout 120 "$FERRITE" generate --model "$dir" --prompt "$prompt" --max-tokens 32 --draft-depth $depth \
-                --delta-path $path >> "$res/delta-generate.txt" 2> "$res/delta-generate-$c-$path-$depth.err"
-            done
+            timeout 180 "$FERRITE" generate --model "$dir" --prompt "$long" --max-tokens 48 --draft-depth $depth \
+              --delta-path $path > "$res/answer-$path-$depth.txt" 2> "$res/answer-$path-$depth.err"
+            log "answer $path depth $depth: $(md5sum < "$res/answer-$path-$depth.txt" | cut -c1-8)"
           done
         done
       done
       timeout 120 python3 bench/mlx_lm_mac_like.py > "$res/mac-like-check.json" 2>&1 ;;
     ops-35b)
       dir=$(checkpoint next-35b-a3b-4bit)
-      for path in ops cuda-kernel; do
+      for path in ${PATHS:-cuda-fused ops cuda-kernel}; do
         timeout 200 "$FERRITE" dev ops --model "$dir" --context 128 --context 8192 --delta-path $path > "$res/ops-35b-$path.txt" 2>&1
       done
-      timeout 200 python3 bench/mlx_lm_ops.py --model "$dir" --context 128 > "$res/ops-35b-mlx-lm.txt" 2>&1 ;;
+      [ "${PEER_OPS:-1}" = 0 ] || timeout 200 python3 bench/mlx_lm_ops.py --model "$dir" --context 128 > "$res/ops-35b-mlx-lm.txt" 2>&1 ;;
     compare-small)
       PEERS="ops mac-like" SIZES="${SIZES:-128 2048}" timeout 300 bench/compare.sh next-small-4bit > "$res/compare-small.txt" 2>&1 ;;
     compare-35b)

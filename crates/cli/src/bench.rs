@@ -84,6 +84,7 @@ pub fn run(args: Args) -> Result<()> {
         "engine": "ferrite",
         "backend": engine.backend().to_string(),
         "profile": args.profile.to_string(),
+        "delta_path": engine::delta_path::current().name(),
         "cpu_seconds_per_token": cpu_per_token,
         "prompt_tokens": request.prompt.len(),
         "gen_tokens": args.gen_tokens,

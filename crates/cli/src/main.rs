@@ -20,8 +20,8 @@ struct Cli {
     #[command(subcommand)]
     command: Command,
     /// Which implementation runs the hybrids' gated delta rule: `auto` (the GPU's kernel path
-    /// after its self-check at load: MLX's own op on Metal, Ferrite's kernel on CUDA; the
-    /// operations on the CPU), `ops`, `mlx-native` or `cuda-kernel` (still self-checked).
+    /// after its self-check at load: MLX's own op on Metal, Ferrite's kernels on CUDA: the fused step, else the recurrence alone; the
+    /// operations on the CPU), `ops`, `mlx-native`, `cuda-kernel` or `cuda-fused` (still self-checked).
     #[arg(long, global = true, default_value = "auto", value_parser = delta_path)]
     delta_path: DeltaPathArg,
 }
@@ -36,7 +36,7 @@ fn delta_path(name: &str) -> Result<DeltaPathArg, String> {
     }
     engine::delta_path::DeltaPath::parse(name)
         .map(|p| DeltaPathArg(Some(p)))
-        .ok_or_else(|| format!("`{name}` is not one of auto, ops, mlx-native, cuda-kernel"))
+        .ok_or_else(|| format!("`{name}` is not one of auto, ops, mlx-native, cuda-kernel, cuda-fused"))
 }
 
 #[derive(Subcommand)]

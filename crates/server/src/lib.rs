@@ -369,7 +369,7 @@ pub fn status_json(s: &AppState) -> serde_json::Value {
     json!({
         "model": i.id, "model_type": i.model_type, "dir": i.dir, "device": i.backend,
         "blas": i.blas, "weights": i.weight_form, "mlx_version": i.mlx_version,
-        // The hybrids' recurrence: ops, mlx-native (Metal) or cuda-kernel, after its self-check.
+        // The hybrids' recurrence: ops, mlx-native (Metal), cuda-fused or cuda-kernel, after its self-check.
         "delta_rule": i.delta_rule.as_ref().map(|(path, why)| json!({"path": path, "why": why})),
         "context": i.context, "mtp_head": i.has_mtp, "draft_depth": loaded.draft_depth, "draft_depth_source": loaded.draft_depth_source,
         // Depths tuned per workload class (a request of the class runs at it; others at

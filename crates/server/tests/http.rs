@@ -376,7 +376,7 @@ async fn a_hybrids_status_names_its_delta_path() {
     let s = common::start_hybrid(|_| {}).await;
     let status: Value = reqwest::get(format!("{}/v1/status", s.base)).await.unwrap().json().await.unwrap();
     let path = status["delta_rule"]["path"].as_str().unwrap_or_default();
-    assert!(["ops", "mlx-native", "cuda-kernel"].contains(&path), "{status}");
+    assert!(["ops", "mlx-native", "cuda-kernel", "cuda-fused"].contains(&path), "{status}");
     assert!(!status["delta_rule"]["why"].as_str().unwrap_or_default().is_empty(), "{status}");
     if status["device"] == "cpu" {
         assert_eq!(path, "ops", "{status}");

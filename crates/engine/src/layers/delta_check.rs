@@ -5,7 +5,10 @@
 use mlx_rs::error::Exception;
 use mlx_rs::{ops, random, Array, Dtype};
 
+use mlx_rs::ops::indexing::{take_along_axis, IndexOp};
+
 use super::delta_path::{self, DeltaPath, DeltaReport};
+use super::moe_cuda::{self, Routing};
 use crate::device;
 
 /// How far a kernel's outputs may be from the operations': |a - b| <= tol * (1 + max |b|), per
@@ -21,21 +24,37 @@ impl Tolerance {
     pub const BF16_STATE: f32 = 8e-3;
 }
 
-/// Settles the path once per process: `wanted` (or the backend's kernel path) after its
-/// self-check, else `ops`. Later calls return the first decision.
+/// Settles the path once per process: `wanted` (or the first of the backend's kernel paths)
+/// whose self-check passes, else `ops`. Later calls return the first decision.
 pub fn choose(wanted: Option<DeltaPath>) -> &'static DeltaReport {
     delta_path::settle(|| {
-        let candidate = wanted.unwrap_or_else(|| DeltaPath::for_backend(device::backend()));
-        let report = match candidate {
-            DeltaPath::Ops => DeltaReport { path: DeltaPath::Ops, why: ops_reason(wanted.is_some()) },
-            kernel => match self_check(kernel) {
-                Ok(checked) => DeltaReport { path: kernel, why: checked },
-                Err(e) => {
-                    tracing::warn!("the {kernel} gated delta path failed its self-check, running ops: {e}");
-                    DeltaReport { path: DeltaPath::Ops, why: format!("{kernel} failed its self-check: {e}") }
-                }
-            },
+        let candidates = match wanted {
+            Some(DeltaPath::Ops) => Vec::new(),
+            Some(path) => vec![path],
+            None => DeltaPath::for_backend(device::backend()).to_vec(),
         };
+        let mut failures = Vec::new();
+        let mut report = None;
+        for &kernel in &candidates {
+            match self_check(kernel) {
+                Ok(checked) => {
+                    report = Some(DeltaReport { path: kernel, why: checked });
+                    break;
+                }
+                Err(e) => {
+                    tracing::warn!("the {kernel} gated delta path failed its self-check: {e}");
+                    failures.push(format!("{kernel} failed its self-check: {e}"));
+                }
+            }
+        }
+        let mut report = report.unwrap_or_else(|| DeltaReport {
+            path: DeltaPath::Ops,
+            why: if candidates.is_empty() { ops_reason(wanted.is_some()) } else { String::new() },
+        });
+        if !failures.is_empty() {
+            let why = std::mem::take(&mut report.why);
+            report.why = failures.into_iter().chain((!why.is_empty()).then_some(why)).collect::<Vec<_>>().join("; ");
+        }
         tracing::info!("gated delta rule: {} ({})", report.path, report.why);
         report
     })
@@ -77,6 +96,9 @@ pub fn self_check(candidate: DeltaPath) -> crate::error::Result<String> {
         if candidate == DeltaPath::Native {
             worst.push(format!("{dtype:?} prefill x{PREFILL_CHECKED}: {:.1e}", check_native_prefill(dtype)?));
         }
+        if candidate == DeltaPath::CudaFused {
+            worst.push(format!("{dtype:?} MoE: {:.1e}", check_moe_kernels(dtype)?));
+        }
     }
     Ok(format!("checked against ops, largest relative difference {}", worst.join(", ")))
 }
@@ -108,6 +130,62 @@ fn check_native_prefill(dtype: Dtype) -> crate::error::Result<f32> {
     let output = relative_difference(&format!("{dtype:?}, a {t}-position prefill: the output"), &y_ops, &y, tol)?;
     let state = relative_difference(&format!("{dtype:?}, a {t}-position prefill: the state"), &last_ops, &last, tol)?;
     Ok(output.max(state))
+}
+
+/// The `cuda-fused` path's MoE routing and combine (`moe_cuda.rs`) against the operations
+/// `moe.rs` runs, for a few tokens over 64 experts and a shared one, with and without
+/// normalised scores. The experts' outputs are a fixed table per (token, expert), so a routing
+/// that picks other experts shows in the result. Returns the largest relative difference.
+fn check_moe_kernels(dtype: Dtype) -> crate::error::Result<f32> {
+    let (tokens, experts, k, d) = (3, 64, 4, 256);
+    let normal = |i: u64, shape: &[i32]| -> Result<Array, Exception> {
+        random::normal::<f32>(shape, None, None, Some(&random::key(3000 + i)?))?.as_dtype(dtype)
+    };
+    let logits = normal(0, &[1, tokens, experts + 1])?.multiply(Array::from_f32(2.0))?;
+    let table = normal(1, &[1, tokens, experts + 1, d])?;
+    let residual = normal(2, &[1, tokens, d])?;
+    let mut largest = 0f32;
+    for normalize in [false, true] {
+        let routing = Routing { top_k: k, normalize, shared_id: Some(experts as u32) };
+        let expected = moe_by_operations(&logits, &table, &residual, &routing)?;
+        let routed = moe_cuda::route(&logits, &routing)?;
+        let got = moe_cuda::combine(&outputs_of(&table, &routed.ids)?, &routed.weights, &residual, &routing)?;
+        let tol = if dtype == Dtype::Float32 { Tolerance::F32 } else { Tolerance::BF16_OUTPUT };
+        let what = format!("{dtype:?}, the MoE step (normalised scores: {normalize})");
+        largest = largest.max(relative_difference(&what, &expected, &got, tol)?);
+    }
+    Ok(largest)
+}
+
+/// Each token's row of the experts' outputs `table` [.., experts (+ shared), D] at `ids`.
+fn outputs_of(table: &Array, ids: &Array) -> Result<Array, Exception> {
+    take_along_axis(table, &ops::expand_dims(ids, -1)?, -2)
+}
+
+/// What `moe.rs` computes for a few tokens when the experts' outputs are `table`: softmax,
+/// argpartition, the scores gathered, the shared expert appended, the compiled combine's graph.
+fn moe_by_operations(logits: &Array, table: &Array, residual: &Array, routing: &Routing) -> Result<Array, Exception> {
+    let (k, experts) = (routing.top_k, logits.dim(-1) - i32::from(routing.shared_id.is_some()));
+    let probs = ops::softmax_axis(logits.index((.., .., ..experts)), -1, true)?;
+    let top = ops::argpartition_axis(&probs, -k, -1)?.index((.., .., -k..));
+    let scores = take_along_axis(&probs, &top, -1)?;
+    let mut args = match routing.shared_id {
+        Some(id) => {
+            let batch = &top.shape()[..2];
+            let shared =
+                Array::from_iter(std::iter::repeat_n(id, (batch[0] * batch[1]) as usize), &[batch, &[1]].concat());
+            let y = outputs_of(table, &ops::concatenate(&[top, shared], -1)?)?;
+            vec![y.index((.., .., ..k, ..)), scores, y.index((.., .., k, ..)), logits.index((.., .., experts..))]
+        }
+        None => vec![outputs_of(table, &top)?, scores],
+    };
+    args.push(residual.clone());
+    let combined = if routing.normalize {
+        super::moe::combine_graph::<true>(&args)
+    } else {
+        super::moe::combine_graph::<false>(&args)
+    };
+    combined?.pop().ok_or_else(|| Exception::custom("the MoE combine returned nothing"))
 }
 
 /// max |expected - got| / (1 + max |expected|); an error naming `what` past `tol` (a NaN is
@@ -150,4 +228,31 @@ fn check_inputs(dtype: Dtype, s: i32) -> Result<Vec<Array>, Exception> {
         normal(8, &[nv], 0.5)?,
         normal(9, &[dv], 1.0)?.add(Array::from_f32(1.0))?.as_dtype(dtype)?,
     ])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_moe_reference_weights_the_top_experts_and_the_gated_shared_one() {
+        // Four experts with logits 0, 1, 2, 3 and a gate logit of 0; each expert's output is
+        // its id + 1 in every feature. Top 2: experts 3 and 2.
+        let logits = Array::from_slice(&[0f32, 1.0, 2.0, 3.0, 0.0], &[1, 1, 5]);
+        let table = Array::from_iter((0..5).flat_map(|e| [e as f32 + 1.0; 2]), &[1, 1, 5, 2]);
+        let residual = Array::from_slice(&[10f32, 20.0], &[1, 1, 2]);
+        let total: f32 = (0..4).map(|i| (i as f32).exp()).sum();
+        let (p3, p2) = (3f32.exp() / total, 2f32.exp() / total);
+        for normalize in [false, true] {
+            let routing = Routing { top_k: 2, normalize, shared_id: Some(4) };
+            let got = moe_by_operations(&logits, &table, &residual, &routing).unwrap();
+            let (w3, w2) = if normalize { (p3 / (p3 + p2), p2 / (p3 + p2)) } else { (p3, p2) };
+            let moe = 4.0 * w3 + 3.0 * w2 + 0.5 * 5.0;
+            let expected = [10.0 + moe, 20.0 + moe];
+            let got: Vec<f32> = got.as_slice().to_vec();
+            for (g, e) in got.iter().zip(expected) {
+                assert!((g - e).abs() < 1e-5, "normalize {normalize}: {got:?} vs {expected:?}");
+            }
+        }
+    }
 }

@@ -6,8 +6,12 @@
 //! - `mlx-native`: MLX's own `fast::gated_delta_update` (MLX >= 0.32.4), which runs Metal
 //!   kernels on a Mac (elsewhere its operations fallback). A verify pass calls it once per
 //!   position, so each position's state is there for a rollback and equals plain decoding's.
-//! - `cuda-kernel`: the engine's CUDA kernel (`delta_cuda.rs`), one launch for all positions,
-//!   the states of a verify pass included.
+//! - `cuda-kernel`: the engine's CUDA kernel for the recurrence (`delta_cuda.rs`), one launch
+//!   for all positions, the states of a verify pass included; conv, norms and gates as ops.
+//! - `cuda-fused`: everything between a layer's input and output projections in one CUDA
+//!   launch (`delta_fused.rs`): conv, norms, gates, recurrence and the gated norm; and, in the
+//!   MoE layers, the routing and the combine around the gathered matmuls as one launch each
+//!   (`moe_cuda.rs`). A CUDA machine tries it first, then `cuda-kernel`.
 //!
 //! A GPU's kernels cannot be trusted blind (a Metal kernel is never compiled off a Mac, and a
 //! CUDA kernel compiles at run time): `delta_check::choose` runs the candidate against the operations on
@@ -25,6 +29,7 @@ pub enum DeltaPath {
     Ops,
     Native,
     Cuda,
+    CudaFused,
 }
 
 impl DeltaPath {
@@ -33,19 +38,22 @@ impl DeltaPath {
             DeltaPath::Ops => "ops",
             DeltaPath::Native => "mlx-native",
             DeltaPath::Cuda => "cuda-kernel",
+            DeltaPath::CudaFused => "cuda-fused",
         }
     }
 
     pub fn parse(name: &str) -> Option<Self> {
-        [DeltaPath::Ops, DeltaPath::Native, DeltaPath::Cuda].into_iter().find(|p| p.name() == name)
+        [DeltaPath::Ops, DeltaPath::Native, DeltaPath::Cuda, DeltaPath::CudaFused]
+            .into_iter()
+            .find(|p| p.name() == name)
     }
 
-    /// The kernel path a backend offers (`Ops` where it has none).
-    pub fn for_backend(backend: Backend) -> Self {
+    /// The kernel paths a backend offers, the one to try first first (none on the CPU).
+    pub fn for_backend(backend: Backend) -> &'static [DeltaPath] {
         match backend {
-            Backend::Metal => DeltaPath::Native,
-            Backend::Cuda => DeltaPath::Cuda,
-            Backend::Cpu => DeltaPath::Ops,
+            Backend::Metal => &[DeltaPath::Native],
+            Backend::Cuda => &[DeltaPath::CudaFused, DeltaPath::Cuda],
+            Backend::Cpu => &[],
         }
     }
 }

@@ -15,6 +15,7 @@ use mlx_rs::{fast, ops, Array, Dtype};
 
 use super::delta_chunked::delta_rule_chunked;
 use super::delta_cuda;
+use super::delta_fused;
 use super::delta_path::{self, DeltaPath};
 use super::{Linear, Projections, RmsNorm};
 use crate::cache::LinearState;
@@ -69,11 +70,15 @@ impl GatedDeltaNet {
     pub fn forward(&self, x: &Array, state: &mut LinearState) -> Result<Array> {
         let (b, s) = (x.dim(0), x.dim(1));
         let (nk, nv, dk, dv) = (self.num_k_heads, self.num_v_heads, self.head_k_dim, self.head_v_dim);
+        let short = s < CHUNKED_FROM && self.norm.eps == DECODE_NORM_EPS;
+        if short && delta_path::current() == DeltaPath::CudaFused && delta_fused::fits(dk, dv) {
+            return self.fused_step(x, state);
+        }
         let [qkv, z, beta_logits, a] = <[Array; 4]>::try_from(self.inputs.forward(x)?)
             .map_err(|_| Exception::custom("a Gated DeltaNet layer needs four input projections"))?;
         let z = z.reshape(&[b, s, nv, dv])?;
 
-        if s < CHUNKED_FROM && self.norm.eps == DECODE_NORM_EPS {
+        if short {
             return self.short_step(&qkv, &z, &beta_logits, &a, state);
         }
         laps::lap("gated delta: input projections", &[&qkv, &z, &beta_logits, &a])?;
@@ -170,7 +175,9 @@ impl GatedDeltaNet {
             self.norm.weight.clone(),
         ];
         let path = match delta_path::current() {
-            DeltaPath::Cuda if !delta_cuda::fits(self.head_k_dim) => DeltaPath::Ops,
+            DeltaPath::Cuda | DeltaPath::CudaFused if !delta_cuda::fits(self.head_k_dim) => DeltaPath::Ops,
+            // Head sizes the fused step does not take: the recurrence alone as a kernel.
+            DeltaPath::CudaFused => DeltaPath::Cuda,
             path => path,
         };
         let record = state.record;
@@ -201,6 +208,42 @@ impl GatedDeltaNet {
     }
 }
 
+impl GatedDeltaNet {
+    /// A few positions on the `cuda-fused` path: the input projections as one array, then
+    /// everything up to the output projection in one launch (`delta_fused.rs`).
+    fn fused_step(&self, x: &Array, state: &mut LinearState) -> Result<Array> {
+        let proj = self.inputs.forward_joined(x)?;
+        let (b, s, channels) = (proj.dim(0), proj.dim(1), self.conv_weight.dim(0));
+        let tail = match state.conv.take() {
+            Some(t) => t,
+            None => ops::zeros_dtype(&[b, self.kernel - 1, channels], proj.dtype())?,
+        };
+        let recurrent = match state.recurrent.take() {
+            Some(r) => r,
+            None => ops::zeros_dtype(&[b, self.num_v_heads, self.head_v_dim, self.head_k_dim], Dtype::Float32)?,
+        };
+        let step = delta_fused::Step {
+            proj: &proj,
+            tail: &tail,
+            conv_weight: &self.conv_weight,
+            a_log: &self.a_log,
+            dt_bias: &self.dt_bias,
+            norm_weight: &self.norm.weight,
+            state: &recurrent,
+        };
+        let out = delta_fused::run(&step, state.record)?;
+        if state.record {
+            let qkv = proj.index((.., .., ..channels));
+            state.conv_window = Some(ops::concatenate(&[&tail, &qkv], 1)?);
+            state.steps = out.states.clone();
+        }
+        state.conv = Some(out.tail);
+        state.recurrent = out.states.last().cloned();
+        state.offset += s;
+        self.out_proj.forward(&out.y)
+    }
+}
+
 /// The z-gated norm's epsilon the compiled short steps are traced with (Qwen3-Next's and
 /// Qwen3.5's `rms_norm_eps`); a model with another takes the general path.
 const DECODE_NORM_EPS: f32 = 1e-6;
@@ -222,6 +265,17 @@ pub(crate) fn short_core_on(
     let (b, s) = (qkv.dim(0), qkv.dim(1));
     let (channels, nv, dv, dk) = (conv_weight.dim(0), a_log.dim(0), norm_weight.dim(0), recurrent.dim(-1));
     let nk = (channels - nv * dv) / (2 * dk);
+    if path == DeltaPath::CudaFused {
+        let proj = ops::concatenate(&[qkv, &z.reshape(&[b, s, nv * dv])?, beta_logits, a], -1)?;
+        let step = delta_fused::Step { proj: &proj, tail, conv_weight, a_log, dt_bias, norm_weight, state: recurrent };
+        let out = delta_fused::run(&step, record)?;
+        let mut outputs = vec![out.y, out.tail];
+        if record {
+            outputs.push(ops::concatenate(&[tail, qkv], 1)?);
+        }
+        outputs.extend(out.states);
+        return Ok(outputs);
+    }
     let conv_input = ops::concatenate(&[tail, qkv], 1)?;
     let new_tail = conv_input.index((.., s.., ..));
     let (q, k, v) = conv_qkv(&depthwise_conv(&conv_input, conv_weight)?, s, [nk, dk, nv, dv])?;
@@ -296,7 +350,9 @@ fn kernel_recurrence(
             let (y, state) = crate::ffi::gated_delta_update(q, k, v, &g, &beta, state)?;
             Ok((y, vec![state]))
         }
-        DeltaPath::Ops => Err(Exception::custom("the operations path has no kernel recurrence")),
+        DeltaPath::Ops | DeltaPath::CudaFused => {
+            Err(Exception::custom(format!("the {path} path has no separate kernel recurrence")))
+        }
     }
 }
 

@@ -9,6 +9,8 @@ use mlx_rs::ops::indexing::{Ellipsis, TryIndexOp};
 use mlx_rs::transforms::compile::compile;
 use mlx_rs::{ops, Array};
 
+use super::delta_path::{self, DeltaPath};
+use super::moe_cuda::{self, Routing};
 use super::switch::{SwitchGlu, SORT_FROM};
 use super::{Mlp, Projections};
 use crate::error::Result;
@@ -45,6 +47,9 @@ impl SparseMoe {
     /// `residual + moe(x)`: the residual is added inside the compiled combine, one kernel
     /// fewer than adding it after.
     pub fn forward_plus(&self, x: &Array, residual: Option<&Array>) -> Result<Array> {
+        if let Some((residual, routing)) = residual.and_then(|r| Some((r, self.kernel_routing(x, r)?))) {
+            return self.forward_kernels(x, residual, &routing);
+        }
         let mut logits = self.router.forward(x)?.into_iter();
         let (Some(router), shared_gate) = (logits.next(), logits.next()) else {
             return Err(Exception::custom("the MoE router returned nothing").into());
@@ -92,6 +97,30 @@ impl SparseMoe {
         Ok(out)
     }
 
+    /// How a few tokens route through the `cuda-fused` path's kernels (`moe_cuda.rs`), when
+    /// this process runs it and the layer's shape fits: the shared expert, if any, stored
+    /// with the routed ones.
+    fn kernel_routing(&self, x: &Array, residual: &Array) -> Option<Routing> {
+        let tokens = x.size() / x.dim(-1).max(1) as usize;
+        let few = tokens * (self.top_k as usize) < SORT_FROM;
+        if delta_path::current() != DeltaPath::CudaFused || !few || residual.dtype() != x.dtype() {
+            return None;
+        }
+        let shared_id = match &self.shared {
+            None => None,
+            Some(SharedExpert::InExperts { index, .. }) => Some(*index),
+            Some(SharedExpert::Mlp(_)) => return None,
+        };
+        Some(Routing { top_k: self.top_k, normalize: self.norm_topk_prob, shared_id })
+    }
+
+    /// `residual + moe(x)` with the routing and the combine as one launch each.
+    fn forward_kernels(&self, x: &Array, residual: &Array, routing: &Routing) -> Result<Array> {
+        let routed = moe_cuda::route(&self.router.forward_joined(x)?, routing)?;
+        let y = self.experts.forward(x, &routed.ids)?;
+        Ok(moe_cuda::combine(&y, &routed.weights, residual, routing)?)
+    }
+
     /// The routed experts' outputs, a lap of their own in a long prompt.
     fn experts_lapped(&self, x: &Array, top: &Array, long: bool) -> Result<Array> {
         let y = self.experts.forward(x, top)?;
@@ -116,7 +145,7 @@ thread_local! {
 /// Experts' outputs [.., K, D] and scores [.., K], then optionally the shared expert's output
 /// and its gate logit, then optionally the residual → `(residual +) sum(y * scores, K)
 /// (+ sigmoid(gate) * shared)`, as mlx-lm computes it.
-fn combine_graph<const NORMALIZE: bool>(args: &[Array]) -> std::result::Result<Vec<Array>, Exception> {
+pub(super) fn combine_graph<const NORMALIZE: bool>(args: &[Array]) -> std::result::Result<Vec<Array>, Exception> {
     let (y, scores, shared, residual) = match args {
         [y, scores] => (y, scores, None, None),
         [y, scores, residual] => (y, scores, None, Some(residual)),

@@ -80,6 +80,18 @@ impl Projections {
         }
     }
 
+    /// The projections of `x` side by side in one array, as the joined matmul gives them (the
+    /// separate ones concatenated).
+    pub fn forward_joined(&self, x: &Array) -> Result<Array> {
+        match self {
+            Projections::Separate(parts) => {
+                let outputs = parts.iter().map(|p| p.forward(x)).collect::<Result<Vec<_>>>()?;
+                Ok(ops::concatenate(&outputs, -1)?)
+            }
+            Projections::Joined { all, .. } => all.forward(x),
+        }
+    }
+
     /// The parts' output widths.
     pub fn widths(&self) -> Vec<i32> {
         match self {
@@ -123,6 +135,23 @@ mod tests {
         for (a, b) in joined.forward(&x).unwrap().iter().zip(&separate) {
             assert_eq!(a.shape(), b.shape());
             let diff = a.subtract(b).unwrap().abs().unwrap().max(None).unwrap().item_cast::<f32>();
+            assert_eq!(diff, 0.0);
+        }
+    }
+
+    #[test]
+    fn the_joined_output_is_the_parts_side_by_side() {
+        let x = random::normal::<f32>(&[1, 2, 64], None, None, Some(&random::key(5).unwrap())).unwrap();
+        for (projections, joined) in [
+            (Projections::new(vec![quantized(48, 4, 1), quantized(16, 4, 2)]).unwrap(), true),
+            (Projections::new(vec![quantized(16, 8, 1), quantized(32, 4, 2)]).unwrap(), false),
+        ] {
+            assert_eq!(matches!(projections, Projections::Joined { .. }), joined);
+            let parts = projections.forward(&x).unwrap();
+            let expected = ops::concatenate(&parts, -1).unwrap();
+            let got = projections.forward_joined(&x).unwrap();
+            assert_eq!(got.shape(), [1, 2, projections.widths().iter().sum::<i32>()]);
+            let diff = got.subtract(&expected).unwrap().abs().unwrap().max(None).unwrap().item_cast::<f32>();
             assert_eq!(diff, 0.0);
         }
     }

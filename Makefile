@@ -35,6 +35,7 @@ serve: build
 test:
 	@scripts/setup.sh --tests
 	$(CARGO) fmt --all --check
+	python3 scripts/check_house.py
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 	# What the server and app link, without the engine's developer tools (its `dev` feature).
 	$(CARGO) clippy -p ferrite-engine -p ferrite-server -p ferrite-store --lib -- -D warnings

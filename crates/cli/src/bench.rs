@@ -91,7 +91,7 @@ pub fn run(args: Args) -> Result<()> {
         "decode_tps": median(&mut decode),
         "prompt_tps": median(&mut prefill),
         "ttft_s": median(&mut ttft),
-        "peak_memory_bytes": engine::generate::peak_memory_bytes(),
+        "peak_memory_bytes": engine::memory::peak_memory_bytes(),
     });
     println!("{report}");
     Ok(())
@@ -109,7 +109,7 @@ fn cpu_seconds() -> f64 {
 }
 
 fn speculative(engine: &Engine, request: &GenerateRequest, prompts: &[Vec<u32>], runs: usize) -> Result<()> {
-    let costs = engine::speculative::measure_costs(engine.model(), &request.prompt, 10 * runs.max(1))?;
+    let costs = engine::costs::measure_costs(engine.model(), &request.prompt, 10 * runs.max(1))?;
     // Every prompt at this depth: pooled acceptance, and tokens over decode time.
     let decode = |depth: usize| -> Result<(f64, Option<engine::speculative::SpecStats>)> {
         let warm = GenerateRequest { draft_depth: depth, ..request.clone() };
@@ -142,7 +142,7 @@ fn speculative(engine: &Engine, request: &GenerateRequest, prompts: &[Vec<u32>],
         "depth", "verify cost", "acceptance by position", "tok/cycle", "tok/s", "bound (measured)", "bound (all ok)"
     );
     let mut rows = Vec::new();
-    for depth in 1..=engine::speculative::MAX_DRAFT_DEPTH {
+    for depth in 1..=engine::costs::MAX_DRAFT_DEPTH {
         let (tps, stats) = decode(depth)?;
         let stats = stats.unwrap_or_default();
         let acceptance = stats.acceptance();

@@ -18,7 +18,8 @@ use mlx_rs::{ops, Array};
 
 use crate::batch_cache::BatchCache;
 use crate::error::Result;
-use crate::generate::{Event, Generation};
+use crate::generate::Generation;
+use crate::request::Event;
 
 /// A split model's ranks follow rank 0's requests one at a time ([`crate::lockstep`]): when
 /// each joins or leaves a batch is not something the others could follow.

@@ -12,7 +12,7 @@
 
 use serde::Serialize;
 
-use crate::speculative::{Costs, MAX_DRAFT_DEPTH};
+use crate::costs::{Costs, MAX_DRAFT_DEPTH};
 
 /// Cycles between two decisions.
 const EVERY: usize = 4;

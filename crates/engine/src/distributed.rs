@@ -120,6 +120,19 @@ impl Group {
     }
 }
 
+/// Starts evaluating `arrays` in the background (the host builds the next step meanwhile), or,
+/// on a split model, evaluates them now. A collective that fails leaves MLX's ring with a dead
+/// connection thread, and any collective queued behind it waits forever: on a split model no
+/// collective is queued before the ones before it are known to have gone through.
+pub(crate) fn schedule<'a>(split: bool, arrays: impl IntoIterator<Item = &'a mlx_rs::Array>) -> Result<()> {
+    if split {
+        mlx_rs::transforms::eval(arrays)?;
+    } else {
+        mlx_rs::transforms::async_eval(arrays)?;
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     #[test]

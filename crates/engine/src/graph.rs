@@ -14,7 +14,7 @@ use mlx_rs::Array;
 
 use crate::error::Result;
 use crate::ffi;
-use crate::generate::{synthetic_prompt, Engine};
+use crate::engine::{synthetic_prompt, Engine};
 
 /// Operations of one step, by MLX primitive name, and where a step's time goes.
 #[derive(Debug, Clone, Default, serde::Serialize)]

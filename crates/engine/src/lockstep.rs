@@ -12,11 +12,12 @@ use serde::{Deserialize, Serialize};
 
 use crate::distributed::Group;
 use crate::error::{Error, Result};
-use crate::generate::{CancelToken, Engine, GenerateRequest};
+use crate::engine::Engine;
+use crate::request::{CancelToken, GenerateRequest};
 
 /// What rank 0 tells the other ranks to do.
 #[derive(Debug, Clone, Serialize, Deserialize)]
-pub(crate) enum Order {
+enum Order {
     /// Run this request to its end (or its agreed cancellation).
     Generate(Box<GenerateRequest>),
     ClearPromptCache,
@@ -24,19 +25,6 @@ pub(crate) enum Order {
     ReportMemory,
     /// Rank 0 is done: the others return from [`Engine::follow`].
     Dismiss,
-}
-
-/// Starts evaluating `arrays` in the background (the host builds the next step meanwhile), or,
-/// on a split model, evaluates them now. A collective that fails leaves MLX's ring with a dead
-/// connection thread, and any collective queued behind it waits forever: on a split model no
-/// collective is queued before the ones before it are known to have gone through.
-pub(crate) fn schedule<'a>(split: bool, arrays: impl IntoIterator<Item = &'a mlx_rs::Array>) -> Result<()> {
-    if split {
-        mlx_rs::transforms::eval(arrays)?;
-    } else {
-        mlx_rs::transforms::async_eval(arrays)?;
-    }
-    Ok(())
 }
 
 impl Group {
@@ -90,11 +78,21 @@ fn receive(group: &Group) -> Result<Order> {
 impl Engine {
     /// Rank 0 of a split model: tells the other ranks `order`. Alone, or on another rank,
     /// nothing.
-    pub(crate) fn tell_followers(&self, order: &Order) -> Result<()> {
+    fn tell_followers(&self, order: &Order) -> Result<()> {
         match self.group() {
             Some(group) if group.rank() == 0 => send(group, order),
             _ => Ok(()),
         }
+    }
+
+    /// Rank 0 of a split model: the other ranks run `request` too.
+    pub(crate) fn tell_followers_generate(&self, request: &GenerateRequest) -> Result<()> {
+        self.tell_followers(&Order::Generate(Box::new(request.clone())))
+    }
+
+    /// Rank 0 of a split model: the other ranks clear their prompt caches too.
+    pub(crate) fn tell_followers_clear(&self) -> Result<()> {
+        self.tell_followers(&Order::ClearPromptCache)
     }
 
     /// Whether this engine leads a split model (rank 0 of a group) — or runs alone.

@@ -51,6 +51,11 @@ pub fn kv_room_tokens(budget: u64, kv_bytes_per_token: u64) -> usize {
     (free / kv_bytes_per_token.max(1)).min(usize::MAX as u64) as usize
 }
 
+/// MLX's peak memory since the last reset (each request resets it).
+pub fn peak_memory_bytes() -> usize {
+    mlx_rs::memory::peak_memory().unwrap_or(0)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

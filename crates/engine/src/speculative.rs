@@ -20,6 +20,7 @@ use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
 use crate::cache::Cache;
+use crate::costs::MAX_DRAFT_DEPTH;
 use crate::depth_control::{CostModel, DepthChanges, DepthController};
 use crate::error::{Error, Result};
 use crate::grammar::Constraint;
@@ -27,8 +28,6 @@ use crate::logits::{self, Processors};
 use crate::models::{LanguageModel, MtpHead};
 use crate::penalties::{window_of, Penalties, Recent};
 use crate::sampling::Sampler;
-
-pub const MAX_DRAFT_DEPTH: usize = 4;
 
 /// Per-request statistics of speculative decoding.
 #[derive(Debug, Clone, Default, Serialize)]
@@ -301,7 +300,7 @@ impl<'m> Speculator<'m> {
                 head_steps += 1;
                 if constraint.is_some() {
                     // The head's next step runs while the host masks the grammar's next state.
-                    crate::lockstep::schedule(self.model.is_split(), [&g])?;
+                    crate::distributed::schedule(self.model.is_split(), [&g])?;
                 }
             }
             if let Some(c) = constraint.as_deref_mut() {
@@ -453,98 +452,4 @@ impl<'m> Speculator<'m> {
         }
         weights.iter().rposition(|&w| w > 0.0).map(|i| i as u32)
     }
-}
-
-/// What one speculative cycle costs relative to a plain decode step, measured on a model.
-#[derive(Debug, Clone, Serialize)]
-pub struct Costs {
-    /// Seconds per plain decode step (one token through the trunk, argmax read back).
-    pub plain_step_s: f64,
-    /// Seconds per MTP draft step (one position through the head, argmax read back).
-    pub draft_step_s: f64,
-    /// Seconds per verify pass of depth + 1 tokens, for depth = 1..=4.
-    pub verify_s: Vec<f64>,
-}
-
-impl Costs {
-    pub fn draft_ratio(&self) -> f64 {
-        self.draft_step_s / self.plain_step_s
-    }
-
-    pub fn verify_ratio(&self, depth: usize) -> f64 {
-        self.verify_s[depth - 1] / self.plain_step_s
-    }
-
-    /// Speed-up over plain decoding if the drafts at each position are accepted at these
-    /// rates: (1 + sum of acceptance) / (verify cost + depth x draft cost).
-    pub fn speedup_bound(&self, depth: usize, acceptance: &[f64]) -> f64 {
-        let accepted: f64 = acceptance.iter().take(depth).sum();
-        (1.0 + accepted) / (self.verify_ratio(depth) + depth as f64 * self.draft_ratio())
-    }
-}
-
-/// Times plain steps, draft steps and verify passes after a `prompt` prefill (`iters` of each,
-/// after one warm-up).
-pub fn measure_costs(model: &dyn LanguageModel, prompt: &[u32], iters: usize) -> Result<Costs> {
-    let head = model.mtp().ok_or_else(|| Error::Request("the model has no MTP head".into()))?;
-    let mut cache = model.new_cache();
-    let h = model.hidden(&Array::from_slice(prompt, &[1, prompt.len() as i32]), &mut cache)?;
-    let h = h.index((.., -1.., ..));
-    eval(cache.arrays().into_iter().chain([&h]))?;
-    let token = |i: usize| prompt[i % prompt.len()];
-    let argmax = |logits: &Array| ops::indexing::argmax_axis(logits.index((.., -1, ..)), -1, None);
-    let time = |f: &mut dyn FnMut(usize) -> Result<()>| -> Result<f64> {
-        f(0)?;
-        let t = Instant::now();
-        for i in 1..=iters {
-            f(i)?;
-        }
-        Ok(t.elapsed().as_secs_f64() / iters as f64)
-    };
-
-    // A plain step as decoding runs it: each step's graph is built while the one before it
-    // computes (`generate.rs` pipelines plain decoding), whereas a speculative cycle waits for
-    // its verify pass. Timed one step at a time, a plain step would carry host work that
-    // decoding hides (on a GPU, half again its real cost) and drafting would look cheaper.
-    let plain_step_s = {
-        let step = |input: &Array, cache: &mut Cache| -> Result<Array> {
-            let y = argmax(&model.forward(&input.reshape(&[1, 1])?, cache)?)?;
-            async_eval([&y])?;
-            Ok(y)
-        };
-        let mut y = step(&Array::from_slice(&[token(0)], &[1, 1]), &mut cache)?;
-        y.eval()?;
-        let steps = 3 * iters.max(1);
-        let t = Instant::now();
-        for _ in 0..steps {
-            let next = step(&y, &mut cache)?;
-            y.eval()?;
-            y = next;
-        }
-        y.eval()?;
-        t.elapsed().as_secs_f64() / steps as f64
-    };
-
-    let mut mtp_cache = head.new_cache();
-    let draft_step_s = time(&mut |i| {
-        let x = head.forward(model, &h, &Array::from_slice(&[token(i)], &[1, 1]), &mut mtp_cache)?;
-        let y = argmax(&head.logits(model, &x)?)?;
-        y.eval()?;
-        mtp_cache.rollback(1)?;
-        Ok(())
-    })?;
-
-    cache.set_record(true);
-    let mut verify_s = Vec::new();
-    for depth in 1..=MAX_DRAFT_DEPTH {
-        verify_s.push(time(&mut |i| {
-            let ids: Vec<u32> = (0..=depth).map(|j| token(i + j)).collect();
-            let hidden = model.hidden(&Array::from_slice(&ids, &[1, ids.len() as i32]), &mut cache)?;
-            let y = ops::indexing::argmax_axis(&model.logits(&hidden)?, -1, None)?;
-            eval([&y, &hidden])?;
-            cache.rollback(depth as i32)?;
-            Ok(())
-        })?);
-    }
-    Ok(Costs { plain_step_s, draft_step_s, verify_s })
 }

@@ -70,7 +70,7 @@ impl Override {
     /// `FERRITE_CPU_WEIGHTS` (unset reads as `auto`); a value it refuses is a config error
     /// naming the variable.
     pub fn from_env() -> crate::Result<Override> {
-        crate::models::from_env("FERRITE_CPU_WEIGHTS", Override::parse)
+        crate::config::from_env("FERRITE_CPU_WEIGHTS", Override::parse)
     }
 }
 

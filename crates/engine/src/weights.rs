@@ -280,3 +280,23 @@ mod fuzz {
         }
     }
 }
+
+#[cfg(all(test, unix))]
+mod tests {
+    use super::*;
+
+    /// A checkpoint in the hub layout: `snapshots/REV/` holds links into `blobs/`.
+    #[test]
+    fn a_hub_snapshot_of_links_weighs_its_blobs() {
+        let repo = tempfile::tempdir().unwrap();
+        let (blobs, snapshot) = (repo.path().join("blobs"), repo.path().join("snapshots/abc123"));
+        std::fs::create_dir_all(&blobs).unwrap();
+        std::fs::create_dir_all(&snapshot).unwrap();
+        for (name, blob, bytes) in [("model-00001.safetensors", "1f2e", 3000), ("model-00002.safetensors", "9a8b", 500)] {
+            std::fs::write(blobs.join(blob), vec![0u8; bytes]).unwrap();
+            std::os::unix::fs::symlink(format!("../../blobs/{blob}"), snapshot.join(name)).unwrap();
+        }
+        assert_eq!(weight_bytes(&snapshot).unwrap(), 3500);
+        assert_eq!(weight_files(&snapshot).unwrap().len(), 2);
+    }
+}

@@ -13,13 +13,14 @@ use tokio_stream::wrappers::UnboundedReceiverStream;
 
 use crate::error::ApiError;
 use crate::tools::{CallEvent, ParsedCall};
-use crate::worker::{Clamp, ClampedBy, JobEvent, Prompt, Running};
+use crate::job::{Clamp, ClampedBy, JobEvent, Prompt};
+use crate::worker::Running;
 use crate::Loaded;
 
 /// What a request asks of the generation, with the names its protocol gives the fields (an
 /// error names the field the client sent).
 pub struct Settings {
-    /// None: the client set no limit, and the server chooses one ([`crate::worker::NOT_ASKED`]).
+    /// None: the client set no limit, and the server chooses one ([`crate::job::NOT_ASKED`]).
     pub max_tokens: Option<usize>,
     pub max_tokens_field: &'static str,
     pub stop: Vec<String>,
@@ -45,7 +46,7 @@ impl Settings {
             stop: self.stop,
             draft_depth: loaded.draft_depth,
             ignore_eos: self.ignore_eos,
-            ..GenerateRequest::greedy(vec![], self.max_tokens.unwrap_or(crate::worker::NOT_ASKED))
+            ..GenerateRequest::greedy(vec![], self.max_tokens.unwrap_or(crate::job::NOT_ASKED))
         })
     }
 }
@@ -272,7 +273,7 @@ pub fn depth_for_class(loaded: &Loaded, prompt: &Prompt, request: &mut GenerateR
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::worker::JobError;
+    use crate::job::JobError;
 
     fn delta(content: &str, calls: Vec<CallEvent>) -> JobEvent {
         JobEvent::Delta { content: content.into(), reasoning: String::new(), tool_calls: calls }

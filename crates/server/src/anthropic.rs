@@ -17,7 +17,7 @@ use serde_json::Value;
 use crate::answer::{self, Answer, Finish, Settings, Step, TemplateTool};
 use crate::error::{parse, AnthropicError, ApiError};
 use crate::tool_choice::{self, ToolChoice};
-use crate::worker::{ClampedBy, Prompt};
+use crate::job::{ClampedBy, Prompt};
 use crate::AppState;
 
 #[derive(Debug, Deserialize)]

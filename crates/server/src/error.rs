@@ -5,7 +5,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 
-use crate::worker::JobError;
+use crate::job::JobError;
 
 #[derive(Debug, Clone)]
 pub struct ApiError {

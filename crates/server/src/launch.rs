@@ -124,9 +124,9 @@ pub fn draft_depth(arg: &str, dir: &Path, profile: ProfileName) -> Result<(usize
     let depth: usize =
         arg.parse().map_err(|_| anyhow::anyhow!("--draft-depth: `{arg}` is neither a number nor `auto`"))?;
     anyhow::ensure!(
-        depth <= engine::speculative::MAX_DRAFT_DEPTH,
+        depth <= engine::costs::MAX_DRAFT_DEPTH,
         "--draft-depth: at most {}",
-        engine::speculative::MAX_DRAFT_DEPTH
+        engine::costs::MAX_DRAFT_DEPTH
     );
     Ok((depth, "given on the command line".into()))
 }

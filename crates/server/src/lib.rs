@@ -12,13 +12,17 @@ pub mod error;
 mod fuzz;
 pub mod guard;
 pub mod history;
+pub mod job;
+mod job_run;
 pub mod launch;
 pub mod live;
 pub mod metrics;
+pub mod model_info;
 pub mod models;
 pub mod openai;
 pub mod response_format;
 pub mod responses;
+mod responses_output;
 pub mod scripted;
 pub mod think;
 pub mod tool_choice;
@@ -238,7 +242,7 @@ impl AppState {
 
     /// The defaults that change speed, on every generation response, and the most tokens the
     /// answer may have (with the request's own number when it was more than the context left).
-    pub fn speed_headers(&self, loaded: &Loaded, max_tokens: usize, clamped: Option<worker::Clamp>) -> HeaderMap {
+    pub fn speed_headers(&self, loaded: &Loaded, max_tokens: usize, clamped: Option<job::Clamp>) -> HeaderMap {
         let mut h = HeaderMap::new();
         let mut put = |k: &'static str, v: String| {
             if let Ok(v) = HeaderValue::from_str(&v) {
@@ -253,7 +257,7 @@ impl AppState {
         // Who set the limit: the request's own number, or the server (lowered from the
         // request's, or chosen where the request asked none).
         put("x-ferrite-max-tokens-set-by", clamped.map_or("request", |c| c.by.name()).into());
-        if let Some(c @ worker::Clamp { asked: Some(asked), .. }) = clamped {
+        if let Some(c @ job::Clamp { asked: Some(asked), .. }) = clamped {
             put("x-ferrite-max-tokens-clamped-from", asked.to_string());
             put("x-ferrite-max-tokens-clamped-by", c.by.name().into());
         }
@@ -443,7 +447,7 @@ fn speculation_or_batch(rule: &engine::batch_rule::BatchRule, profile: &engine::
 }
 
 /// A split model's ranks for `/v1/status` (`None`: the model is whole here).
-fn ranks_json(info: &worker::ModelInfo, metrics: &metrics::Metrics) -> Option<serde_json::Value> {
+fn ranks_json(info: &model_info::ModelInfo, metrics: &metrics::Metrics) -> Option<serde_json::Value> {
     let (hosts, backend) = info.split.as_ref()?;
     let seen = metrics.ranks();
     Some(json!({

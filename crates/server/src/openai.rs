@@ -21,7 +21,7 @@ use crate::error::{parse, ApiError};
 use crate::response_format::{Expect, ResponseFormat};
 use crate::tool_choice::{self, ToolChoice};
 use crate::tools::ParsedCall;
-use crate::worker::Prompt;
+use crate::job::Prompt;
 
 use crate::{AppState, Loaded};
 

@@ -27,7 +27,8 @@ use crate::openai::Content;
 use crate::response_format::{self, Expect};
 use crate::tool_choice::{self, ToolChoice};
 use crate::tools::ParsedCall;
-use crate::worker::Prompt;
+use crate::job::Prompt;
+use crate::responses_output::{Event, Incomplete, InputDetails, Item, OutputDetails, OutputText, ResponseObject, Sequenced, SummaryText, Usage};
 use crate::AppState;
 
 /// What a Responses request carries that Ferrite reads. Also accepted and not used (nothing to
@@ -741,149 +742,6 @@ impl EventStream {
         self.items.push(item);
         out
     }
-}
-
-/// The response object (also the payload of `response.created` and `response.completed`).
-#[derive(Serialize)]
-struct ResponseObject {
-    id: String,
-    object: &'static str,
-    created_at: u64,
-    status: &'static str,
-    model: String,
-    output: Vec<Item>,
-    usage: Option<Usage>,
-    incomplete_details: Option<Incomplete>,
-    error: Option<String>,
-    parallel_tool_calls: bool,
-    /// Always false: Ferrite keeps no responses, whatever the request's `store` said.
-    store: bool,
-    tool_choice: &'static str,
-    tools: Vec<Value>,
-}
-
-#[derive(Serialize)]
-struct Incomplete {
-    reason: &'static str,
-}
-
-/// An output item.
-#[derive(Clone, Serialize)]
-#[serde(tag = "type", rename_all = "snake_case")]
-enum Item {
-    Reasoning { id: String, summary: Vec<SummaryText> },
-    Message { id: String, status: &'static str, role: &'static str, content: Vec<OutputText> },
-    FunctionCall { id: String, call_id: String, name: String, arguments: String, status: &'static str },
-    CustomToolCall { id: String, call_id: String, name: String, input: String, status: &'static str },
-}
-
-#[derive(Clone, Serialize)]
-struct SummaryText {
-    #[serde(rename = "type")]
-    kind: &'static str,
-    text: String,
-}
-
-impl SummaryText {
-    fn new(text: &str) -> Self {
-        SummaryText { kind: "summary_text", text: text.to_string() }
-    }
-}
-
-#[derive(Clone, Serialize)]
-struct OutputText {
-    #[serde(rename = "type")]
-    kind: &'static str,
-    text: String,
-    annotations: Vec<Value>,
-}
-
-impl OutputText {
-    fn new(text: &str) -> Self {
-        OutputText { kind: "output_text", text: text.to_string(), annotations: vec![] }
-    }
-}
-
-#[derive(Serialize)]
-struct Usage {
-    input_tokens: usize,
-    input_tokens_details: InputDetails,
-    output_tokens: usize,
-    output_tokens_details: OutputDetails,
-    total_tokens: usize,
-}
-
-#[derive(Serialize)]
-struct InputDetails {
-    cached_tokens: usize,
-}
-
-#[derive(Serialize)]
-struct OutputDetails {
-    reasoning_tokens: usize,
-}
-
-impl Usage {
-    fn of(answer: &Answer) -> Self {
-        let u = &answer.summary.usage;
-        Usage {
-            input_tokens: u.prompt_tokens,
-            input_tokens_details: InputDetails { cached_tokens: u.cached_tokens },
-            output_tokens: u.completion_tokens,
-            output_tokens_details: OutputDetails { reasoning_tokens: answer.reasoning_tokens },
-            total_tokens: u.prompt_tokens + u.completion_tokens,
-        }
-    }
-}
-
-/// A streamed event and its place in the stream.
-#[derive(Serialize)]
-struct Sequenced<'a> {
-    #[serde(flatten)]
-    event: &'a Event,
-    sequence_number: u64,
-}
-
-/// The Responses stream's events; the SSE event's name is the payload's `type`.
-#[derive(Serialize)]
-#[serde(tag = "type")]
-enum Event {
-    #[serde(rename = "response.created")]
-    Created { response: ResponseObject },
-    #[serde(rename = "response.output_item.added")]
-    OutputItemAdded { output_index: usize, item: Item },
-    #[serde(rename = "response.output_item.done")]
-    OutputItemDone { output_index: usize, item: Item },
-    #[serde(rename = "response.content_part.added")]
-    ContentPartAdded { item_id: String, output_index: usize, content_index: usize, part: OutputText },
-    #[serde(rename = "response.content_part.done")]
-    ContentPartDone { item_id: String, output_index: usize, content_index: usize, part: OutputText },
-    #[serde(rename = "response.output_text.delta")]
-    OutputTextDelta { item_id: String, output_index: usize, content_index: usize, delta: String },
-    #[serde(rename = "response.output_text.done")]
-    OutputTextDone { item_id: String, output_index: usize, content_index: usize, text: String },
-    #[serde(rename = "response.reasoning_summary_part.added")]
-    ReasoningSummaryPartAdded { item_id: String, output_index: usize, summary_index: usize, part: SummaryText },
-    #[serde(rename = "response.reasoning_summary_part.done")]
-    ReasoningSummaryPartDone { item_id: String, output_index: usize, summary_index: usize, part: SummaryText },
-    #[serde(rename = "response.reasoning_summary_text.delta")]
-    ReasoningSummaryTextDelta { item_id: String, output_index: usize, summary_index: usize, delta: String },
-    #[serde(rename = "response.reasoning_summary_text.done")]
-    ReasoningSummaryTextDone { item_id: String, output_index: usize, summary_index: usize, text: String },
-    #[serde(rename = "response.function_call_arguments.delta")]
-    FunctionCallArgumentsDelta { item_id: String, output_index: usize, delta: String },
-    #[serde(rename = "response.function_call_arguments.done")]
-    FunctionCallArgumentsDone { item_id: String, output_index: usize, arguments: String },
-    #[serde(rename = "response.custom_tool_call_input.delta")]
-    CustomToolCallInputDelta { item_id: String, output_index: usize, delta: String },
-    #[serde(rename = "response.custom_tool_call_input.done")]
-    CustomToolCallInputDone { item_id: String, output_index: usize, input: String },
-    #[serde(rename = "response.completed")]
-    Completed { response: ResponseObject },
-    #[serde(rename = "response.incomplete")]
-    Incomplete { response: ResponseObject },
-    #[serde(rename = "error")]
-    Error { message: String },
 }
 
 #[cfg(test)]

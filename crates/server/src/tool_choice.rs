@@ -10,7 +10,7 @@ use engine::Grammar;
 use serde_json::{json, Value};
 
 use crate::error::ApiError;
-use crate::worker::Prompt;
+use crate::job::Prompt;
 
 /// The tools a chat prompt offers, in the chat template's form.
 pub fn offered(prompt: &Prompt) -> Vec<Value> {

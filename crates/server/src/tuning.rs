@@ -17,7 +17,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
 use crate::error::ApiError;
-use crate::worker::TuneJob;
+use crate::job::TuneJob;
 use crate::{AppState, Loaded};
 
 /// What the UI shows about tuning: the run in progress, or the last one's outcome.

@@ -477,7 +477,8 @@ async fn idle_http2_connections_and_stalled_bodies_are_dropped() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_client_that_stops_reading_is_let_go() {
-    use server::worker::{JobEvent, Prompt, WorkerOptions};
+    use server::job::{JobEvent, Prompt};
+    use server::worker::WorkerOptions;
     let stall = std::time::Duration::from_millis(300);
     let s = common::start_full_options(WorkerOptions { client_stall: Some(stall), ..Default::default() }).await;
     let worker = s.state.loaded().worker.clone();

@@ -10,16 +10,5 @@ pub mod smc;
 pub mod thermal;
 
 pub use memory::Memory;
-pub use sampler::Sampler;
+pub use sampler::{Sampler, Snapshot};
 pub use thermal::Thermal;
-
-use serde::Serialize;
-
-/// Everything at one moment.
-#[derive(Debug, Clone, Default, Serialize)]
-pub struct Snapshot {
-    /// Milliseconds since the Unix epoch.
-    pub taken_at_ms: u64,
-    pub memory: Memory,
-    pub thermal: Thermal,
-}

@@ -4,7 +4,19 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use crate::{memory, thermal, Snapshot};
+use serde::Serialize;
+
+use crate::memory::{self, Memory};
+use crate::thermal::{self, Thermal};
+
+/// Everything at one moment.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Snapshot {
+    /// Milliseconds since the Unix epoch.
+    pub taken_at_ms: u64,
+    pub memory: Memory,
+    pub thermal: Thermal,
+}
 
 pub struct Sampler {
     latest: Arc<Mutex<Snapshot>>,

@@ -3,7 +3,6 @@
 //! The protocol (struct layout, key codes, value encodings) is plain data and compiles and is
 //! tested everywhere; only the IOKit calls in [`iokit`] are macOS's.
 
-use crate::thermal::Fan;
 
 /// The request and answer of the SMC user client (`SMCKeyData_t` of Apple's `smc.h`, as
 /// smcFanControl and every fan tool use it).
@@ -70,15 +69,16 @@ pub fn decode(data_type: u32, bytes: &[u8]) -> Option<f64> {
     }
 }
 
-/// The fans, given a way to read a key's (type, bytes): the count from `FNum`, then each
-/// fan's actual speed `F{i}Ac`. A machine without fans (a MacBook Air) reports none.
-pub fn read_fans(mut read_key: impl FnMut(&str) -> Option<(u32, Vec<u8>)>) -> Vec<Fan> {
+/// The fans' speeds as (fan index, rpm), given a way to read a key's (type, bytes): the count
+/// from `FNum`, then each fan's actual speed `F{i}Ac`. A machine without fans (a MacBook Air)
+/// reports none.
+pub fn fan_speeds(mut read_key: impl FnMut(&str) -> Option<(u32, Vec<u8>)>) -> Vec<(usize, u64)> {
     let count = read_key("FNum").and_then(|(t, b)| decode(t, &b)).unwrap_or(0.0) as usize;
     (0..count.min(10))
         .filter_map(|i| {
             let (t, b) = read_key(&format!("F{i}Ac"))?;
             let rpm = decode(t, &b)?;
-            (rpm.is_finite() && rpm >= 0.0).then(|| Fan { label: format!("Fan {}", i + 1), rpm: rpm.round() as u64 })
+            (rpm.is_finite() && rpm >= 0.0).then(|| (i, rpm.round() as u64))
         })
         .collect()
 }
@@ -182,6 +182,7 @@ pub mod iokit {
 
 #[cfg(test)]
 mod tests {
+    use crate::thermal::{fans_from_speeds, Fan};
     use super::*;
 
     #[test]
@@ -206,14 +207,14 @@ mod tests {
     #[test]
     fn fans_are_read_by_count_then_speed() {
         let flt = u32::from_be_bytes(*b"flt ");
-        let fans = read_fans(|key| match key {
+        let fans = fans_from_speeds(fan_speeds(|key| match key {
             "FNum" => Some((u32::from_be_bytes(*b"ui8 "), vec![2])),
             "F0Ac" => Some((flt, 1200.4f32.to_le_bytes().to_vec())),
             "F1Ac" => Some((flt, 2411.6f32.to_le_bytes().to_vec())),
             _ => None,
-        });
+        }));
         assert_eq!(fans, vec![Fan { label: "Fan 1".into(), rpm: 1200 }, Fan { label: "Fan 2".into(), rpm: 2412 }]);
         // No fans (or no SMC answer): none reported, nothing made up.
-        assert!(read_fans(|_| None).is_empty());
+        assert!(fan_speeds(|_| None).is_empty());
     }
 }

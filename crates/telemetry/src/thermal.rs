@@ -33,12 +33,17 @@ impl Thermal {
     }
 }
 
+/// Fans as the window shows them ("Fan 1", …) from (fan index, rpm) readings.
+pub fn fans_from_speeds(speeds: Vec<(usize, u64)>) -> Vec<Fan> {
+    speeds.into_iter().map(|(i, rpm)| Fan { label: format!("Fan {}", i + 1), rpm }).collect()
+}
+
 /// Reads this machine's figures.
 pub fn read() -> Thermal {
     #[cfg(target_os = "macos")]
     {
         let fans = crate::smc::iokit::Smc::open()
-            .map(|smc| crate::smc::read_fans(|key| smc.read_key(key)))
+            .map(|smc| fans_from_speeds(crate::smc::fan_speeds(|key| smc.read_key(key))))
             .unwrap_or_default();
         Thermal { fans, temperatures: vec![], state: macos::thermal_state() }
     }

@@ -31,26 +31,3 @@ pub use mlp::Mlp;
 pub use moe::SparseMoe;
 pub use norm::RmsNorm;
 pub use projections::Projections;
-
-use std::cell::RefCell;
-
-use mlx_rs::error::Exception;
-use mlx_rs::transforms::compile::compile;
-use mlx_rs::{ops, Array};
-
-type Binary = Box<dyn for<'a> FnMut((&'a Array, &'a Array)) -> Result<Array, Exception>>;
-
-thread_local! {
-    /// SwiGLU compiled once per thread (shapeless), so its three element-wise ops run as one
-    /// fused kernel, as mlx-lm's `@mx.compile` swiglu does.
-    static SWIGLU: RefCell<Binary> = RefCell::new(Box::new(compile(swiglu_graph, true)));
-}
-
-fn swiglu_graph((gate, up): (&Array, &Array)) -> Result<Array, Exception> {
-    gate.multiply(ops::sigmoid(gate)?)?.multiply(up)
-}
-
-/// `silu(gate) * up`, the SwiGLU gate (mlx-lm's `swiglu`).
-pub fn swiglu(gate: &Array, up: &Array) -> Result<Array, Exception> {
-    SWIGLU.with_borrow_mut(|f| f((gate, up)))
-}

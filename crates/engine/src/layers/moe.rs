@@ -11,7 +11,7 @@ use mlx_rs::{ops, Array};
 
 use super::delta_path::{self, DeltaPath};
 use super::moe_cuda::{self, Routing};
-use super::switch::{SwitchGlu, SORT_FROM};
+use super::switch::{SwitchGateUp, SwitchGlu, SORT_FROM};
 use super::{Mlp, Projections};
 use crate::error::Result;
 use crate::laps;
@@ -37,6 +37,39 @@ pub enum SharedExpert {
     /// to it with the others, in the same gathered matmuls; a long prompt, whose gathered
     /// matmuls group rows by expert, runs its own MLP (a plain matmul over every row).
     InExperts { index: u32, mlp: Mlp },
+}
+
+impl SharedExpert {
+    /// Takes the shared expert in as one more expert when its matrices are stored as the
+    /// routed experts' are (Qwen3-Next and Qwen3.5 give it the same width): then it runs in
+    /// the same two gathered matmuls as the routed ones instead of three dispatches of its
+    /// own. Otherwise it stays an MLP beside them.
+    pub fn take_in_shared(experts: &mut SwitchGlu, shared: Mlp) -> Result<SharedExpert> {
+        let index = experts.down_proj.experts() as u32;
+        let gate_up = match (&experts.gate_up, &shared.gate_up) {
+            (SwitchGateUp::Joined { both, hidden }, Projections::Joined { all, .. })
+                if shared.gate_up.widths() == [*hidden, *hidden] =>
+            {
+                both.with_extra(all)?.map(|both| SwitchGateUp::Joined { both, hidden: *hidden })
+            }
+            (SwitchGateUp::Separate { gate, up }, Projections::Separate(parts)) if parts.len() == 2 => {
+                match (gate.with_extra(&parts[0])?, up.with_extra(&parts[1])?) {
+                    (Some(gate), Some(up)) => Some(SwitchGateUp::Separate { gate, up }),
+                    _ => None,
+                }
+            }
+            _ => None,
+        };
+        let down = experts.down_proj.with_extra(&shared.down_proj)?;
+        match (gate_up, down) {
+            (Some(gate_up), Some(down_proj)) => {
+                experts.gate_up = gate_up;
+                experts.down_proj = down_proj;
+                Ok(SharedExpert::InExperts { index, mlp: shared })
+            }
+            _ => Ok(SharedExpert::Mlp(shared)),
+        }
+    }
 }
 
 impl SparseMoe {

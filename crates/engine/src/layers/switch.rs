@@ -6,8 +6,8 @@ use mlx_rs::{ops, Array};
 
 use super::linear::Packed;
 use super::measured::{Form, Measured};
-use super::moe::SharedExpert;
-use super::{swiglu, Linear, Mlp, Projections};
+use super::mlp::swiglu;
+use super::{Linear, Mlp, Projections};
 use crate::error::Result;
 
 /// From this many (token, expert) pairs on, the gathered matmuls group rows by expert.
@@ -164,7 +164,7 @@ impl SwitchLinear {
     }
 
     /// Experts in the stack.
-    fn experts(&self) -> i32 {
+    pub(super) fn experts(&self) -> i32 {
         match self {
             SwitchLinear::Dense { weight } => weight.dim(0),
             SwitchLinear::Quantized { packed } => packed.weight.dim(0),
@@ -173,7 +173,7 @@ impl SwitchLinear {
 
     /// This stack with `extra` (one more expert's matrix) appended as the last expert, when
     /// it is stored alike (same dtype or quantization spec, same shape, no bias).
-    fn with_extra(&self, extra: &Linear) -> Result<Option<SwitchLinear>> {
+    pub(super) fn with_extra(&self, extra: &Linear) -> Result<Option<SwitchLinear>> {
         let fits = |stack: &Array, one: &Array| stack.shape()[1..] == *one.shape() && stack.dtype() == one.dtype();
         let as_expert = |one: &Array| ops::expand_dims(one, 0);
         let joined = match (self, extra) {
@@ -230,37 +230,6 @@ impl SwitchGlu {
             None => SwitchGateUp::Separate { gate, up },
         };
         Ok(SwitchGlu { gate_up, down_proj, long_prompts })
-    }
-
-    /// Takes the shared expert in as one more expert when its matrices are stored as the
-    /// routed experts' are (Qwen3-Next and Qwen3.5 give it the same width): then it runs in
-    /// the same two gathered matmuls as the routed ones instead of three dispatches of its
-    /// own. Otherwise it stays an MLP beside them.
-    pub fn take_in_shared(&mut self, shared: Mlp) -> Result<SharedExpert> {
-        let index = self.down_proj.experts() as u32;
-        let gate_up = match (&self.gate_up, &shared.gate_up) {
-            (SwitchGateUp::Joined { both, hidden }, Projections::Joined { all, .. })
-                if shared.gate_up.widths() == [*hidden, *hidden] =>
-            {
-                both.with_extra(all)?.map(|both| SwitchGateUp::Joined { both, hidden: *hidden })
-            }
-            (SwitchGateUp::Separate { gate, up }, Projections::Separate(parts)) if parts.len() == 2 => {
-                match (gate.with_extra(&parts[0])?, up.with_extra(&parts[1])?) {
-                    (Some(gate), Some(up)) => Some(SwitchGateUp::Separate { gate, up }),
-                    _ => None,
-                }
-            }
-            _ => None,
-        };
-        let down = self.down_proj.with_extra(&shared.down_proj)?;
-        match (gate_up, down) {
-            (Some(gate_up), Some(down_proj)) => {
-                self.gate_up = gate_up;
-                self.down_proj = down_proj;
-                Ok(SharedExpert::InExperts { index, mlp: shared })
-            }
-            _ => Ok(SharedExpert::Mlp(shared)),
-        }
     }
 
     /// `x`: [B, L, D], `indices`: [B, L, K] → [B, L, K, D].

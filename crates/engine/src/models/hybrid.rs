@@ -11,6 +11,7 @@ use crate::config::{ModelConfig, Quantization};
 use crate::error::Result;
 use crate::layers::gated_delta::fused_input_rows;
 use crate::layers::parallel::Split;
+use crate::layers::moe::SharedExpert;
 use crate::layers::{DecoderLayer, FeedForward, GatedDeltaNet, JoinGroup, Loader, Mixer, SparseMoe};
 use crate::weights::Weights;
 
@@ -130,7 +131,7 @@ fn feed_forward(c: &ModelConfig, ld: &mut Loader, i: i32, p: &str) -> Result<Fee
     let (router, shared) = if c.shared_expert_intermediate_size > 0 {
         let shared_gate = ld.linear(&format!("{p}.shared_expert_gate"), h, 1, false)?;
         let mlp = qwen3::mlp(ld, &format!("{p}.shared_expert"), h, c.shared_expert_intermediate_size)?;
-        (vec![router, shared_gate], Some(experts.take_in_shared(mlp)?))
+        (vec![router, shared_gate], Some(SharedExpert::take_in_shared(&mut experts, mlp)?))
     } else {
         (vec![router], None)
     };

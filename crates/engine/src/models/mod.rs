@@ -1,6 +1,7 @@
 //! Model architectures, one file each, and the decoder trunk they share.
 
 pub mod hybrid;
+mod language_model;
 pub mod mtp;
 pub mod qwen3;
 pub mod qwen3_5;
@@ -15,64 +16,23 @@ use mlx_rs::Array;
 use crate::architecture::Architecture;
 use crate::batch_cache::BatchCache;
 use crate::cache::Cache;
-use crate::config::ModelConfig;
+use crate::config::{from_env, ModelConfig};
 use crate::error::{Error, Result};
 use crate::layers::parallel::Shard;
 use crate::layers::{Joins, Loader};
 use crate::weight_form::{self, WeightChoice};
 use crate::weights::Weights;
 
+pub use language_model::LanguageModel;
 pub use transformer::Transformer;
 
-/// What the generator needs from a model.
-pub trait LanguageModel: Send {
-    /// Final hidden states [B, L, H] (after the last norm) for token ids [B, L], advancing
-    /// `cache` by L positions.
-    fn hidden(&self, tokens: &Array, cache: &mut Cache) -> Result<Array>;
-    /// Output logits for final hidden states.
-    fn logits(&self, hidden: &Array) -> Result<Array>;
-    /// Token embeddings.
-    fn embed(&self, tokens: &Array) -> Result<Array>;
-    /// Logits [B, L, vocab] for token ids [B, L], advancing `cache` by L positions.
-    fn forward(&self, tokens: &Array, cache: &mut Cache) -> Result<Array> {
-        let h = self.hidden(tokens, cache)?;
-        self.logits(&h)
-    }
-    /// Final hidden states [rows, 1, H] for one token id a row ([rows, 1]), each row a
-    /// sequence of its own whose state is that row of `cache`, advanced by one position:
-    /// several sequences decoded in one pass over the weights.
-    fn hidden_batch(&self, tokens: &Array, cache: &mut BatchCache) -> Result<Array>;
-    /// An empty cache for one sequence.
-    fn new_cache(&self) -> Cache;
-    fn config(&self) -> &ModelConfig;
-    /// The decoder layers, for probes that time them one by one (`graph::prefill_times`).
-    fn layers(&self) -> &[crate::layers::DecoderLayer] {
-        &[]
-    }
-    /// The multi-token-prediction head, when the checkpoint has one.
-    fn mtp(&self) -> Option<&MtpHead> {
-        None
-    }
-    /// Whether this process holds only a part of the model (a rank of a split model).
-    fn is_split(&self) -> bool {
-        false
-    }
-}
-
-pub use mtp::MtpHead;
+pub use mtp::{MtpHead, Trunk};
 
 /// The projections this model joins at load: its own choice, or `FERRITE_JOIN`'s (a probe
 /// for benchmarks, see `bench/README.md`).
 fn joins_for(config: &ModelConfig) -> Result<Joins> {
     let auto = Joins::for_model(config.is_hybrid() || config.num_experts > 0);
     from_env("FERRITE_JOIN", |text| Joins::parse(text, auto))
-}
-
-/// A benchmark's override read from the environment variable `name` (unset reads as empty),
-/// parsed by `parse`; what it refuses is a config error naming the variable.
-pub(crate) fn from_env<T>(name: &str, parse: impl FnOnce(&str) -> std::result::Result<T, String>) -> Result<T> {
-    let text = std::env::var(name).unwrap_or_default();
-    parse(&text).map_err(|message| Error::Config { path: "environment".into(), field: name.into(), message })
 }
 
 /// Loads the model in `dir` (config.json + safetensors), dispatching on `model_type`.

@@ -9,11 +9,19 @@
 
 use mlx_rs::{ops, Array};
 
-use super::LanguageModel;
 use crate::cache::Cache;
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};
 use crate::layers::{DecoderLayer, Linear, Loader, Mixer, RmsNorm};
+
+/// What the head reads from the trunk it drafts for: the token embeddings and the output
+/// layer it shares. Every language model is one (`LanguageModel: Trunk`).
+pub trait Trunk {
+    /// Token embeddings.
+    fn embed(&self, tokens: &Array) -> Result<Array>;
+    /// Output logits for final hidden states.
+    fn logits(&self, hidden: &Array) -> Result<Array>;
+}
 
 pub struct MtpHead {
     pub fc: Linear,
@@ -73,7 +81,7 @@ impl MtpHead {
     /// at positions p..p+L and the tokens at p+1..p+L+1.
     pub fn forward(
         &self,
-        model: &dyn LanguageModel,
+        model: &dyn Trunk,
         hidden: &Array,
         tokens: &Array,
         cache: &mut Cache,
@@ -88,7 +96,7 @@ impl MtpHead {
     }
 
     /// Logits for the head's hidden states.
-    pub fn logits(&self, model: &dyn LanguageModel, x: &Array) -> Result<Array> {
+    pub fn logits(&self, model: &dyn Trunk, x: &Array) -> Result<Array> {
         model.logits(&self.norm.forward(x)?)
     }
 

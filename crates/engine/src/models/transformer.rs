@@ -3,7 +3,8 @@
 
 use mlx_rs::Array;
 
-use super::{LanguageModel, MtpHead};
+use super::language_model::LanguageModel;
+use super::mtp::{MtpHead, Trunk};
 use crate::batch_cache::BatchCache;
 use crate::cache::Cache;
 use crate::config::ModelConfig;
@@ -12,7 +13,7 @@ use crate::layers::attention::Rope;
 use crate::layers::parallel::Split;
 use crate::layers::switch::SORT_FROM;
 use crate::layers::{Attention, DecoderLayer, Embedding, FeedForward, JoinGroup, Linear, Loader, Mixer, RmsNorm};
-use crate::lockstep::schedule;
+use crate::distributed::schedule;
 
 pub struct Transformer {
     pub config: ModelConfig,
@@ -111,6 +112,19 @@ impl Transformer {
     }
 }
 
+impl Trunk for Transformer {
+    fn logits(&self, h: &Array) -> Result<Array> {
+        match &self.lm_head {
+            Some(head) => head.forward(h),
+            None => self.embed_tokens.as_linear(h),
+        }
+    }
+
+    fn embed(&self, tokens: &Array) -> Result<Array> {
+        self.embed_tokens.forward(tokens)
+    }
+}
+
 impl LanguageModel for Transformer {
     fn hidden(&self, tokens: &Array, cache: &mut Cache) -> Result<Array> {
         let mut h = self.embed_tokens.forward(tokens)?;
@@ -151,17 +165,6 @@ impl LanguageModel for Transformer {
         }
         cache.advance();
         self.norm.forward(&h)
-    }
-
-    fn logits(&self, h: &Array) -> Result<Array> {
-        match &self.lm_head {
-            Some(head) => head.forward(h),
-            None => self.embed_tokens.as_linear(h),
-        }
-    }
-
-    fn embed(&self, tokens: &Array) -> Result<Array> {
-        self.embed_tokens.forward(tokens)
     }
 
     fn layers(&self) -> &[DecoderLayer] {

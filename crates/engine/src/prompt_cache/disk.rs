@@ -20,6 +20,7 @@
 //! share the folder never see a half-written block and keep it under the byte budget together.
 //! The writing happens on a thread of its own ([`writer`]).
 
+mod folder;
 mod writer;
 
 use std::collections::HashMap;
@@ -34,14 +35,14 @@ use mlx_rs::Array;
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 
-use super::{Checkpoint, Entry};
+use super::entry::{Checkpoint, Entry};
+use folder::{all_blocks, blocks_in, hex, mac, parse_name, LOCK};
 use writer::{evaluated, Counters, Folder, Pending, Writer};
 
 /// Tokens per block: a multiple of every profile's prefill chunk, so a hybrid's checkpoints
 /// fall on block ends.
 pub const BLOCK: usize = 8192;
 const FORMAT: &str = "ferrite-prompt-block-2";
-const LOCK: &str = ".lock";
 
 /// What the disk tier holds and did, for `/v1/status` and `ferrite cache show`.
 #[derive(Debug, Clone, Default, Serialize, PartialEq)]
@@ -435,44 +436,6 @@ fn longest_present(parent: &[u8; 32], tokens: &[u32], found: &HashMap<String, Fo
         }
     }
     best
-}
-
-/// `<chain: 64 hex>.<checksum: 16 hex>.safetensors`.
-fn parse_name(name: &str) -> Option<(&str, &str)> {
-    let stem = name.strip_suffix(".safetensors")?;
-    let (chain, checksum) = stem.split_once('.')?;
-    let is_hex = |s: &str, n: usize| s.len() == n && s.bytes().all(|b| b.is_ascii_hexdigit());
-    (is_hex(chain, 64) && is_hex(checksum, 16)).then_some((chain, checksum))
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-/// HMAC-SHA256 of a file's bytes under the installation's key, hex.
-fn mac(key: &[u8; 32], bytes: &[u8]) -> String {
-    let mut m = <hmac::Hmac<Sha256> as KeyInit>::new_from_slice(key).expect("HMAC takes a key of any length");
-    m.update(bytes);
-    hex(&m.finalize().into_bytes())
-}
-
-/// The blocks of one model's folder: path, size, last use.
-fn blocks_in(dir: &Path) -> Vec<(PathBuf, u64, SystemTime)> {
-    let Ok(entries) = std::fs::read_dir(dir) else { return vec![] };
-    entries
-        .flatten()
-        .filter(|e| e.file_name().to_str().is_some_and(|n| parse_name(n).is_some()))
-        .filter_map(|e| {
-            let m = e.metadata().ok()?;
-            Some((e.path(), m.len(), m.modified().unwrap_or(SystemTime::UNIX_EPOCH)))
-        })
-        .collect()
-}
-
-/// Every block of every model in `root`.
-fn all_blocks(root: &Path) -> Vec<(PathBuf, u64, SystemTime)> {
-    let Ok(models) = std::fs::read_dir(root) else { return vec![] };
-    models.flatten().flat_map(|m| blocks_in(&m.path())).collect()
 }
 
 /// Blocks and bytes in `root`.

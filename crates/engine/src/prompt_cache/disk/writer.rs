@@ -15,7 +15,7 @@ use std::thread::JoinHandle;
 use mlx_rs::{Array, Dtype};
 use safetensors::tensor::TensorView;
 
-use super::{all_blocks, mac, LOCK};
+use super::folder::{all_blocks, mac, LOCK};
 
 /// Named arrays (lazy slices of a cache entry) made row-contiguous and evaluated together, on
 /// the thread that runs MLX: what is left for the writer is reading memory that is ready.

@@ -1,0 +1,40 @@
+//! The one interface the generator, the speculator and the tools use to run a model.
+
+use mlx_rs::Array;
+
+use super::mtp::{MtpHead, Trunk};
+use crate::batch_cache::BatchCache;
+use crate::cache::Cache;
+use crate::config::ModelConfig;
+use crate::error::Result;
+
+/// What the generator needs from a model.
+pub trait LanguageModel: Trunk + Send {
+    /// Final hidden states [B, L, H] (after the last norm) for token ids [B, L], advancing
+    /// `cache` by L positions.
+    fn hidden(&self, tokens: &Array, cache: &mut Cache) -> Result<Array>;
+    /// Logits [B, L, vocab] for token ids [B, L], advancing `cache` by L positions.
+    fn forward(&self, tokens: &Array, cache: &mut Cache) -> Result<Array> {
+        let h = self.hidden(tokens, cache)?;
+        self.logits(&h)
+    }
+    /// Final hidden states [rows, 1, H] for one token id a row ([rows, 1]), each row a
+    /// sequence of its own whose state is that row of `cache`, advanced by one position:
+    /// several sequences decoded in one pass over the weights.
+    fn hidden_batch(&self, tokens: &Array, cache: &mut BatchCache) -> Result<Array>;
+    /// An empty cache for one sequence.
+    fn new_cache(&self) -> Cache;
+    fn config(&self) -> &ModelConfig;
+    /// The decoder layers, for probes that time them one by one (`graph::prefill_times`).
+    fn layers(&self) -> &[crate::layers::DecoderLayer] {
+        &[]
+    }
+    /// The multi-token-prediction head, when the checkpoint has one.
+    fn mtp(&self) -> Option<&MtpHead> {
+        None
+    }
+    /// Whether this process holds only a part of the model (a rank of a split model).
+    fn is_split(&self) -> bool {
+        false
+    }
+}

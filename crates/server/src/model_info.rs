@@ -1,0 +1,40 @@
+//! Facts about the loaded model that the handlers read without asking the engine thread.
+
+use std::path::PathBuf;
+
+use engine::Profile;
+
+use crate::tool_choice::CallSyntax;
+
+/// Facts about the loaded model that handlers need without asking the worker thread.
+#[derive(Debug, Clone)]
+pub struct ModelInfo {
+    pub id: String,
+    pub dir: PathBuf,
+    pub model_type: String,
+    pub context: usize,
+    pub backend: String,
+    /// The MLX library's version.
+    pub mlx_version: String,
+    /// Which implementation runs the hybrids' gated delta rule, and why (`None`: the model has
+    /// no Gated DeltaNet layer).
+    pub delta_rule: Option<(String, String)>,
+    /// The BLAS library the CPU's matmuls run on.
+    pub blas: String,
+    /// How the quantized weights were loaded, and why (e.g. dequantized on the CPU).
+    pub weight_form: String,
+    pub has_mtp: bool,
+    pub profile: Profile,
+    /// The server's cap on tokens generated per request (`--max-output-tokens`), if any.
+    pub max_output_tokens: Option<usize>,
+    /// The most memory the model and its caches may take (`--max-memory-gb`, or the
+    /// machine's memory): a request whose KV cache would not fit what is left is refused or
+    /// its answer shortened.
+    pub memory_budget: u64,
+    /// What one more token of context takes in the KV caches.
+    pub kv_bytes_per_token: u64,
+    /// How the model writes a tool call (what a forced call's grammar spells).
+    pub call_syntax: CallSyntax,
+    /// Split across ranks: each rank's host and the collectives' backend.
+    pub split: Option<(Vec<String>, String)>,
+}

@@ -16,7 +16,8 @@
 #                   check of the peer's port
 #   ops-35b         `ferrite dev ops` on the 35B-A3B shape, on each delta path, and mlx-lm's count
 #                   (PEER_OPS=0 skips mlx-lm's)
-# PATHS (default "cuda-fused ops cuda-kernel") names the delta paths `delta` and `ops-35b` run.
+# PATHS (default "cuda-fused ops cuda-kernel") names the delta paths `delta` and `ops-35b` run
+# (DELTA_PATHS, when set, `delta`'s).
 #   compare-small   the same on the small Qwen3-Next shape (SIZES default 128 2048)
 #   compare-35b     bench/compare.sh on the 35B-A3B shape against mlx-lm (ops) and the Mac-like
 #                   peer (SIZES from the environment, default 128 2048 8192)
@@ -64,7 +65,7 @@ for check in "$@"; do
         dir=$(checkpoint $c)
         timeout 150 "$FERRITE" inspect "$dir" > "$res/inspect-$c.txt" 2>&1
         long=$(printf 'fn main() { let x = 1; println!("{x}"); } %.0s' $(seq 12))
-        for path in ${PATHS:-cuda-fused ops cuda-kernel}; do
+        for path in ${DELTA_PATHS:-${PATHS:-cuda-fused ops cuda-kernel}}; do
           for depth in 0 2; do
             timeout 180 "$FERRITE" generate --model "$dir" --prompt "$long" --max-tokens 48 --draft-depth $depth \
               --delta-path $path > "$res/answer-$path-$depth.txt" 2> "$res/answer-$path-$depth.err"

@@ -1,32 +1,24 @@
 //! The engine: a loaded model with its tokenizer, profile, prompt cache and speculation
 //! settings, and how it is loaded (whole, or a rank's part of a split model).
 
-use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use mlx_rs::ops::indexing::{IndexOp, NewAxis};
-use mlx_rs::transforms::{async_eval, eval};
 use mlx_rs::Array;
-use serde::Serialize;
 
-use crate::cache::{Cache, LayerCache};
 use crate::depth_control::CostModel;
 use crate::device::{self, Backend};
-use crate::distributed::{schedule, Group};
+use crate::distributed::Group;
 use crate::error::{Error, Result};
-use crate::forced::ForcedAnswer;
-use crate::grammar::{Constraint, Ended, Grammar, Grammars, Thinking};
-use crate::logits::Processors;
+use crate::grammar::{Constraint, Grammar, Grammars, Thinking};
 use crate::models::{self, LanguageModel};
-use crate::penalties::Recent;
 use crate::profile::Profile;
-use crate::prompt_cache::{CacheStats, Checkpoint, PromptCache};
-use crate::sampling::{Sampler, SamplingParams};
-use crate::speculative::{SpecStats, Speculator};
-use crate::tokenizer::{StreamDecoder, Tokenizer};
+use crate::prompt_cache::{CacheStats, PromptCache};
+use crate::request::GenerateRequest;
+use crate::speculative::SpecStats;
+use crate::tokenizer::Tokenizer;
 use crate::weight_form::{self, WeightChoice};
 
 /// A loaded model with its tokenizer. Read through its accessors: what it holds is fixed at
@@ -190,7 +182,7 @@ impl Engine {
 
     /// What makes this model's cached state this model's: its config, its weight files, the
     /// form they were loaded in and where it runs (a block written by another is never read).
-    fn identity(&self) -> Result<Vec<u8>> {
+    pub(crate) fn identity(&self) -> Result<Vec<u8>> {
         let config = self.dir.join("config.json");
         let mut id = std::fs::read(&config).map_err(|e| Error::io(&config, e))?;
         for file in crate::weights::weight_files(&self.dir)? {
@@ -221,7 +213,7 @@ impl Engine {
 
     /// The constraint for `grammar`, on this model's vocabulary, holding what follows the think
     /// block the answer to `prompt` may have.
-    fn constraint(&self, grammar: &Grammar, prompt: &[u32]) -> Result<Constraint> {
+    pub(crate) fn constraint(&self, grammar: &Grammar, prompt: &[u32]) -> Result<Constraint> {
         let grammars = self.grammars.get_or_init(|| {
             let vocab = self.model.config().vocab_size as usize;
             Grammars::load(&self.dir, &self.tokenizer.eos_ids, vocab).map_err(|e| e.to_string())
@@ -235,7 +227,7 @@ impl Engine {
     /// Where the answer to `prompt` starts with respect to a think block: inside one the
     /// template opened (the prompt ends with `<think>` and a newline), after one it closed
     /// (thinking turned off: `<think>\n\n</think>\n\n`), or free to open one.
-    fn thinking_after(&self, prompt: &[u32]) -> Thinking {
+    pub(crate) fn thinking_after(&self, prompt: &[u32]) -> Thinking {
         let tag = |t: &str| self.tokenizer.token_to_id(t);
         let tail = &prompt[prompt.len().saturating_sub(4)..];
         let last = |id: Option<u32>| id.and_then(|id| tail.iter().rposition(|&t| t == id));

@@ -6,32 +6,26 @@
 //! (`async_eval`) before token n is read back, so the host never leaves the device idle.
 
 use std::collections::VecDeque;
-use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use mlx_rs::ops::indexing::{IndexOp, NewAxis};
 use mlx_rs::transforms::{async_eval, eval};
 use mlx_rs::Array;
-use serde::Serialize;
 
 use crate::cache::{Cache, LayerCache};
-use crate::depth_control::CostModel;
-use crate::device::{self, Backend};
-use crate::distributed::{schedule, Group};
+use crate::distributed::schedule;
+use crate::engine::Engine;
 use crate::error::{Error, Result};
 use crate::forced::ForcedAnswer;
-use crate::grammar::{Constraint, Ended, Grammar, Grammars, Thinking};
+use crate::grammar::{Constraint, Ended};
 use crate::logits::Processors;
-use crate::models::{self, LanguageModel};
 use crate::penalties::Recent;
-use crate::profile::Profile;
-use crate::prompt_cache::{CacheStats, Checkpoint, PromptCache};
-use crate::sampling::{Sampler, SamplingParams};
+use crate::prompt_cache::Checkpoint;
+use crate::request::{CancelToken, Event, FinishReason, GenerateRequest, Summary, Timings, Usage};
+use crate::sampling::Sampler;
 use crate::speculative::{SpecStats, Speculator};
-use crate::tokenizer::{StreamDecoder, Tokenizer};
-use crate::weight_form::{self, WeightChoice};
+use crate::stop::StopMatcher;
+use crate::tokenizer::StreamDecoder;
 
 impl Engine {
     /// Starts `request` (checked first): iterate the generation for its events. `cancel`
@@ -739,7 +733,6 @@ impl Generation<'_> {
     }
 }
 
-
 /// A split model's ranks run every request to the same end: rank 0's generation dropped
 /// before its end is cancelled and run out, so the others stop at the same step.
 impl Drop for Generation<'_> {
@@ -777,22 +770,5 @@ impl Iterator for Generation<'_> {
             self.done = true;
         }
         Some(event)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::StopMatcher;
-
-    #[test]
-    fn stop_strings_split_across_deltas() {
-        let mut m = StopMatcher::new(vec!["END".into()]);
-        assert_eq!(m.push("hello E"), ("hello ".into(), false));
-        assert_eq!(m.push("N"), ("".into(), false));
-        assert_eq!(m.push("D tail"), ("".into(), true));
-        let mut m = StopMatcher::new(vec!["END".into()]);
-        assert_eq!(m.push("EN"), ("".into(), false));
-        assert_eq!(m.push("x é"), ("ENx é".into(), false));
-        assert_eq!(m.flush(), "");
     }
 }

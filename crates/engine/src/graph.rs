@@ -12,9 +12,9 @@ use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::transforms::eval;
 use mlx_rs::Array;
 
+use crate::engine::{synthetic_prompt, Engine};
 use crate::error::Result;
 use crate::ffi;
-use crate::engine::{synthetic_prompt, Engine};
 
 /// Operations of one step, by MLX primitive name, and where a step's time goes.
 #[derive(Debug, Clone, Default, serde::Serialize)]

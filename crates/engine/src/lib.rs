@@ -49,11 +49,11 @@ pub mod workload;
 
 pub use architecture::Architecture;
 pub use config::{ModelConfig, Quantization};
-pub use error::{Error, Result};
 pub use engine::Engine;
-pub use request::{CancelToken, Event, FinishReason, GenerateRequest, Summary};
+pub use error::{Error, Result};
 pub use grammar::{json_for_grammar, Grammar};
 pub use grammar_limits::{check_schema, check_text_grammar};
+pub use request::{CancelToken, Event, FinishReason, GenerateRequest, Summary};
 /// Which implementation runs the hybrids' gated delta rule, and its self-check.
 pub mod delta_path {
     pub use crate::layers::delta_check::{choose, self_check, Tolerance};

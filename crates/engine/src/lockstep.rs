@@ -11,8 +11,8 @@
 use serde::{Deserialize, Serialize};
 
 use crate::distributed::Group;
-use crate::error::{Error, Result};
 use crate::engine::Engine;
+use crate::error::{Error, Result};
 use crate::request::{CancelToken, GenerateRequest};
 
 /// What rank 0 tells the other ranks to do.

@@ -2,33 +2,15 @@
 //! (text deltas, then one summary with finish reason, usage and timings), and the token that
 //! cancels it.
 
-use std::collections::VecDeque;
-use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use mlx_rs::ops::indexing::{IndexOp, NewAxis};
-use mlx_rs::transforms::{async_eval, eval};
-use mlx_rs::Array;
 use serde::Serialize;
 
-use crate::cache::{Cache, LayerCache};
-use crate::depth_control::CostModel;
-use crate::device::{self, Backend};
-use crate::distributed::{schedule, Group};
-use crate::error::{Error, Result};
-use crate::forced::ForcedAnswer;
-use crate::grammar::{Constraint, Ended, Grammar, Grammars, Thinking};
-use crate::logits::Processors;
-use crate::models::{self, LanguageModel};
-use crate::penalties::Recent;
-use crate::profile::Profile;
-use crate::prompt_cache::{CacheStats, Checkpoint, PromptCache};
-use crate::sampling::{Sampler, SamplingParams};
-use crate::speculative::{SpecStats, Speculator};
-use crate::tokenizer::{StreamDecoder, Tokenizer};
-use crate::weight_form::{self, WeightChoice};
+use crate::grammar::Grammar;
+use crate::sampling::SamplingParams;
+use crate::speculative::SpecStats;
 
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct GenerateRequest {

@@ -13,7 +13,7 @@
 use std::time::{Duration, Instant};
 
 use mlx_rs::ops::indexing::IndexOp;
-use mlx_rs::transforms::{async_eval, eval};
+use mlx_rs::transforms::eval;
 use mlx_rs::{ops, Array, Dtype};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};

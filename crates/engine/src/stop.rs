@@ -5,7 +5,7 @@
 pub(crate) struct StopMatcher {
     stops: Vec<String>,
     held: String,
-    matched: Option<String>,
+    pub(crate) matched: Option<String>,
 }
 
 impl StopMatcher {
@@ -39,5 +39,22 @@ impl StopMatcher {
 
     pub(crate) fn flush(&mut self) -> String {
         std::mem::take(&mut self.held)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stop_strings_split_across_deltas() {
+        let mut m = StopMatcher::new(vec!["END".into()]);
+        assert_eq!(m.push("hello E"), ("hello ".into(), false));
+        assert_eq!(m.push("N"), ("".into(), false));
+        assert_eq!(m.push("D tail"), ("".into(), true));
+        let mut m = StopMatcher::new(vec!["END".into()]);
+        assert_eq!(m.push("EN"), ("".into(), false));
+        assert_eq!(m.push("x é"), ("ENx é".into(), false));
+        assert_eq!(m.flush(), "");
     }
 }

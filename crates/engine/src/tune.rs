@@ -8,9 +8,9 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 
 use crate::batch_rule::{measure_gains, BatchGain};
+use crate::costs::MAX_DRAFT_DEPTH;
 use crate::engine::Engine;
 use crate::request::GenerateRequest;
-use crate::costs::MAX_DRAFT_DEPTH;
 use crate::speculative::SpecStats;
 use crate::workload::{PromptClass, WorkloadClass};
 use crate::Result;

@@ -292,7 +292,8 @@ mod tests {
         let (blobs, snapshot) = (repo.path().join("blobs"), repo.path().join("snapshots/abc123"));
         std::fs::create_dir_all(&blobs).unwrap();
         std::fs::create_dir_all(&snapshot).unwrap();
-        for (name, blob, bytes) in [("model-00001.safetensors", "1f2e", 3000), ("model-00002.safetensors", "9a8b", 500)] {
+        for (name, blob, bytes) in [("model-00001.safetensors", "1f2e", 3000), ("model-00002.safetensors", "9a8b", 500)]
+        {
             std::fs::write(blobs.join(blob), vec![0u8; bytes]).unwrap();
             std::os::unix::fs::symlink(format!("../../blobs/{blob}"), snapshot.join(name)).unwrap();
         }

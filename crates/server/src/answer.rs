@@ -12,9 +12,8 @@ use serde_json::Value;
 use tokio_stream::wrappers::UnboundedReceiverStream;
 
 use crate::error::ApiError;
+use crate::job::{Clamp, ClampedBy, JobEvent, Prompt, Running};
 use crate::tools::{CallEvent, ParsedCall};
-use crate::job::{Clamp, ClampedBy, JobEvent, Prompt};
-use crate::worker::Running;
 use crate::Loaded;
 
 /// What a request asks of the generation, with the names its protocol gives the fields (an

@@ -16,8 +16,8 @@ use serde_json::Value;
 
 use crate::answer::{self, Answer, Finish, Settings, Step, TemplateTool};
 use crate::error::{parse, AnthropicError, ApiError};
-use crate::tool_choice::{self, ToolChoice};
 use crate::job::{ClampedBy, Prompt};
+use crate::tool_choice::{self, ToolChoice};
 use crate::AppState;
 
 #[derive(Debug, Deserialize)]

@@ -95,7 +95,7 @@ pub struct Clamp {
 
 impl Clamp {
     /// For the log: " (max_tokens 160 of the 32000 asked, set by the server)".
-    fn describe(&self, max_tokens: usize) -> String {
+    pub(crate) fn describe(&self, max_tokens: usize) -> String {
         let by = self.by.name();
         match self.asked {
             Some(asked) => format!(" (max_tokens {max_tokens} of the {asked} asked, set by the {by})"),
@@ -145,10 +145,7 @@ impl JobError {
     /// A prompt of `tokens` (`size` says how many, in words) that the model's context cannot hold.
     pub(crate) fn too_long(tokens: usize, size: &str, context: usize) -> Self {
         JobError::TooLong {
-            message: format!(
-                "the prompt is {size}, and the model's context is {} tokens: it does not fit",
-                context
-            ),
+            message: format!("the prompt is {size}, and the model's context is {} tokens: it does not fit", context),
             prompt_tokens: tokens,
             context,
         }

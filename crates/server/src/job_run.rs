@@ -262,7 +262,12 @@ pub(crate) fn start_job<'e>(
 
 /// Passes one event of a live job on to its client; how much context the job used once it
 /// ended.
-pub(crate) fn on_event(live: &mut Live<'_>, engine: &Engine, metrics: &Metrics, event: engine::Result<Event>) -> Option<usize> {
+pub(crate) fn on_event(
+    live: &mut Live<'_>,
+    engine: &Engine,
+    metrics: &Metrics,
+    event: engine::Result<Event>,
+) -> Option<usize> {
     let Live { job, answer, prompt_tokens, max_tokens, clamped, stream, .. } = live;
     let (prompt_tokens, max_tokens, clamped) = (*prompt_tokens, *max_tokens, *clamped);
     let send = |e: JobEvent| job.events.send(e).is_ok();
@@ -320,9 +325,9 @@ pub(crate) fn on_event(live: &mut Live<'_>, engine: &Engine, metrics: &Metrics, 
 /// Where a batch finds newcomers: the engine's channel, the count of jobs waiting in it, and
 /// the messages other than jobs that came while the batch ran (they wait until it is over).
 pub(crate) struct Queue<'q> {
-    rx: &'q mpsc::Receiver<Message>,
-    waiting: &'q AtomicUsize,
-    deferred: &'q mut std::collections::VecDeque<Message>,
+    pub(crate) rx: &'q mpsc::Receiver<Message>,
+    pub(crate) waiting: &'q AtomicUsize,
+    pub(crate) deferred: &'q mut std::collections::VecDeque<Message>,
 }
 
 /// Runs `first` and the jobs that arrive while it runs decoded together

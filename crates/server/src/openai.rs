@@ -18,10 +18,10 @@ use std::sync::Arc;
 
 use crate::answer::{self, Answer, Finish, Settings, Step, TemplateTool};
 use crate::error::{parse, ApiError};
+use crate::job::Prompt;
 use crate::response_format::{Expect, ResponseFormat};
 use crate::tool_choice::{self, ToolChoice};
 use crate::tools::ParsedCall;
-use crate::job::Prompt;
 
 use crate::{AppState, Loaded};
 

@@ -18,17 +18,17 @@ use axum::Json;
 use engine::tokenizer::{ChatMessage, ToolCall};
 use engine::SamplingParams;
 use futures_util::stream::StreamExt;
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 use serde_json::{json, Value};
 
 use crate::answer::{self, Answer, Finish, Settings, Step, TemplateTool};
 use crate::error::{parse, ApiError};
+use crate::job::Prompt;
 use crate::openai::Content;
 use crate::response_format::{self, Expect};
+use crate::responses_output::{Event, Incomplete, Item, OutputText, ResponseObject, Sequenced, SummaryText, Usage};
 use crate::tool_choice::{self, ToolChoice};
 use crate::tools::ParsedCall;
-use crate::job::Prompt;
-use crate::responses_output::{Event, Incomplete, InputDetails, Item, OutputDetails, OutputText, ResponseObject, Sequenced, SummaryText, Usage};
 use crate::AppState;
 
 /// What a Responses request carries that Ferrite reads. Also accepted and not used (nothing to

@@ -9,15 +9,15 @@ use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
 use engine::batch_rule::BatchRule;
-use engine::tokenizer::ChatMessage;
-use engine::{CancelToken, Engine, Event, GenerateRequest, Profile, Summary};
+use engine::{CancelToken, Engine, GenerateRequest, Profile};
 use tokio::sync::mpsc as tmpsc;
 
-use crate::job::{Job, JobError, JobEvent, Message, Prompt, Running, TuneJob};
-use crate::job_run::{run_batch, run_job, start_job, ClearOnDrop, Queue, Solo};
+use crate::job::{CancelOnDrop, Job, JobError, JobEvent, Message, Prompt, Running, TuneJob};
+use crate::job_run::{run_batch, run_job, start_job, Queue, Solo};
 use crate::metrics::Metrics;
 use crate::model_info::ModelInfo;
 use crate::scripted::ScriptedReplies;
+use crate::tool_choice::CallSyntax;
 
 pub struct Worker {
     /// `None` once [`Worker::shutdown`] ran.
@@ -66,7 +66,6 @@ fn run_tune(engine: &Engine, tune: &mut TuneJob, stopping: &AtomicBool) -> Resul
     let progress = |p: &engine::tune::Progress| !stopping.load(Ordering::SeqCst) && (tune.progress)(p);
     engine::tune::measure(engine, &tune.options, || busy.check(), progress).map_err(|e| e.to_string())
 }
-
 
 /// How the worker loads and looks after its model.
 #[derive(Debug, Clone, Default)]

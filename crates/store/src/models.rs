@@ -8,9 +8,9 @@ use serde::Serialize;
 
 use crate::catalog::{Catalog, Entry};
 use crate::config::{Config, LocalModel};
+use crate::error::StoreError;
 use crate::layout;
 use crate::verify::{self, ModelFacts};
-use crate::error::StoreError;
 
 /// Where the model came from.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -78,7 +78,13 @@ impl Store {
         let config = Config::load(config_dir)?;
         let catalog = Catalog::load(Some(&crate::catalog::user_file(config_dir)))?;
         let models_dir = config.models_dir.clone().unwrap_or_else(layout::default_models_dir);
-        Ok(Store { config_dir: config_dir.to_path_buf(), config, catalog, models_dir, assets_dir: crate::assets::assets_dir() })
+        Ok(Store {
+            config_dir: config_dir.to_path_buf(),
+            config,
+            catalog,
+            models_dir,
+            assets_dir: crate::assets::assets_dir(),
+        })
     }
 
     /// Opens the store of the platform config directory (or `$FERRITE_CONFIG_DIR`).

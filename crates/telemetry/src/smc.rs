@@ -3,7 +3,6 @@
 //! The protocol (struct layout, key codes, value encodings) is plain data and compiles and is
 //! tested everywhere; only the IOKit calls in [`iokit`] are macOS's.
 
-
 /// The request and answer of the SMC user client (`SMCKeyData_t` of Apple's `smc.h`, as
 /// smcFanControl and every fan tool use it).
 #[repr(C)]
@@ -182,8 +181,8 @@ pub mod iokit {
 
 #[cfg(test)]
 mod tests {
-    use crate::thermal::{fans_from_speeds, Fan};
     use super::*;
+    use crate::thermal::{fans_from_speeds, Fan};
 
     #[test]
     fn keys_are_big_endian_ascii() {

@@ -7,7 +7,7 @@ use mlx_rs::{ops, Array};
 use super::linear::Packed;
 use super::measured::{Form, Measured};
 use super::mlp::swiglu;
-use super::{Linear, Mlp, Projections};
+use super::Linear;
 use crate::error::Result;
 
 /// From this many (token, expert) pairs on, the gathered matmuls group rows by expert.

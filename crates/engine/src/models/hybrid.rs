@@ -10,8 +10,8 @@ use super::MtpHead;
 use crate::config::{ModelConfig, Quantization};
 use crate::error::Result;
 use crate::layers::gated_delta::fused_input_rows;
-use crate::layers::parallel::Split;
 use crate::layers::moe::SharedExpert;
+use crate::layers::parallel::Split;
 use crate::layers::{DecoderLayer, FeedForward, GatedDeltaNet, JoinGroup, Loader, Mixer, SparseMoe};
 use crate::weights::Weights;
 

@@ -11,13 +11,9 @@ pub mod transformer;
 
 use std::path::Path;
 
-use mlx_rs::Array;
-
 use crate::architecture::Architecture;
-use crate::batch_cache::BatchCache;
-use crate::cache::Cache;
 use crate::config::{from_env, ModelConfig};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::layers::parallel::Shard;
 use crate::layers::{Joins, Loader};
 use crate::weight_form::{self, WeightChoice};

@@ -79,13 +79,7 @@ impl MtpHead {
 
     /// Hidden states [B, L, H] (before the head's final norm) for trunk hidden states `hidden`
     /// at positions p..p+L and the tokens at p+1..p+L+1.
-    pub fn forward(
-        &self,
-        model: &dyn Trunk,
-        hidden: &Array,
-        tokens: &Array,
-        cache: &mut Cache,
-    ) -> Result<Array> {
+    pub fn forward(&self, model: &dyn Trunk, hidden: &Array, tokens: &Array, cache: &mut Cache) -> Result<Array> {
         let e = self.pre_fc_norm_embedding.forward(&model.embed(tokens)?)?;
         let h = self.pre_fc_norm_hidden.forward(hidden)?;
         let mut x = self.fc.forward(&ops::concatenate(&[e, h], -1)?)?;

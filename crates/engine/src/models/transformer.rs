@@ -8,12 +8,12 @@ use super::mtp::{MtpHead, Trunk};
 use crate::batch_cache::BatchCache;
 use crate::cache::Cache;
 use crate::config::ModelConfig;
+use crate::distributed::schedule;
 use crate::error::Result;
 use crate::layers::attention::Rope;
 use crate::layers::parallel::Split;
 use crate::layers::switch::SORT_FROM;
 use crate::layers::{Attention, DecoderLayer, Embedding, FeedForward, JoinGroup, Linear, Loader, Mixer, RmsNorm};
-use crate::distributed::schedule;
 
 pub struct Transformer {
     pub config: ModelConfig,

@@ -30,7 +30,6 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use hmac::{KeyInit, Mac};
 use mlx_rs::Array;
 use serde::Serialize;
 use sha2::{Digest, Sha256};

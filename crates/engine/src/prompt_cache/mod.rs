@@ -20,11 +20,10 @@
 use std::collections::HashSet;
 use std::rc::Rc;
 
-use mlx_rs::ops::indexing::{Ellipsis, IndexOp};
 use mlx_rs::{transforms::eval, Array};
 use serde::Serialize;
 
-use crate::cache::{Cache, KvCache, LayerCache, LinearState};
+use crate::cache::{Cache, LayerCache};
 use crate::error::Result;
 
 pub mod disk;

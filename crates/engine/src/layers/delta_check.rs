@@ -137,13 +137,8 @@ fn check_native_prefill(dtype: Dtype) -> crate::error::Result<f32> {
 /// normalised scores. The experts' outputs are a fixed table per (token, expert), so a routing
 /// that picks other experts shows in the result. Returns the largest relative difference.
 fn check_moe_kernels(dtype: Dtype) -> crate::error::Result<f32> {
-    let (tokens, experts, k, d) = (3, 64, 4, 256);
-    let normal = |i: u64, shape: &[i32]| -> Result<Array, Exception> {
-        random::normal::<f32>(shape, None, None, Some(&random::key(3000 + i)?))?.as_dtype(dtype)
-    };
-    let logits = normal(0, &[1, tokens, experts + 1])?.multiply(Array::from_f32(2.0))?;
-    let table = normal(1, &[1, tokens, experts + 1, d])?;
-    let residual = normal(2, &[1, tokens, d])?;
+    let (k, experts) = (MOE_TOP_K, MOE_EXPERTS);
+    let [logits, table, residual] = moe_check_inputs(dtype)?;
     let mut largest = 0f32;
     for normalize in [false, true] {
         let routing = Routing { top_k: k, normalize, shared_id: Some(experts as u32) };
@@ -155,6 +150,24 @@ fn check_moe_kernels(dtype: Dtype) -> crate::error::Result<f32> {
         largest = largest.max(relative_difference(&what, &expected, &got, tol)?);
     }
     Ok(largest)
+}
+
+const MOE_EXPERTS: i32 = 64;
+const MOE_TOP_K: i32 = 4;
+
+/// The MoE check's router logits [1, 3, experts + 1], experts' outputs [1, 3, experts + 1, 256]
+/// and residual [1, 3, 256], all in `dtype` (as a model's are: the kernels take one dtype).
+fn moe_check_inputs(dtype: Dtype) -> Result<[Array; 3], Exception> {
+    let (tokens, d) = (3, 256);
+    let normal = |i: u64, shape: &[i32], scale: f32| -> Result<Array, Exception> {
+        let key = random::key(3000 + i)?;
+        random::normal::<f32>(shape, None, None, Some(&key))?.multiply(Array::from_f32(scale))?.as_dtype(dtype)
+    };
+    Ok([
+        normal(0, &[1, tokens, MOE_EXPERTS + 1], 2.0)?,
+        normal(1, &[1, tokens, MOE_EXPERTS + 1, d], 1.0)?,
+        normal(2, &[1, tokens, d], 1.0)?,
+    ])
 }
 
 /// Each token's row of the experts' outputs `table` [.., experts (+ shared), D] at `ids`.
@@ -233,6 +246,14 @@ fn check_inputs(dtype: Dtype, s: i32) -> Result<Vec<Array>, Exception> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_moe_check_feeds_the_kernels_one_dtype() {
+        for dtype in [Dtype::Float32, Dtype::Bfloat16] {
+            let inputs = moe_check_inputs(dtype).unwrap();
+            assert!(inputs.iter().all(|a| a.dtype() == dtype), "{dtype:?}: {:?}", inputs.map(|a| a.dtype()));
+        }
+    }
 
     #[test]
     fn the_moe_reference_weights_the_top_experts_and_the_gated_shared_one() {

@@ -151,7 +151,13 @@ impl SparseMoe {
     fn forward_kernels(&self, x: &Array, residual: &Array, routing: &Routing) -> Result<Array> {
         let routed = moe_cuda::route(&self.router.forward_joined(x)?, routing)?;
         let y = self.experts.forward(x, &routed.ids)?;
-        Ok(moe_cuda::combine(&y, &routed.weights, residual, routing)?)
+        // A router kept in another dtype than the activations (float32 on some checkpoints)
+        // weighs in that dtype; the combine takes one.
+        let weights = match routed.weights.dtype() == residual.dtype() {
+            true => routed.weights,
+            false => routed.weights.as_dtype(residual.dtype())?,
+        };
+        Ok(moe_cuda::combine(&y, &weights, residual, routing)?)
     }
 
     /// The routed experts' outputs, a lap of their own in a long prompt.

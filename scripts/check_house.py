@@ -5,7 +5,8 @@
   a file that imports it (an import is a `use`, or a `crate::`/`super::` path in the code,
   resolved through re-exports to the file that defines the name; test modules aside);
 - no Rust source file under `crates/*/src` or `src-tauri/src` past 800 lines;
-- the engine reads no environment variable (BLAS's thread count aside: `blas.rs`).
+- the engine reads no environment variable (the libraries' own aside: BLAS's thread count in
+  `blas.rs`, the temporary folder MLX compiles its CPU kernels in, `kernel_cache.rs`).
 
     python3 scripts/check_house.py            # exits 1 and says what breaks a rule
     python3 scripts/check_house.py --graph    # also prints every file's imports
@@ -20,7 +21,7 @@ import sys
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 MAX_LINES = 800
-ENGINE_ENV_ALLOWED = {"crates/engine/src/blas.rs"}
+ENGINE_ENV_ALLOWED = {"crates/engine/src/blas.rs", "crates/engine/src/kernel_cache.rs"}
 
 ITEM = re.compile(r"^(?:pub(?:\([^)]*\))?\s+)?(?:async\s+|unsafe\s+|const\s+(?=fn))*"
                   r"(?:fn|struct|enum|trait|type|const|static|union)\s+(\w+)", re.M)

@@ -23,7 +23,8 @@ const PROMPTS: [&str; 8] = [
 ];
 
 pub fn run(model: &Path, streams: &[usize], tokens: usize, rounds: usize) -> Result<()> {
-    let mut engine = Engine::load(model).with_context(|| format!("loading {}", model.display()))?;
+    let mut engine = Engine::load_with(model, &server::engine_options::from_env(engine::Profile::default(), None)?)
+        .with_context(|| format!("loading {}", model.display()))?;
     // Each timed run starts from its own prefill: the prompt cache would answer repeats.
     engine.set_prompt_cache_budget(0);
     let request = |i: usize| -> Result<GenerateRequest> {
@@ -70,7 +71,8 @@ fn round(x: f64) -> f64 {
 /// the newcomer's `prompt_tokens` are prefilled, and the newcomer's time to first token.
 /// Settings alternate round by round; one JSON line each with medians and ranges.
 pub fn interleave(model: &Path, prompt_tokens: usize, settings: &[usize], rounds: usize) -> Result<()> {
-    let mut engine = Engine::load(model).with_context(|| format!("loading {}", model.display()))?;
+    let mut engine = Engine::load_with(model, &server::engine_options::from_env(engine::Profile::default(), None)?)
+        .with_context(|| format!("loading {}", model.display()))?;
     engine.set_prompt_cache_budget(0);
     let code: String =
         (0..).map(|i| format!("    total_{i} = compute(values[{i}], scale={i})\n")).take(prompt_tokens).collect();

@@ -42,7 +42,8 @@ pub fn run(args: Args) -> Result<()> {
             format!("{}: expected a JSON array of token ids, or an array of such arrays", args.prompt_ids.display())
         })?;
     anyhow::ensure!(!prompts.is_empty(), "{}: no prompt", args.prompt_ids.display());
-    let mut engine = Engine::load_with(&args.model, engine::Profile::named(args.profile))?;
+    let mut engine =
+        Engine::load_with(&args.model, &server::engine_options::from_env(engine::Profile::named(args.profile), None)?)?;
     // Every run after the warm-up repeats its prompt: the prompt cache would answer it, and
     // this measures computing it (bench/agent_session.py measures the cache).
     engine.set_prompt_cache_budget(0);

@@ -23,7 +23,8 @@ pub struct Options<'a> {
 }
 
 pub fn run(o: Options) -> Result<()> {
-    let mut engine = Engine::load(o.model).with_context(|| format!("loading {}", o.model.display()))?;
+    let mut engine = Engine::load_with(o.model, &server::engine_options::from_env(engine::Profile::default(), None)?)
+        .with_context(|| format!("loading {}", o.model.display()))?;
     engine.set_prompt_cache_budget(0);
     anyhow::ensure!(engine.model().mtp().is_some(), "{}: no MTP head, nothing to draft with", o.model.display());
     let code: Vec<Vec<u32>> = serde_json::from_str(

@@ -168,7 +168,8 @@ fn tokenize(tokenizer: &std::path::Path, docs: &std::path::Path, out: &std::path
 
 fn ops(model: &std::path::Path, contexts: &[usize], prefill: Option<usize>, json: bool) -> Result<()> {
     use anyhow::Context;
-    let engine = engine::Engine::load(model).with_context(|| format!("loading {}", model.display()))?;
+    let engine = engine::Engine::load_with(model, &server::engine_options::from_env(engine::Profile::default(), None)?)
+        .with_context(|| format!("loading {}", model.display()))?;
     if let Some(tokens) = prefill {
         let t = engine::graph::prefill_times(&engine, tokens)?;
         if json {
@@ -326,7 +327,8 @@ fn perplexity(
     chunk: usize,
 ) -> Result<()> {
     use anyhow::Context;
-    let engine = engine::Engine::load(model)?;
+    let engine =
+        engine::Engine::load_with(model, &server::engine_options::from_env(engine::Profile::default(), None)?)?;
     let mut text = String::new();
     for f in files {
         text += &std::fs::read_to_string(f).with_context(|| format!("reading {}", f.display()))?;

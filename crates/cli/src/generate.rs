@@ -83,13 +83,9 @@ pub fn run(args: Args) -> Result<()> {
         }
         None => None,
     };
-    let engine = Engine::load_split(
-        &dir,
-        engine::Profile::named(args.profile),
-        engine::weight_form::Override::from_env()?,
-        ranks.as_ref().map(crate::ranks::Ranks::group),
-    )
-    .with_context(|| format!("loading {}", dir.display()))?;
+    let group = ranks.as_ref().map(crate::ranks::Ranks::group);
+    let options = server::engine_options::from_env(engine::Profile::named(args.profile), group)?;
+    let engine = Engine::load_with(&dir, &options).with_context(|| format!("loading {}", dir.display()))?;
     answer(&engine, args, draft_depth)?;
     // What the model holds with its caches emptied (split: each rank its part).
     engine.clear_prompt_cache();

@@ -81,7 +81,8 @@ enum Command {
 }
 
 fn inspect(dir: &std::path::Path, json: bool) -> anyhow::Result<()> {
-    let report = engine::inspect::inspect(dir)?;
+    let options = server::engine_options::from_env(engine::Profile::default(), None)?;
+    let report = engine::inspect::inspect(dir, &options)?;
     if json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {

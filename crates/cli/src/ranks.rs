@@ -420,13 +420,9 @@ pub struct FollowArgs {
 pub fn follow(args: FollowArgs) -> Result<()> {
     let group = Arc::new(Group::init(Some(args.backend.name()), true).context("joining the distributed group")?);
     let rank = group.rank();
-    let engine = engine::Engine::load_split(
-        &args.model,
-        engine::Profile::named(args.profile),
-        engine::weight_form::Override::from_env()?,
-        Some(group),
-    )
-    .with_context(|| format!("rank {rank}: loading {}", args.model.display()))?;
+    let options = server::engine_options::from_env(engine::Profile::named(args.profile), Some(group))?;
+    let engine = engine::Engine::load_with(&args.model, &options)
+        .with_context(|| format!("rank {rank}: loading {}", args.model.display()))?;
     engine.follow().with_context(|| format!("rank {rank}"))?;
     report_memory(&engine);
     Ok(())

@@ -65,7 +65,7 @@ pub fn run(args: Args) -> Result<()> {
         Some(name) => vec![Some(WorkloadClass::parse(name).map_err(|e| anyhow::anyhow!("--class: {e}"))?)],
     };
     let model = server::launch::resolve(&args.model)?;
-    let engine = Engine::load_with(&model.dir, Profile::named(args.profile))?;
+    let engine = Engine::load_with(&model.dir, &server::engine_options::from_env(Profile::named(args.profile), None)?)?;
     let mut refused = Vec::new();
     for class in classes {
         let options = TuneOptions {

@@ -480,13 +480,6 @@ fn parse_quantization(block: &serde_json::Map<String, serde_json::Value>, path: 
     Ok(Quantization { default, overrides })
 }
 
-/// A benchmark's override read from the environment variable `name` (unset reads as empty),
-/// parsed by `parse`; what it refuses is a config error naming the variable.
-pub(crate) fn from_env<T>(name: &str, parse: impl FnOnce(&str) -> std::result::Result<T, String>) -> Result<T> {
-    let text = std::env::var(name).unwrap_or_default();
-    parse(&text).map_err(|message| Error::Config { path: "environment".into(), field: name.into(), message })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -14,12 +14,13 @@ use crate::distributed::Group;
 use crate::error::{Error, Result};
 use crate::grammar::{Constraint, Grammar, Grammars, Thinking};
 use crate::models::{self, LanguageModel};
+use crate::options::EngineOptions;
 use crate::profile::Profile;
 use crate::prompt_cache::{CacheStats, PromptCache};
 use crate::request::GenerateRequest;
 use crate::speculative::SpecStats;
 use crate::tokenizer::Tokenizer;
-use crate::weight_form::{self, WeightChoice};
+use crate::weight_form::WeightChoice;
 
 /// A loaded model with its tokenizer. Read through its accessors: what it holds is fixed at
 /// load, but for the prefill chunk (tests shorten it).
@@ -249,35 +250,20 @@ impl Engine {
         self.spec_totals.lock().map(|t| t.clone()).unwrap_or_default()
     }
 
-    /// Loads with the default (Sustained) profile.
+    /// Loads with the default options (the Sustained profile, no overrides, whole).
     pub fn load(dir: &Path) -> Result<Self> {
-        Self::load_with(dir, Profile::default())
+        Self::load_with(dir, &EngineOptions::default())
     }
 
-    /// Loads and applies `profile`: its memory settings, and its warm-up when it has one.
-    pub fn load_with(dir: &Path, profile: Profile) -> Result<Self> {
-        Self::load_as(dir, profile, weight_form::Override::from_env()?)
-    }
-
-    /// As [`Engine::load_with`], with the quantized weights' form decided by `weights` instead
-    /// of `FERRITE_CPU_WEIGHTS` ([`crate::weight_form`]).
-    pub fn load_as(dir: &Path, profile: Profile, weights: weight_form::Override) -> Result<Self> {
-        Self::load_split(dir, profile, weights, None)
-    }
-
-    /// As [`Engine::load_as`], holding only this rank's part of the model when `group` is
-    /// given (tensor parallelism: every rank of the group must load the same model and then
-    /// run the same requests in the same order, since each layer sums across them).
-    pub fn load_split(
-        dir: &Path,
-        profile: Profile,
-        weights: weight_form::Override,
-        group: Option<Arc<Group>>,
-    ) -> Result<Self> {
+    /// Loads as `options` say: their profile's memory settings applied and its warm-up run,
+    /// the benchmarks' overrides taken, split across their group (every rank of it must load
+    /// the same model and then run the same requests in the same order, since each layer sums
+    /// across them).
+    pub fn load_with(dir: &Path, options: &EngineOptions) -> Result<Self> {
+        let profile = options.profile.clone();
         let backend = device::backend();
-        let group = group.filter(|g| g.size() > 1);
-        let shard = group.clone().map(crate::layers::parallel::Shard::new);
-        let (model, weight_form) = models::load_split(dir, weights, shard)?;
+        let group = options.group.clone().filter(|g| g.size() > 1);
+        let (model, weight_form) = models::load_with(dir, options)?;
         let tokenizer = Tokenizer::load(dir)?;
         tracing::info!(
             "loaded {} from {} on {backend} ({} profile)",
@@ -308,7 +294,11 @@ impl Engine {
             weight_form,
             prefill_chunk: profile.prefill_chunk,
             prefill_interleave: profile.prefill_interleave,
-            prompt_cache: std::sync::Mutex::new(PromptCache::new(prompt_cache_bytes(&profile, group.as_deref())?)),
+            prompt_cache: std::sync::Mutex::new(PromptCache::new(prompt_cache_bytes(
+                &profile,
+                options.prompt_cache_mb,
+                group.as_deref(),
+            )?)),
             profile,
             spec_totals: Default::default(),
             kv_bytes_per_token,
@@ -366,10 +356,10 @@ pub(crate) fn synthetic_prompt(vocab: u32, n: usize) -> Vec<u32> {
     (0..n as u32).map(|i| (i * 7919 + 1) % vocab.max(1)).collect()
 }
 
-/// The prompt cache's budget under `profile`; split across ranks, the smallest rank's, so
-/// that every rank keeps and drops the same entries.
-fn prompt_cache_bytes(profile: &Profile, group: Option<&Group>) -> Result<usize> {
-    let mine = profile.prompt_cache_bytes(device::total_memory());
+/// The prompt cache's budget under `profile` (`mb`, when given, instead); split across ranks,
+/// the smallest rank's, so that every rank keeps and drops the same entries.
+fn prompt_cache_bytes(profile: &Profile, mb: Option<usize>, group: Option<&Group>) -> Result<usize> {
+    let mine = mb.map_or_else(|| profile.prompt_cache_bytes(device::total_memory()), |mb| mb << 20);
     let Some(group) = group else { return Ok(mine) };
     let all = group.all_gather(&Array::from_slice(&[mine as u64 as i64], &[1]))?;
     group.eval([&all])?;

@@ -47,7 +47,8 @@ pub fn check_folder(dir: &Path) -> Result<()> {
     Ok(())
 }
 
-pub fn inspect(dir: &Path) -> Result<Report> {
+/// What `ferrite inspect` says of the checkpoint in `dir`, loaded as `options` would load it.
+pub fn inspect(dir: &Path, options: &crate::EngineOptions) -> Result<Report> {
     let config = ModelConfig::load(dir)?;
     let files = weights::weight_files(dir)?;
     let (mut total, mut active, mut mtp) = (0u64, 0u64, 0u64);
@@ -90,7 +91,7 @@ pub fn inspect(dir: &Path) -> Result<Report> {
     };
     let has_mtp = files.iter().any(|f| weights::check_header(f).is_ok_and(|n| n.iter().any(|t| t.starts_with("mtp."))));
     let mtp_status = if has_mtp && config.is_hybrid() {
-        Some(match crate::models::load(dir) {
+        Some(match crate::models::load_with(dir, options).map(|(model, _)| model) {
             Ok(m) if m.mtp().is_some() => Ok(()),
             Ok(_) => Err("not used by this architecture".to_string()),
             Err(e) => Err(e.to_string()),
@@ -118,7 +119,7 @@ pub fn inspect(dir: &Path) -> Result<Report> {
             format!("{} ({})", r.path, r.why)
         }),
         blas: crate::blas::describe(),
-        weights: crate::weight_form::for_checkpoint(dir)?.to_string(),
+        weights: crate::weight_form::for_checkpoint(dir, options.weights)?.to_string(),
     })
 }
 

@@ -31,6 +31,7 @@ mod lockstep;
 mod logits;
 pub mod memory;
 pub mod models;
+mod options;
 pub mod penalties;
 #[cfg(feature = "dev")]
 pub mod perplexity;
@@ -53,6 +54,7 @@ pub use engine::Engine;
 pub use error::{Error, Result};
 pub use grammar::{json_for_grammar, Grammar};
 pub use grammar_limits::{check_schema, check_text_grammar};
+pub use options::{EngineOptions, OVERRIDES};
 pub use request::{CancelToken, Event, FinishReason, GenerateRequest, Summary};
 /// Which implementation runs the hybrids' gated delta rule, and its self-check.
 pub mod delta_path {

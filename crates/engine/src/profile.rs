@@ -108,12 +108,9 @@ impl Profile {
     }
 
     /// The prompt cache's budget in bytes on a machine with `total_memory` bytes
-    /// (`FERRITE_PROMPT_CACHE_MB` overrides it; 0 turns the cache off).
+    /// (`EngineOptions::prompt_cache_mb` overrides it).
     pub fn prompt_cache_bytes(&self, total_memory: u64) -> usize {
-        match std::env::var("FERRITE_PROMPT_CACHE_MB").ok().and_then(|v| v.trim().parse::<usize>().ok()) {
-            Some(mb) => mb << 20,
-            None => (total_memory as f64 * self.prompt_cache_fraction) as usize,
-        }
+        (total_memory as f64 * self.prompt_cache_fraction) as usize
     }
 
     /// Every knob with its value, for status pages and response metadata.

@@ -48,8 +48,9 @@ impl fmt::Display for WeightChoice {
 }
 
 /// A benchmark's override of the rule (`FERRITE_CPU_WEIGHTS`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Override {
+    #[default]
     Auto,
     Quantized,
     Dequantized(Dtype),
@@ -65,12 +66,6 @@ impl Override {
             "bf16" => Ok(Override::Dequantized(Dtype::Bfloat16)),
             other => Err(format!("unknown weight form `{other}` (expected auto, quantized, f32 or bf16)")),
         }
-    }
-
-    /// `FERRITE_CPU_WEIGHTS` (unset reads as `auto`); a value it refuses is a config error
-    /// naming the variable.
-    pub fn from_env() -> crate::Result<Override> {
-        crate::config::from_env("FERRITE_CPU_WEIGHTS", Override::parse)
     }
 }
 
@@ -141,11 +136,12 @@ pub fn facts(weights: &Weights, quant: Option<&Quantization>, on_gpu: bool) -> F
     Facts { quantized_bytes, f32_bytes, on_gpu, total_memory: crate::device::total_memory() }
 }
 
-/// The form the checkpoint in `dir` loads in here (its tensors are mapped, not read).
-pub fn for_checkpoint(dir: &std::path::Path) -> crate::Result<WeightChoice> {
+/// The form the checkpoint in `dir` loads in here, `wanted` overriding the rule (its tensors
+/// are mapped, not read).
+pub fn for_checkpoint(dir: &std::path::Path, wanted: Override) -> crate::Result<WeightChoice> {
     let config = crate::config::ModelConfig::load(dir)?;
     let weights = Weights::load(dir)?;
-    Ok(choose(&weights, &config, Override::from_env()?))
+    Ok(choose(&weights, &config, wanted))
 }
 
 /// The form a checkpoint's `weights` load in on this backend and machine, or the one `wanted`

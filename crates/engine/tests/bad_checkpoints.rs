@@ -308,7 +308,7 @@ fn the_hub_layout_links_into_blobs_are_followed() {
     assert!(real > 1000);
     let link = std::fs::symlink_metadata(snapshot.join("model.safetensors")).unwrap().len();
     assert!(link < 100, "{link}");
-    assert_eq!(engine::inspect::inspect(&snapshot).unwrap().bytes_on_disk, real);
+    assert_eq!(engine::inspect::inspect(&snapshot, &Default::default()).unwrap().bytes_on_disk, real);
 }
 
 #[test]

@@ -213,7 +213,9 @@ fn profiles_change_knobs_not_answers() {
     // tokens it produces are the Sustained profile's.
     let d = hybrid_with_mtp();
     let sustained = Engine::load(d.path()).unwrap();
-    let turbo = Engine::load_with(d.path(), engine::Profile::named(engine::ProfileName::Turbo)).unwrap();
+    let turbo =
+        engine::EngineOptions { profile: engine::Profile::named(engine::ProfileName::Turbo), ..Default::default() };
+    let turbo = Engine::load_with(d.path(), &turbo).unwrap();
     assert_eq!(sustained.prefill_chunk(), 2048);
     assert_eq!(turbo.prefill_chunk(), 8192);
     assert_eq!(turbo.spec_totals().cycles, 0, "the warm-up leaves no figures behind");

@@ -4,7 +4,7 @@ mod common;
 
 use engine::checkpoint::{Architecture, Dtype};
 use engine::weight_form::Override;
-use engine::{Engine, Profile};
+use engine::{Engine, EngineOptions};
 
 /// One decode step's operations with the checkpoint's quantized weights kept as stored (the
 /// CPU backend would otherwise dequantize them at load).
@@ -14,7 +14,7 @@ fn step_ops(arch: Architecture, bits: Option<i32>) -> engine::graph::StepOps {
 
 fn step_ops_as(arch: Architecture, bits: Option<i32>, weights: Override) -> engine::graph::StepOps {
     let dir = common::make(&common::options(arch, "tiny", bits, 32, Dtype::Float32));
-    let engine = Engine::load_as(dir.path(), Profile::default(), weights).unwrap();
+    let engine = Engine::load_with(dir.path(), &EngineOptions { weights, ..Default::default() }).unwrap();
     engine::graph::decode_step_ops(&engine, 20).unwrap()
 }
 

@@ -16,7 +16,7 @@ fn reports_parameters_quantization_and_mtp() {
         o.mtp = mtp;
         let d = tempfile::tempdir().unwrap();
         let made = checkpoint::make(&o, d.path()).unwrap();
-        let r = inspect(d.path()).unwrap();
+        let r = inspect(d.path(), &Default::default()).unwrap();
         assert_eq!(r.parameters + r.mtp_parameters, made.parameters, "{arch:?}");
         assert_eq!(r.mtp.is_some(), mtp);
         assert_eq!(r.mtp.as_ref().map(|m| m.is_ok()), mtp.then_some(true));
@@ -40,7 +40,7 @@ fn reports_an_incomplete_mtp_head() {
     common::rewrite_tensors(&d.path().join("model.safetensors"), |t| {
         t.remove("mtp.norm.weight");
     });
-    let r = inspect(d.path()).unwrap();
+    let r = inspect(d.path(), &Default::default()).unwrap();
     let text = r.to_string();
     assert!(text.contains("present but unusable") && text.contains("mtp.norm.weight"), "{text}");
 }

@@ -1,15 +1,19 @@
-//! A long prompt's dequantized experts live one or two layers at a time (`FERRITE_LONG_EXPERTS`
-//! forces the form: this file is its own test process, and its one test sets the variable).
+//! A long prompt's dequantized experts live one or two layers at a time (`FERRITE_LONG_EXPERTS`,
+//! given to the engine's options as the CLI reads it, forces the form).
 
 mod common;
 
 use engine::checkpoint::{Architecture, Dtype};
-use engine::{Engine, GenerateRequest};
+use engine::{Engine, EngineOptions, GenerateRequest};
+
+/// The options with `FERRITE_LONG_EXPERTS` set to `experts`, as the CLI reads the variable.
+fn long_experts(experts: &str) -> engine::Result<EngineOptions> {
+    EngineOptions::default().with_overrides(|name| (name == "FERRITE_LONG_EXPERTS").then(|| experts.to_string()))
+}
 
 /// Highest MLX memory above the loaded model's while a `tokens`-long prompt is read.
 fn prompt_peak_above_model(dir: &std::path::Path, experts: &str, tokens: u32) -> (f64, String) {
-    std::env::set_var("FERRITE_LONG_EXPERTS", experts);
-    let engine = Engine::load(dir).unwrap();
+    let engine = Engine::load_with(dir, &long_experts(experts).unwrap()).unwrap();
     mlx_rs::memory::clear_cache().unwrap();
     let model = mlx_rs::memory::active_memory().unwrap() as f64;
     let prompt: Vec<u32> = (0..tokens).map(|i| (i * 37 + 11) % 2000).collect();
@@ -37,8 +41,6 @@ fn dequantized_experts_exist_for_at_most_two_layers_at_once_and_unknown_forms_ar
     );
     assert!(extra_layers <= 2.5, "{extra_layers:.2} layers' dequantized experts at once");
 
-    // (In this test too: the variable is the process's.)
-    std::env::set_var("FERRITE_LONG_EXPERTS", "fastest");
-    let err = Engine::load(dir.path()).err().expect("an unknown form is refused").to_string();
+    let err = long_experts("fastest").err().expect("an unknown form is refused").to_string();
     assert!(err.contains("FERRITE_LONG_EXPERTS") && err.contains("`fastest`"), "{err}");
 }

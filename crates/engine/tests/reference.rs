@@ -69,7 +69,7 @@ fn check_with_prompt(name: &str, opts: MakeOptions, tolerance: f32, prompt_len: 
 /// Ferrite with its weights in the form `weights` against mlx-lm (dequantized in f32 when they
 /// are), within `tolerance`, with the same greedy tokens.
 fn compare(name: &str, dir: &std::path::Path, weights: Override, tolerance: f32, prompt_len: u32) {
-    let (model, _) = models::load_with_form(dir, weights).unwrap();
+    let (model, _) = models::load_with(dir, &engine::EngineOptions { weights, ..Default::default() }).unwrap();
     let ids = prompt(model.config().vocab_size as u32, prompt_len);
     let out = tempfile::tempdir().unwrap();
     let ref_file = out.path().join("reference.safetensors");
@@ -271,7 +271,8 @@ fn qwen3_5_moe_long_prompt_chunked_prefill() {
 
 fn penalised(name: &str, opts: MakeOptions, penalties: engine::Penalties) {
     let dir = common::make(&opts);
-    let engine = engine::Engine::load_as(dir.path(), engine::Profile::default(), Override::Quantized).unwrap();
+    let options = engine::EngineOptions { weights: Override::Quantized, ..Default::default() };
+    let engine = engine::Engine::load_with(dir.path(), &options).unwrap();
     let vocab = engine.model().config().vocab_size as u32;
     let ids: Vec<u32> = prompt(vocab, 12).into_iter().chain(prompt(vocab, 12)).collect();
     let request = |penalties| engine::GenerateRequest {

@@ -6,6 +6,7 @@ mod answer;
 pub mod anthropic;
 mod backlog;
 pub mod connections;
+pub mod engine_options;
 mod engine_threads;
 pub mod error;
 #[cfg(test)]

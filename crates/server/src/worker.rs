@@ -225,8 +225,8 @@ impl Worker {
                 engine
             };
             let load = || {
-                let form = engine::weight_form::Override::from_env()?;
-                Engine::load_split(&dir, profile.clone(), form, group.clone())
+                let options = crate::engine_options::from_env(profile.clone(), group.clone())?;
+                Engine::load_with(&dir, &options)
             };
             let engine = match load() {
                 Ok(e) => with_disk(e),

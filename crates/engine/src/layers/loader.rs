@@ -87,6 +87,14 @@ impl Joins {
         Ok(joins)
     }
 
+    /// `FERRITE_JOIN` as an override: `auto` (or empty) is none, the model keeps its own.
+    pub fn parse_override(text: &str) -> std::result::Result<Option<Joins>, String> {
+        match text.trim() {
+            "" | "auto" => Ok(None),
+            _ => Joins::parse(text, Joins::NONE).map(Some),
+        }
+    }
+
     pub fn contains(&self, group: JoinGroup) -> bool {
         match group {
             JoinGroup::Attention => self.attention,

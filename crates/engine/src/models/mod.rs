@@ -12,10 +12,12 @@ pub mod transformer;
 use std::path::Path;
 
 use crate::architecture::Architecture;
-use crate::config::{from_env, ModelConfig};
+use crate::config::ModelConfig;
 use crate::error::Result;
 use crate::layers::parallel::Shard;
+use crate::layers::switch::LongPromptGather;
 use crate::layers::{Joins, Loader};
+use crate::options::EngineOptions;
 use crate::weight_form::{self, WeightChoice};
 use crate::weights::Weights;
 
@@ -24,29 +26,22 @@ pub use transformer::Transformer;
 
 pub use mtp::{MtpHead, Trunk};
 
-/// The projections this model joins at load: its own choice, or `FERRITE_JOIN`'s (a probe
-/// for benchmarks, see `bench/README.md`).
-fn joins_for(config: &ModelConfig) -> Result<Joins> {
-    let auto = Joins::for_model(config.is_hybrid() || config.num_experts > 0);
-    from_env("FERRITE_JOIN", |text| Joins::parse(text, auto))
+/// The projections this model joins at load: its own choice, or the options' (a probe for
+/// benchmarks, see `bench/README.md`).
+fn joins_for(config: &ModelConfig, wanted: Option<Joins>) -> Joins {
+    wanted.unwrap_or_else(|| Joins::for_model(config.is_hybrid() || config.num_experts > 0))
 }
 
 /// Loads the model in `dir` (config.json + safetensors), dispatching on `model_type`.
 pub fn load(dir: &Path) -> Result<Box<dyn LanguageModel>> {
-    load_with_form(dir, weight_form::Override::from_env()?).map(|(model, _)| model)
+    load_with(dir, &EngineOptions::default()).map(|(model, _)| model)
 }
 
-/// Loads the model in `dir` with the weight form this backend and machine call for, or the
-/// one `wanted` names ([`crate::weight_form`]), and says which it is.
 /// Weights larger than the machine's memory cannot run here: refused before anything is
 /// mapped or allocated (`total_memory` 0: unknown, not checked).
 /// Split across `ranks`, each holds about its share.
 fn check_fits_memory(dir: &Path, total_memory: u64, ranks: u64) -> Result<()> {
-    let mut bytes = 0u64;
-    for file in crate::weights::weight_files(dir)? {
-        bytes += std::fs::metadata(&file).map_err(|e| crate::error::Error::io(&file, e))?.len();
-    }
-    let bytes = bytes / ranks.max(1);
+    let bytes = crate::weights::weight_bytes(dir)? / ranks.max(1);
     if total_memory > 0 && bytes > total_memory {
         let gb = |b: u64| b as f64 / 1e9;
         return Err(crate::error::Error::malformed(
@@ -62,15 +57,19 @@ fn check_fits_memory(dir: &Path, total_memory: u64, ranks: u64) -> Result<()> {
     Ok(())
 }
 
-pub fn load_with_form(dir: &Path, wanted: weight_form::Override) -> Result<(Box<dyn LanguageModel>, WeightChoice)> {
-    load_split(dir, wanted, None)
+/// Loads the model in `dir` as `options` say — the weight form this backend and machine call
+/// for, or the one they name ([`crate::weight_form`]); split across their group, each rank
+/// its part — and says which form it is.
+pub fn load_with(dir: &Path, options: &EngineOptions) -> Result<(Box<dyn LanguageModel>, WeightChoice)> {
+    let shard = options.group.clone().filter(|g| g.size() > 1).map(Shard::new);
+    load_split(dir, options, shard)
 }
 
-/// As [`load_with_form`], holding only `shard`'s part of each layer when given (tensor
+/// As [`load_with`], holding only `shard`'s part of each layer when given (tensor
 /// parallelism across a distributed group: [`crate::layers::parallel`]).
-pub fn load_split(
+fn load_split(
     dir: &Path,
-    wanted: weight_form::Override,
+    options: &EngineOptions,
     shard: Option<Shard>,
 ) -> Result<(Box<dyn LanguageModel>, WeightChoice)> {
     let mut config = ModelConfig::load(dir)?;
@@ -90,15 +89,15 @@ pub fn load_split(
             );
         }
     }
-    let weight_choice = weight_form::choose(&weights, &config, wanted);
+    let weight_choice = weight_form::choose(&weights, &config, options.weights);
     tracing::info!("{}: weights {weight_choice}", dir.display());
     let model = {
         let mut loader = Loader {
             weights: &mut weights,
             quant: config.quant.as_ref(),
             config_path: config.path.clone(),
-            joins: joins_for(&config)?,
-            long_prompt_gather: from_env("FERRITE_LONG_EXPERTS", crate::layers::switch::long_prompt_gather)?,
+            joins: joins_for(&config, options.joins),
+            long_prompt_gather: options.long_experts.map(LongPromptGather::kept).unwrap_or_default(),
             dequantize: weight_choice.form.dequantize_to(),
             shard,
         };

@@ -8,7 +8,8 @@ use std::time::Duration;
 use engine::batch_rule::BatchRule;
 use engine::{CancelToken, Engine, Event};
 
-use crate::job::{Clamp, ClampedBy, Job, JobError, JobEvent, Message, Prompt, NOT_ASKED};
+use crate::job::{Clamp, Job, JobError, JobEvent, Message, Prompt};
+use crate::admit::Room;
 use crate::metrics::Metrics;
 use crate::model_info::ModelInfo;
 use crate::scripted::ScriptedReplies;
@@ -28,20 +29,6 @@ pub(crate) fn render(engine: &Engine, prompt: &Prompt) -> Result<(Vec<u32>, Stri
     // Templates that open the think block themselves leave the answer in reasoning mode.
     let thinking = text.trim_end().ends_with("<think>");
     Ok((ids, text, thinking))
-}
-
-/// Why a prompt does not fit the memory left: the figures a user can act on.
-pub(crate) fn memory_says(info: &ModelInfo, room: usize) -> String {
-    let gb = |b: u64| b as f64 / 1e9;
-    let held = engine::memory::mlx_memory().active;
-    format!(
-        "the memory left beside the model ({:.2} GB of a {:.1} GB budget, {:.2} GB held) holds the KV cache of {room} tokens \
-         at {} bytes a token: it does not fit (a smaller model, or a larger --max-memory-gb)",
-        gb(info.memory_budget.saturating_sub(held)),
-        gb(info.memory_budget),
-        gb(held),
-        info.kv_bytes_per_token
-    )
 }
 
 /// A job whose answer is being generated: where its events go and what they go through.
@@ -156,24 +143,19 @@ pub(crate) fn start_job<'e>(
     if job.cancel.is_cancelled() || job.events.is_closed() {
         return Err(0);
     }
+    // The KV cache of prompt and answer must fit the memory left beside the model too.
+    let room = Room {
+        context: info.context,
+        memory_budget: info.memory_budget,
+        held: engine::memory::mlx_memory().active,
+        kv_bytes_per_token: info.kv_bytes_per_token,
+        cap: info.max_output_tokens,
+    };
     // A prompt whose text alone cannot fit is refused before the template renders it.
     let text_bytes = job.prompt.text_bytes();
-    // The KV cache of prompt and answer must also fit the memory left beside the model.
-    let memory_room = engine::memory::kv_room_tokens(info.memory_budget, info.kv_bytes_per_token);
     let least = engine.tokenizer().at_least_tokens(text_bytes);
-    if least >= memory_room && !job.count_only {
-        send(JobEvent::Failed(JobError::BadRequest(format!(
-            "the prompt is at least {least} tokens ({text_bytes} bytes of text): {}",
-            memory_says(info, memory_room)
-        ))));
-        return Err(0);
-    }
-    if least >= info.context {
-        send(JobEvent::Failed(JobError::too_long(
-            least,
-            &format!("at least {least} tokens ({text_bytes} bytes of text)"),
-            info.context,
-        )));
+    if let Err(e) = room.check_text(least, text_bytes, job.count_only) {
+        send(JobEvent::Failed(e));
         return Err(0);
     }
     let (ids, text, thinking) = match render(engine, &job.prompt) {
@@ -192,38 +174,17 @@ pub(crate) fn start_job<'e>(
         send(JobEvent::Started { prompt_tokens, max_tokens: 0, clamped: None });
         return Err(0);
     }
-    if prompt_tokens >= info.context {
-        send(JobEvent::Failed(JobError::too_long(prompt_tokens, &format!("{prompt_tokens} tokens"), info.context)));
-        return Err(0);
-    }
-    if prompt_tokens >= memory_room {
-        send(JobEvent::Failed(JobError::BadRequest(format!(
-            "the prompt is {prompt_tokens} tokens: {}",
-            memory_says(info, memory_room)
-        ))));
-        return Err(0);
-    }
-    // Agents ask for more than any context leaves (Claude Code 32K-128K): they get what fits;
-    // a request that asks nothing gets all that fits.
-    let asked = job.request.max_tokens;
-    let (context_room, memory_room) = (info.context - prompt_tokens, memory_room - prompt_tokens);
-    let cap = info.max_output_tokens.unwrap_or(usize::MAX);
-    let room = context_room.min(memory_room).min(cap);
-    let by = if cap == room {
-        ClampedBy::ServerCap
-    } else if memory_room < context_room {
-        ClampedBy::Memory
-    } else {
-        ClampedBy::Context
+    let (max_tokens, clamped) = match room.answer_budget(prompt_tokens, job.request.max_tokens) {
+        Ok(budget) => budget,
+        Err(e) => {
+            send(JobEvent::Failed(e));
+            return Err(0);
+        }
     };
-    let clamped = (asked > room).then_some(Clamp { asked: (asked != NOT_ASKED).then_some(asked), by });
-    if clamped.is_some() {
-        job.request.max_tokens = room;
-    }
+    job.request.max_tokens = max_tokens;
     if clamped.is_some_and(|c| c.asked.is_some()) {
         metrics.max_tokens_clamped.fetch_add(1, Ordering::Relaxed);
     }
-    let max_tokens = job.request.max_tokens;
     job.request.prompt = ids;
     if let Some(reply) = scripted.and_then(|s| s.reply_for(&text)) {
         tracing::info!("a scripted reply answers this prompt (--scripted-replies): {reply:?}");

@@ -2,6 +2,7 @@
 //! on its own thread ([`worker`]); handlers only translate between HTTP and engine events.
 //! It knows nothing of the app that may embed it.
 
+mod admit;
 mod answer;
 pub mod anthropic;
 mod backlog;

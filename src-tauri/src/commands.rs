@@ -72,7 +72,7 @@ pub fn lines(state: &server::AppState) -> Vec<String> {
     let model = if let Some(other) = state.loading.lock().ok().and_then(|l| l.clone()) {
         format!("Loading {other}…")
     } else if loaded.worker.lifecycle.loaded.load(Ordering::SeqCst) {
-        format!("{} · {} · draft depth {}", info.id, info.profile.name, loaded.draft_depth)
+        format!("{} · {} · draft depth {}", info.id, info.profile.name, loaded.depth.depth)
     } else {
         format!("{} stopped (starts on the next request)", info.id)
     };

@@ -97,9 +97,7 @@ async fn serve(name: &str, profile: engine::ProfileName, addr: SocketAddr) -> an
         aliases: model.aliases,
         addr,
         api_key: None,
-        draft_depth: model.draft_depth,
-        draft_depth_source: model.draft_depth_source,
-        class_depths: model.class_depths,
+        depth: model.depth,
         worker: server::worker::WorkerOptions {
             idle: Some(std::time::Duration::from_secs(600)),
             profile: engine::Profile::named(profile),

@@ -74,7 +74,7 @@ pub struct Args {
 
 pub fn run(args: Args) -> Result<()> {
     let spec = server::launch::spec(&args.model, &args.draft_depth, args.profile)?;
-    let (dir, draft_depth) = (spec.dir, spec.draft_depth);
+    let (dir, draft_depth) = (spec.dir, spec.depth.depth);
     let ranks = match &args.hosts {
         Some(file) => {
             let hosts = crate::ranks::read_hosts(file)?;

@@ -97,9 +97,7 @@ pub fn run(args: Args) -> Result<()> {
         aliases: model.aliases.into_iter().chain(args.alias).collect(),
         addr: SocketAddr::new(args.host, args.port),
         api_key: args.api_key,
-        draft_depth: model.draft_depth,
-        draft_depth_source: model.draft_depth_source,
-        class_depths: model.class_depths,
+        depth: model.depth,
         worker: server::worker::WorkerOptions {
             idle: (args.idle_minutes > 0).then(|| std::time::Duration::from_secs(60 * args.idle_minutes)),
             on_idle: args.idle_action,

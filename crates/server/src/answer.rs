@@ -43,7 +43,7 @@ impl Settings {
         Ok(GenerateRequest {
             sampling: self.sampling,
             stop: self.stop,
-            draft_depth: loaded.draft_depth,
+            draft_depth: loaded.depth.depth,
             ignore_eos: self.ignore_eos,
             ..GenerateRequest::greedy(vec![], self.max_tokens.unwrap_or(crate::job::NOT_ASKED))
         })
@@ -266,7 +266,7 @@ pub fn workload_class(prompt: &Prompt, temperature: f32) -> engine::workload::Wo
 
 /// Sets the request's draft depth to the one tuned for its workload class, when there is one.
 pub fn depth_for_class(loaded: &Loaded, prompt: &Prompt, request: &mut GenerateRequest) {
-    request.draft_depth = loaded.depth_for(workload_class(prompt, request.sampling.temperature));
+    request.draft_depth = loaded.depth.for_class(workload_class(prompt, request.sampling.temperature));
 }
 
 #[cfg(test)]

@@ -8,8 +8,8 @@ use std::time::Duration;
 use engine::batch_rule::BatchRule;
 use engine::{CancelToken, Engine, Event};
 
-use crate::job::{Clamp, Job, JobError, JobEvent, Message, Prompt};
 use crate::admit::Room;
+use crate::job::{Clamp, Job, JobError, JobEvent, Message, Prompt};
 use crate::metrics::Metrics;
 use crate::model_info::ModelInfo;
 use crate::scripted::ScriptedReplies;

@@ -10,6 +10,7 @@ use engine::workload::WorkloadClass;
 use engine::ProfileName;
 use store::tuning::{model_identity, TuningFile, TuningKey};
 
+use crate::depth_plan::DepthPlan;
 use crate::{ModelSpec, Resolver};
 
 /// A model name: a folder, a catalog id or alias, a registered id, or a repository.
@@ -134,17 +135,15 @@ pub fn draft_depth(arg: &str, dir: &Path, profile: ProfileName) -> Result<(usize
 /// A model by name with its tuned depth for a profile.
 pub fn spec(name: &str, draft_depth_arg: &str, profile: ProfileName) -> Result<ModelSpec> {
     let model = resolve(name)?;
-    let (draft_depth, draft_depth_source) = draft_depth(draft_depth_arg, &model.dir, profile)?;
+    let (depth, source) = draft_depth(draft_depth_arg, &model.dir, profile)?;
     // A depth given on the command line holds for every request; `auto` takes each class's.
-    let class_depths = if draft_depth_arg == "auto" { class_depths(&model.dir, profile) } else { Vec::new() };
+    let by_class = if draft_depth_arg == "auto" { class_depths(&model.dir, profile) } else { Vec::new() };
     let batch_rule = batch_rule(&model.dir, profile);
     Ok(ModelSpec {
         dir: model.dir,
         id: model.id,
         aliases: model.aliases,
-        draft_depth,
-        draft_depth_source,
-        class_depths,
+        depth: DepthPlan { depth, source, by_class },
         batch_rule,
     })
 }

@@ -7,6 +7,7 @@ mod answer;
 pub mod anthropic;
 mod backlog;
 pub mod connections;
+pub mod depth_plan;
 pub mod engine_options;
 mod engine_threads;
 pub mod error;
@@ -33,7 +34,7 @@ pub mod tuning;
 pub mod ui;
 pub mod worker;
 
-use engine::workload::WorkloadClass;
+use crate::depth_plan::DepthPlan;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -64,12 +65,8 @@ pub struct ServerConfig {
     pub addr: SocketAddr,
     /// Required when binding anything but loopback.
     pub api_key: Option<String>,
-    /// MTP draft depth for every request (0 = plain decoding).
-    pub draft_depth: usize,
-    /// Where that depth came from (tuned, untuned, the command line), for /v1/status.
-    pub draft_depth_source: String,
-    /// Depths tuned for workload classes: a request of such a class runs at its class's depth.
-    pub class_depths: Vec<(WorkloadClass, usize)>,
+    /// The draft depths to serve with.
+    pub depth: DepthPlan,
     /// The idle watchdog: its limit (`None` = never), what it does, and the runtime profile.
     pub worker: WorkerOptions,
     /// Browser origins allowed to call the API (the app's own; see [`APP_ORIGINS`]).
@@ -97,17 +94,8 @@ pub struct Loaded {
     /// Shared so that a new draft depth (after tuning) can be set without restarting it.
     pub worker: Arc<Worker>,
     pub aliases: Vec<String>,
-    pub draft_depth: usize,
-    pub draft_depth_source: String,
-    /// Depths tuned for workload classes (`ferrite tune --class`), over `draft_depth`.
-    pub class_depths: Vec<(WorkloadClass, usize)>,
-}
-
-impl Loaded {
-    /// The draft depth for a request of `class`: its class's tuned depth, else the model's.
-    pub fn depth_for(&self, class: WorkloadClass) -> usize {
-        self.class_depths.iter().find(|(c, _)| *c == class).map_or(self.draft_depth, |(_, d)| *d)
-    }
+    /// The draft depths it is served with (`ferrite tune --class` adds a class's).
+    pub depth: DepthPlan,
 }
 
 /// What `/v1/models/load` needs to start another model: a folder, its names, its draft depth.
@@ -116,9 +104,7 @@ pub struct ModelSpec {
     pub dir: PathBuf,
     pub id: String,
     pub aliases: Vec<String>,
-    pub draft_depth: usize,
-    pub draft_depth_source: String,
-    pub class_depths: Vec<(WorkloadClass, usize)>,
+    pub depth: DepthPlan,
     /// When a speculating request decodes together with others (the tuner's measurement).
     pub batch_rule: engine::batch_rule::BatchRule,
 }
@@ -173,9 +159,7 @@ impl AppState {
             Loaded {
                 worker: Arc::new(worker),
                 aliases,
-                draft_depth,
-                draft_depth_source: "set by the embedding program".into(),
-                class_depths: Vec::new(),
+                depth: DepthPlan::fixed(draft_depth, "set by the embedding program"),
             },
             api_key,
         )
@@ -253,7 +237,7 @@ impl AppState {
         };
         put("x-ferrite-model", loaded.worker.info.id.clone());
         put("x-ferrite-device", loaded.worker.info.backend.clone());
-        put("x-ferrite-draft-depth", loaded.draft_depth.to_string());
+        put("x-ferrite-draft-depth", loaded.depth.depth.to_string());
         put("x-ferrite-profile", loaded.worker.info.profile.name.to_string());
         put("x-ferrite-max-tokens", max_tokens.to_string());
         // Who set the limit: the request's own number, or the server (lowered from the
@@ -377,10 +361,10 @@ pub fn status_json(s: &AppState) -> serde_json::Value {
         "blas": i.blas, "weights": i.weight_form, "mlx_version": i.mlx_version,
         // The hybrids' recurrence: ops, mlx-native (Metal), cuda-fused or cuda-kernel, after its self-check.
         "delta_rule": i.delta_rule.as_ref().map(|(path, why)| json!({"path": path, "why": why})),
-        "context": i.context, "mtp_head": i.has_mtp, "draft_depth": loaded.draft_depth, "draft_depth_source": loaded.draft_depth_source,
+        "context": i.context, "mtp_head": i.has_mtp, "draft_depth": loaded.depth.depth, "draft_depth_source": loaded.depth.source,
         // Depths tuned per workload class (a request of the class runs at it; others at
         // `draft_depth`).
-        "class_depths": loaded.class_depths.iter().map(|(c, d)| (c.to_string(), json!(d))).collect::<serde_json::Map<_, _>>(),
+        "class_depths": loaded.depth.by_class.iter().map(|(c, d)| (c.to_string(), json!(d))).collect::<serde_json::Map<_, _>>(),
         // The runtime depth controller's state for the speculating request now (or the last).
         "depth_control": w.metrics.live().depth_control,
         "loading": s.loading.lock().ok().and_then(|l| l.clone()),
@@ -501,13 +485,7 @@ pub async fn start(config: &ServerConfig) -> anyhow::Result<AppState> {
     let dir = config.model_dir.clone();
     let options = config.worker.clone();
     let worker = tokio::task::spawn_blocking(move || Worker::start(dir, id, options)).await??;
-    let loaded = Loaded {
-        worker: Arc::new(worker),
-        aliases: config.aliases.clone(),
-        draft_depth: config.draft_depth,
-        draft_depth_source: config.draft_depth_source.clone(),
-        class_depths: config.class_depths.clone(),
-    };
+    let loaded = Loaded { worker: Arc::new(worker), aliases: config.aliases.clone(), depth: config.depth.clone() };
     let mut state = AppState::serving(loaded, None);
     state.guard = Arc::new(guard::Guard::new(
         Some(config.addr),

@@ -286,13 +286,7 @@ pub async fn load_model(
     let (spec, worker) =
         started.map_err(|e| ApiError::bad_request(format!("cannot start `{model}`: {e:#}")).with_param("model"))?;
     tracing::info!("now serving `{}` from {} ({profile} profile)", spec.id, spec.dir.display());
-    s.replace(Loaded {
-        worker: Arc::new(worker),
-        aliases: spec.aliases.clone(),
-        draft_depth: spec.draft_depth,
-        draft_depth_source: spec.draft_depth_source.clone(),
-        class_depths: spec.class_depths.clone(),
-    });
+    s.replace(Loaded { worker: Arc::new(worker), aliases: spec.aliases.clone(), depth: spec.depth.clone() });
     s.set_notice(None);
     if let Some(on_load) = s.on_load.clone() {
         let spec = spec.clone();
@@ -302,7 +296,7 @@ pub async fn load_model(
         }
     }
     Ok(
-        json!({"model": spec.id, "aliases": spec.aliases, "dir": spec.dir, "draft_depth": spec.draft_depth, "profile": profile}),
+        json!({"model": spec.id, "aliases": spec.aliases, "dir": spec.dir, "draft_depth": spec.depth.depth, "profile": profile}),
     )
 }
 

@@ -207,20 +207,9 @@ fn use_new_depth(state: &AppState, tuned: &Arc<Loaded>, class: Option<WorkloadCl
     if !Arc::ptr_eq(&now.worker, &tuned.worker) {
         return;
     }
-    let mut class_depths = now.class_depths.clone();
-    let (draft_depth, draft_depth_source) = match class {
-        Some(c) => {
-            class_depths.retain(|(k, _)| *k != c);
-            class_depths.push((c, depth));
-            (now.draft_depth, now.draft_depth_source.clone())
-        }
-        None => (depth, format!("tuned just now ({why})")),
-    };
     state.replace(Loaded {
         worker: now.worker.clone(),
         aliases: now.aliases.clone(),
-        draft_depth,
-        draft_depth_source,
-        class_depths,
+        depth: now.depth.tuned(class, depth, why),
     });
 }

@@ -485,9 +485,7 @@ async fn a_click_starts_another_model() {
             dir: dir.clone(),
             id: "hybrid".into(),
             aliases: vec!["h".into()],
-            draft_depth: 2,
-            draft_depth_source: "test".into(),
-            class_depths: Vec::new(),
+            depth: server::depth_plan::DepthPlan::fixed(2, "test"),
             batch_rule: Default::default(),
         })
     });

@@ -125,9 +125,7 @@ async fn everything_at_once_then_back_to_idle() {
             dir,
             id: name.into(),
             aliases: vec![],
-            draft_depth: 0,
-            draft_depth_source: "test".into(),
-            class_depths: Vec::new(),
+            depth: server::depth_plan::DepthPlan::fixed(0, "test"),
             batch_rule: Default::default(),
         })
     });

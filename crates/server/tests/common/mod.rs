@@ -146,9 +146,7 @@ pub fn serve_at_depths(state: &mut AppState, draft_depth: usize, class_depths: V
     state.replace(server::Loaded {
         worker: served.worker.clone(),
         aliases: served.aliases.clone(),
-        draft_depth,
-        draft_depth_source: "test".into(),
-        class_depths,
+        depth: server::depth_plan::DepthPlan { depth: draft_depth, source: "test".into(), by_class: class_depths },
     });
 }
 

@@ -44,3 +44,16 @@ fn reports_an_incomplete_mtp_head() {
     let text = r.to_string();
     assert!(text.contains("present but unusable") && text.contains("mtp.norm.weight"), "{text}");
 }
+
+#[test]
+fn the_layer_count_asked_is_the_checkpoints_on_every_architecture() {
+    use Architecture::*;
+    for arch in [Qwen3, Qwen3Moe, Qwen3Next, Qwen35, Qwen35Moe] {
+        let mut o = common::options(arch, "tiny", None, 32, Dtype::Float32);
+        o.layers = Some(5);
+        let d = tempfile::tempdir().unwrap();
+        checkpoint::make(&o, d.path()).unwrap();
+        let r = inspect(d.path(), &Default::default()).unwrap();
+        assert!(r.to_string().contains("layers         5"), "{arch:?}:\n{r}");
+    }
+}

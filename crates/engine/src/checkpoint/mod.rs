@@ -97,7 +97,7 @@ pub fn make(opts: &MakeOptions, out: &Path) -> Result<Made> {
         if layers < 1 {
             return Err(Error::Request(format!("a checkpoint needs at least one layer (asked for {layers})")));
         }
-        config["num_hidden_layers"] = json!(layers);
+        presets::set_layers(&mut config, opts.arch, layers.into());
     }
     if opts.mtp {
         presets::add_mtp_head(&mut config, opts.arch)?;

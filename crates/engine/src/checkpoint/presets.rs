@@ -47,9 +47,7 @@ fn hybrid(arch: Architecture, base: Value, nk: i32, nv: i32, dk: i32, dv: i32) -
         }
         _ => {
             let layers = c["num_hidden_layers"].as_i64().unwrap_or(4);
-            c["layer_types"] = json!((0..layers)
-                .map(|i| if (i + 1) % 4 == 0 { "full_attention" } else { "linear_attention" })
-                .collect::<Vec<_>>());
+            c["layer_types"] = layer_pattern(layers);
             let theta = c["rope_theta"].clone();
             let tie = c["tie_word_embeddings"].clone();
             if let Some(obj) = c.as_object_mut() {
@@ -141,6 +139,24 @@ pub fn config(arch: Architecture, preset: &str) -> Result<Value> {
         }
     };
     Ok(config)
+}
+
+/// A hybrid's layer kinds, every fourth a full attention layer (as `full_attention_interval`).
+fn layer_pattern(layers: i64) -> Value {
+    json!((0..layers).map(|i| if (i + 1) % 4 == 0 { "full_attention" } else { "linear_attention" }).collect::<Vec<_>>())
+}
+
+/// Sets a config's number of decoder layers where its architecture keeps it (Qwen3.5's in
+/// `text_config`), with its layer pattern when it lists one.
+pub fn set_layers(config: &mut Value, arch: Architecture, layers: i64) {
+    let text = match arch {
+        Architecture::Qwen35 | Architecture::Qwen35Moe => &mut config["text_config"],
+        _ => config,
+    };
+    text["num_hidden_layers"] = json!(layers);
+    if text.get("layer_types").is_some() {
+        text["layer_types"] = layer_pattern(layers);
+    }
 }
 
 /// Declares a one-layer MTP head in a hybrid config, under the key its architecture uses.

@@ -3,15 +3,27 @@
 
 mod architecture;
 pub mod batch;
+// Public for the engine's own tests (the `dev` feature), private to the server and the app.
+#[cfg(feature = "dev")]
 pub mod batch_cache;
+#[cfg(not(feature = "dev"))]
+mod batch_cache;
 pub mod batch_rule;
 pub mod blas;
+// Public for the engine's own tests (the `dev` feature), private to the server and the app.
+#[cfg(feature = "dev")]
 pub mod cache;
+#[cfg(not(feature = "dev"))]
+mod cache;
 #[cfg(feature = "dev")]
 pub mod checkpoint;
 mod config;
 pub mod costs;
+// Public for the engine's own tests (the `dev` feature), private to the server and the app.
+#[cfg(feature = "dev")]
 pub mod depth_control;
+#[cfg(not(feature = "dev"))]
+mod depth_control;
 pub mod device;
 pub mod distributed;
 mod engine;
@@ -30,7 +42,11 @@ mod layers;
 mod lockstep;
 mod logits;
 pub mod memory;
+// Public for the engine's own tests (the `dev` feature), private to the server and the app.
+#[cfg(feature = "dev")]
 pub mod models;
+#[cfg(not(feature = "dev"))]
+mod models;
 mod options;
 pub mod penalties;
 #[cfg(feature = "dev")]

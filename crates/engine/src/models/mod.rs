@@ -24,7 +24,7 @@ use crate::weights::Weights;
 pub use language_model::LanguageModel;
 pub use transformer::Transformer;
 
-pub use mtp::{MtpHead, Trunk};
+pub use mtp::MtpHead;
 
 /// The projections this model joins at load: its own choice, or the options' (a probe for
 /// benchmarks, see `bench/README.md`).
@@ -32,7 +32,9 @@ fn joins_for(config: &ModelConfig, wanted: Option<Joins>) -> Joins {
     wanted.unwrap_or_else(|| Joins::for_model(config.is_hybrid() || config.num_experts > 0))
 }
 
-/// Loads the model in `dir` (config.json + safetensors), dispatching on `model_type`.
+/// Loads the model in `dir` (config.json + safetensors), dispatching on `model_type` (the
+/// tests' shorthand; the engine loads through [`load_with`]).
+#[cfg(feature = "dev")]
 pub fn load(dir: &Path) -> Result<Box<dyn LanguageModel>> {
     load_with(dir, &EngineOptions::default()).map(|(model, _)| model)
 }

@@ -5,6 +5,7 @@
 //! `anthropic.rs` only convert their typed requests into a prompt and these steps into their
 //! typed responses and events.
 
+use axum::http::HeaderMap;
 use engine::{FinishReason, GenerateRequest, SamplingParams, Summary};
 use futures_util::stream::{Stream, StreamExt};
 use serde::Serialize;
@@ -14,7 +15,7 @@ use tokio_stream::wrappers::UnboundedReceiverStream;
 use crate::error::ApiError;
 use crate::job::{Clamp, ClampedBy, JobEvent, Prompt, Running};
 use crate::tools::{CallEvent, ParsedCall};
-use crate::Loaded;
+use crate::{AppState, Loaded};
 
 /// What a request asks of the generation, with the names its protocol gives the fields (an
 /// error names the field the client sent).
@@ -264,9 +265,19 @@ pub fn workload_class(prompt: &Prompt, temperature: f32) -> engine::workload::Wo
     engine::workload::WorkloadClass::of(text, !crate::tool_choice::offered(prompt).is_empty(), temperature)
 }
 
-/// Sets the request's draft depth to the one tuned for its workload class, when there is one.
-pub fn depth_for_class(loaded: &Loaded, prompt: &Prompt, request: &mut GenerateRequest) {
-    request.draft_depth = loaded.depth.for_class(workload_class(prompt, request.sampling.temperature));
+/// Runs a converted request on the loaded model — the one way the protocol handlers do: at the
+/// draft depth tuned for its workload class (when there is one), through the worker; returns
+/// the running job and the speed headers every answer carries.
+pub async fn run(
+    state: &AppState,
+    loaded: &Loaded,
+    prompt: Prompt,
+    mut request: GenerateRequest,
+) -> Result<(Running, HeaderMap), ApiError> {
+    request.draft_depth = loaded.depth.for_class(workload_class(&prompt, request.sampling.temperature));
+    let running = loaded.worker.run(prompt, request, false).await?;
+    let headers = state.speed_headers(loaded, running.max_tokens, running.clamped);
+    Ok((running, headers))
 }
 
 #[cfg(test)]

@@ -403,9 +403,7 @@ pub async fn messages(State(state): State<AppState>, body: Bytes) -> Result<Resp
     };
     let mut request = settings.request(&loaded)?;
     request.grammar = choice.grammar(&tool_choice::offered(&prompt), loaded.worker.info.call_syntax)?;
-    crate::answer::depth_for_class(&loaded, &prompt, &mut request);
-    let running = loaded.worker.run(prompt, request, false).await?;
-    let headers = state.speed_headers(&loaded, running.max_tokens, running.clamped);
+    let (running, headers) = answer::run(&state, &loaded, prompt, request).await?;
     let head = Head { id: format!("msg_{}", state.next_id()), model: loaded.worker.info.id.clone() };
 
     if !g.stream {

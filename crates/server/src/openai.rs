@@ -325,10 +325,7 @@ async fn respond(
     kind: Kind,
     expect: Option<Expect>,
 ) -> Result<Response, ApiError> {
-    let mut request = request;
-    crate::answer::depth_for_class(&loaded, &prompt, &mut request);
-    let running = loaded.worker.run(prompt, request, false).await?;
-    let mut headers = state.speed_headers(&loaded, running.max_tokens, running.clamped);
+    let (running, mut headers) = answer::run(&state, &loaded, prompt, request).await?;
     let head = Head {
         id: format!("{}-{}", if kind == Kind::Chat { "chatcmpl" } else { "cmpl" }, state.next_id()),
         call_base: format!("call_{}", state.next_id()),

@@ -391,9 +391,7 @@ pub async fn responses(State(state): State<AppState>, body: Bytes) -> Result<Res
     if let Some(calls) = choice.grammar(&tool_choice::offered(&prompt), loaded.worker.info.call_syntax)? {
         request.grammar = Some(calls);
     }
-    crate::answer::depth_for_class(&loaded, &prompt, &mut request);
-    let running = loaded.worker.run(prompt, request, false).await?;
-    let mut headers = state.speed_headers(&loaded, running.max_tokens, running.clamped);
+    let (running, mut headers) = answer::run(&state, &loaded, prompt, request).await?;
     if !offered.ignored.is_empty() {
         // Tools the server cannot run were left out of the prompt: say which.
         if let Ok(v) = HeaderValue::from_str(&offered.ignored.join(", ")) {

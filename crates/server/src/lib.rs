@@ -9,6 +9,7 @@ mod backlog;
 pub mod connections;
 pub mod depth_plan;
 pub mod engine_options;
+mod engine_thread;
 mod engine_threads;
 pub mod error;
 #[cfg(test)]
@@ -18,6 +19,7 @@ pub mod history;
 pub mod job;
 mod job_run;
 pub mod launch;
+mod lifecycle;
 pub mod live;
 pub mod metrics;
 pub mod model_info;

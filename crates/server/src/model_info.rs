@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use engine::Profile;
+use engine::{Engine, Profile};
 
 use crate::tool_choice::CallSyntax;
 
@@ -37,4 +37,43 @@ pub struct ModelInfo {
     pub call_syntax: CallSyntax,
     /// Split across ranks: each rank's host and the collectives' backend.
     pub split: Option<(Vec<String>, String)>,
+}
+
+/// The facts `ModelInfo` takes from the worker's options rather than the model.
+pub(crate) struct Facts {
+    pub id: String,
+    pub max_output_tokens: Option<usize>,
+    pub memory_budget: Option<u64>,
+    /// A split model's hosts and collectives' backend.
+    pub split: Option<(Vec<String>, String)>,
+}
+
+impl ModelInfo {
+    /// The facts of the model `engine` loaded from `dir` under `profile`, with those the
+    /// worker's options give.
+    pub(crate) fn of(engine: &Engine, facts: Facts, dir: PathBuf, profile: Profile) -> ModelInfo {
+        let c = engine.model().config();
+        ModelInfo {
+            id: facts.id,
+            dir,
+            model_type: c.model_type.clone(),
+            context: c.max_position_embeddings.unwrap_or(32768).max(1) as usize,
+            backend: engine.backend().to_string(),
+            mlx_version: engine::device::mlx_version(),
+            delta_rule: c
+                .is_hybrid()
+                .then(engine::delta_path::report)
+                .flatten()
+                .map(|r| (r.path.to_string(), r.why.clone())),
+            blas: engine::blas::describe(),
+            weight_form: engine.weight_form().to_string(),
+            has_mtp: engine.model().mtp().is_some(),
+            profile,
+            max_output_tokens: facts.max_output_tokens,
+            memory_budget: facts.memory_budget.unwrap_or_else(engine::device::total_memory),
+            kv_bytes_per_token: engine.kv_bytes_per_token(),
+            call_syntax: CallSyntax::of(engine.tokenizer()),
+            split: facts.split,
+        }
+    }
 }

@@ -266,6 +266,39 @@ pub struct Launch<'a> {
     pub template: &'a [(&'a str, TemplateArg)],
 }
 
+/// A custom CUDA kernel's name, signature (MLX writes it from the input and output names) and
+/// body.
+pub struct KernelSource {
+    pub name: &'static str,
+    pub inputs: &'static [&'static str],
+    pub outputs: &'static [&'static str],
+    pub body: &'static str,
+}
+
+/// Where a thread keeps a kernel once made (a `thread_local!`): MLX compiles one module per
+/// set of template arguments, so one kernel object serves every launch on that thread.
+pub type KernelSlot = std::thread::LocalKey<std::cell::RefCell<Option<CudaKernel>>>;
+
+impl KernelSource {
+    /// Launches the kernel kept in `slot`, made there on first use (lazy, like any op).
+    pub fn apply(
+        &self,
+        slot: &'static KernelSlot,
+        inputs: &[&Array],
+        launch: &Launch,
+    ) -> Result<Vec<Array>, Exception> {
+        slot.with_borrow_mut(|kept| {
+            let kernel = match kept.take() {
+                Some(kernel) => kernel,
+                None => CudaKernel::new(self.name, self.inputs, self.outputs, self.body)?,
+            };
+            let out = kernel.apply(inputs, launch);
+            *kept = Some(kernel);
+            out
+        })
+    }
+}
+
 /// A custom CUDA kernel through MLX's `fast::cuda_kernel` (compiled by NVRTC at its first
 /// evaluation; a compile error surfaces there).
 pub struct CudaKernel(mlx_sys::mlx_fast_cuda_kernel);

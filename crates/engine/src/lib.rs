@@ -70,7 +70,7 @@ pub use engine::Engine;
 pub use error::{Error, Result};
 pub use grammar::{json_for_grammar, Grammar};
 pub use grammar_limits::{check_schema, check_text_grammar};
-pub use options::{EngineOptions, OVERRIDES};
+pub use options::EngineOptions;
 pub use request::{CancelToken, Event, FinishReason, GenerateRequest, Summary};
 /// Which implementation runs the hybrids' gated delta rule, and its self-check.
 pub mod delta_path {

@@ -32,13 +32,10 @@ pub struct EngineOptions {
     pub group: Option<Arc<Group>>,
 }
 
-/// The overrides' variables, as the CLI and the app read them.
-pub const OVERRIDES: [&str; 4] =
-    ["FERRITE_CPU_WEIGHTS", "FERRITE_JOIN", "FERRITE_LONG_EXPERTS", "FERRITE_PROMPT_CACHE_MB"];
-
 impl EngineOptions {
     /// These options with the benchmarks' overrides that `lookup` finds set, by variable name
-    /// ([`OVERRIDES`]; unset or empty: the default). A value one refuses is a config error
+    /// (`FERRITE_CPU_WEIGHTS`, `FERRITE_JOIN`, `FERRITE_LONG_EXPERTS`, `FERRITE_PROMPT_CACHE_MB`;
+    /// unset or empty: the default). A value one refuses is a config error
     /// naming the variable.
     pub fn with_overrides(mut self, lookup: impl Fn(&str) -> Option<String>) -> Result<Self> {
         let read = |name: &str| lookup(name).unwrap_or_default();

@@ -1,6 +1,6 @@
 //! The engine's options as the CLI and the app give them: a profile, a split across ranks,
-//! and the benchmarks' overrides (`engine::OVERRIDES`) read from this process's environment
-//! — here, since the engine reads none.
+//! and the benchmarks' overrides (`EngineOptions::with_overrides`) read from this process's
+//! environment — here, since the engine reads none.
 
 use std::sync::Arc;
 

@@ -19,7 +19,7 @@ use mlx_rs::error::Exception;
 use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::{Array, Dtype};
 
-use crate::ffi::{CudaKernel, Launch, TemplateArg};
+use crate::ffi::{CudaKernel, KernelSource, Launch, TemplateArg};
 
 const SOURCE: &str = r#"
     constexpr int per_lane = Dk / 32;
@@ -80,6 +80,13 @@ thread_local! {
     static KERNEL: RefCell<Option<CudaKernel>> = const { RefCell::new(None) };
 }
 
+const KERNEL_SOURCE: KernelSource = KernelSource {
+    name: "ferrite_gated_delta",
+    inputs: &["q", "k", "v", "g", "beta", "state_in"],
+    outputs: &["y", "state_out"],
+    body: SOURCE,
+};
+
 /// Whether the kernel takes these shapes: whole warps over the key dimension.
 pub fn fits(head_k_dim: i32) -> bool {
     head_k_dim > 0 && head_k_dim % 32 == 0 && head_k_dim <= 256
@@ -122,17 +129,7 @@ pub fn run(
         template: &template,
     };
     let inputs = [q, k, &v.as_dtype(q.dtype())?, &g, &beta, &state];
-    let out = KERNEL.with_borrow_mut(|slot| -> Result<Vec<Array>, Exception> {
-        if slot.is_none() {
-            *slot = Some(CudaKernel::new(
-                "ferrite_gated_delta",
-                &["q", "k", "v", "g", "beta", "state_in"],
-                &["y", "state_out"],
-                SOURCE,
-            )?);
-        }
-        slot.as_ref().expect("made above").apply(&inputs, &launch)
-    })?;
+    let out = KERNEL_SOURCE.apply(&KERNEL, &inputs, &launch)?;
     let mut out = out.into_iter();
     let (Some(y), Some(states)) = (out.next(), out.next()) else {
         return Err(Exception::custom("the CUDA delta kernel returned fewer than two arrays"));

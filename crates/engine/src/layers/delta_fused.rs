@@ -22,7 +22,7 @@ use mlx_rs::error::Exception;
 use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::{Array, Dtype};
 
-use crate::ffi::{CudaKernel, Launch, TemplateArg};
+use crate::ffi::{CudaKernel, KernelSource, Launch, TemplateArg};
 
 /// Warps per block (one block per sequence and value head). A block of 256 threads can always
 /// launch: each thread may use up to 255 registers and still fit one SM's register file, while
@@ -174,6 +174,13 @@ thread_local! {
     static KERNEL: RefCell<Option<CudaKernel>> = const { RefCell::new(None) };
 }
 
+const KERNEL_SOURCE: KernelSource = KernelSource {
+    name: "ferrite_gated_delta_step",
+    inputs: &["proj", "tail", "conv_w", "a_log", "dt_bias", "norm_w", "state_in"],
+    outputs: &["y_out", "tail_out", "state_out"],
+    body: SOURCE,
+};
+
 /// Whether the kernel takes these head sizes: whole warps over the key dimension, the value
 /// rows shared evenly by the block's warps.
 pub fn fits(head_k_dim: i32, head_v_dim: i32) -> bool {
@@ -252,17 +259,7 @@ pub fn run(step: &Step, capture: bool) -> Result<Stepped, Exception> {
         template: &template,
     };
     let inputs = [proj, &tail, conv_weight, a_log, dt_bias, norm_weight, &state];
-    let out = KERNEL.with_borrow_mut(|slot| -> Result<Vec<Array>, Exception> {
-        if slot.is_none() {
-            *slot = Some(CudaKernel::new(
-                "ferrite_gated_delta_step",
-                &["proj", "tail", "conv_w", "a_log", "dt_bias", "norm_w", "state_in"],
-                &["y_out", "tail_out", "state_out"],
-                SOURCE,
-            )?);
-        }
-        slot.as_ref().expect("made above").apply(&inputs, &launch)
-    })?;
+    let out = KERNEL_SOURCE.apply(&KERNEL, &inputs, &launch)?;
     let [y, tail, states] = <[Array; 3]>::try_from(out)
         .map_err(|_| Exception::custom("the fused CUDA delta step returned other than three arrays"))?;
     let states = if capture { (0..s).map(|i| states.index(i)).collect() } else { vec![states] };

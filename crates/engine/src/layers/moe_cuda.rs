@@ -17,7 +17,7 @@ use std::cell::RefCell;
 use mlx_rs::error::Exception;
 use mlx_rs::{Array, Dtype};
 
-use crate::ffi::{CudaKernel, Launch, TemplateArg};
+use crate::ffi::{CudaKernel, KernelSource, Launch, TemplateArg};
 
 const ROUTE_SOURCE: &str = r#"
     constexpr int per_lane = (E + 31) / 32;
@@ -109,6 +109,16 @@ const COMBINE_SOURCE: &str = r#"
     moe_out[(size_t)n * D + d] = static_cast<InT>(static_cast<float>(residual[(size_t)n * D + d]) + out);
 "#;
 
+const ROUTE_KERNEL: KernelSource =
+    KernelSource { name: "ferrite_moe_route", inputs: &["logits"], outputs: &["ids", "weights"], body: ROUTE_SOURCE };
+
+const COMBINE_KERNEL: KernelSource = KernelSource {
+    name: "ferrite_moe_combine",
+    inputs: &["y", "weights", "residual"],
+    outputs: &["moe_out"],
+    body: COMBINE_SOURCE,
+};
+
 /// Threads per block of the combine (a block covers this many of a row's features).
 const COMBINE_THREADS: i32 = 128;
 
@@ -164,7 +174,7 @@ pub fn route(logits: &Array, routing: &Routing) -> Result<Routed, Exception> {
         block: (32, 1, 1),
         template: &template,
     };
-    let out = apply(&ROUTE, "ferrite_moe_route", &["logits"], &["ids", "weights"], ROUTE_SOURCE, &[logits], &launch)?;
+    let out = ROUTE_KERNEL.apply(&ROUTE, &[logits], &launch)?;
     let [ids, weights] =
         <[Array; 2]>::try_from(out).map_err(|_| Exception::custom("the CUDA router returned other than two arrays"))?;
     Ok(Routed { ids, weights })
@@ -207,27 +217,8 @@ pub fn combine(y: &Array, weights: &Array, residual: &Array, routing: &Routing) 
         block: (COMBINE_THREADS, 1, 1),
         template: &template,
     };
-    let inputs = [y, weights, residual];
-    let names = ["y", "weights", "residual"];
-    let mut out = apply(&COMBINE, "ferrite_moe_combine", &names, &["moe_out"], COMBINE_SOURCE, &inputs, &launch)?;
+    let mut out = COMBINE_KERNEL.apply(&COMBINE, &[y, weights, residual], &launch)?;
     out.pop().ok_or_else(|| Exception::custom("the CUDA MoE combine returned nothing"))
-}
-
-fn apply(
-    kernel: &'static std::thread::LocalKey<RefCell<Option<CudaKernel>>>,
-    name: &str,
-    inputs: &[&str],
-    outputs: &[&str],
-    source: &str,
-    arrays: &[&Array],
-    launch: &Launch,
-) -> Result<Vec<Array>, Exception> {
-    kernel.with_borrow_mut(|slot| {
-        if slot.is_none() {
-            *slot = Some(CudaKernel::new(name, inputs, outputs, source)?);
-        }
-        slot.as_ref().expect("made above").apply(arrays, launch)
-    })
 }
 
 #[cfg(test)]

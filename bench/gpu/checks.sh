@@ -20,7 +20,9 @@
 # (DELTA_PATHS, when set, `delta`'s).
 #   compare-small   the same on the small Qwen3-Next shape (SIZES default 128 2048)
 #   compare-35b     bench/compare.sh on the 35B-A3B shape against mlx-lm (ops) and the Mac-like
-#                   peer (SIZES from the environment, default 128 2048 8192)
+#                   peer (SIZES from the environment, default 128 2048 8192; PEERS, PROFILE,
+#                   PROCESSES as compare.sh reads them; COMPARE_TIMEOUT, default 560 s: keep it
+#                   under the device call's limit)
 set -u
 [ "${1:-}" = --carried ] || { echo "usage: $0 --carried DIR [CHECK ...]" >&2; exit 2; }
 carried=$2; shift 2
@@ -81,9 +83,12 @@ for check in "$@"; do
       done
       [ "${PEER_OPS:-1}" = 0 ] || timeout 200 python3 bench/mlx_lm_ops.py --model "$dir" --context 128 > "$res/ops-35b-mlx-lm.txt" 2>&1 ;;
     compare-small)
-      PEERS="ops mac-like" SIZES="${SIZES:-128 2048}" timeout 300 bench/compare.sh next-small-4bit > "$res/compare-small.txt" 2>&1 ;;
+      PEERS="${PEERS:-ops mac-like}" SIZES="${SIZES:-128 2048}" timeout 300 bench/compare.sh next-small-4bit > "$res/compare-small.txt" 2>&1 ;;
     compare-35b)
-      PEERS="ops mac-like" timeout 560 bench/compare.sh next-35b-a3b-4bit > "$res/compare-35b-$(echo ${SIZES:-all} | tr " " -).txt" 2>&1 ;;
+      PEERS="${PEERS:-ops mac-like}" timeout "${COMPARE_TIMEOUT:-560}" bench/compare.sh next-35b-a3b-4bit \
+        > "$res/compare-35b-$(echo ${SIZES:-all} | tr " " -).txt" 2>&1
+      # compare.sh writes its rows as each process ends: keep them when the timeout stopped it.
+      cp "$BENCH_DIR/compare-run.jsonl" "$res/compare-35b-rows-$(date -u +%H%M%S).jsonl" 2>/dev/null ;;
     *) log "unknown check $check" ;;
   esac
   # After each check, so a run stopped at its time limit still brings back what it finished.

@@ -132,6 +132,7 @@ fn answer(engine: &Engine, args: Args, draft_depth: usize) -> Result<()> {
                 presence: args.presence_penalty,
                 frequency: args.frequency_penalty,
             },
+            logit_bias: Vec::new(),
         },
         stop: args.stop,
         ignore_eos: false,

@@ -21,6 +21,12 @@ impl ForcedAnswer {
         ForcedAnswer { tokens, end, at: 0 }
     }
 
+    /// The next logits are for answer position `at` (the tokens before it came another way:
+    /// a speculative cycle's verify pass takes the script's tokens itself).
+    pub fn skip_to(&mut self, at: usize) {
+        self.at = at;
+    }
+
     /// Logits [1, vocab] of the next position → the same with every other token at -inf.
     pub fn apply(&mut self, logits: &Array) -> Result<Array> {
         let token = self.tokens.get(self.at).copied().unwrap_or(self.end) as usize;

@@ -9,7 +9,7 @@ use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use mlx_rs::ops::indexing::{IndexOp, NewAxis};
-use mlx_rs::transforms::{async_eval, eval};
+use mlx_rs::transforms::eval;
 use mlx_rs::Array;
 
 use crate::cache::{Cache, LayerCache};
@@ -18,7 +18,7 @@ use crate::engine::Engine;
 use crate::error::{Error, Result};
 use crate::forced::ForcedAnswer;
 use crate::grammar::{Constraint, Ended};
-use crate::logits::Processors;
+use crate::logits::{Chain, GrammarMask, LogitBias, LogitsProcessor};
 use crate::penalties::Recent;
 use crate::prompt_cache::Checkpoint;
 use crate::request::{CancelToken, Event, FinishReason, GenerateRequest, Summary, Timings, Usage};
@@ -26,6 +26,8 @@ use crate::sampling::Sampler;
 use crate::speculative::{SpecStats, Speculator};
 use crate::stop::StopMatcher;
 use crate::tokenizer::StreamDecoder;
+
+mod batched;
 
 impl Engine {
     /// Starts `request` (checked first): iterate the generation for its events. `cancel`
@@ -51,6 +53,11 @@ impl Engine {
             (None, _) => None,
         };
         let constraint = request.grammar.as_ref().map(|g| self.constraint(g, &request.prompt)).transpose()?;
+        // The request's own logits processors, ahead of the penalties and the grammar's mask.
+        let mut processors: Vec<Box<dyn LogitsProcessor>> = Vec::new();
+        if let Some(bias) = LogitBias::new(&request.sampling.logit_bias, vocab as usize)? {
+            processors.push(Box::new(bias));
+        }
         // Split across ranks, every rank runs the request: with rank 0's seed.
         let mut request = request;
         if self.group().is_some() && request.sampling.seed.is_none() {
@@ -90,23 +97,20 @@ impl Engine {
             recent: (!penalties.is_off()).then(|| Recent::new(penalties, &request.prompt)),
             forced,
             constraint,
-            grammar_ended: None,
+            processors,
             cached_tokens: 0,
             stops: StopMatcher::new(request.stop.clone()),
             request,
             cancel,
             decoder: StreamDecoder::new(),
-            pending: None,
             generated: 0,
             tokens: Vec::new(),
             checkpoints: Vec::new(),
-            prefill: None,
             spec_before_batch: None,
             started: Instant::now(),
             first_token_at: None,
             last_token_at: None,
-            finish: None,
-            done: false,
+            phase: Phase::Waiting,
             lent: false,
         })
     }
@@ -135,16 +139,15 @@ pub struct Generation<'a> {
     recent: Option<Recent>,
     /// Tests only: the answer fixed in advance.
     forced: Option<ForcedAnswer>,
+    /// The request's own logits processors (its `logit_bias`): the head of every position's
+    /// chain ([`Chain::at`]).
+    processors: Vec<Box<dyn LogitsProcessor>>,
     /// The request's grammar, where the answer has got to in it.
     constraint: Option<Constraint>,
-    /// Set when the grammar allowed nothing for the last step scheduled.
-    grammar_ended: Option<Ended>,
     /// Prompt tokens restored from the prompt cache.
     cached_tokens: usize,
     decoder: StreamDecoder,
     stops: StopMatcher,
-    /// The next token, scheduled on the device but not read back yet.
-    pending: Option<Array>,
     /// Speculative decoding with the MTP head, and the tokens its last cycle committed.
     spec: Option<Speculator<'a>>,
     queue: VecDeque<u32>,
@@ -153,18 +156,34 @@ pub struct Generation<'a> {
     tokens: Vec<u32>,
     /// A hybrid's checkpoints of the prompt, for the entry kept at the answer's end.
     checkpoints: Vec<Checkpoint>,
-    /// Where a prefill under way has got to.
-    prefill: Option<Prefill>,
     /// The speculative figures of a generation that went on decoding plainly in a batch.
     spec_before_batch: Option<SpecStats>,
     started: Instant,
     first_token_at: Option<Instant>,
     last_token_at: Option<Instant>,
-    /// Set when the stream must end after the text already returned.
-    finish: Option<FinishReason>,
-    done: bool,
-    /// Set while a batch holds the cache (as a row of its own, [`Generation::lend_cache`]).
+    /// Where the generation has got to.
+    phase: Phase,
+    /// Set while a batch holds the cache (as a row of its own, [`Generation::lend_cache`]):
+    /// where the cache is, in any phase from decoding to done, not a phase of its own.
     lent: bool,
+}
+
+/// A generation's phases, in the order it goes through them. A speculative one decodes
+/// without a pending token (its cycles commit tokens into `queue`).
+enum Phase {
+    /// Nothing of the prompt fed to the model yet.
+    Waiting,
+    /// A prefill under way.
+    Prefilling(Prefill),
+    /// Decoding; `pending` is the next token, scheduled on the device but not read back yet.
+    Decoding { pending: Option<Array> },
+    /// The grammar allowed nothing for the token drawn last (it is never used): the answer
+    /// ends there.
+    GrammarEnded(Ended),
+    /// The answer ended after the text already returned: its last event is still to come.
+    Finishing(FinishReason),
+    /// The last event was returned.
+    Done,
 }
 
 /// A prefill under way: prompt tokens in the cache so far, and a hybrid's checkpoints.
@@ -187,13 +206,13 @@ impl Generation<'_> {
     }
 
     /// The next token from the last position's logits (lazy): the forced answer's, then the
-    /// logits chain (penalties, the grammar's mask), then sampled.
+    /// logits chain (the request's bias, penalties, the grammar's mask), then sampled.
     fn choose(&mut self, mut last: Array) -> Result<Array> {
         if let Some(forced) = &mut self.forced {
             last = forced.apply(&last)?;
         }
-        let mask = self.grammar_mask();
-        let last = Processors { recent: self.recent.as_ref(), mask: mask.as_ref() }.apply(&last)?;
+        let mask = self.grammar_mask().map(GrammarMask);
+        let last = Chain::at(&self.processors, self.recent.as_ref(), mask.as_ref()).apply(&last)?;
         let token = self.sampler.sample(&last)?;
         if let Some(recent) = &mut self.recent {
             recent.push(&token)?;
@@ -204,7 +223,9 @@ impl Generation<'_> {
     /// The whole prompt in, the first token out (lazy): [`Generation::begin_prefill`], every
     /// chunk, then [`Generation::end_prefill`].
     fn prefill(&mut self) -> Result<Array> {
-        self.begin_prefill()?;
+        if matches!(self.phase, Phase::Waiting) {
+            self.begin_prefill()?;
+        }
         let chunk = self.engine.prefill_chunk;
         while self.prefill_chunk(chunk)? {}
         self.end_prefill()
@@ -229,7 +250,7 @@ impl Generation<'_> {
                 spec.restore(layers, last_hidden);
             }
         }
-        self.prefill = Some(prefill);
+        self.phase = Phase::Prefilling(prefill);
         Ok(())
     }
 
@@ -237,7 +258,10 @@ impl Generation<'_> {
     /// not counted).
     pub(crate) fn prefill_remaining(&self) -> usize {
         let head = self.request.prompt.len() - 1;
-        self.prefill.as_ref().map_or(0, |p| head.saturating_sub(p.at))
+        match &self.phase {
+            Phase::Prefilling(p) => head.saturating_sub(p.at),
+            _ => 0,
+        }
     }
 
     /// Feeds the next chunk of the prompt (but its last token) to the model, ending at the
@@ -248,7 +272,7 @@ impl Generation<'_> {
         let model = self.engine.model.as_ref();
         let head = &self.request.prompt[..self.request.prompt.len() - 1];
         let cancelled = self.cancelled()?;
-        let Some(prefill) = &mut self.prefill else { return Ok(false) };
+        let Phase::Prefilling(prefill) = &mut self.phase else { return Ok(false) };
         if prefill.at >= head.len() || cancelled {
             return Ok(false);
         }
@@ -274,7 +298,10 @@ impl Generation<'_> {
     /// token of the answer (lazy).
     fn end_prefill(&mut self) -> Result<Array> {
         let model = self.engine.model.as_ref();
-        let prefill = self.prefill.take().unwrap_or(Prefill { at: 0, checkpoints: Vec::new() });
+        let prefill = match std::mem::replace(&mut self.phase, Phase::Decoding { pending: None }) {
+            Phase::Prefilling(prefill) => prefill,
+            _ => Prefill { at: 0, checkpoints: Vec::new() },
+        };
         let prompt = self.request.prompt.clone();
         let (head, last) = prompt.split_at(prompt.len() - 1);
         if prefill.at == head.len() && !head.is_empty() && !self.cancelled()? {
@@ -296,8 +323,8 @@ impl Generation<'_> {
         }
         // The first token's penalties look at the prompt alone (the speculator's cycles keep
         // their own window from here on).
-        let mask = self.grammar_mask();
-        let last = Processors { recent: self.recent.as_ref(), mask: mask.as_ref() }.apply(&last)?;
+        let mask = self.grammar_mask().map(GrammarMask);
+        let last = Chain::at(&self.processors, self.recent.as_ref(), mask.as_ref()).apply(&last)?;
         self.sampler.sample(&last)
     }
 
@@ -314,38 +341,60 @@ impl Generation<'_> {
             if now {
                 schedule(self.engine.model.is_split(), [&next])?;
             }
-            self.pending = Some(next);
+            self.set_pending(next);
         }
         Ok(())
     }
 
     /// The next token drawn but not read yet (a batch schedules its rows' at once).
     pub(crate) fn pending(&self) -> Option<&Array> {
-        self.pending.as_ref()
+        match &self.phase {
+            Phase::Decoding { pending } => pending.as_ref(),
+            _ => None,
+        }
+    }
+
+    /// Keeps `next` as the token to read back next; dropped when the answer has already
+    /// ended (the grammar allowed nothing for it, or a stop came first).
+    fn set_pending(&mut self, next: Array) {
+        if let Phase::Decoding { pending } = &mut self.phase {
+            *pending = Some(next);
+        }
     }
 
     /// The grammar's mask for the next token (-inf outside the allowed tokens); `None` without
-    /// a grammar, or when it allows nothing: then `grammar_ended` says why (the token drawn
+    /// a grammar, or when it allows nothing: then the phase says why (the token drawn
     /// without the mask is never used).
     fn grammar_mask(&mut self) -> Option<Array> {
         match self.constraint.as_mut()?.mask() {
             Ok(mask) => Some(mask),
             Err(ended) => {
-                self.grammar_ended = Some(ended);
+                self.phase = Phase::GrammarEnded(ended);
+                None
+            }
+        }
+    }
+
+    /// Why the grammar ended the answer, once it has (the phase then moves on to done).
+    fn take_grammar_end(&mut self) -> Option<Ended> {
+        match std::mem::replace(&mut self.phase, Phase::Done) {
+            Phase::GrammarEnded(ended) => Some(ended),
+            other => {
+                self.phase = other;
                 None
             }
         }
     }
 
     /// The next token of a speculative generation: from the last cycle's commits, or a new
-    /// cycle; `None` when the request's grammar allows nothing more (`grammar_ended` says why).
+    /// cycle; `None` when the request's grammar allows nothing more (the phase says why).
     fn next_speculative(&mut self) -> Result<Option<u32>> {
         if let Some(token) = self.queue.pop_front() {
             return Ok(Some(token));
         }
-        if self.generated == 0 {
+        if matches!(self.phase, Phase::Waiting | Phase::Prefilling(_)) {
             let token = self.prefill()?.try_item_cast::<u32>()?;
-            if self.grammar_ended.is_some() {
+            if matches!(self.phase, Phase::GrammarEnded(_)) {
                 return Ok(None);
             }
             if let Some(c) = &mut self.constraint {
@@ -356,17 +405,115 @@ impl Generation<'_> {
             }
             return Ok(Some(token));
         }
-        if let Some(c) = &mut self.constraint {
-            if let Err(ended) = c.mask() {
-                self.grammar_ended = Some(ended);
-                return Ok(None);
-            }
+        if matches!(self.phase, Phase::GrammarEnded(_)) {
+            return Ok(None);
         }
-        let spec = self.spec.as_mut().ok_or_else(|| Error::Request("speculative step without a speculator".into()))?;
-        self.queue.extend(spec.cycle(&mut self.cache, &mut self.sampler, self.constraint.as_mut())?);
-        let token =
-            self.queue.pop_front().ok_or_else(|| Error::Request("a speculative cycle committed no token".into()))?;
-        Ok(Some(token))
+        if self.pending().is_none() {
+            if let Some(c) = &mut self.constraint {
+                if let Err(ended) = c.mask() {
+                    self.phase = Phase::GrammarEnded(ended);
+                    return Ok(None);
+                }
+            }
+            let spec =
+                self.spec.as_mut().ok_or_else(|| Error::Request("speculative step without a speculator".into()))?;
+            if spec.next_depth() > 0 {
+                let cycle =
+                    spec.cycle(&mut self.cache, &mut self.sampler, self.constraint.as_mut(), &self.processors)?;
+                self.queue.extend(cycle);
+                let token = self
+                    .queue
+                    .pop_front()
+                    .ok_or_else(|| Error::Request("a speculative cycle committed no token".into()))?;
+                return Ok(Some(token));
+            }
+            self.begin_plain_stretch()?;
+        }
+        self.plain_stretch_step().map(Some)
+    }
+
+    /// The depth controller sent the request back to plain decoding (depth 0): from here its
+    /// tokens come from plain pipelined steps, as a request without speculation decodes, and
+    /// the speculator is told each one. The last committed token is fed now and the next one
+    /// scheduled; the trunk stops recording per-position states (nothing is rolled back).
+    fn begin_plain_stretch(&mut self) -> Result<()> {
+        let last = *self.tokens.last().ok_or_else(|| Error::Request("plain decoding before the first token".into()))?;
+        self.cache.set_record(false);
+        self.catch_up_plain_choice();
+        let (hidden, logits) = self.feed_plain(&Array::from_slice(&[last], &[1, 1]))?;
+        if let Some(spec) = &mut self.spec {
+            spec.fed_plain(hidden);
+        }
+        let next = self.choose(logits)?;
+        schedule(self.engine.model.is_split(), [&next])?;
+        self.set_pending(next);
+        Ok(())
+    }
+
+    /// Before plain steps follow speculative cycles: the plain path's own state of the answer —
+    /// a forced script's position, the penalties' window — catches up with the tokens the
+    /// cycles committed (their drafts and verify passes kept their own).
+    pub(super) fn catch_up_plain_choice(&mut self) {
+        if let Some(forced) = &mut self.forced {
+            forced.skip_to(self.tokens.len());
+        }
+        let penalties = self.request.sampling.penalties;
+        if !penalties.is_off() {
+            let seen: Vec<u32> = self.request.prompt.iter().chain(&self.tokens).copied().collect();
+            self.recent = Some(Recent::new(penalties, &seen));
+        }
+    }
+
+    /// The trunk's step on `token` [1, 1]: its hidden state and its logits (lazy).
+    fn feed_plain(&mut self, token: &Array) -> Result<(Array, Array)> {
+        let model = self.engine.model.as_ref();
+        let hidden = model.hidden(token, &mut self.cache)?;
+        let logits = model.logits(&hidden)?.index((.., -1, ..));
+        Ok((hidden, logits))
+    }
+
+    /// The token a plain stretch scheduled last, read back. While the depth stays 0 the step
+    /// on it is fed and the next token scheduled before it is read (as plain decoding
+    /// pipelines); otherwise drafting resumes after it (the trunk records again for the next
+    /// verify pass).
+    fn plain_stretch_step(&mut self) -> Result<u32> {
+        let y = match &mut self.phase {
+            Phase::Decoding { pending } => pending.take(),
+            _ => None,
+        }
+        .ok_or_else(|| Error::Request("a plain step without a scheduled token".into()))?;
+        let spec = self.spec.as_mut().ok_or_else(|| Error::Request("plain stretch without a speculator".into()))?;
+        let more = self.generated + 1 < self.request.max_tokens;
+        if !(more && spec.next_depth() == 0) {
+            let token = y.try_item_cast::<u32>()?;
+            spec.took_plain(token)?;
+            self.cache.set_record(true);
+            if let Some(c) = &mut self.constraint {
+                c.accept(token)?;
+            }
+            return Ok(token);
+        }
+        let (hidden, logits) = self.feed_plain(&y.index(NewAxis))?;
+        let split = self.engine.model.is_split();
+        let next = if self.constraint.is_some() {
+            // The next mask needs this token on the host: the step runs meanwhile.
+            schedule(split, [&logits])?;
+            None
+        } else {
+            let next = self.choose(logits.clone())?;
+            schedule(split, [&next])?;
+            Some(next)
+        };
+        let token = y.try_item_cast::<u32>()?;
+        if let Some(spec) = &mut self.spec {
+            spec.took_plain(token)?;
+            spec.fed_plain(hidden);
+        }
+        match next {
+            Some(next) => self.set_pending(next),
+            None => self.schedule_after(token, Some(logits), true)?,
+        }
+        Ok(token)
     }
 
     /// The finishing event for a grammar that allows nothing more.
@@ -467,7 +614,7 @@ impl Generation<'_> {
 
     fn advance(&mut self) -> Result<Event> {
         loop {
-            if let Some(reason) = self.finish {
+            if let Phase::Finishing(reason) = self.phase {
                 return Ok(self.finished(reason));
             }
             if self.cancelled()? {
@@ -477,17 +624,23 @@ impl Generation<'_> {
                 match self.next_speculative()? {
                     Some(token) => token,
                     None => {
-                        let ended = self.grammar_ended.take().unwrap_or(Ended::Complete);
+                        let ended = self.take_grammar_end().unwrap_or(Ended::Complete);
                         return Ok(self.grammar_finished(ended));
                     }
                 }
             } else {
-                let y = match self.pending.take() {
-                    Some(y) => y,
-                    None if self.generated == 0 => self.prefill()?,
-                    None => return Ok(self.finished(FinishReason::Length)),
+                let y = match std::mem::replace(&mut self.phase, Phase::Decoding { pending: None }) {
+                    Phase::Decoding { pending: Some(y) } => y,
+                    Phase::Decoding { pending: None } => return Ok(self.finished(FinishReason::Length)),
+                    waiting @ (Phase::Waiting | Phase::Prefilling(_)) => {
+                        self.phase = waiting;
+                        self.prefill()?
+                    }
+                    Phase::GrammarEnded(ended) => return Ok(self.grammar_finished(ended)),
+                    Phase::Finishing(reason) => return Ok(self.finished(reason)),
+                    Phase::Done => return Err(Error::Request("the generation has already ended".into())),
                 };
-                if let Some(ended) = self.grammar_ended.take() {
+                if let Some(ended) = self.take_grammar_end() {
                     return Ok(self.grammar_finished(ended));
                 }
                 let more = self.generated + 1 < self.request.max_tokens;
@@ -508,7 +661,7 @@ impl Generation<'_> {
                     if more {
                         let next = self.step(&y.index(NewAxis))?;
                         schedule(self.engine.model.is_split(), [&next])?;
-                        self.pending = Some(next);
+                        self.set_pending(next);
                     }
                     y.try_item_cast::<u32>()?
                 }
@@ -554,156 +707,10 @@ impl Generation<'_> {
         } else if reason.is_some() || grammar_done {
             out.push_str(&self.stops.flush());
         }
-        if reason.is_some() {
-            self.pending = None;
-            self.finish = reason;
+        if let Some(reason) = reason {
+            self.phase = Phase::Finishing(reason);
         }
         Ok(out)
-    }
-}
-
-/// What a batched decode step (`batch.rs`) asks of each generation in it.
-impl<'a> Generation<'a> {
-    /// Makes the generation ready for a batch's next step: a new one is prefilled and its
-    /// first token scheduled; a speculative one goes on decoding plainly
-    /// ([`Generation::can_join_batch`]). A batch decodes plainly: the MTP head drafts for one
-    /// sequence at a time.
-    pub(crate) fn start_batched(&mut self) -> Result<()> {
-        if self.needs_prefill() {
-            self.begin_batched_prefill()?;
-            let chunk = self.engine.prefill_chunk;
-            while self.prefill_chunk(chunk)? {}
-            self.finish_batched_prefill()
-        } else {
-            self.leave_speculation()
-        }
-    }
-
-    /// Whether nothing of the prompt has been fed to the model yet.
-    pub(crate) fn needs_prefill(&self) -> bool {
-        self.generated == 0 && self.pending.is_none() && self.prefill.is_none() && !self.done
-    }
-
-    /// Starts a prefill a batch feeds chunk by chunk ([`Generation::prefill_step`]), without
-    /// speculation.
-    pub(crate) fn begin_batched_prefill(&mut self) -> Result<()> {
-        self.spec = None;
-        self.begin_prefill()
-    }
-
-    /// One interleaved chunk of the prompt (the engine's [`Engine::prefill_interleave`]
-    /// tokens); whether another follows.
-    pub(crate) fn prefill_step(&mut self) -> Result<bool> {
-        self.prefill_chunk(self.engine.prefill_interleave())
-    }
-
-    /// Ends a batched prefill: the first token is scheduled.
-    pub(crate) fn finish_batched_prefill(&mut self) -> Result<()> {
-        let first = self.end_prefill()?;
-        async_eval([&first])?;
-        self.pending = Some(first);
-        Ok(())
-    }
-
-    /// Whether the generation can go on in a batch from here: it has started, has not ended,
-    /// and every token it committed has been returned (a speculative one is between cycles).
-    pub fn can_join_batch(&self) -> bool {
-        !self.done
-            && self.finish.is_none()
-            && self.generated > 0
-            && self.queue.is_empty()
-            && self.grammar_ended.is_none()
-            && (self.spec.is_some() || self.pending.is_some())
-    }
-
-    /// A speculative generation between cycles goes on decoding plainly: its trunk cache holds
-    /// every token but the last, which is fed now to schedule the next; the penalties' window
-    /// is rebuilt from what was generated; the MTP head and its cache are dropped (their
-    /// figures stay for the summary).
-    fn leave_speculation(&mut self) -> Result<()> {
-        let Some(spec) = self.spec.take() else { return Ok(()) };
-        self.spec_before_batch = Some(spec.stats.clone());
-        let penalties = self.request.sampling.penalties;
-        if !penalties.is_off() {
-            let seen: Vec<u32> = self.request.prompt.iter().chain(&self.tokens).copied().collect();
-            self.recent = Some(Recent::new(penalties, &seen));
-        }
-        let last = *self
-            .tokens
-            .last()
-            .ok_or_else(|| Error::Request("a generation joined a batch before its first token".into()))?;
-        let next = self.step(&Array::from_slice(&[last], &[1, 1]))?;
-        async_eval([&next])?;
-        self.pending = Some(next);
-        Ok(())
-    }
-
-    /// The token scheduled last (lazy) and whether another step follows it; or, when the
-    /// generation ends before it (cancelled, or its grammar allowed nothing), its last event.
-    pub(crate) fn next_input(&mut self) -> std::result::Result<(Array, bool), Box<Event>> {
-        if self.cancel.is_cancelled() {
-            self.done = true;
-            return Err(Box::new(self.finished(FinishReason::Cancelled)));
-        }
-        if let Some(ended) = self.grammar_ended.take() {
-            self.done = true;
-            return Err(Box::new(self.grammar_finished(ended)));
-        }
-        match self.pending.take() {
-            Some(token) => Ok((token, self.generated + 1 < self.request.max_tokens)),
-            None => {
-                self.done = true;
-                Err(Box::new(self.finished(FinishReason::Length)))
-            }
-        }
-    }
-
-    /// Tokens of context its KV cache holds now, and may hold at most (the prompt and the
-    /// longest answer).
-    pub(crate) fn kv_tokens(&self) -> (usize, usize) {
-        (self.cache.offset().max(0) as usize, self.request.prompt.len() + self.request.max_tokens)
-    }
-
-    /// Hands the cache to a batch, which steps it as one of its rows.
-    pub(crate) fn lend_cache(&mut self) -> Cache {
-        self.lent = true;
-        std::mem::take(&mut self.cache)
-    }
-
-    /// Takes the cache back from the batch it left; an ended generation's state after the
-    /// answer then goes into the prompt cache.
-    pub(crate) fn return_cache(&mut self, cache: Cache) {
-        self.cache = cache;
-        self.lent = false;
-        if self.done {
-            self.keep_answer_state();
-        }
-    }
-
-    pub(crate) fn model(&self) -> &'a dyn crate::models::LanguageModel {
-        self.engine.model.as_ref()
-    }
-
-    pub(crate) fn is_done(&self) -> bool {
-        self.done
-    }
-
-    /// Takes the token the step read back: the grammar advances over it; with `logits` (the
-    /// step that follows it) the next token is scheduled. Returns its text and, when it ended
-    /// the answer, the last event.
-    /// The caller schedules the next token ([`Generation::pending`]).
-    pub(crate) fn after_step(&mut self, token: u32, logits: Option<Array>) -> Result<Vec<Event>> {
-        self.schedule_after(token, logits, false)?;
-        let out = self.take(token)?;
-        let mut events = Vec::new();
-        if !out.is_empty() {
-            events.push(Event::Text(out));
-        }
-        if let Some(reason) = self.finish {
-            events.push(self.finished(reason));
-            self.done = true;
-        }
-        Ok(events)
     }
 }
 
@@ -737,7 +744,7 @@ impl Generation<'_> {
 /// before its end is cancelled and run out, so the others stop at the same step.
 impl Drop for Generation<'_> {
     fn drop(&mut self) {
-        if self.done || self.engine.group().is_none_or(|g| g.rank() > 0) {
+        if self.is_done() || self.engine.group().is_none_or(|g| g.rank() > 0) {
             return;
         }
         self.cancel.cancel();
@@ -753,7 +760,7 @@ impl Iterator for Generation<'_> {
     type Item = Result<Event>;
 
     fn next(&mut self) -> Option<Self::Item> {
-        if self.done {
+        if self.is_done() {
             return None;
         }
         let event = self.advance();
@@ -767,7 +774,7 @@ impl Iterator for Generation<'_> {
             (event, _) => event,
         };
         if !matches!(event, Ok(Event::Text(_))) {
-            self.done = true;
+            self.phase = Phase::Done;
         }
         Some(event)
     }

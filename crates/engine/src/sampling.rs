@@ -5,6 +5,7 @@ use mlx_rs::ops::indexing::{Ellipsis, TryIndexOp};
 use mlx_rs::{ops, random, Array};
 
 use crate::error::{Error, Result};
+use crate::logits::MAX_LOGIT_BIAS;
 use crate::penalties::Penalties;
 
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -19,6 +20,10 @@ pub struct SamplingParams {
     pub seed: Option<u64>,
     /// Repetition, presence and frequency penalties (off by default).
     pub penalties: Penalties,
+    /// Added to the logits of the token ids named (OpenAI's `logit_bias`), each within
+    /// ±[`MAX_LOGIT_BIAS`]; empty by default.
+    #[serde(default)]
+    pub logit_bias: Vec<(u32, f32)>,
 }
 
 impl Default for SamplingParams {
@@ -30,6 +35,7 @@ impl Default for SamplingParams {
             min_p: 0.0,
             seed: None,
             penalties: Penalties::default(),
+            logit_bias: Vec::new(),
         }
     }
 }
@@ -53,7 +59,16 @@ impl SamplingParams {
         if !(0.0..=1.0).contains(&self.min_p) {
             return bad("min_p", format!("must be in [0, 1], got {}", self.min_p));
         }
+        if let Some((id, b)) = self.logit_bias.iter().find(|(_, b)| b.is_nan() || b.abs() > MAX_LOGIT_BIAS) {
+            return bad("logit_bias", format!("the bias of token {id} must be in [-100, 100], got {b}"));
+        }
         self.penalties.validate()
+    }
+
+    /// Whether every `logit_bias` id is a token of a vocabulary of `vocab` (the server asks
+    /// before it queues a request; the engine checks again when it starts one).
+    pub fn check_vocabulary(&self, vocab: usize) -> Result<()> {
+        crate::logits::check_ids(&self.logit_bias, vocab)
     }
 }
 

@@ -24,7 +24,7 @@ use crate::costs::MAX_DRAFT_DEPTH;
 use crate::depth_control::{CostModel, DepthChanges, DepthController};
 use crate::error::{Error, Result};
 use crate::grammar::Constraint;
-use crate::logits::{self, Processors};
+use crate::logits::{self, Chain, GrammarMask, LogitsProcessor};
 use crate::models::{LanguageModel, MtpHead};
 use crate::penalties::{window_of, Penalties, Recent};
 use crate::sampling::Sampler;
@@ -120,6 +120,11 @@ pub struct Speculator<'m> {
     penalties: Option<(Penalties, Vec<u32>)>,
     /// Chooses each cycle's depth from live acceptance, when on.
     control: Option<DepthController>,
+    /// The next cycle's depth, once decided ([`Speculator::next_depth`]).
+    decided: Option<usize>,
+    /// While the generation decodes plainly (depth 0): the trunk's hidden state at the token
+    /// it fed last, whose next token is not read yet, and when it was fed.
+    fed: Option<(Array, Instant)>,
 }
 
 impl<'m> Speculator<'m> {
@@ -145,6 +150,8 @@ impl<'m> Speculator<'m> {
             forced_answer: None,
             penalties: None,
             control: None,
+            decided: None,
+            fed: None,
         }))
     }
 
@@ -202,18 +209,62 @@ impl<'m> Speculator<'m> {
     /// Feeds the head every pending position but the last, so its cache ends one position
     /// before the trunk's (what the prompt cache keeps with an answer's state). Cycles that
     /// accepted drafts, and plain cycles, leave several positions pending.
+    /// After plain steps (`fed` set) the trunk has also seen the last pending token: the head
+    /// takes every pending position, and the fed one's hidden state becomes the last.
     pub(crate) fn catch_up(&mut self) -> Result<()> {
         let n = self.pending_tokens.len();
-        if n < 2 {
+        let fed = self.fed.take();
+        let keep = if fed.is_some() { 0 } else { 1 };
+        if n <= keep {
+            self.fed = fed;
             return Ok(());
         }
         let Some(hidden) = self.pending_hidden.take() else { return Ok(()) };
-        let k = n as i32 - 1;
-        let ids = Array::from_slice(&self.pending_tokens[..n - 1], &[1, k]);
+        let k = (n - keep) as i32;
+        let ids = Array::from_slice(&self.pending_tokens[..n - keep], &[1, k]);
         let _ = self.head.forward(self.model, &hidden.index((.., ..k, ..)), &ids, &mut self.mtp_cache)?;
         eval(self.mtp_cache.arrays())?;
-        self.pending_hidden = Some(hidden.index((.., k.., ..)));
-        self.pending_tokens.drain(..n - 1);
+        self.pending_tokens.drain(..n - keep);
+        match fed {
+            Some((last, _)) => self.last_hidden = Some(last),
+            None => self.pending_hidden = Some(hidden.index((.., k.., ..))),
+        }
+        Ok(())
+    }
+
+    /// The depth of the next cycle, decided once until a cycle or a plain step uses it: the
+    /// controller's (a probe's now and then) or the fixed one. At 0 the generation decodes
+    /// plainly on its own pipelined path and tells the speculator each step
+    /// ([`Speculator::fed_plain`], [`Speculator::took_plain`]), so a request sent back to
+    /// plain decoding runs at plain speed and drafting resumes where it is.
+    pub fn next_depth(&mut self) -> usize {
+        if let Some(depth) = self.decided {
+            return depth;
+        }
+        let depth = self.control.as_mut().map_or(self.depth, |c| c.next_depth());
+        self.decided = Some(depth);
+        depth
+    }
+
+    /// A plain step fed the trunk a token and got `hidden` [1, 1, H] at it (the step's depth,
+    /// 0, is used up).
+    pub fn fed_plain(&mut self, hidden: Array) {
+        self.decided = None;
+        self.fed = Some((hidden, Instant::now()));
+    }
+
+    /// The token the last plain step chose, read back: paired with the hidden state it
+    /// followed, for the head to catch up on when drafting resumes; counted as a plain cycle.
+    pub fn took_plain(&mut self, token: u32) -> Result<()> {
+        let (hidden, fed_at) =
+            self.fed.take().ok_or_else(|| Error::Request("a plain step's token without its hidden state".into()))?;
+        self.pending_hidden = Some(match self.pending_hidden.take() {
+            Some(before) => ops::concatenate(&[before, hidden], 1)?,
+            None => hidden,
+        });
+        self.pending_tokens.push(token);
+        self.remember(&[token]);
+        self.account(0, 0, 1, Duration::ZERO, fed_at.elapsed());
         Ok(())
     }
 
@@ -257,8 +308,10 @@ impl<'m> Speculator<'m> {
         cache: &mut Cache,
         sampler: &mut Sampler,
         mut constraint: Option<&mut Constraint>,
+        processors: &[Box<dyn LogitsProcessor>],
     ) -> Result<Vec<u32>> {
-        let depth = self.control.as_mut().map_or(self.depth, |c| c.next_depth());
+        let depth = self.next_depth();
+        self.decided = None;
         let hidden = self.pending_hidden.take().ok_or_else(|| Error::Request("speculator used before start".into()))?;
         let last_token =
             *self.pending_tokens.last().ok_or_else(|| Error::Request("speculator used before start".into()))?;
@@ -279,14 +332,14 @@ impl<'m> Speculator<'m> {
         // The grammar's masks: before the first draft, then after each kept draft.
         let mut masks = Vec::new();
         if let Some(c) = constraint.as_deref_mut() {
-            masks.push(
+            masks.push(GrammarMask(
                 c.mask().map_err(|e| Error::Request(format!("a speculative cycle after the grammar ended: {e:?}")))?,
-            );
+            ));
         }
         let mut head_steps = 0;
         for i in 0..depth {
             let logits = self.head.logits(self.model, &g)?.index((.., -1, ..));
-            let logits = Processors { recent: draft_window.as_ref(), mask: masks.get(i) }.apply(&logits)?;
+            let logits = Chain::at(processors, draft_window.as_ref(), masks.get(i)).apply(&logits)?;
             let token = if sampler.is_greedy() {
                 ops::indexing::argmax_axis(&logits, -1, None)?
             } else {
@@ -308,7 +361,7 @@ impl<'m> Speculator<'m> {
                 let id = token.as_dtype(Dtype::Uint32)?.try_item_exact::<u32>()?;
                 c.accept(id)?;
                 match c.mask() {
-                    Ok(mask) => masks.push(mask),
+                    Ok(mask) => masks.push(GrammarMask(mask)),
                     Err(_) => {
                         // Nothing may follow this draft: it is not verified (the verify pass
                         // chooses the token here itself); the head's step on it is rolled back
@@ -351,8 +404,10 @@ impl<'m> Speculator<'m> {
                 .collect(),
             None => vec![],
         };
-        let rows: Vec<Processors> =
-            (0..=d).map(|j| Processors { recent: windows.get(j), mask: masks.get(j) }).collect();
+        if !masks.is_empty() && masks.len() <= d {
+            return Err(Error::Request("a grammar's mask is missing for a verified position".into()));
+        }
+        let rows: Vec<Chain> = (0..=d).map(|j| Chain::at(processors, windows.get(j), masks.get(j))).collect();
         let logits = logits::apply_rows(&logits, &rows)?;
         let (accepted, next) = if sampler.is_greedy() {
             let target = ops::indexing::argmax_axis(&logits, -1, None)?.as_dtype(Dtype::Uint32)?;
@@ -394,18 +449,24 @@ impl<'m> Speculator<'m> {
             self.pending_tokens.extend(&committed);
         }
         self.remember(&committed);
+        self.account(d, accepted, committed.len(), verified_at - started, now - verified_at);
+        Ok(committed)
+    }
 
+    /// A cycle's figures into the statistics and the controller: `drafted` drafts of which
+    /// the first `accepted` were kept, `committed` tokens.
+    fn account(&mut self, drafted: usize, accepted: usize, committed: usize, draft: Duration, verify: Duration) {
         let s = &mut self.stats;
         s.cycles += 1;
-        s.committed += committed.len();
-        for i in 0..d {
+        s.committed += committed;
+        for i in 0..drafted {
             s.drafted[i] += 1;
             s.accepted[i] += usize::from(i < accepted);
         }
-        s.draft_time += verified_at - started;
-        s.verify_time += now - verified_at;
+        s.draft_time += draft;
+        s.verify_time += verify;
         if let Some(control) = &mut self.control {
-            control.record(d, accepted);
+            control.record(drafted, accepted);
             let cycles_s = (s.draft_time + s.verify_time).as_secs_f64();
             let measured = if cycles_s > 0.0 { s.committed as f64 * control.plain_step_s() / cycles_s } else { 0.0 };
             s.control = Some(Box::new(ControlStats {
@@ -415,7 +476,6 @@ impl<'m> Speculator<'m> {
                 changes: control.changes.clone(),
             }));
         }
-        Ok(committed)
     }
 
     /// Accepts draft i with probability min(1, p_i(d) / q_i(d)); the first rejection draws

@@ -106,6 +106,54 @@ fn penalised_speculation_equals_penalised_plain_decoding() {
 }
 
 #[test]
+fn biased_speculation_equals_biased_plain_decoding() {
+    // A request's `logit_bias` heads every position's logits chain, the drafts' and the
+    // verify pass's too: greedy output stays token for token the plain biased output. The
+    // bias bans the plain answer's second token and favours two others a little, so it
+    // changes the answer without deciding every token.
+    for (arch, dtype) in [(Architecture::Qwen3Next, Dtype::Float32), (Architecture::Qwen35, Dtype::Bfloat16)] {
+        let (_d, e) = with_mtp(arch, dtype);
+        let mut changed = 0;
+        for prompt in prompts() {
+            let unbiased = GenerateRequest { ignore_eos: true, ..GenerateRequest::greedy(prompt.clone(), 33) };
+            let before = e.generate(unbiased.clone(), Default::default()).unwrap().token_ids().unwrap();
+            let banned = before[1];
+            let logit_bias = vec![(banned, -100.0), ((banned + 7) % 490, 0.5), ((banned + 101) % 490, 1.0)];
+            let sampling = SamplingParams { logit_bias, ..Default::default() };
+            let plain = GenerateRequest { sampling, ..unbiased };
+            let expected = e.generate(plain.clone(), Default::default()).unwrap().token_ids().unwrap();
+            assert!(!expected.contains(&banned), "{arch:?}: a token biased by -100 was chosen");
+            changed += usize::from(expected != before);
+            let script: Vec<u32> =
+                expected.iter().enumerate().map(|(i, &t)| if i % 3 == 2 { (t + 1) % 490 } else { t }).collect();
+            for depth in 1..=3 {
+                for draft_script in [None, Some(script.clone())] {
+                    let scripted = draft_script.is_some();
+                    let req = GenerateRequest { draft_depth: depth, draft_script, ..plain.clone() };
+                    let ids = e.generate(req, Default::default()).unwrap().token_ids().unwrap();
+                    assert_eq!(ids, expected, "{arch:?} depth {depth} scripted {scripted} prompt of {}", prompt.len());
+                }
+            }
+        }
+        assert!(changed > 0, "{arch:?}: the bias changed no output, so this checks nothing");
+    }
+}
+
+#[test]
+fn a_bias_outside_the_vocabulary_or_its_range_is_refused_by_name() {
+    let (_d, e) = with_mtp(Architecture::Qwen3Next, Dtype::Float32);
+    let vocab = e.model().config().vocab_size as u32;
+    for (bias, word) in [((vocab, 1.0), "outside the vocabulary"), ((3, 100.5), "[-100, 100]"), ((3, f32::NAN), "NaN")]
+    {
+        let sampling = SamplingParams { logit_bias: vec![bias], ..Default::default() };
+        let req = GenerateRequest { sampling, ..GenerateRequest::greedy(prompts()[0].clone(), 4) };
+        let err = e.generate(req, Default::default()).err().expect("refused");
+        assert!(matches!(err, engine::Error::Field { field: "logit_bias", .. }), "{err}");
+        assert!(err.to_string().contains(word), "{err}");
+    }
+}
+
+#[test]
 fn accepted_and_rejected_drafts_keep_the_output_exact() {
     // Drafts from a script: the true continuation with every third token wrong, so cycles
     // accept all, some or none of their drafts, and each rolls back a different amount.
@@ -295,6 +343,41 @@ fn the_depth_controller_goes_plain_when_drafts_fail_and_the_output_stays_exact()
         let (_, s) =
             e.generate_text(GenerateRequest { draft_depth: 2, ..GenerateRequest::greedy(vec![1, 2], 20) }).unwrap();
         assert!(s.speculative.unwrap().control.is_none(), "off: the requested depth throughout");
+    }
+}
+
+/// A request the controller sends back to plain decoding decodes on the plain pipelined path
+/// (the trunk fed a token ahead, its hidden states kept for the head, which catches up when a
+/// probe drafts again): greedy output stays plain decoding's with penalties, a grammar, or
+/// both.
+#[test]
+fn plain_stretches_keep_penalties_and_grammars_exact() {
+    let (_d, mut e) = with_mtp(Architecture::Qwen3Next, Dtype::Float32);
+    e.set_depth_costs(Some(engine::depth_control::CostModel { draft: 1.0, verify: vec![3.0; 4], plain_step_s: 0.001 }));
+    let penalties = engine::Penalties { repetition: 1.0, presence: -2.0, frequency: -1.0 };
+    let grammar = engine::Grammar::Regex("[a-z ]{0,2000}".into());
+    for (penalised, constrained) in [(true, false), (false, true), (true, true)] {
+        for prompt in prompts() {
+            let sampling = SamplingParams {
+                penalties: if penalised { penalties } else { Default::default() },
+                ..Default::default()
+            };
+            let plain = GenerateRequest {
+                sampling,
+                grammar: constrained.then(|| grammar.clone()),
+                ignore_eos: true,
+                ..GenerateRequest::greedy(prompt.clone(), 70)
+            };
+            let (expected, _) = e.generate_text(plain.clone()).unwrap();
+            let (text, s) = e.generate_text(GenerateRequest { draft_depth: 2, ..plain }).unwrap();
+            let case = format!("penalties {penalised} grammar {constrained} prompt of {}", prompt.len());
+            assert_eq!(text, expected, "{case}");
+            let spec = s.speculative.unwrap();
+            let control = spec.control.as_ref().unwrap();
+            assert!(control.changes.to_plain >= 1, "{case}: {spec:?}");
+            // Drafting resumed at the probes after the switch (one in 16 plain steps).
+            assert!(spec.drafted[0] >= 5, "{case}: {spec:?}");
+        }
     }
 }
 

@@ -41,6 +41,7 @@ impl Settings {
             return Err(ApiError::bad_request(format!("{field}: must not contain empty strings")).with_param(field));
         }
         self.sampling.validate().map_err(engine_error)?;
+        self.sampling.check_vocabulary(loaded.worker.info.vocab_size).map_err(engine_error)?;
         Ok(GenerateRequest {
             sampling: self.sampling,
             stop: self.stop,

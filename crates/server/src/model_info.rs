@@ -13,6 +13,8 @@ pub struct ModelInfo {
     pub dir: PathBuf,
     pub model_type: String,
     pub context: usize,
+    /// Token ids run from 0 to this (excluded): what a request's `logit_bias` may name.
+    pub vocab_size: usize,
     pub backend: String,
     /// The MLX library's version.
     pub mlx_version: String,
@@ -58,6 +60,7 @@ impl ModelInfo {
             dir,
             model_type: c.model_type.clone(),
             context: c.max_position_embeddings.unwrap_or(32768).max(1) as usize,
+            vocab_size: c.vocab_size.max(0) as usize,
             backend: engine.backend().to_string(),
             mlx_version: engine::device::mlx_version(),
             delta_rule: c

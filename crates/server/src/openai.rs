@@ -1,5 +1,6 @@
 //! The OpenAI-compatible API: `/v1/chat/completions`, `/v1/completions`, `/v1/models`.
 
+use std::collections::BTreeMap;
 use std::convert::Infallible;
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -130,6 +131,9 @@ struct Common {
     frequency_penalty: Option<f32>,
     #[serde(default)]
     repetition_penalty: Option<f32>,
+    /// OpenAI's `logit_bias`: token id (as a string) → a bias in [-100, 100] added to its logit.
+    #[serde(default)]
+    logit_bias: Option<BTreeMap<String, f32>>,
     /// Choices per request: only 1 is served, and anything else is refused rather than ignored.
     #[serde(default)]
     n: Option<u32>,
@@ -222,12 +226,27 @@ impl Common {
                     presence: self.presence_penalty.unwrap_or(0.0),
                     frequency: self.frequency_penalty.unwrap_or(0.0),
                 },
+                logit_bias: logit_bias(self.logit_bias.as_ref())?,
             },
             ignore_eos: self.ignore_eos,
         };
         let request = settings.request(&loaded)?;
         Ok((request, loaded))
     }
+}
+
+/// OpenAI's `logit_bias` map as (token id, bias) pairs; a key that is not a token id is
+/// refused by name (the engine checks the ids against the vocabulary and the biases' range).
+fn logit_bias(map: Option<&BTreeMap<String, f32>>) -> Result<Vec<(u32, f32)>, ApiError> {
+    let Some(map) = map else { return Ok(Vec::new()) };
+    map.iter()
+        .map(|(key, &bias)| match key.trim().parse::<u32>() {
+            Ok(id) => Ok((id, bias)),
+            Err(_) => {
+                Err(ApiError::bad_request(format!("logit_bias: `{key}` is not a token id")).with_param("logit_bias"))
+            }
+        })
+        .collect()
 }
 
 fn chat_prompt(req: &ChatRequest, choice: &ToolChoice) -> Result<Prompt, ApiError> {

@@ -71,6 +71,47 @@ async fn stop_strings_and_speed_headers() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn logit_bias_is_served_and_checked() {
+    let s = start(None).await;
+    for (bias, word) in [
+        (json!({"abc": 1}), "`abc` is not a token id"),
+        (json!({"5": 300}), "[-100, 100]"),
+        (json!({"99999999": 1}), "outside the vocabulary"),
+        (json!({"5": "up"}), "logit_bias"),
+    ] {
+        let (code, v) = post(&s, "/v1/chat/completions", &chat(json!({"logit_bias": bias}))).await;
+        assert_eq!(code, 400, "{bias} -> {v}");
+        assert!(v["error"]["message"].as_str().unwrap().contains(word), "{bias} -> {v}");
+        if word != "logit_bias" {
+            assert_eq!(v["error"]["param"], "logit_bias", "{v}");
+        }
+    }
+    // Sampled at temperature 1 with two seeds, the answers differ; with a +100 bias on one
+    // token both are that token over and over, on chat and text completions alike.
+    let text = |v: &Value| {
+        let c = &v["choices"][0];
+        c["message"]["content"].as_str().or(c["text"].as_str()).unwrap_or_default().to_string()
+    };
+    for (path, base) in [
+        ("/v1/chat/completions", chat(json!({}))),
+        ("/v1/completions", json!({"model": "tiny", "prompt": "def add(a, b):"})),
+    ] {
+        let mut answers = Vec::new();
+        for (seed, bias) in [(1, json!({})), (2, json!({})), (1, json!({"300": 100})), (2, json!({"300": 100}))] {
+            let mut body = base.clone();
+            let extra = json!({"temperature": 1.0, "seed": seed, "max_tokens": 8, "logit_bias": bias});
+            body.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+            let (code, v) = post(&s, path, &body).await;
+            assert_eq!(code, 200, "{path} {v}");
+            answers.push(text(&v));
+        }
+        assert_ne!(answers[0], answers[1], "{path}: two seeds gave one answer, so this checks nothing");
+        assert_eq!(answers[2], answers[3], "{path}: the bias did not decide the answer");
+        assert_ne!(answers[2], answers[0], "{path}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn bad_input_gets_openai_errors() {
     let s = start(None).await;
     let client = reqwest::Client::new();

@@ -13,7 +13,7 @@ use crate::device::{self, Backend};
 use crate::distributed::Group;
 use crate::error::{Error, Result};
 use crate::grammar::{Constraint, Grammar, Grammars, Thinking};
-use crate::models::{self, LanguageModel};
+use crate::models::{self, BlockDrafter, LanguageModel};
 use crate::options::EngineOptions;
 use crate::profile::Profile;
 use crate::prompt_cache::{CacheStats, PromptCache};
@@ -49,6 +49,9 @@ pub struct Engine {
     pub(crate) depth_costs: Option<CostModel>,
     /// The distributed group this engine's model is split across, if it is.
     pub(crate) group: Option<Arc<Group>>,
+    /// A block drafter loaded beside the model ([`EngineOptions::drafter`]): speculating
+    /// requests draft with it instead of the MTP head.
+    pub(crate) drafter: Option<BlockDrafter>,
     /// Rank 0 told the other ranks it is done ([`Engine::dismiss_followers`]).
     pub(crate) dismissed: AtomicBool,
 }
@@ -62,6 +65,17 @@ impl Engine {
     /// The model (its config, MTP head, forward passes).
     pub fn model(&self) -> &dyn LanguageModel {
         self.model.as_ref()
+    }
+
+    /// The block drafter loaded beside the model, if one is.
+    pub fn drafter(&self) -> Option<&BlockDrafter> {
+        self.drafter.as_ref()
+    }
+
+    /// Whether speculating requests have something to draft with (a block drafter or the
+    /// model's MTP head).
+    pub fn can_draft(&self) -> bool {
+        self.drafter.is_some() || self.model.mtp().is_some()
     }
 
     pub fn tokenizer(&self) -> &Tokenizer {
@@ -130,7 +144,8 @@ impl Engine {
             // Its decisions follow each rank's own timings: the ranks would part ways.
             return Err(Error::Request("the depth controller cannot run on a model split across ranks".into()));
         }
-        if on && self.model.mtp().is_some() {
+        // The cost model times the MTP head's steps: a block drafter's requests keep their depth.
+        if on && self.model.mtp().is_some() && self.drafter.is_none() {
             let prompt = synthetic_prompt(self.model.config().vocab_size.max(2) as u32, 32);
             let costs = crate::costs::measure_costs(self.model.as_ref(), &prompt, 5)?;
             tracing::info!("draft depth follows acceptance; costs against a plain step: {costs:?}");
@@ -191,6 +206,16 @@ impl Engine {
             id.extend(format!("\n{}:{size}", file.file_name().unwrap_or_default().to_string_lossy()).bytes());
         }
         id.extend(format!("\n{}\n{}", self.weight_form, self.backend).bytes());
+        // The drafter's cache is kept with the model's: another drafter's is not this one's.
+        if let Some(drafter) = &self.drafter {
+            let config = drafter.dir.join("config.json");
+            id.extend(b"\ndrafter\n");
+            id.extend(std::fs::read(&config).map_err(|e| Error::io(&config, e))?);
+            for file in crate::weights::weight_files(&drafter.dir)? {
+                let size = std::fs::metadata(&file).map_err(|e| Error::io(&file, e))?.len();
+                id.extend(format!("\n{}:{size}", file.file_name().unwrap_or_default().to_string_lossy()).bytes());
+            }
+        }
         Ok(id)
     }
 
@@ -265,6 +290,19 @@ impl Engine {
         let group = options.group.clone().filter(|g| g.size() > 1);
         let (model, weight_form) = models::load_with(dir, options)?;
         let tokenizer = Tokenizer::load(dir)?;
+        let drafter = match &options.drafter {
+            Some(path) => {
+                let drafter = BlockDrafter::load(path, model.config(), weight_form.form.dequantize_to())?;
+                tracing::info!(
+                    "block drafter {} loaded: blocks of {}, reading layers {:?}",
+                    path.display(),
+                    drafter.spec.block_size,
+                    drafter.spec.target_layers
+                );
+                Some(drafter)
+            }
+            None => None,
+        };
         tracing::info!(
             "loaded {} from {} on {backend} ({} profile)",
             model.config().model_type,
@@ -285,7 +323,8 @@ impl Engine {
         profile.apply_memory_settings(crate::weights::weight_bytes(dir)? as usize);
         // Split, each rank holds its share of the key/value heads.
         let ranks = group.as_ref().map_or(1, |g| g.size() as u64);
-        let kv_bytes_per_token = crate::memory::kv_bytes_per_token(model.as_ref())? / ranks;
+        let drafter_kv = drafter.as_ref().map(|d| d.kv_bytes_per_token(model.as_ref())).transpose()?.unwrap_or(0);
+        let kv_bytes_per_token = crate::memory::kv_bytes_per_token(model.as_ref())? / ranks + drafter_kv;
         let engine = Engine {
             model,
             tokenizer,
@@ -306,6 +345,7 @@ impl Engine {
             depth_costs: None,
             group,
             dismissed: AtomicBool::new(false),
+            drafter,
         };
         // The other ranks of a split model warm up as they follow rank 0's warm-up.
         if engine.profile.warmup && engine.leads() {
@@ -323,7 +363,7 @@ impl Engine {
         let mut request = GenerateRequest::greedy(prompt, 4);
         request.ignore_eos = true;
         self.generate_text(request.clone())?;
-        if self.model.mtp().is_some() {
+        if self.can_draft() {
             request.draft_depth = 2;
             self.generate_text(request)?;
         }

@@ -23,7 +23,7 @@ use crate::penalties::Recent;
 use crate::prompt_cache::Checkpoint;
 use crate::request::{CancelToken, Event, FinishReason, GenerateRequest, Summary, Timings, Usage};
 use crate::sampling::Sampler;
-use crate::speculative::{SpecStats, Speculator};
+use crate::speculative::{Drafter, SpecStats, Speculator};
 use crate::stop::StopMatcher;
 use crate::tokenizer::StreamDecoder;
 
@@ -70,20 +70,22 @@ impl Engine {
             0 => None,
             depth => {
                 let seed = request.sampling.seed.unwrap_or(0);
-                let mut spec = Speculator::new(self.model.as_ref(), depth, seed)?;
+                let mut spec = Speculator::new(self.model.as_ref(), self.drafter.as_ref(), depth, seed)?;
                 if let Some(s) = &mut spec {
                     s.draft_script = request.draft_script.clone();
                     if let (Some(tokens), Some(&end)) = (&request.forced_tokens, self.tokenizer.eos_ids.first()) {
                         s.forced_answer = Some((tokens.clone(), end));
                     }
                     s.penalise(penalties, &request.prompt);
-                    if let (Some(costs), None, false) = (&self.depth_costs, &request.draft_script, request.fixed_depth)
+                    let mtp = matches!(s.drafter(), Drafter::Mtp(_));
+                    if let (Some(costs), None, false, true) =
+                        (&self.depth_costs, &request.draft_script, request.fixed_depth, mtp)
                     {
                         s.control_depth(costs.clone());
                     }
                 }
                 if spec.is_none() {
-                    tracing::warn!("{}: no MTP head, decoding without speculation", self.dir.display());
+                    tracing::warn!("{}: no MTP head and no drafter, decoding without speculation", self.dir.display());
                 }
                 spec
             }
@@ -281,9 +283,12 @@ impl Generation<'_> {
         let part = &head[prefill.at..end];
         let ids = Array::from_slice(part, &[1, part.len() as i32]);
         // Only the cache is evaluated: the logits of these positions are never computed.
-        let hidden = model.hidden(&ids, &mut self.cache)?;
-        if let Some(spec) = &mut self.spec {
-            spec.observe(part, &hidden)?;
+        match &mut self.spec {
+            Some(spec) => {
+                let (_, features) = spec.trunk(&ids, &mut self.cache)?;
+                spec.observe(part, &features)?;
+            }
+            None => drop(model.hidden(&ids, &mut self.cache)?),
         }
         eval(self.cache.arrays())?;
         prefill.at = end;
@@ -305,8 +310,8 @@ impl Generation<'_> {
         let prompt = self.request.prompt.clone();
         let (head, last) = prompt.split_at(prompt.len() - 1);
         if prefill.at == head.len() && !head.is_empty() && !self.cancelled()? {
-            // The MTP head's cache is kept only when it saw the whole head (one position fewer).
-            let mtp = self.spec.as_ref().map(|s| s.mtp_cache()).filter(|m| m.offset() as usize + 1 == head.len());
+            // The drafter's cache is kept only when it saw the whole head (one position fewer).
+            let mtp = self.spec.as_ref().map(|s| s.draft_cache()).filter(|m| m.offset() as usize + 1 == head.len());
             self.checkpoints = prefill.checkpoints.clone();
             if let Ok(mut cache) = self.engine.prompt_cache.lock() {
                 cache.insert(head, &self.cache, mtp, prefill.checkpoints)?;
@@ -315,8 +320,8 @@ impl Generation<'_> {
         let Some(spec) = &mut self.spec else {
             return self.step(&Array::from_slice(last, &[1, 1]));
         };
-        let hidden = model.hidden(&Array::from_slice(last, &[1, 1]), &mut self.cache)?;
-        spec.observe(last, &hidden)?;
+        let (hidden, features) = spec.trunk(&Array::from_slice(last, &[1, 1]), &mut self.cache)?;
+        spec.observe(last, &features)?;
         let mut last = model.logits(&hidden)?.index((.., -1, ..));
         if let Some(forced) = &mut self.forced {
             last = forced.apply(&last)?;
@@ -464,12 +469,13 @@ impl Generation<'_> {
         }
     }
 
-    /// The trunk's step on `token` [1, 1]: its hidden state and its logits (lazy).
+    /// The trunk's step on `token` [1, 1]: the features the drafter reads at it and its
+    /// logits (lazy).
     fn feed_plain(&mut self, token: &Array) -> Result<(Array, Array)> {
-        let model = self.engine.model.as_ref();
-        let hidden = model.hidden(token, &mut self.cache)?;
-        let logits = model.logits(&hidden)?.index((.., -1, ..));
-        Ok((hidden, logits))
+        let spec = self.spec.as_ref().ok_or_else(|| Error::Request("plain stretch without a speculator".into()))?;
+        let (hidden, features) = spec.trunk(token, &mut self.cache)?;
+        let logits = self.engine.model.logits(&hidden)?.index((.., -1, ..));
+        Ok((features, logits))
     }
 
     /// The token a plain stretch scheduled last, read back. While the depth stays 0 the step
@@ -586,8 +592,8 @@ impl Generation<'_> {
         // The MTP head's cache must end one position before the trunk's (as after a prefill):
         // an entry without it would change how a speculating request drafts.
         let mtp = match &self.spec {
-            Some(s) if s.mtp_cache().offset() as usize + 1 != fed => return,
-            Some(s) => Some(s.mtp_cache()),
+            Some(s) if s.draft_cache().offset() as usize + 1 != fed => return,
+            Some(s) => Some(s.draft_cache()),
             None => None,
         };
         let mut checkpoints = self.checkpoints.clone();

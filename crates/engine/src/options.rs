@@ -30,6 +30,9 @@ pub struct EngineOptions {
     /// The distributed group the model is split across (every rank of it loads the same
     /// model, then runs the same requests in the same order): `None`, the whole model here.
     pub group: Option<Arc<Group>>,
+    /// A DFlash block drafter's folder, loaded beside the model: speculating requests draft
+    /// with it instead of the MTP head (`None`: the head, if the model has one).
+    pub drafter: Option<std::path::PathBuf>,
 }
 
 impl EngineOptions {

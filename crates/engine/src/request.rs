@@ -26,7 +26,7 @@ pub struct GenerateRequest {
     /// Keep `draft_depth` for every cycle even where the engine's depth controller is on (the
     /// tuner measures each depth as it is).
     pub fixed_depth: bool,
-    /// Tests only: greedy drafts taken from this script (see `Speculator::draft_script`).
+    /// Tests only: drafts taken from this script (see `Speculator::draft_script`).
     #[doc(hidden)]
     pub draft_script: Option<Vec<u32>>,
     /// Tests only: the answer is these tokens, then end-of-sequence, enforced on the logits

@@ -1,10 +1,17 @@
-//! Exact speculative decoding with the model's own MTP head.
+//! Exact speculative decoding, drafted by the model's own MTP head or by a block drafter
+//! (DFlash, [`crate::models::dflash`]).
 //!
-//! A cycle drafts `depth` tokens with the head, verifies all `depth + 1` positions in one
-//! trunk pass, and commits the accepted drafts plus one token from the trunk. Greedy: a draft
-//! is accepted when it equals the trunk's argmax, so the output is the trunk's greedy output.
-//! Sampling: standard rejection sampling (accept with min(1, p/q), else draw from the
-//! normalised residual max(0, p - q)), so the output distribution is the trunk's.
+//! A cycle drafts `depth` tokens, verifies all `depth + 1` positions in one trunk pass, and
+//! commits the accepted drafts plus one token from the trunk. Greedy: a draft is accepted
+//! when it equals the trunk's argmax, so the output is the trunk's greedy output. Sampling:
+//! standard rejection sampling (accept with min(1, p/q), else draw from the normalised
+//! residual max(0, p - q)), so the output distribution is the trunk's. The MTP head samples
+//! its drafts (q is its distribution); a block drafter's drafts are its argmax, a point mass:
+//! accepted with probability p(d), else the token is drawn from p without d.
+//!
+//! Both drafters read what the trunk computed at the positions it processed — the MTP head
+//! its final hidden state, a block drafter the outputs of its tapped layers — called
+//! `features` here; the bookkeeping of which positions a drafter has seen is the same.
 //!
 //! Rollback is exact for every kind of state: attention KV caches (trunk and head) are
 //! trimmed; Gated DeltaNet conv and recurrent states are restored from the per-position
@@ -25,7 +32,7 @@ use crate::depth_control::{CostModel, DepthChanges, DepthController};
 use crate::error::{Error, Result};
 use crate::grammar::Constraint;
 use crate::logits::{self, Chain, GrammarMask, LogitsProcessor};
-use crate::models::{LanguageModel, MtpHead};
+use crate::models::{BlockDrafter, LanguageModel, MtpHead};
 use crate::penalties::{window_of, Penalties, Recent};
 use crate::sampling::Sampler;
 
@@ -96,21 +103,40 @@ impl SpecStats {
     }
 }
 
+/// What writes the drafts.
+#[derive(Clone, Copy)]
+pub enum Drafter<'m> {
+    /// The model's multi-token-prediction head, one draft per step.
+    Mtp(&'m MtpHead),
+    /// A DFlash drafter: a block of drafts in one pass.
+    Block(&'m BlockDrafter),
+}
+
+/// Where a cycle's draft logits come from: the MTP head stepped on its own drafts (its
+/// hidden state now), or a block drafter's rows, one per draft position.
+enum DraftRows<'m> {
+    None,
+    Mtp(&'m MtpHead, Array),
+    Block(Array),
+}
+
 pub struct Speculator<'m> {
     model: &'m dyn LanguageModel,
-    head: &'m MtpHead,
+    drafter: Drafter<'m>,
     depth: usize,
-    mtp_cache: Cache,
-    /// Trunk hidden states [1, L, H] whose next tokens (`pending_tokens`) are known but which
-    /// the head has not seen yet.
+    /// The drafter's own cache: the MTP head's layers, or a block drafter's context.
+    draft_cache: Cache,
+    /// Trunk features [1, L, F] whose next tokens (`pending_tokens`) are known but which
+    /// the drafter has not seen yet.
     pending_hidden: Option<Array>,
     pending_tokens: Vec<u32>,
-    /// The trunk's hidden state at the last position it processed.
+    /// The trunk's features at the last position it processed.
     last_hidden: Option<Array>,
     rng: StdRng,
     pub stats: SpecStats,
-    /// Greedy only: replaces the head's drafts with these tokens (indexed by output
-    /// position), so tests can drive the accept / partial-accept / rollback paths.
+    /// Replaces the drafts with these tokens (indexed by output position), so tests can drive
+    /// the accept / partial-accept / rollback paths: greedy only for the MTP head (its sampled
+    /// drafts carry its distribution), also sampling for a block drafter (point masses).
     pub draft_script: Option<Vec<u32>>,
     /// Greedy only: the answer fixed in advance (its tokens, then the end token): the verify
     /// pass takes its tokens in place of the trunk's choices, the drafts stay the head's own,
@@ -128,19 +154,29 @@ pub struct Speculator<'m> {
 }
 
 impl<'m> Speculator<'m> {
-    /// `None` when the model has no MTP head.
-    pub fn new(model: &'m dyn LanguageModel, depth: usize, seed: u64) -> Result<Option<Self>> {
-        if depth > MAX_DRAFT_DEPTH {
-            return Err(Error::Request(format!("draft depth must be in 0..={MAX_DRAFT_DEPTH}, got {depth}")));
-        }
-        let Some(head) = model.mtp() else {
+    /// Drafts with `block` when given, else with the model's MTP head; `None` when it has
+    /// neither.
+    pub fn new(
+        model: &'m dyn LanguageModel,
+        block: Option<&'m BlockDrafter>,
+        depth: usize,
+        seed: u64,
+    ) -> Result<Option<Self>> {
+        let Some(drafter) = block.map(Drafter::Block).or(model.mtp().map(Drafter::Mtp)) else {
             return Ok(None);
         };
+        let (deepest, draft_cache) = match drafter {
+            Drafter::Mtp(head) => (MAX_DRAFT_DEPTH, head.new_cache()),
+            Drafter::Block(block) => (block.max_drafts(), block.new_cache()),
+        };
+        if depth > deepest {
+            return Err(Error::Request(format!("draft depth must be in 0..={deepest}, got {depth}")));
+        }
         Ok(Some(Speculator {
             model,
-            head,
+            drafter,
             depth,
-            mtp_cache: head.new_cache(),
+            draft_cache,
             pending_hidden: None,
             pending_tokens: Vec::new(),
             last_hidden: None,
@@ -153,6 +189,32 @@ impl<'m> Speculator<'m> {
             decided: None,
             fed: None,
         }))
+    }
+
+    /// The trunk's pass over `tokens` [1, L]: its final hidden states and the features this
+    /// speculator's drafter reads at them.
+    pub fn trunk(&self, tokens: &Array, cache: &mut Cache) -> Result<(Array, Array)> {
+        match self.drafter {
+            Drafter::Mtp(_) => {
+                let hidden = self.model.hidden(tokens, cache)?;
+                Ok((hidden.clone(), hidden))
+            }
+            Drafter::Block(block) => self.model.hidden_tapped(tokens, cache, &block.spec.target_layers),
+        }
+    }
+
+    /// Shows the drafter trunk positions it has not seen: their `features` [1, L, F] and the
+    /// tokens after them (`next_tokens`, L of them).
+    fn show(&mut self, features: &Array, next_tokens: &[u32]) -> Result<()> {
+        match self.drafter {
+            Drafter::Mtp(head) => {
+                let ids = Array::from_slice(next_tokens, &[1, next_tokens.len() as i32]);
+                let _ = head.forward(self.model, features, &ids, &mut self.draft_cache)?;
+            }
+            Drafter::Block(block) => block.extend(features, &mut self.draft_cache)?,
+        }
+        eval(self.draft_cache.arrays())?;
+        Ok(())
     }
 
     /// Lets the depth follow the request's acceptance ([`DepthController`]), from the depth
@@ -186,8 +248,9 @@ impl<'m> Speculator<'m> {
         }
     }
 
-    /// Feeds the head what a prefill chunk taught: `tokens` were just processed by the trunk,
-    /// giving `hidden` [1, L, H]. Each trunk position is paired with the token after it.
+    /// Feeds the drafter what a prefill chunk taught: `tokens` were just processed by the
+    /// trunk, giving `hidden` [1, L, F] ([`Speculator::trunk`]'s features). Each trunk position
+    /// is paired with the token after it.
     pub fn observe(&mut self, tokens: &[u32], hidden: &Array) -> Result<()> {
         let n = tokens.len() as i32;
         let mut parts = Vec::new();
@@ -197,16 +260,13 @@ impl<'m> Speculator<'m> {
             parts.push(hidden.index((.., ..n - 1, ..)));
         }
         if !next_tokens.is_empty() {
-            let h = ops::concatenate(&parts, 1)?;
-            let ids = Array::from_slice(next_tokens, &[1, next_tokens.len() as i32]);
-            let _ = self.head.forward(self.model, &h, &ids, &mut self.mtp_cache)?;
-            eval(self.mtp_cache.arrays())?;
+            self.show(&ops::concatenate(&parts, 1)?, next_tokens)?;
         }
         self.last_hidden = Some(hidden.index((.., n - 1.., ..)));
         Ok(())
     }
 
-    /// Feeds the head every pending position but the last, so its cache ends one position
+    /// Feeds the drafter every pending position but the last, so its cache ends one position
     /// before the trunk's (what the prompt cache keeps with an answer's state). Cycles that
     /// accepted drafts, and plain cycles, leave several positions pending.
     /// After plain steps (`fed` set) the trunk has also seen the last pending token: the head
@@ -221,10 +281,8 @@ impl<'m> Speculator<'m> {
         }
         let Some(hidden) = self.pending_hidden.take() else { return Ok(()) };
         let k = (n - keep) as i32;
-        let ids = Array::from_slice(&self.pending_tokens[..n - keep], &[1, k]);
-        let _ = self.head.forward(self.model, &hidden.index((.., ..k, ..)), &ids, &mut self.mtp_cache)?;
-        eval(self.mtp_cache.arrays())?;
-        self.pending_tokens.drain(..n - keep);
+        let tokens: Vec<u32> = self.pending_tokens.drain(..n - keep).collect();
+        self.show(&hidden.index((.., ..k, ..)), &tokens)?;
         match fed {
             Some((last, _)) => self.last_hidden = Some(last),
             None => self.pending_hidden = Some(hidden.index((.., k.., ..))),
@@ -275,15 +333,20 @@ impl<'m> Speculator<'m> {
         self.last_hidden.as_ref().or(pending)
     }
 
-    /// The head's own cache (what the prompt cache keeps of it).
-    pub(crate) fn mtp_cache(&self) -> &Cache {
-        &self.mtp_cache
+    /// The drafter's own cache (what the prompt cache keeps of it).
+    pub(crate) fn draft_cache(&self) -> &Cache {
+        &self.draft_cache
     }
 
-    /// Continues from a cached prompt prefix: the head's cache then, and the trunk's hidden
-    /// state at its last position.
+    /// Which drafter writes the drafts.
+    pub fn drafter(&self) -> Drafter<'m> {
+        self.drafter
+    }
+
+    /// Continues from a cached prompt prefix: the drafter's cache then, and the trunk's
+    /// features at its last position.
     pub(crate) fn restore(&mut self, layers: Vec<crate::cache::LayerCache>, last_hidden: Option<Array>) {
-        self.mtp_cache.layers = layers;
+        self.draft_cache.layers = layers;
         self.last_hidden = last_hidden;
     }
 
@@ -316,16 +379,24 @@ impl<'m> Speculator<'m> {
         let last_token =
             *self.pending_tokens.last().ok_or_else(|| Error::Request("speculator used before start".into()))?;
 
-        // Draft: the head first catches up on the pending positions, then runs on its own output.
-        // A plain cycle (the controller's depth 0) leaves the head behind: the positions wait
-        // for the next cycle that drafts.
+        // Draft: the MTP head first catches up on the pending positions, then runs on its own
+        // output; a block drafter takes them into its context and drafts the whole block at
+        // once. A plain cycle (the controller's depth 0) leaves the drafter behind: the
+        // positions wait for the next cycle that drafts.
         let started = Instant::now();
-        let mut g = if depth > 0 {
-            let ids = Array::from_slice(&self.pending_tokens, &[1, self.pending_tokens.len() as i32]);
-            let x = self.head.forward(self.model, &hidden, &ids, &mut self.mtp_cache)?;
-            x.index((.., -1.., ..))
-        } else {
-            hidden.clone()
+        // `draft_steps`: positions of the drafter's cache the drafts add, rolled back after the
+        // verify pass (the head's steps on its own drafts; the block).
+        let (mut rows, mut draft_steps) = match (self.drafter, depth) {
+            (_, 0) => (DraftRows::None, 0),
+            (Drafter::Mtp(head), _) => {
+                let ids = Array::from_slice(&self.pending_tokens, &[1, self.pending_tokens.len() as i32]);
+                let x = head.forward(self.model, &hidden, &ids, &mut self.draft_cache)?;
+                (DraftRows::Mtp(head, x.index((.., -1.., ..))), 0)
+            }
+            (Drafter::Block(block), _) => {
+                let logits = block.draft(self.model, Some(&hidden), last_token, &mut self.draft_cache)?;
+                (DraftRows::Block(logits), block.spec.block_size as i32)
+            }
         };
         let (mut drafts, mut draft_scaled) = (Vec::with_capacity(depth), Vec::with_capacity(depth));
         let mut draft_window = self.penalties.as_ref().map(|(p, recent)| Recent::new(*p, recent));
@@ -336,11 +407,15 @@ impl<'m> Speculator<'m> {
                 c.mask().map_err(|e| Error::Request(format!("a speculative cycle after the grammar ended: {e:?}")))?,
             ));
         }
-        let mut head_steps = 0;
         for i in 0..depth {
-            let logits = self.head.logits(self.model, &g)?.index((.., -1, ..));
+            let logits = match &rows {
+                DraftRows::Mtp(head, g) => head.logits(self.model, g)?.index((.., -1, ..)),
+                DraftRows::Block(all) => all.index((.., i as i32, ..)),
+                DraftRows::None => break,
+            };
             let logits = Chain::at(processors, draft_window.as_ref(), masks.get(i)).apply(&logits)?;
-            let token = if sampler.is_greedy() {
+            // The head samples its drafts; a block's drafts are its argmax (a point mass).
+            let token = if sampler.is_greedy() || matches!(rows, DraftRows::Block(_)) {
                 ops::indexing::argmax_axis(&logits, -1, None)?
             } else {
                 let scaled = sampler.scaled_logits(&logits)?;
@@ -348,12 +423,12 @@ impl<'m> Speculator<'m> {
                 draft_scaled.push(scaled);
                 t
             };
-            if i + 1 < depth {
-                g = self.head.forward(self.model, &g, &token.reshape(&[1, 1])?, &mut self.mtp_cache)?;
-                head_steps += 1;
+            if let (DraftRows::Mtp(head, g), true) = (&mut rows, i + 1 < depth) {
+                *g = head.forward(self.model, g, &token.reshape(&[1, 1])?, &mut self.draft_cache)?;
+                draft_steps += 1;
                 if constraint.is_some() {
                     // The head's next step runs while the host masks the grammar's next state.
-                    crate::distributed::schedule(self.model.is_split(), [&g])?;
+                    crate::distributed::schedule(self.model.is_split(), [&*g])?;
                 }
             }
             if let Some(c) = constraint.as_deref_mut() {
@@ -364,8 +439,8 @@ impl<'m> Speculator<'m> {
                     Ok(mask) => masks.push(GrammarMask(mask)),
                     Err(_) => {
                         // Nothing may follow this draft: it is not verified (the verify pass
-                        // chooses the token here itself); the head's step on it is rolled back
-                        // with its other drafts.
+                        // chooses the token here itself); the drafter's step on it is rolled
+                        // back with its other drafts.
                         c.rollback(1)?;
                         if draft_scaled.len() > drafts.len() {
                             draft_scaled.pop();
@@ -383,7 +458,9 @@ impl<'m> Speculator<'m> {
         let mut draft_ids: Vec<u32> =
             drafts.iter().map(|t| t.try_item_exact::<u32>()).collect::<std::result::Result<_, _>>()?;
         let d = draft_ids.len();
-        if let (Some(script), true, None) = (&self.draft_script, sampler.is_greedy(), &constraint) {
+        // A block's drafts are point masses under sampling too: a script may replace them.
+        let scripted = sampler.is_greedy() || matches!(self.drafter, Drafter::Block(_));
+        if let (Some(script), true, None) = (&self.draft_script, scripted, &constraint) {
             let at = 1 + self.stats.committed;
             for (i, id) in draft_ids.iter_mut().enumerate() {
                 *id = script.get(at + i).copied().unwrap_or(*id);
@@ -394,7 +471,7 @@ impl<'m> Speculator<'m> {
         // Verify all drafted positions in one trunk pass.
         let mut input = vec![last_token];
         input.extend(&draft_ids);
-        let h = self.model.hidden(&Array::from_slice(&input, &[1, d as i32 + 1]), cache)?;
+        let (h, features) = self.trunk(&Array::from_slice(&input, &[1, d as i32 + 1]), cache)?;
         let logits = self.model.logits(&h)?.index(0);
         // Row j predicts the token after input[j]: its window ends with drafts 1..=j, its mask
         // is the grammar's state after them.
@@ -426,21 +503,23 @@ impl<'m> Speculator<'m> {
             let q: Vec<Array> =
                 draft_scaled.iter().map(|s| ops::softmax_axis(s, -1, None)).collect::<std::result::Result<_, _>>()?;
             eval(q.iter().chain([&p, &h]))?;
-            self.rejection_sample(&draft_ids, &p, &q)?
+            // A block's drafts carry no distribution of their own: point masses.
+            let q = matches!(self.drafter, Drafter::Mtp(_)).then_some(&q[..]);
+            self.rejection_sample(&draft_ids, &p, q)?
         };
         let now = Instant::now();
 
         // Keep the accepted prefix: the trunk drops the rejected drafts, the head the
         // positions it drafted on its own hidden states.
         cache.rollback((d - accepted) as i32)?;
-        self.mtp_cache.rollback(head_steps)?;
+        self.draft_cache.rollback(draft_steps)?;
         if let Some(c) = constraint {
             c.rollback(d - accepted)?;
             c.accept(next)?;
         }
         let mut committed = draft_ids[..accepted].to_vec();
         committed.push(next);
-        let new_hidden = h.index((.., ..accepted as i32 + 1, ..));
+        let new_hidden = features.index((.., ..accepted as i32 + 1, ..));
         if depth > 0 {
             self.pending_hidden = Some(new_hidden);
             self.pending_tokens = committed.clone();
@@ -480,17 +559,22 @@ impl<'m> Speculator<'m> {
 
     /// Accepts draft i with probability min(1, p_i(d) / q_i(d)); the first rejection draws
     /// from max(0, p_i - q_i) renormalised; if all pass, the bonus token comes from p_depth.
-    fn rejection_sample(&mut self, drafts: &[u32], p: &Array, q: &[Array]) -> Result<(usize, u32)> {
+    /// Without `q` each draft is a point mass: accepted with probability p_i(d), the residual
+    /// is p_i without d.
+    fn rejection_sample(&mut self, drafts: &[u32], p: &Array, q: Option<&[Array]>) -> Result<(usize, u32)> {
         let vocab = p.dim(-1) as usize;
         let p_all = p.as_slice::<f32>();
         for (i, &d) in drafts.iter().enumerate() {
             let p_i = &p_all[i * vocab..(i + 1) * vocab];
-            let q_i = q[i].as_slice::<f32>();
-            let (pd, qd) = (p_i[d as usize], q_i[d as usize]);
+            let q_i = q.map(|q| q[i].as_slice::<f32>());
+            let (pd, qd) = (p_i[d as usize], q_i.map_or(1.0, |q_i| q_i[d as usize]));
             if qd > 0.0 && self.rng.random::<f32>() * qd < pd {
                 continue;
             }
-            let residual: Vec<f32> = p_i.iter().zip(q_i).map(|(a, b)| (a - b).max(0.0)).collect();
+            let residual: Vec<f32> = match q_i {
+                Some(q_i) => p_i.iter().zip(q_i).map(|(a, b)| (a - b).max(0.0)).collect(),
+                None => p_i.iter().enumerate().map(|(t, &a)| if t == d as usize { 0.0 } else { a }).collect(),
+            };
             return Ok((i, self.draw_host(&residual).unwrap_or_else(|| self.draw_host(p_i).unwrap_or(0))));
         }
         let last = &p_all[drafts.len() * vocab..(drafts.len() + 1) * vocab];

@@ -3,6 +3,7 @@
 //! and benchmarks run the real loading code without reaching the hub. Deterministic for a
 //! seed: each tensor draws from its own key, derived from the seed and its name.
 
+pub mod drafter;
 pub mod presets;
 pub mod tensors;
 pub mod tokenizer_trainer;
@@ -106,6 +107,39 @@ pub fn make(opts: &MakeOptions, out: &Path) -> Result<Made> {
     let parsed = crate::config::ModelConfig::parse(&config.to_string(), &out.join("config.json"))?;
     let hidden = parsed.hidden_size;
 
+    let Written { files, bytes, parameters, quant } =
+        write_tensors(tensors::tensor_specs(&parsed, opts.layout), opts, out, hidden)?;
+
+    // Token ids: the trained vocabulary, then the special tokens.
+    let vocab_size = parsed.vocab_size as usize;
+    let tok_path = out.join("tokenizer.json");
+    let tok_len = tokenizer_trainer::write_tokenizer(&tok_path, vocab_size.min(4096))?;
+    let special_id = |i: usize| (tok_len - tokenizer_trainer::SPECIAL_TOKENS.len() + i) as u32;
+    let (endoftext, im_end) = (special_id(0), special_id(2));
+
+    config["eos_token_id"] = json!(im_end);
+    config["torch_dtype"] = json!(dtype_name(opts.dtype));
+    if opts.bits.is_some() {
+        config["quantization"] = serde_json::Value::Object(quant.clone());
+        config["quantization_config"] = serde_json::Value::Object(quant);
+    }
+    write_json(&out.join("config.json"), &config)?;
+    write_tokenizer_config(out)?;
+    write_json(&out.join("generation_config.json"), &json!({"eos_token_id": [im_end, endoftext], "do_sample": false}))?;
+    Ok(Made { dir: out.to_path_buf(), parameters, bytes, files })
+}
+
+/// What [`write_tensors`] wrote.
+struct Written {
+    files: Vec<PathBuf>,
+    bytes: u64,
+    parameters: u64,
+    /// The config's quantization block.
+    quant: serde_json::Map<String, serde_json::Value>,
+}
+
+/// Writes `specs` as random tensors (quantized as `opts` say) into `out`'s safetensors files.
+fn write_tensors(specs: Vec<TensorSpec>, opts: &MakeOptions, out: &Path, hidden: i32) -> Result<Written> {
     let mut quant = serde_json::Map::new();
     if let Some(bits) = opts.bits {
         quant.insert("group_size".into(), json!(opts.group_size));
@@ -115,7 +149,7 @@ pub fn make(opts: &MakeOptions, out: &Path) -> Result<Made> {
 
     let mut shards = ShardWriter::new(out, opts.shard_bytes);
     let mut parameters = 0u64;
-    for spec in tensors::tensor_specs(&parsed, opts.layout) {
+    for spec in specs {
         parameters += spec.shape.iter().map(|&d| d as u64).product::<u64>();
         let dtype = if spec.kind == Kind::ALog { Dtype::Float32 } else { opts.dtype };
         let w = random_tensor(&spec, opts.seed, hidden)?.as_dtype(dtype)?;
@@ -144,24 +178,7 @@ pub fn make(opts: &MakeOptions, out: &Path) -> Result<Made> {
         }
     }
     let (files, bytes) = shards.finish()?;
-
-    // Token ids: the trained vocabulary, then the special tokens.
-    let vocab_size = parsed.vocab_size as usize;
-    let tok_path = out.join("tokenizer.json");
-    let tok_len = tokenizer_trainer::write_tokenizer(&tok_path, vocab_size.min(4096))?;
-    let special_id = |i: usize| (tok_len - tokenizer_trainer::SPECIAL_TOKENS.len() + i) as u32;
-    let (endoftext, im_end) = (special_id(0), special_id(2));
-
-    config["eos_token_id"] = json!(im_end);
-    config["torch_dtype"] = json!(dtype_name(opts.dtype));
-    if opts.bits.is_some() {
-        config["quantization"] = serde_json::Value::Object(quant.clone());
-        config["quantization_config"] = serde_json::Value::Object(quant);
-    }
-    write_json(&out.join("config.json"), &config)?;
-    write_tokenizer_config(out)?;
-    write_json(&out.join("generation_config.json"), &json!({"eos_token_id": [im_end, endoftext], "do_sample": false}))?;
-    Ok(Made { dir: out.to_path_buf(), parameters, bytes, files })
+    Ok(Written { files, bytes, parameters, quant })
 }
 
 /// `tokenizer_config.json` for a tokenizer from [`tokenizer_trainer`]: the chat template and

@@ -96,7 +96,7 @@ pub fn tensor_specs(c: &ModelConfig, layout: Layout) -> Vec<TensorSpec> {
 }
 
 /// The tensors of one decoder layer at path `p`.
-fn layer_specs(c: &ModelConfig, t: &mut Vec<TensorSpec>, p: &str, linear: bool, moe: bool, hf: bool) {
+pub(super) fn layer_specs(c: &ModelConfig, t: &mut Vec<TensorSpec>, p: &str, linear: bool, moe: bool, hf: bool) {
     let norm = if hf { Kind::NormOffset } else { Kind::Norm };
     let (h, hd) = (c.hidden_size, c.head_dim());
     let (nq, nkv) = (c.num_attention_heads, c.num_key_value_heads);

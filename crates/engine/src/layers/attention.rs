@@ -64,7 +64,7 @@ impl Attention {
     }
 
     /// q, k, v as [B, heads, L, head_dim] (q and k normed), and the output gate's input.
-    fn project(&self, x: &Array) -> Result<(Array, Array, Array, Option<Array>)> {
+    pub(crate) fn project(&self, x: &Array) -> Result<(Array, Array, Array, Option<Array>)> {
         let (b, l) = (x.dim(0), x.dim(1));
         let heads = |y: Array, n: i32| y.reshape(&[b, l, n, -1]);
         let mut parts = self.qkv.forward(x)?.into_iter();
@@ -82,7 +82,7 @@ impl Attention {
     }
 
     /// The attention's output [B, heads, L, head_dim] through the gate and `o_proj`.
-    fn output(&self, o: &Array, gate: Option<&Array>) -> Result<Array> {
+    pub(crate) fn output(&self, o: &Array, gate: Option<&Array>) -> Result<Array> {
         let (b, l) = (o.dim(0), o.dim(2));
         let o = o.transpose_axes(&[0, 2, 1, 3])?.reshape(&[b, l, -1])?;
         match gate {
@@ -91,7 +91,7 @@ impl Attention {
         }
     }
 
-    fn scale(&self) -> f32 {
+    pub(crate) fn scale(&self) -> f32 {
         (self.head_dim as f64).powf(-0.5) as f32
     }
 

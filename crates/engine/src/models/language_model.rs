@@ -13,6 +13,12 @@ pub trait LanguageModel: Trunk + Send {
     /// Final hidden states [B, L, H] (after the last norm) for token ids [B, L], advancing
     /// `cache` by L positions.
     fn hidden(&self, tokens: &Array, cache: &mut Cache) -> Result<Array>;
+    /// Final hidden states [B, L, H] and the outputs of decoder layers `taps` concatenated
+    /// on the last axis [B, L, taps × H] (what a block drafter reads), advancing `cache` by L.
+    fn hidden_tapped(&self, tokens: &Array, cache: &mut Cache, taps: &[usize]) -> Result<(Array, Array)> {
+        let _ = (tokens, cache, taps);
+        Err(crate::error::Error::Request("this model cannot give its layers' outputs to a block drafter".into()))
+    }
     /// Logits [B, L, vocab] for token ids [B, L], advancing `cache` by L positions.
     fn forward(&self, tokens: &Array, cache: &mut Cache) -> Result<Array> {
         let h = self.hidden(tokens, cache)?;

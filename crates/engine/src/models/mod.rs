@@ -1,5 +1,6 @@
 //! Model architectures, one file each, and the decoder trunk they share.
 
+pub mod dflash;
 pub mod hybrid;
 mod language_model;
 pub mod mtp;
@@ -24,6 +25,7 @@ use crate::weights::Weights;
 pub use language_model::LanguageModel;
 pub use transformer::Transformer;
 
+pub use dflash::BlockDrafter;
 pub use mtp::MtpHead;
 
 /// The projections this model joins at load: its own choice, or the options' (a probe for

@@ -125,8 +125,10 @@ impl Trunk for Transformer {
     }
 }
 
-impl LanguageModel for Transformer {
-    fn hidden(&self, tokens: &Array, cache: &mut Cache) -> Result<Array> {
+impl Transformer {
+    /// The trunk over `tokens`: its final hidden states and the outputs of layers `taps`.
+    fn run(&self, tokens: &Array, cache: &mut Cache, taps: &[usize]) -> Result<(Array, Vec<Array>)> {
+        let mut tapped = Vec::with_capacity(taps.len());
         let mut h = self.embed_tokens.forward(tokens)?;
         // A long input's MoE layers may dequantize their experts (`Gather::SortedDequantized`).
         // Left in one graph, MLX schedules those weight-only dequantizations ahead of the
@@ -135,8 +137,11 @@ impl LanguageModel for Transformer {
         // while the next is built, at most two layers' exist.
         let layerwise = tokens.dim(-1) >= EACH_LAYER_FROM && self.has_moe();
         let mut running: Option<Array> = None;
-        for (layer, state) in self.layers.iter().zip(cache.layers.iter_mut()) {
+        for (i, (layer, state)) in self.layers.iter().zip(cache.layers.iter_mut()).enumerate() {
             h = layer.forward(&h, state)?;
+            if taps.contains(&i) {
+                tapped.push((i, h.clone()));
+            }
             if layerwise {
                 schedule(self.is_split(), std::iter::once(&h).chain(state.state()))?;
                 if let Some(previous) = running.replace(h.clone()) {
@@ -144,7 +149,24 @@ impl LanguageModel for Transformer {
                 }
             }
         }
-        self.norm.forward(&h)
+        // In the order asked for (a drafter's `target_layer_ids` need not be sorted).
+        let outputs = taps
+            .iter()
+            .map(|t| tapped.iter().find(|(i, _)| i == t).map(|(_, h)| h.clone()))
+            .collect::<Option<Vec<_>>>()
+            .ok_or_else(|| crate::error::Error::Request(format!("taps {taps:?} name a layer the model lacks")))?;
+        Ok((self.norm.forward(&h)?, outputs))
+    }
+}
+
+impl LanguageModel for Transformer {
+    fn hidden(&self, tokens: &Array, cache: &mut Cache) -> Result<Array> {
+        Ok(self.run(tokens, cache, &[])?.0)
+    }
+
+    fn hidden_tapped(&self, tokens: &Array, cache: &mut Cache, taps: &[usize]) -> Result<(Array, Array)> {
+        let (hidden, outputs) = self.run(tokens, cache, taps)?;
+        Ok((hidden, mlx_rs::ops::concatenate(&outputs, -1)?))
     }
 
     fn hidden_batch(&self, tokens: &Array, cache: &mut BatchCache) -> Result<Array> {

@@ -1,0 +1,231 @@
+//! Block drafting (DFlash) is exact: a drafter in z-lab's format, loaded beside a target of
+//! each architecture, gives token for token the plain greedy output at every depth — with its
+//! drafts accepted, partly accepted or rejected, across prefill chunks, from the prompt cache,
+//! with penalties and a bias — and sampled output keeps the plain distribution. A drafter that
+//! does not fit its target is refused by name.
+
+mod common;
+
+use engine::checkpoint::drafter::{make_drafter, DrafterOptions};
+use engine::checkpoint::{Architecture, Dtype, MakeOptions};
+use engine::{Engine, EngineOptions, Event, GenerateRequest, ModelConfig, SamplingParams};
+use mlx_rs::ops::indexing::IndexOp;
+use mlx_rs::{ops, Array};
+use serde_json::json;
+
+/// A target of `arch` (no MTP head) and a drafter for it made by `edit`ed options.
+fn target_and_drafter(
+    arch: Architecture,
+    dtype: Dtype,
+    edit: impl FnOnce(&mut DrafterOptions),
+) -> (tempfile::TempDir, tempfile::TempDir, Engine) {
+    let target = common::make(&common::options(arch, "tiny", None, 32, dtype));
+    let config = ModelConfig::load(target.path()).unwrap();
+    let mut o = DrafterOptions::new(&config, MakeOptions { seed: 7, ..common::options(arch, "tiny", None, 32, dtype) });
+    edit(&mut o);
+    let drafter = tempfile::tempdir().unwrap();
+    make_drafter(&config, &o, drafter.path()).unwrap();
+    let options = EngineOptions { drafter: Some(drafter.path().to_path_buf()), ..Default::default() };
+    let e = Engine::load_with(target.path(), &options).unwrap();
+    assert!(e.drafter().is_some() && e.can_draft());
+    (target, drafter, e)
+}
+
+fn prompts() -> Vec<Vec<u32>> {
+    vec![vec![7, 300, 41], (0..40u32).map(|i| (i * 37 + 11) % 490).collect()]
+}
+
+/// Greedy token ids straight from the model, one position at a time.
+fn greedy_tokens(e: &Engine, prompt: &[u32], n: usize) -> Vec<u32> {
+    let mut cache = e.model().new_cache();
+    let mut logits = e.model().forward(&Array::from_slice(prompt, &[1, prompt.len() as i32]), &mut cache).unwrap();
+    let mut out = vec![];
+    for _ in 0..n {
+        let t = ops::indexing::argmax_axis(logits.index((.., -1, ..)), -1, None).unwrap().item_cast::<u32>();
+        out.push(t);
+        logits = e.model().forward(&Array::from_slice(&[t], &[1, 1]), &mut cache).unwrap();
+    }
+    out
+}
+
+#[test]
+fn greedy_block_drafting_equals_plain_decoding() {
+    for (arch, dtype) in [
+        (Architecture::Qwen3, Dtype::Float32),
+        (Architecture::Qwen3Moe, Dtype::Float32),
+        (Architecture::Qwen3Next, Dtype::Float32),
+        (Architecture::Qwen35, Dtype::Bfloat16),
+    ] {
+        let (_t, _d, mut e) = target_and_drafter(arch, dtype, |_| {});
+        e.set_prefill_chunk(16); // the longer prompt spans several chunks
+        for prompt in prompts() {
+            let plain = GenerateRequest { ignore_eos: true, ..GenerateRequest::greedy(prompt.clone(), 30) };
+            let (expected, s0) = e.generate_text(plain.clone()).unwrap();
+            assert!(s0.speculative.is_none());
+            let truth = greedy_tokens(&e, &prompt, 40); // past the end: the last cycles draft whole blocks too
+                                                        // The true continuation with every third token wrong: cycles accept all, some or
+                                                        // none of their drafts and roll back different amounts.
+            let wrong: Vec<u32> =
+                truth.iter().enumerate().map(|(i, &t)| if i % 3 == 2 { (t + 1) % 490 } else { t }).collect();
+            for depth in [1, 3, 7] {
+                let (text, s) = e.generate_text(GenerateRequest { draft_depth: depth, ..plain.clone() }).unwrap();
+                assert_eq!(text, expected, "{arch:?} depth {depth}, the drafter's own drafts");
+                let spec = s.speculative.unwrap();
+                assert_eq!((spec.depth, s.usage.completion_tokens), (depth, 30));
+                let req = GenerateRequest { draft_depth: depth, draft_script: Some(wrong.clone()), ..plain.clone() };
+                let (text, s) = e.generate_text(req).unwrap();
+                assert_eq!(text, expected, "{arch:?} depth {depth}, partly wrong drafts");
+                let spec = s.speculative.unwrap();
+                let (accepted, drafted): (usize, usize) = (spec.accepted.iter().sum(), spec.drafted.iter().sum());
+                assert!(
+                    accepted > 0 && (depth == 1 || accepted < drafted),
+                    "{arch:?} depth {depth}: {accepted} of {drafted}"
+                );
+            }
+            // Perfect drafts: whole blocks accepted.
+            let req = GenerateRequest { draft_depth: 7, draft_script: Some(truth.clone()), ..plain.clone() };
+            let (text, s) = e.generate_text(req).unwrap();
+            assert_eq!(text, expected, "{arch:?}: perfect drafts");
+            let spec = s.speculative.unwrap();
+            assert!(spec.acceptance().iter().all(|&a| a > 0.99), "{arch:?}: {:?}", spec.acceptance());
+            assert!(spec.tokens_per_cycle() > 5.0, "{arch:?}: {:.2} tokens/cycle", spec.tokens_per_cycle());
+        }
+        // The same prompt again starts from the prompt cache (the drafter's context with it).
+        let prompt = prompts()[1].clone();
+        let plain = GenerateRequest { ignore_eos: true, ..GenerateRequest::greedy(prompt, 30) };
+        let (expected, _) = e.generate_text(plain.clone()).unwrap();
+        let (text, s) = e.generate_text(GenerateRequest { draft_depth: 3, ..plain }).unwrap();
+        assert_eq!(text, expected, "{arch:?}: after a prompt-cache hit");
+        assert!(s.usage.cached_tokens > 0, "{arch:?}: the prompt cache was not used");
+    }
+}
+
+#[test]
+fn block_drafting_with_penalties_a_bias_and_a_windowed_causal_drafter_stays_exact() {
+    // Sliding-window layers narrower than the prompt (the window mask is used) and causal
+    // blocks: another drafter, the same exactness.
+    let (_t, _d, e) = target_and_drafter(Architecture::Qwen3Next, Dtype::Float32, |o| {
+        o.sliding_window = Some(8);
+        o.causal = true;
+        o.layers = 2;
+        o.block_size = 5;
+    });
+    let prompt = prompts()[1].clone();
+    let sampling = SamplingParams {
+        penalties: engine::Penalties { repetition: 1.3, presence: 0.5, frequency: 0.2 },
+        logit_bias: vec![(17, 8.0), (300, -100.0)],
+        ..SamplingParams::greedy()
+    };
+    let plain = GenerateRequest { sampling, ignore_eos: true, ..GenerateRequest::greedy(prompt.clone(), 30) };
+    let (expected, _) = e.generate_text(plain.clone()).unwrap();
+    let ids = e.generate(plain.clone(), Default::default()).unwrap().token_ids().unwrap();
+    for depth in 1..=4 {
+        let script = Some(ids.iter().enumerate().map(|(i, &t)| if i % 4 == 3 { (t + 2) % 490 } else { t }).collect());
+        let req = GenerateRequest { draft_depth: depth, draft_script: script, ..plain.clone() };
+        let (text, s) = e.generate_text(req).unwrap();
+        assert_eq!(text, expected, "depth {depth}");
+        assert!(s.speculative.unwrap().accepted.iter().sum::<usize>() > 0, "depth {depth}");
+    }
+    // Under a grammar each draft row is masked with the grammar's state after the drafts
+    // before it; a draft after which nothing may follow ends the block there.
+    let grammar = engine::Grammar::Regex("[a-z ]{0,2000}".into());
+    let constrained = GenerateRequest { grammar: Some(grammar), ..plain.clone() };
+    let (expected, _) = e.generate_text(constrained.clone()).unwrap();
+    let (text, s) = e.generate_text(GenerateRequest { draft_depth: 4, ..constrained }).unwrap();
+    assert_eq!(text, expected, "under a grammar");
+    assert!(s.speculative.unwrap().cycles > 0);
+    let err = e.generate_text(GenerateRequest { draft_depth: 5, ..plain }).unwrap_err().to_string();
+    assert!(err.contains("0..=4"), "a block of 5 drafts 4 at most: {err}");
+}
+
+fn chi_square(a: &[usize], b: &[usize]) -> (f64, usize) {
+    let (na, nb) = (a.iter().sum::<usize>() as f64, b.iter().sum::<usize>() as f64);
+    let mut stat = 0.0;
+    let mut dof = 0usize;
+    for (&x, &y) in a.iter().zip(b) {
+        let total = (x + y) as f64;
+        if total == 0.0 {
+            continue;
+        }
+        let (ea, eb) = (total * na / (na + nb), total * nb / (na + nb));
+        stat += (x as f64 - ea).powi(2) / ea + (y as f64 - eb).powi(2) / eb;
+        dof += 1;
+    }
+    (stat, dof.saturating_sub(1))
+}
+
+#[test]
+fn sampled_block_drafting_has_the_plain_distribution() {
+    // A block's drafts are point masses, accepted with the target's probability of them: drafts
+    // scripted as the greedy continuation are often likely, so cycles accept and reject.
+    let (_t, _d, e) = target_and_drafter(Architecture::Qwen3, Dtype::Float32, |_| {});
+    let prompt = prompts()[0].clone();
+    let vocab = e.model().config().vocab_size as usize;
+    let script = greedy_tokens(&e, &prompt, 4);
+    let mut accepted = 0;
+    let mut histogram = |depth: usize| {
+        let mut h = vec![vec![0usize; vocab]; 2];
+        for seed in 0..400u64 {
+            let sampling = SamplingParams { temperature: 1.0, top_k: 6, seed: Some(seed), ..Default::default() };
+            let req = GenerateRequest {
+                sampling,
+                ignore_eos: true,
+                draft_depth: depth,
+                draft_script: (depth > 0).then(|| script.clone()),
+                ..GenerateRequest::greedy(prompt.clone(), 3)
+            };
+            let mut generation = e.generate(req, Default::default()).unwrap();
+            for event in generation.by_ref() {
+                if let Event::Finished(summary) = event.unwrap() {
+                    accepted += summary.speculative.map_or(0, |s| s.accepted.iter().sum::<usize>());
+                }
+            }
+            let ids = generation.tokens().to_vec();
+            for (pos, &t) in ids[1..3].iter().enumerate() {
+                h[pos][t as usize] += 1;
+            }
+        }
+        h
+    };
+    let (plain, spec) = (histogram(0), histogram(2));
+    assert!(accepted > 40, "too few drafts accepted to test acceptance: {accepted}");
+    for pos in 0..2 {
+        let (stat, dof) = chi_square(&plain[pos], &spec[pos]);
+        // 99.9% quantile of chi-square: below ~ dof + 3.1 * sqrt(2 dof) + 10 for these sizes.
+        let limit = dof as f64 + 3.1 * (2.0 * dof as f64).sqrt() + 10.0;
+        assert!(dof > 3, "too few categories to test");
+        assert!(stat < limit, "token {}: chi2 {stat:.1} >= {limit:.1}", pos + 2);
+    }
+}
+
+#[test]
+fn a_drafter_that_does_not_fit_is_refused_by_name() {
+    let target = common::make(&common::options(Architecture::Qwen3, "tiny", None, 32, Dtype::Float32));
+    let config = ModelConfig::load(target.path()).unwrap();
+    // Each case sets one field (a JSON pointer into config.json) and names what the error names.
+    let load = |pointer: &str, new: serde_json::Value| {
+        let drafter = tempfile::tempdir().unwrap();
+        let o = DrafterOptions::new(&config, common::options(Architecture::Qwen3, "tiny", None, 32, Dtype::Float32));
+        make_drafter(&config, &o, drafter.path()).unwrap();
+        let path = drafter.path().join("config.json");
+        let mut value: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        *value.pointer_mut(pointer).unwrap() = new;
+        std::fs::write(&path, value.to_string()).unwrap();
+        let options = EngineOptions { drafter: Some(drafter.path().to_path_buf()), ..Default::default() };
+        Engine::load_with(target.path(), &options).err().map(|e| e.to_string()).unwrap_or_default()
+    };
+    let layers = config.num_hidden_layers;
+    let cases = [
+        ("/dflash_config/target_layer_ids", json!([0, 99]), "target_layer_ids"),
+        ("/dflash_config/mask_token_id", json!(1 << 30), "mask_token_id"),
+        ("/block_size", json!(1), "block_size"),
+        ("/architectures", json!(["DFlash2DraftModel"]), "DFlash2"),
+        ("/architectures", json!(["Qwen3ForCausalLM"]), "DFlashDraftModel"),
+        ("/hidden_size", json!(96), "hidden_size"),
+        ("/layer_types", json!(["chunked_attention"]), "layer_types"),
+    ];
+    for (pointer, new, named) in cases {
+        let err = load(pointer, new);
+        assert!(err.contains(named), "expected an error naming {named}, got: {err:?} ({layers} layers)");
+    }
+}

@@ -103,6 +103,7 @@ async fn serve(name: &str, profile: engine::ProfileName, addr: SocketAddr) -> an
             profile: engine::Profile::named(profile),
             prompt_disk: server::launch::prompt_disk(),
             batch_rule: model.batch_rule,
+            drafter: model.drafter,
             ..Default::default()
         },
         cors_origins: server::APP_ORIGINS.iter().map(|o| o.to_string()).collect(),

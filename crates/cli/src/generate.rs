@@ -60,6 +60,10 @@ pub struct Args {
     /// or `auto`: what `ferrite tune` stored for this machine, model and profile.
     #[arg(long, default_value = "auto")]
     draft_depth: String,
+    /// A DFlash block drafter's folder (z-lab's format) to draft with instead of the MTP head;
+    /// `--draft-depth` then counts the block's drafts verified (up to its block size - 1).
+    #[arg(long, conflicts_with = "hosts")]
+    drafter: Option<std::path::PathBuf>,
     /// Runtime profile (`ferrite profiles` lists the knobs).
     #[arg(long, env = "FERRITE_PROFILE", default_value = "sustained")]
     profile: engine::ProfileName,
@@ -84,7 +88,8 @@ pub fn run(args: Args) -> Result<()> {
         None => None,
     };
     let group = ranks.as_ref().map(crate::ranks::Ranks::group);
-    let options = server::engine_options::from_env(engine::Profile::named(args.profile), group)?;
+    let mut options = server::engine_options::from_env(engine::Profile::named(args.profile), group)?;
+    options.drafter = args.drafter.clone();
     let engine = Engine::load_with(&dir, &options).with_context(|| format!("loading {}", dir.display()))?;
     answer(&engine, args, draft_depth)?;
     // What the model holds with its caches emptied (split: each rank its part).

@@ -25,6 +25,10 @@ pub struct Args {
     /// `ferrite tune` stored for this machine, model and profile (plain decoding if nothing).
     #[arg(long, default_value = "auto")]
     draft_depth: String,
+    /// A DFlash block drafter's folder (z-lab's format) to draft with instead of the MTP head;
+    /// `--draft-depth` then counts the block's drafts verified (up to its block size - 1).
+    #[arg(long)]
+    drafter: Option<std::path::PathBuf>,
     /// Unload the model after this many minutes without a request (0 = never); the next
     /// request loads it again.
     #[arg(long, default_value_t = 10)]
@@ -111,6 +115,7 @@ pub fn run(args: Args) -> Result<()> {
             split,
             scripted,
             batch_rule: model.batch_rule,
+            drafter: args.drafter.or(model.drafter),
             ..Default::default()
         },
         cors_origins: server::APP_ORIGINS.iter().map(|o| o.to_string()).chain(args.cors_origin).collect(),

@@ -109,6 +109,7 @@ fn block_drafting_with_penalties_a_bias_and_a_windowed_causal_drafter_stays_exac
         o.causal = true;
         o.layers = 2;
         o.block_size = 5;
+        o.tensors.bits = Some(4); // quantized, as a target may be
     });
     let prompt = prompts()[1].clone();
     let sampling = SamplingParams {

@@ -30,11 +30,14 @@ pub(crate) struct Loading {
     pub prompt_disk: Option<engine::prompt_cache::DiskSettings>,
     /// Keep each request's draft depth as asked (no runtime depth controller).
     pub fixed_depth: bool,
+    /// A block drafter loaded beside the model.
+    pub drafter: Option<PathBuf>,
 }
 
 impl Loading {
     fn load(&self) -> engine::Result<Engine> {
-        let options = crate::engine_options::from_env(self.profile.clone(), self.group.clone())?;
+        let mut options = crate::engine_options::from_env(self.profile.clone(), self.group.clone())?;
+        options.drafter = self.drafter.clone();
         let mut engine = Engine::load_with(&self.dir, &options)?;
         if self.group.is_some() {
             return Ok(engine);

@@ -145,6 +145,7 @@ pub fn spec(name: &str, draft_depth_arg: &str, profile: ProfileName) -> Result<M
         aliases: model.aliases,
         depth: DepthPlan { depth, source, by_class },
         batch_rule,
+        drafter: None,
     })
 }
 

@@ -109,6 +109,8 @@ pub struct ModelSpec {
     pub depth: DepthPlan,
     /// When a speculating request decodes together with others (the tuner's measurement).
     pub batch_rule: engine::batch_rule::BatchRule,
+    /// A DFlash block drafter to load beside it (`ferrite serve --drafter`).
+    pub drafter: Option<PathBuf>,
 }
 
 /// Turns a model name (catalog id, alias, folder…) and the runtime profile it will run with
@@ -358,7 +360,7 @@ pub fn status_json(s: &AppState) -> serde_json::Value {
     let w = &loaded.worker;
     let i = &w.info;
     let mlx = engine::memory::mlx_memory();
-    json!({
+    let mut status = json!({
         "model": i.id, "model_type": i.model_type, "dir": i.dir, "device": i.backend,
         "blas": i.blas, "weights": i.weight_form, "mlx_version": i.mlx_version,
         // The hybrids' recurrence: ops, mlx-native (Metal), cuda-fused or cuda-kernel, after its self-check.
@@ -412,7 +414,12 @@ pub fn status_json(s: &AppState) -> serde_json::Value {
         "mlx_cache_limit_bytes": i.profile.cache_limit_bytes(),
         // Split across ranks (`--hosts`): each rank's host and memory, and whether all are there.
         "ranks": ranks_json(i, &w.metrics),
-    })
+    });
+    // The block drafter beside the model (its folder, block size, the layers it reads), or
+    // null: the MTP head drafts, if there is one. Its acceptance by position and tokens per
+    // cycle are the speculation figures' (`/metrics`).
+    status["drafter"] = json!(i.drafter);
+    status
 }
 
 /// The rule that decides whether a speculating request takes in the others or they wait: the

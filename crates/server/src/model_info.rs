@@ -26,6 +26,8 @@ pub struct ModelInfo {
     /// How the quantized weights were loaded, and why (e.g. dequantized on the CPU).
     pub weight_form: String,
     pub has_mtp: bool,
+    /// The block drafter loaded beside the model, if one is.
+    pub drafter: Option<DrafterInfo>,
     pub profile: Profile,
     /// The server's cap on tokens generated per request (`--max-output-tokens`), if any.
     pub max_output_tokens: Option<usize>,
@@ -50,6 +52,16 @@ pub(crate) struct Facts {
     pub split: Option<(Vec<String>, String)>,
 }
 
+/// A block drafter as `/v1/status` shows it.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct DrafterInfo {
+    pub dir: PathBuf,
+    /// Tokens a block holds (the anchor and its drafts).
+    pub block_size: usize,
+    /// The model's layers it reads.
+    pub target_layers: Vec<usize>,
+}
+
 impl ModelInfo {
     /// The facts of the model `engine` loaded from `dir` under `profile`, with those the
     /// worker's options give.
@@ -71,6 +83,11 @@ impl ModelInfo {
             blas: engine::blas::describe(),
             weight_form: engine.weight_form().to_string(),
             has_mtp: engine.model().mtp().is_some(),
+            drafter: engine.drafter().map(|d| DrafterInfo {
+                dir: d.dir.clone(),
+                block_size: d.spec.block_size,
+                target_layers: d.spec.target_layers.clone(),
+            }),
             profile,
             max_output_tokens: facts.max_output_tokens,
             memory_budget: facts.memory_budget.unwrap_or_else(engine::device::total_memory),

@@ -277,7 +277,7 @@ pub async fn load_model(
     let name = model.clone();
     let started = tokio::task::spawn_blocking(move || -> anyhow::Result<(crate::ModelSpec, Worker)> {
         let spec = resolver(&name, profile)?;
-        let options = WorkerOptions { batch_rule: spec.batch_rule.clone(), ..options };
+        let options = WorkerOptions { batch_rule: spec.batch_rule.clone(), drafter: spec.drafter.clone(), ..options };
         let worker = Worker::start(spec.dir.clone(), spec.id.clone(), options)?;
         Ok((spec, worker))
     })

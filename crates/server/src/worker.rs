@@ -71,6 +71,8 @@ pub struct WorkerOptions {
     /// How long a client may take none of its answer's events before its request is
     /// cancelled (`None`: [`crate::backlog::STALL`]).
     pub client_stall: Option<Duration>,
+    /// A DFlash block drafter's folder, loaded beside the model (`EngineOptions::drafter`).
+    pub drafter: Option<PathBuf>,
 }
 
 /// A model split across the ranks of a distributed group, rank 0 serving: the others follow
@@ -115,13 +117,14 @@ impl Worker {
             split,
             batch_rule,
             client_stall,
+            drafter,
         } = options;
         let mut profile = profile;
         if split.is_some() {
             profile.max_sequences = 1;
         }
-        let loading =
-            Loading { dir, profile, group: split.as_ref().map(|s| s.group.clone()), prompt_disk, fixed_depth };
+        let group = split.as_ref().map(|s| s.group.clone());
+        let loading = Loading { dir, profile, group, prompt_disk, fixed_depth, drafter };
         let facts = Facts {
             id,
             max_output_tokens,

@@ -528,6 +528,7 @@ async fn a_click_starts_another_model() {
             aliases: vec!["h".into()],
             depth: server::depth_plan::DepthPlan::fixed(2, "test"),
             batch_rule: Default::default(),
+            drafter: None,
         })
     });
     // The embedding program is told of each model started, with the name it was asked for;
@@ -744,4 +745,34 @@ async fn a_response_echoes_parallel_tool_calls_and_says_it_is_not_stored() {
         assert_eq!(v["parallel_tool_calls"], parallel, "{v}");
         assert_eq!(v["store"], false, "Ferrite keeps no responses: {v}");
     }
+}
+
+/// A DFlash drafter served beside a dense model (`ferrite serve --drafter`): status names it,
+/// and a speculating request drafts with it.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_block_drafter_is_served_and_shown() {
+    use engine::checkpoint::drafter::{make_drafter, DrafterOptions};
+    let mut o = engine::checkpoint::MakeOptions::new(engine::checkpoint::Architecture::Qwen3, "tiny");
+    o.dtype = engine::checkpoint::Dtype::Float32;
+    // The drafter is made for a twin of the served checkpoint (the maker is deterministic).
+    let twin = tempfile::tempdir().unwrap();
+    engine::checkpoint::make(&o, twin.path()).unwrap();
+    let config = engine::ModelConfig::load(twin.path()).unwrap();
+    let drafter = tempfile::tempdir().unwrap();
+    make_drafter(&config, &DrafterOptions::new(&config, o.clone()), drafter.path()).unwrap();
+    let options = server::worker::WorkerOptions { drafter: Some(drafter.path().to_path_buf()), ..Default::default() };
+    let s = common::start_checkpoint(&o, None, options, |state| {
+        let worker = state.loaded().worker.clone();
+        let depth = server::depth_plan::DepthPlan::fixed(3, "test");
+        *state = server::AppState::serving(server::Loaded { worker, aliases: vec![], depth }, None);
+    })
+    .await;
+    let status: Value = reqwest::get(format!("{}/v1/status", s.base)).await.unwrap().json().await.unwrap();
+    assert_eq!(status["drafter"]["block_size"], 8, "{status}");
+    assert_eq!(status["drafter"]["dir"], json!(drafter.path()), "{status}");
+    assert_eq!(status["mtp_head"], false);
+    let (code, v) = post(&s, "/v1/chat/completions", &chat(json!({"max_tokens": 12}))).await;
+    assert_eq!(code, 200, "{v}");
+    assert_eq!(v["timings"]["draft_depth"], 3, "{v}");
+    assert!(v["timings"]["tokens_per_cycle"].as_f64().unwrap() >= 1.0, "{v}");
 }

@@ -127,6 +127,7 @@ async fn everything_at_once_then_back_to_idle() {
             aliases: vec![],
             depth: server::depth_plan::DepthPlan::fixed(0, "test"),
             batch_rule: Default::default(),
+            drafter: None,
         })
     });
     let s = common::start_configured(None, Default::default(), move |state| {

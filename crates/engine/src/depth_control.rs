@@ -22,6 +22,13 @@ const PROBE_EVERY: usize = 16;
 const WEIGHT: f64 = 0.25;
 /// A depth must promise this much more than the current one to replace it.
 const HYSTERESIS: f64 = 0.03;
+/// While plain, the first position's figure is a count: what the running figure held when the
+/// request went plain, worth this many cycles (the running figure's own memory, 1 / WEIGHT)...
+const PLAIN_PRIOR: f64 = 1.0 / WEIGHT;
+/// ...plus every probe since, the oldest fading once there are this many. A string of lucky
+/// probes then moves it by their share of all the evidence, not a quarter of the way to 1
+/// each, and a request whose acceptance stays below break-even stays plain.
+const PROBE_MEMORY: f64 = 16.0;
 
 /// What a draft step and the verify passes cost, each relative to one plain decode step.
 #[derive(Debug, Clone, Serialize)]
@@ -93,6 +100,8 @@ pub struct DepthController {
     cycles_since_decision: usize,
     cycles_plain: usize,
     probing: bool,
+    /// While plain: first-position hits and trials ([`PLAIN_PRIOR`], [`PROBE_MEMORY`]).
+    probe_evidence: (f64, f64),
     pub changes: DepthChanges,
 }
 
@@ -100,6 +109,8 @@ impl DepthController {
     /// Starts at `tuned` and may go up to `tuned + 1` (within what the cost model covers).
     pub fn new(costs: CostModel, tuned: usize) -> Self {
         let max_depth = (tuned + 1).min(MAX_DRAFT_DEPTH).min(costs.verify.len());
+        // Tuned to plain decoding: the tuner found no drafts paying, evidence like a request's.
+        let probe_evidence = if tuned == 0 { (0.0, PLAIN_PRIOR) } else { (0.0, 0.0) };
         DepthController {
             costs,
             max_depth,
@@ -109,6 +120,7 @@ impl DepthController {
             cycles_since_decision: 0,
             cycles_plain: 0,
             probing: false,
+            probe_evidence,
             changes: DepthChanges::default(),
         }
     }
@@ -133,7 +145,20 @@ impl DepthController {
 
     /// A cycle that drafted `drafted` tokens of which the first `accepted` were accepted.
     pub fn record(&mut self, drafted: usize, accepted: usize) {
-        for i in 0..drafted.min(self.max_depth) {
+        if self.depth == 0 && drafted > 0 {
+            // A probe: counted with the evidence that sent the request plain.
+            let (hits, trials) = &mut self.probe_evidence;
+            if *trials >= PROBE_MEMORY {
+                let keep = (PROBE_MEMORY - 1.0) / PROBE_MEMORY;
+                (*hits, *trials) = (*hits * keep, *trials * keep);
+            }
+            *hits += if accepted > 0 { 1.0 } else { 0.0 };
+            *trials += 1.0;
+            self.reach[0] = *hits / *trials;
+            self.seen[0] += 1;
+        }
+        let running = if self.depth == 0 { 0 } else { drafted.min(self.max_depth) };
+        for i in 0..running {
             let hit = if i < accepted { 1.0 } else { 0.0 };
             // The first figure at a position replaces the guess; later ones move it.
             let w = if self.seen[i] == 0 { 1.0 } else { WEIGHT };
@@ -185,7 +210,10 @@ impl DepthController {
             return;
         }
         match (self.depth, best) {
-            (_, 0) => self.changes.to_plain += 1,
+            (_, 0) => {
+                self.changes.to_plain += 1;
+                self.probe_evidence = (self.reach.first().copied().unwrap_or(0.0) * PLAIN_PRIOR, PLAIN_PRIOR);
+            }
             (0, _) => self.changes.from_plain += 1,
             (from, to) if to > from => self.changes.deeper += 1,
             _ => self.changes.shallower += 1,
@@ -284,5 +312,25 @@ mod tests {
         let mut c = DepthController::new(costs(), 3);
         let depths = run(&mut c, 0.6, 200);
         assert!(depths[100..].iter().all(|&d| (1..=2).contains(&d)), "{:?}", &depths[100..]);
+    }
+
+    /// The controller went plain at a first-position rate below break-even; a few accepted
+    /// probes in a row (each would have moved a running figure a quarter of the way to 1) are
+    /// weighed against all the evidence, and drafting does not resume for them.
+    #[test]
+    fn a_lucky_string_of_probes_does_not_bring_drafting_back() {
+        let mut c = DepthController::new(costs(), 1);
+        run(&mut c, 0.0, 8);
+        assert_eq!(c.depth(), 0);
+        run(&mut c, 0.2, 16 * PROBE_EVERY);
+        assert_eq!(c.depth(), 0, "break-even is 0.3: {:?}", c.reach);
+        // Two probes in a row accepted.
+        let depths = run(&mut c, 1.0, 2 * PROBE_EVERY);
+        assert_eq!(depths.iter().filter(|&&d| d > 0).count(), 2);
+        assert_eq!(c.depth(), 0, "two lucky probes against {PROBE_MEMORY}: {:?}", c.reach);
+        assert_eq!(c.changes.from_plain, 0);
+        // A lasting recovery brings it back.
+        run(&mut c, 1.0, 8 * PROBE_EVERY);
+        assert!(c.depth() > 0, "{:?}", c.reach);
     }
 }

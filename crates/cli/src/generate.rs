@@ -172,7 +172,8 @@ fn answer(engine: &Engine, args: Args, draft_depth: usize) -> Result<()> {
                     let per_position: Vec<String> =
                         spec.acceptance().iter().map(|a| format!("{:.0}%", a * 100.0)).collect();
                     eprintln!(
-                        "[MTP depth {}: {} cycles, {:.2} tokens/cycle, acceptance by position {} | draft {:.2} ms, verify {:.2} ms per cycle]",
+                        "[{} depth {}: {} cycles, {:.2} tokens/cycle, acceptance by position {} | draft {:.2} ms, verify {:.2} ms per cycle]",
+                        if engine.drafter().is_some() { "block drafter" } else { "MTP" },
                         spec.depth,
                         spec.cycles,
                         spec.tokens_per_cycle(),

@@ -230,3 +230,51 @@ fn a_drafter_that_does_not_fit_is_refused_by_name() {
         assert!(err.contains(named), "expected an error naming {named}, got: {err:?} ({layers} layers)");
     }
 }
+
+/// The training code (train/drafter.py) drafts what the engine drafts: a drafter for the
+/// embedded model, its block logits from Ferrite's trunk taps and `BlockDrafter::draft` against
+/// the training code's forward over mlx-lm's taps, on the same weights.
+#[test]
+fn the_training_code_drafts_what_the_engine_drafts() {
+    let target = common::repo_root().join("assets/models/ferrite-code-20m");
+    let config = ModelConfig::load(&target).unwrap();
+    let drafter = tempfile::tempdir().unwrap();
+    let tensors = MakeOptions { seed: 3, ..common::options(Architecture::Qwen35, "tiny", None, 64, Dtype::Float32) };
+    let mut o = DrafterOptions::new(&config, tensors);
+    o.target_layers = vec![1, 3, 5, 7];
+    o.layers = 2;
+    make_drafter(&config, &o, drafter.path()).unwrap();
+    let options = EngineOptions { drafter: Some(drafter.path().to_path_buf()), ..Default::default() };
+    let e = Engine::load_with(&target, &options).unwrap();
+    let ids: Vec<u32> = (0..24u32).map(|i| (i * 101 + 7) % 8000).collect();
+    let anchor = 17;
+
+    let block = e.drafter().unwrap();
+    let mut cache = e.model().new_cache();
+    let context = Array::from_slice(&ids[..anchor], &[1, anchor as i32]);
+    let (_, taps) = e.model().hidden_tapped(&context, &mut cache, &block.spec.target_layers).unwrap();
+    let mut draft_cache = block.new_cache();
+    let logits = block.draft(e.model(), Some(&taps), ids[anchor], &mut draft_cache).unwrap().index(0);
+
+    let out = tempfile::tempdir().unwrap();
+    let file = out.path().join("logits.safetensors");
+    let ids_arg = ids.iter().map(|t| t.to_string()).collect::<Vec<_>>().join(",");
+    let status = common::reference_command("dflash_drafter.py")
+        .args(["--target", target.to_str().unwrap(), "--drafter", drafter.path().to_str().unwrap()])
+        .args(["--prompt-ids", &ids_arg, "--anchor", &anchor.to_string(), "--out", file.to_str().unwrap()])
+        .status()
+        .unwrap();
+    assert!(status.success(), "the training code's drafter did not run");
+    let reference = &Array::load_safetensors(&file).unwrap()["logits"];
+    assert_eq!(reference.shape(), logits.shape());
+    let diff = ops::abs(ops::subtract(logits.as_dtype(mlx_rs::Dtype::Float32).unwrap(), reference).unwrap())
+        .unwrap()
+        .max(None)
+        .unwrap()
+        .item_cast::<f32>();
+    let argmax = |a: &Array| ops::indexing::argmax_axis(a, -1, None).unwrap().as_slice::<u32>().to_vec();
+    println!("block logits: max |Δ| {diff:.2e}");
+    // Ferrite's trunk and mlx-lm's on the same 8-bit weights (dequantized here on the CPU).
+    assert!(diff < 2e-2, "the engine's block logits differ from the training code's by {diff}");
+    assert_eq!(argmax(&logits), argmax(reference), "drafts differ");
+}

@@ -1,0 +1,293 @@
+#!/usr/bin/env python3
+"""Trains a DFlash block drafter for a target model Ferrite serves (by default the embedded
+ferrite-code-20m) and writes it in z-lab's format (`DFlashDraftModel`), which
+`crates/engine/src/models/dflash.rs` loads. Runs with MLX (third_party/venv): on this CPU for
+a smoke run, on the GPU with the CUDA runtime for the real one.
+
+What it learns: given the target's hidden states after `--taps` layers at every position
+before an anchor (through `fc` and `hidden_norm`, the drafter's context) and a block of the
+anchor token followed by mask tokens, the tokens the target would choose after the anchor —
+the target's own argmax at each position of the text (self-distillation: acceptance is
+agreement with the target, not with the text). Many blocks train at once: each sequence of
+`--seq` tokens holds `--blocks` anchors; a block attends to the context before its anchor and
+to itself (not causal), as at inference, where the drafter's cache holds the context. Loss:
+cross-entropy at each mask position, weighted exp(-(i - 1) / gamma) as the DFlash paper does
+(early positions decide acceptance).
+
+The target is frozen and run by mlx-lm; its embeddings and output head are the drafter's.
+"""
+import argparse
+import json
+import math
+import time
+from pathlib import Path
+
+import mlx.core as mx
+import mlx.nn as nn
+import mlx.optimizers as optim
+import numpy as np
+from mlx.utils import tree_flatten
+from mlx_lm import load
+from mlx_lm.models.base import create_attention_mask, create_ssm_mask
+
+
+class Attention(nn.Module):
+    def __init__(self, h, heads, kv_heads, head_dim, eps):
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
+        self.q_proj = nn.Linear(h, heads * head_dim, bias=False)
+        self.k_proj = nn.Linear(h, kv_heads * head_dim, bias=False)
+        self.v_proj = nn.Linear(h, kv_heads * head_dim, bias=False)
+        self.o_proj = nn.Linear(heads * head_dim, h, bias=False)
+        self.q_norm = nn.RMSNorm(head_dim, eps=eps)
+        self.k_norm = nn.RMSNorm(head_dim, eps=eps)
+
+
+class Mlp(nn.Module):
+    def __init__(self, h, inter):
+        super().__init__()
+        self.gate_proj = nn.Linear(h, inter, bias=False)
+        self.up_proj = nn.Linear(h, inter, bias=False)
+        self.down_proj = nn.Linear(inter, h, bias=False)
+
+    def __call__(self, x):
+        return self.down_proj(nn.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Layer(nn.Module):
+    def __init__(self, h, heads, kv_heads, head_dim, inter, eps):
+        super().__init__()
+        self.input_layernorm = nn.RMSNorm(h, eps=eps)
+        self.self_attn = Attention(h, heads, kv_heads, head_dim, eps)
+        self.post_attention_layernorm = nn.RMSNorm(h, eps=eps)
+        self.mlp = Mlp(h, inter)
+
+
+def rope(x, positions, theta):
+    """Rotates halves (MLX's `traditional=False`): x [N, heads, L, d], positions [N, L]."""
+    d = x.shape[-1]
+    inv = theta ** (-mx.arange(0, d, 2, dtype=mx.float32) / d)
+    angles = positions[:, None, :, None].astype(mx.float32) * inv
+    cos, sin = mx.cos(angles), mx.sin(angles)
+    x1, x2 = x[..., : d // 2], x[..., d // 2 :]
+    return mx.concatenate([x1 * cos - x2 * sin, x1 * sin + x2 * cos], axis=-1).astype(x.dtype)
+
+
+class Drafter(nn.Module):
+    def __init__(self, h, taps, layers, heads, kv_heads, head_dim, inter, eps, theta):
+        super().__init__()
+        self.theta = theta
+        self.fc = nn.Linear(taps * h, h, bias=False)
+        self.hidden_norm = nn.RMSNorm(h, eps=eps)
+        self.layers = [Layer(h, heads, kv_heads, head_dim, inter, eps) for _ in range(layers)]
+        self.norm = nn.RMSNorm(h, eps=eps)
+
+    def __call__(self, taps, x, ctx_pos, blk_pos, mask):
+        """taps [N, T, taps·H]; x [N, KB, H] the blocks' embeddings; positions; mask [N, 1, KB, T+KB]."""
+        ctx = self.hidden_norm(self.fc(taps))
+        n, kb = x.shape[0], x.shape[1]
+        key_pos = mx.concatenate([ctx_pos, blk_pos], axis=1)
+        for layer in self.layers:
+            a = layer.self_attn
+            h = layer.input_layernorm(x)
+            both = mx.concatenate([ctx, h], axis=1)
+            q = a.q_norm(a.q_proj(h).reshape(n, kb, a.heads, a.head_dim)).transpose(0, 2, 1, 3)
+            k = a.k_norm(a.k_proj(both).reshape(n, -1, a.kv_heads, a.head_dim)).transpose(0, 2, 1, 3)
+            v = a.v_proj(both).reshape(n, -1, a.kv_heads, a.head_dim).transpose(0, 2, 1, 3)
+            q, k = rope(q, blk_pos, self.theta), rope(k, key_pos, self.theta)
+            o = mx.fast.scaled_dot_product_attention(q, k, v, scale=a.head_dim ** -0.5, mask=mask)
+            x = x + a.o_proj(o.transpose(0, 2, 1, 3).reshape(n, kb, -1))
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
+        return self.norm(x)
+
+
+def text_model(model):
+    """mlx-lm's inner text model (embeddings, layers) and its output head."""
+    outer = getattr(model, "language_model", model)
+    inner = outer.model
+    tied = getattr(outer, "args", None) is None or outer.args.tie_word_embeddings
+    head = inner.embed_tokens.as_linear if tied else outer.lm_head
+    return inner, head
+
+
+def target_pass(inner, head, ids, taps):
+    """The target over ids [N, T]: its layers `taps` concatenated, and its argmax tokens."""
+    h = inner.embed_tokens(ids)
+    fa_mask = create_attention_mask(h, None)
+    ssm_mask = create_ssm_mask(h, None)
+    tapped = {}
+    for i, layer in enumerate(inner.layers):
+        h = layer(h, mask=ssm_mask if getattr(layer, "is_linear", False) else fa_mask, cache=None)
+        if i in taps:
+            tapped[i] = h
+    greedy = mx.argmax(head(inner.norm(h)), axis=-1)
+    return mx.stop_gradient(mx.concatenate([tapped[i] for i in taps], axis=-1)), greedy
+
+
+def blocks(rng, n, t, k, b):
+    """K anchors a sequence, at distinct positions in [1, T - B]: [N, K]."""
+    return np.stack([np.sort(rng.choice(np.arange(1, t - b + 1), size=k, replace=False)) for _ in range(n)])
+
+
+def batch_inputs(ids, greedy, anchors, b, mask_token, embed):
+    """The blocks' embeddings, labels (the target's choice at each drafted position) and masks."""
+    n, t = ids.shape
+    k = anchors.shape[1]
+    offs = np.arange(b)
+    pos = anchors[:, :, None] + offs  # [N, K, B]: each block position's place in the text
+    blk_ids = np.full((n, k, b), mask_token, dtype=np.int32)
+    ids_np = np.array(ids)
+    blk_ids[:, :, 0] = np.take_along_axis(ids_np, anchors, axis=1)
+    # The target at position p - 1 chose the token at p.
+    labels = np.take_along_axis(np.array(greedy), (pos[:, :, 1:] - 1).reshape(n, -1), axis=1).reshape(n, k, b - 1)
+    # Block rows see the context before their anchor and their own block.
+    ctx_keep = np.arange(t)[None, None, :] < anchors[:, :, None]  # [N, K, T]
+    ctx_keep = np.repeat(ctx_keep, b, axis=1)  # [N, K·B, T]
+    own = np.kron(np.eye(k, dtype=bool), np.ones((b, b), dtype=bool))  # [K·B, K·B]
+    keep = np.concatenate([ctx_keep, np.broadcast_to(own, (n, k * b, k * b))], axis=2)
+    x = embed(mx.array(blk_ids.reshape(n, k * b)))
+    return (
+        x,
+        mx.array(np.broadcast_to(np.arange(t), (n, t)).astype(np.int32)),
+        mx.array(pos.reshape(n, k * b).astype(np.int32)),
+        mx.array(keep[:, None]),
+        mx.array(labels.astype(np.int32)),
+    )
+
+
+def loss_fn(drafter, head, taps, x, ctx_pos, blk_pos, mask, labels, b, gamma):
+    n, k = labels.shape[0], labels.shape[1]
+    out = drafter(taps, x, ctx_pos, blk_pos, mask).reshape(n, k, b, -1)[:, :, 1:]
+    logits = head(out).astype(mx.float32)
+    ce = nn.losses.cross_entropy(logits, labels, reduction="none")  # [N, K, B-1]
+    w = mx.exp(-mx.arange(b - 1, dtype=mx.float32) / gamma)
+    hits = (mx.argmax(logits, axis=-1) == labels).astype(mx.float32)
+    return (ce * w).sum() / (w.sum() * n * k), hits
+
+
+def read_ids(path):
+    return np.fromfile(path, dtype="<u2").astype(np.int32)
+
+
+def sample_batch(rng, data, n, t):
+    starts = rng.integers(0, len(data) - t - 1, size=n)
+    return mx.array(np.stack([data[s : s + t] for s in starts]))
+
+
+def accept_lengths(hits):
+    """Accepted drafts a block (a run of hits from the first position), as numpy."""
+    h = np.array(hits).reshape(-1, hits.shape[-1])
+    return np.cumprod(h, axis=1).sum(axis=1)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--target", type=Path, default=Path("assets/models/ferrite-code-20m"))
+    ap.add_argument("--data", type=Path, default=Path("train/data"), help="train.bin and heldout.bin (u16 ids)")
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--taps", default="1,3,5,7", help="the target's layers the drafter reads")
+    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--block-size", type=int, default=8)
+    ap.add_argument("--blocks", type=int, default=32, help="anchors a sequence")
+    ap.add_argument("--seq", type=int, default=512)
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--steps", type=int, default=2000)
+    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--warmup", type=int, default=100)
+    ap.add_argument("--eval-every", type=int, default=250)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+
+    mx.random.seed(args.seed)
+    rng = np.random.default_rng(args.seed)
+    model, _ = load(str(args.target))
+    model.freeze()
+    inner, head = text_model(model)
+    tc = json.loads((args.target / "config.json").read_text())
+    tc = tc.get("text_config", tc)
+    h, vocab = tc["hidden_size"], tc["vocab_size"]
+    theta = tc.get("rope_parameters", {}).get("rope_theta", tc.get("rope_theta", 1e6))
+    taps = [int(t) for t in args.taps.split(",")]
+    b = args.block_size
+    mask_token = vocab - 1
+    drafter = Drafter(h, len(taps), args.layers, tc["num_attention_heads"], tc["num_key_value_heads"],
+                      tc.get("head_dim", h // tc["num_attention_heads"]), tc["intermediate_size"],
+                      tc["rms_norm_eps"], theta)
+    params = sum(v.size for _, v in tree_flatten(drafter.parameters()))
+    print(f"drafter: {args.layers} layers, {params / 1e6:.2f}M parameters, blocks of {b}, taps {taps}", flush=True)
+
+    train, heldout = read_ids(args.data / "train.bin"), read_ids(args.data / "heldout.bin")
+    schedule = optim.join_schedules(
+        [optim.linear_schedule(1e-7, args.lr, args.warmup), optim.cosine_decay(args.lr, args.steps, args.lr * 0.1)],
+        [args.warmup])
+    opt = optim.AdamW(learning_rate=schedule, betas=[0.9, 0.95], weight_decay=0.01)
+    gamma = max(b / 2, 1.0)
+    step_fn = nn.value_and_grad(drafter, lambda d, *a: loss_fn(d, head, *a, b, gamma))
+
+    def batch(data, n):
+        ids = sample_batch(rng, data, n, args.seq)
+        t, greedy = target_pass(inner, head, ids, taps)
+        anchors = blocks(rng, n, args.seq, args.blocks, b)
+        return (t, *batch_inputs(ids, greedy, anchors, b, mask_token, inner.embed_tokens))
+
+    def evaluate():
+        eval_rng_state = rng.bit_generator.state
+        lengths, losses = [], []
+        for _ in range(8):
+            loss, hits = loss_fn(drafter, head, *batch(heldout, args.batch), b, gamma)
+            losses.append(loss.item())
+            lengths.append(accept_lengths(hits))
+        rng.bit_generator.state = eval_rng_state
+        accepted = np.concatenate(lengths)
+        return float(np.mean(losses)), float(accepted.mean()) + 1.0
+
+    started = time.time()
+    for step in range(1, args.steps + 1):
+        (loss, _), grads = step_fn(drafter, *batch(train, args.batch))
+        opt.update(drafter, grads)
+        mx.eval(drafter.parameters(), opt.state, loss)
+        if step % 25 == 0:
+            print(f"step {step}: loss {loss.item():.3f} ({time.time() - started:.0f} s)", flush=True)
+        if step % args.eval_every == 0 or step == args.steps:
+            held_loss, per_cycle = evaluate()
+            print(f"step {step}: held-out loss {held_loss:.3f}, teacher-forced tokens per block {per_cycle:.2f}",
+                  flush=True)
+
+    write(args.out, drafter, tc, taps, b, mask_token, args.layers)
+    print(f"wrote {args.out} after {time.time() - started:.0f} s")
+
+
+def write(out, drafter, tc, taps, b, mask_token, layers):
+    """The drafter as z-lab publishes one: f32 tensors, a Qwen3 config with dflash_config."""
+    out.mkdir(parents=True, exist_ok=True)
+    weights = {k: v.astype(mx.float32) for k, v in tree_flatten(drafter.parameters())}
+    mx.save_safetensors(str(out / "model.safetensors"), weights, metadata={"format": "mlx"})
+    h = tc["hidden_size"]
+    config = {
+        "architectures": ["DFlashDraftModel"],
+        "model_type": "qwen3",
+        "hidden_size": h,
+        "num_hidden_layers": layers,
+        "num_attention_heads": tc["num_attention_heads"],
+        "num_key_value_heads": tc["num_key_value_heads"],
+        "head_dim": tc.get("head_dim", h // tc["num_attention_heads"]),
+        "intermediate_size": tc["intermediate_size"],
+        "hidden_act": "silu",
+        "rms_norm_eps": tc["rms_norm_eps"],
+        "rope_theta": drafter.theta,
+        "vocab_size": tc["vocab_size"],
+        "max_position_embeddings": tc.get("max_position_embeddings", 32768),
+        "tie_word_embeddings": False,
+        "attention_bias": False,
+        "is_causal": False,
+        "block_size": b,
+        "num_target_layers": tc["num_hidden_layers"],
+        "layer_types": ["full_attention"] * layers,
+        "dflash_config": {"mask_token_id": mask_token, "target_layer_ids": taps},
+        "torch_dtype": "float32",
+    }
+    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 
 use anyhow::{Context, Result};
-use engine::{Engine, GenerateRequest};
+use engine::{DraftWith, Engine, GenerateRequest};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -30,6 +30,10 @@ pub struct Args {
     /// Runtime profile (`ferrite profiles` lists the knobs).
     #[arg(long, env = "FERRITE_PROFILE", default_value = "sustained")]
     profile: engine::ProfileName,
+    /// With --spec: also a DFlash block drafter's folder; its block depths are measured in the
+    /// same run as plain decoding and the MTP head's depths.
+    #[arg(long, requires = "spec")]
+    drafter: Option<PathBuf>,
 }
 
 pub fn run(args: Args) -> Result<()> {
@@ -42,8 +46,9 @@ pub fn run(args: Args) -> Result<()> {
             format!("{}: expected a JSON array of token ids, or an array of such arrays", args.prompt_ids.display())
         })?;
     anyhow::ensure!(!prompts.is_empty(), "{}: no prompt", args.prompt_ids.display());
-    let mut engine =
-        Engine::load_with(&args.model, &server::engine_options::from_env(engine::Profile::named(args.profile), None)?)?;
+    let mut options = server::engine_options::from_env(engine::Profile::named(args.profile), None)?;
+    options.drafter = args.drafter.clone();
+    let mut engine = Engine::load_with(&args.model, &options)?;
     // Every run after the warm-up repeats its prompt: the prompt cache would answer it, and
     // this measures computing it (bench/agent_session.py measures the cache).
     engine.set_prompt_cache_budget(0);
@@ -110,14 +115,18 @@ fn cpu_seconds() -> f64 {
 }
 
 fn speculative(engine: &Engine, request: &GenerateRequest, prompts: &[Vec<u32>], runs: usize) -> Result<()> {
-    let costs = engine::costs::measure_costs(engine.model(), &request.prompt, 10 * runs.max(1))?;
+    // The MTP head's costs (a model without one: its block drafter's figures only).
+    let costs = match engine.model().mtp() {
+        Some(_) => Some(engine::costs::measure_costs(engine.model(), &request.prompt, 10 * runs.max(1))?),
+        None => None,
+    };
     // Every prompt at this depth: pooled acceptance, and tokens over decode time.
-    let decode = |depth: usize| -> Result<(f64, Option<engine::speculative::SpecStats>)> {
-        let warm = GenerateRequest { draft_depth: depth, ..request.clone() };
+    let decode = |depth: usize, draft_with: DraftWith| -> Result<(f64, Option<engine::speculative::SpecStats>)> {
+        let warm = GenerateRequest { draft_depth: depth, draft_with, ..request.clone() };
         engine.generate_text(warm)?;
         let (mut tokens, mut seconds, mut pooled) = (0usize, 0f64, None::<engine::speculative::SpecStats>);
         for prompt in prompts {
-            let req = GenerateRequest { draft_depth: depth, prompt: prompt.clone(), ..request.clone() };
+            let req = GenerateRequest { draft_depth: depth, draft_with, prompt: prompt.clone(), ..request.clone() };
             let (_, s) = engine.generate_text(req)?;
             let decoded = s.usage.completion_tokens.saturating_sub(1);
             tokens += decoded;
@@ -131,32 +140,54 @@ fn speculative(engine: &Engine, request: &GenerateRequest, prompts: &[Vec<u32>],
         }
         Ok((if seconds > 0.0 { tokens as f64 / seconds } else { 0.0 }, pooled))
     };
-    let (plain_tps, _) = decode(0)?;
+    let (plain_tps, _) = decode(0, DraftWith::MtpHead)?;
+    if let Some(costs) = &costs {
+        eprintln!(
+            "plain decode {plain_tps:.1} tok/s; plain step {:.3} ms, draft step {:.3} ms ({:.2}x a plain step)",
+            costs.plain_step_s * 1e3,
+            costs.draft_step_s * 1e3,
+            costs.draft_ratio()
+        );
+    }
     eprintln!(
-        "plain decode {plain_tps:.1} tok/s; plain step {:.3} ms, draft step {:.3} ms ({:.2}x a plain step)",
-        costs.plain_step_s * 1e3,
-        costs.draft_step_s * 1e3,
-        costs.draft_ratio()
-    );
-    eprintln!(
-        "{:>5} {:>12} {:>22} {:>10} {:>10} {:>16} {:>14}",
-        "depth", "verify cost", "acceptance by position", "tok/cycle", "tok/s", "bound (measured)", "bound (all ok)"
+        "{:>5} {:>5} {:>12} {:>22} {:>10} {:>10} {:>16} {:>14}",
+        "draft",
+        "depth",
+        "verify cost",
+        "acceptance by position",
+        "tok/cycle",
+        "tok/s",
+        "bound (measured)",
+        "bound (all ok)"
     );
     let mut rows = Vec::new();
-    for depth in 1..=engine::costs::MAX_DRAFT_DEPTH {
-        let (tps, stats) = decode(depth)?;
+    // The MTP head's depths (when the model has one), then the block drafter's (when loaded):
+    // its bounds are left out (the cost model times the head's draft steps, not a block's pass).
+    let mtp_depths = if costs.is_some() { engine::costs::MAX_DRAFT_DEPTH } else { 0 };
+    let block_depths = engine.drafter().map_or(0, |d| d.max_drafts());
+    let runs =
+        (1..=mtp_depths).map(|d| (d, DraftWith::MtpHead)).chain((1..=block_depths).map(|d| (d, DraftWith::Loaded)));
+    let shown = |x: Option<f64>| x.map_or("-".to_string(), |x| format!("{x:.2}"));
+    for (depth, draft_with) in runs {
+        let drafter = if draft_with == DraftWith::MtpHead { "mtp" } else { "block" };
+        let (tps, stats) = decode(depth, draft_with)?;
         let stats = stats.unwrap_or_default();
         let acceptance = stats.acceptance();
         let acc_text: Vec<String> = acceptance.iter().map(|a| format!("{:.0}%", a * 100.0)).collect();
-        let (bound, best) = (costs.speedup_bound(depth, &acceptance), costs.speedup_bound(depth, &vec![1.0; depth]));
+        let verify = costs.as_ref().filter(|c| depth <= c.verify_s.len()).map(|c| c.verify_ratio(depth));
+        let mtp = costs.as_ref().filter(|_| draft_with == DraftWith::MtpHead);
+        let bound = mtp.map(|c| c.speedup_bound(depth, &acceptance));
+        let best = mtp.map(|c| c.speedup_bound(depth, &vec![1.0; depth]));
         eprintln!(
-            "{depth:>5} {:>11.2}x {:>22} {:>10.2} {tps:>10.1} {bound:>16.2} {best:>14.2}",
-            costs.verify_ratio(depth),
+            "{drafter:>5} {depth:>5} {:>12} {:>22} {:>10.2} {tps:>10.1} {:>16} {:>14}",
+            shown(verify),
             acc_text.join(" "),
-            stats.tokens_per_cycle()
+            stats.tokens_per_cycle(),
+            shown(bound),
+            shown(best),
         );
         rows.push(serde_json::json!({
-            "depth": depth, "verify_cost": costs.verify_ratio(depth), "acceptance": acceptance,
+            "drafter": drafter, "depth": depth, "verify_cost": verify, "acceptance": acceptance,
             "tokens_per_cycle": stats.tokens_per_cycle(), "decode_tps": tps,
             "speedup_bound": bound, "speedup_bound_full_acceptance": best,
         }));
@@ -166,7 +197,10 @@ fn speculative(engine: &Engine, request: &GenerateRequest, prompts: &[Vec<u32>],
         serde_json::json!({
             "engine": "ferrite", "backend": engine.backend().to_string(), "temperature": request.sampling.temperature,
             "prompts": prompts.len(), "gen_tokens": request.max_tokens, "plain_decode_tps": plain_tps,
-            "plain_step_s": costs.plain_step_s, "draft_step_s": costs.draft_step_s, "draft_cost": costs.draft_ratio(),
+            "plain_step_s": costs.as_ref().map(|c| c.plain_step_s),
+            "draft_step_s": costs.as_ref().map(|c| c.draft_step_s),
+            "draft_cost": costs.as_ref().map(|c| c.draft_ratio()),
+            "drafter": engine.drafter().map(|d| d.dir.display().to_string()),
             "depths": rows,
         })
     );

@@ -142,6 +142,7 @@ fn answer(engine: &Engine, args: Args, draft_depth: usize) -> Result<()> {
         stop: args.stop,
         ignore_eos: false,
         draft_depth,
+        draft_with: engine::DraftWith::Loaded,
         fixed_depth: false,
         draft_script: None,
         forced_tokens: None,

@@ -21,7 +21,7 @@ use crate::grammar::{Constraint, Ended};
 use crate::logits::{Chain, GrammarMask, LogitBias, LogitsProcessor};
 use crate::penalties::Recent;
 use crate::prompt_cache::Checkpoint;
-use crate::request::{CancelToken, Event, FinishReason, GenerateRequest, Summary, Timings, Usage};
+use crate::request::{CancelToken, DraftWith, Event, FinishReason, GenerateRequest, Summary, Timings, Usage};
 use crate::sampling::Sampler;
 use crate::speculative::{Drafter, SpecStats, Speculator};
 use crate::stop::StopMatcher;
@@ -70,7 +70,11 @@ impl Engine {
             0 => None,
             depth => {
                 let seed = request.sampling.seed.unwrap_or(0);
-                let mut spec = Speculator::new(self.model.as_ref(), self.drafter.as_ref(), depth, seed)?;
+                let block = match request.draft_with {
+                    DraftWith::Loaded => self.drafter.as_ref(),
+                    DraftWith::MtpHead => None,
+                };
+                let mut spec = Speculator::new(self.model.as_ref(), block, depth, seed)?;
                 if let Some(s) = &mut spec {
                     s.draft_script = request.draft_script.clone();
                     if let (Some(tokens), Some(&end)) = (&request.forced_tokens, self.tokenizer.eos_ids.first()) {

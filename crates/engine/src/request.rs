@@ -21,8 +21,12 @@ pub struct GenerateRequest {
     pub stop: Vec<String>,
     /// Keep going past end-of-sequence tokens (benchmarks need a fixed length).
     pub ignore_eos: bool,
-    /// Tokens drafted per cycle by the model's MTP head (0 = plain decoding, at most 4).
+    /// Tokens drafted per cycle (0 = plain decoding; at most 4 with the MTP head, a block's
+    /// drafts with a block drafter).
     pub draft_depth: usize,
+    /// What drafts: the block drafter when the engine loaded one, else the MTP head.
+    #[serde(default)]
+    pub draft_with: DraftWith,
     /// Keep `draft_depth` for every cycle even where the engine's depth controller is on (the
     /// tuner measures each depth as it is).
     pub fixed_depth: bool,
@@ -49,12 +53,24 @@ impl GenerateRequest {
             stop: vec![],
             ignore_eos: false,
             draft_depth: 0,
+            draft_with: DraftWith::Loaded,
             fixed_depth: false,
             draft_script: None,
             forced_tokens: None,
             grammar: None,
         }
     }
+}
+
+/// Which drafter a speculating request drafts with.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DraftWith {
+    /// The block drafter loaded beside the model, else the model's MTP head.
+    #[default]
+    Loaded,
+    /// The MTP head, even beside a block drafter (a benchmark compares the two).
+    MtpHead,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]

@@ -394,7 +394,7 @@ impl<'m> Speculator<'m> {
                 (DraftRows::Mtp(head, x.index((.., -1.., ..))), 0)
             }
             (Drafter::Block(block), _) => {
-                let logits = block.draft(self.model, Some(&hidden), last_token, &mut self.draft_cache)?;
+                let logits = block.draft(self.model, Some(&hidden), last_token, depth, &mut self.draft_cache)?;
                 (DraftRows::Block(logits), block.spec.block_size as i32)
             }
         };

@@ -254,7 +254,8 @@ fn the_training_code_drafts_what_the_engine_drafts() {
     let context = Array::from_slice(&ids[..anchor], &[1, anchor as i32]);
     let (_, taps) = e.model().hidden_tapped(&context, &mut cache, &block.spec.target_layers).unwrap();
     let mut draft_cache = block.new_cache();
-    let logits = block.draft(e.model(), Some(&taps), ids[anchor], &mut draft_cache).unwrap().index(0);
+    let logits =
+        block.draft(e.model(), Some(&taps), ids[anchor], block.max_drafts(), &mut draft_cache).unwrap().index(0);
 
     let out = tempfile::tempdir().unwrap();
     let file = out.path().join("logits.safetensors");

@@ -221,10 +221,18 @@ impl BlockDrafter {
     }
 
     /// The block anchored at `anchor`: first the target's `taps` at positions not yet in the
-    /// context join it, then the block runs after them. Returns the logits [1, block - 1,
-    /// vocab] of its mask positions (lazy); the cache then also holds the block's positions,
-    /// which the caller rolls back (`cache.rollback(block_size)`).
-    pub fn draft(&self, model: &dyn Trunk, taps: Option<&Array>, anchor: u32, cache: &mut Cache) -> Result<Array> {
+    /// context join it, then the block runs after them. Returns the logits [1, drafts, vocab]
+    /// of its first `drafts` mask positions (lazy; the whole block runs, only those go through
+    /// the output head); the cache then also holds the block's positions, which the caller
+    /// rolls back (`cache.rollback(block_size)`).
+    pub fn draft(
+        &self,
+        model: &dyn Trunk,
+        taps: Option<&Array>,
+        anchor: u32,
+        drafts: usize,
+        cache: &mut Cache,
+    ) -> Result<Array> {
         let b = self.spec.block_size as i32;
         let context = taps.map(|t| self.context(t)).transpose()?;
         let mut ids = vec![self.spec.mask_token; self.spec.block_size];
@@ -252,7 +260,8 @@ impl BlockDrafter {
             x = x.add(layer.attn.output(&o, None)?)?;
             x = x.add(layer.mlp.forward(&layer.post_attention_layernorm.forward(&x)?)?)?;
         }
-        model.logits(&self.norm.forward(&x.index((.., 1.., ..)))?)
+        let drafts = drafts.clamp(1, self.max_drafts()) as i32;
+        model.logits(&self.norm.forward(&x.index((.., 1..1 + drafts, ..)))?)
     }
 
     fn context(&self, taps: &Array) -> Result<Array> {

@@ -291,6 +291,13 @@ impl Engine {
         let (model, weight_form) = models::load_with(dir, options)?;
         let tokenizer = Tokenizer::load(dir)?;
         let drafter = match &options.drafter {
+            // The other ranks follow rank 0's requests with their own speculator: without
+            // the drafter their passes would part from rank 0's.
+            Some(_) if group.is_some() => {
+                return Err(Error::Request(
+                    "a block drafter cannot run on a model split across ranks yet: draft with the MTP head".into(),
+                ))
+            }
             Some(path) => {
                 let drafter = BlockDrafter::load(path, model.config(), weight_form.form.dequantize_to())?;
                 tracing::info!(

@@ -197,24 +197,14 @@ impl Engine {
     }
 
     /// What makes this model's cached state this model's: its config, its weight files, the
-    /// form they were loaded in and where it runs (a block written by another is never read).
+    /// form they were loaded in and where it runs, and its block drafter's config and files
+    /// (the drafter's cache is kept with the model's): a block written by another is never read.
     pub(crate) fn identity(&self) -> Result<Vec<u8>> {
-        let config = self.dir.join("config.json");
-        let mut id = std::fs::read(&config).map_err(|e| Error::io(&config, e))?;
-        for file in crate::weights::weight_files(&self.dir)? {
-            let size = std::fs::metadata(&file).map_err(|e| Error::io(&file, e))?.len();
-            id.extend(format!("\n{}:{size}", file.file_name().unwrap_or_default().to_string_lossy()).bytes());
-        }
+        let mut id = folder_identity(&self.dir)?;
         id.extend(format!("\n{}\n{}", self.weight_form, self.backend).bytes());
-        // The drafter's cache is kept with the model's: another drafter's is not this one's.
         if let Some(drafter) = &self.drafter {
-            let config = drafter.dir.join("config.json");
             id.extend(b"\ndrafter\n");
-            id.extend(std::fs::read(&config).map_err(|e| Error::io(&config, e))?);
-            for file in crate::weights::weight_files(&drafter.dir)? {
-                let size = std::fs::metadata(&file).map_err(|e| Error::io(&file, e))?.len();
-                id.extend(format!("\n{}:{size}", file.file_name().unwrap_or_default().to_string_lossy()).bytes());
-            }
+            id.extend(folder_identity(&drafter.dir)?);
         }
         Ok(id)
     }
@@ -411,4 +401,15 @@ fn prompt_cache_bytes(profile: &Profile, mb: Option<usize>, group: Option<&Group
     let all = group.all_gather(&Array::from_slice(&[mine as u64 as i64], &[1]))?;
     group.eval([&all])?;
     Ok(all.as_slice::<i64>().iter().copied().min().unwrap_or(0).max(0) as usize)
+}
+
+/// A checkpoint folder's config.json and its weight files' names and sizes.
+fn folder_identity(dir: &Path) -> Result<Vec<u8>> {
+    let config = dir.join("config.json");
+    let mut id = std::fs::read(&config).map_err(|e| Error::io(&config, e))?;
+    for file in crate::weights::weight_files(dir)? {
+        let size = std::fs::metadata(&file).map_err(|e| Error::io(&file, e))?.len();
+        id.extend(format!("\n{}:{size}", file.file_name().unwrap_or_default().to_string_lossy()).bytes());
+    }
+    Ok(id)
 }

@@ -35,19 +35,6 @@ fn prompts() -> Vec<Vec<u32>> {
     vec![vec![7, 300, 41], (0..40u32).map(|i| (i * 37 + 11) % 490).collect()]
 }
 
-/// Greedy token ids straight from the model, one position at a time.
-fn greedy_tokens(e: &Engine, prompt: &[u32], n: usize) -> Vec<u32> {
-    let mut cache = e.model().new_cache();
-    let mut logits = e.model().forward(&Array::from_slice(prompt, &[1, prompt.len() as i32]), &mut cache).unwrap();
-    let mut out = vec![];
-    for _ in 0..n {
-        let t = ops::indexing::argmax_axis(logits.index((.., -1, ..)), -1, None).unwrap().item_cast::<u32>();
-        out.push(t);
-        logits = e.model().forward(&Array::from_slice(&[t], &[1, 1]), &mut cache).unwrap();
-    }
-    out
-}
-
 #[test]
 fn greedy_block_drafting_equals_plain_decoding() {
     for (arch, dtype) in [
@@ -62,9 +49,10 @@ fn greedy_block_drafting_equals_plain_decoding() {
             let plain = GenerateRequest { ignore_eos: true, ..GenerateRequest::greedy(prompt.clone(), 30) };
             let (expected, s0) = e.generate_text(plain.clone()).unwrap();
             assert!(s0.speculative.is_none());
-            let truth = greedy_tokens(&e, &prompt, 40); // past the end: the last cycles draft whole blocks too
-                                                        // The true continuation with every third token wrong: cycles accept all, some or
-                                                        // none of their drafts and roll back different amounts.
+            // Past the answer's end: the last cycles draft whole blocks too.
+            let truth = common::greedy_tokens(&e, &prompt, 40);
+            // The true continuation with every third token wrong: cycles accept all, some or
+            // none of their drafts and roll back different amounts.
             let wrong: Vec<u32> =
                 truth.iter().enumerate().map(|(i, &t)| if i % 3 == 2 { (t + 1) % 490 } else { t }).collect();
             for depth in [1, 3, 7] {
@@ -139,22 +127,6 @@ fn block_drafting_with_penalties_a_bias_and_a_windowed_causal_drafter_stays_exac
     assert!(err.contains("0..=4"), "a block of 5 drafts 4 at most: {err}");
 }
 
-fn chi_square(a: &[usize], b: &[usize]) -> (f64, usize) {
-    let (na, nb) = (a.iter().sum::<usize>() as f64, b.iter().sum::<usize>() as f64);
-    let mut stat = 0.0;
-    let mut dof = 0usize;
-    for (&x, &y) in a.iter().zip(b) {
-        let total = (x + y) as f64;
-        if total == 0.0 {
-            continue;
-        }
-        let (ea, eb) = (total * na / (na + nb), total * nb / (na + nb));
-        stat += (x as f64 - ea).powi(2) / ea + (y as f64 - eb).powi(2) / eb;
-        dof += 1;
-    }
-    (stat, dof.saturating_sub(1))
-}
-
 #[test]
 fn sampled_block_drafting_has_the_plain_distribution() {
     // A block's drafts are point masses, accepted with the target's probability of them: drafts
@@ -162,7 +134,7 @@ fn sampled_block_drafting_has_the_plain_distribution() {
     let (_t, _d, e) = target_and_drafter(Architecture::Qwen3, Dtype::Float32, |_| {});
     let prompt = prompts()[0].clone();
     let vocab = e.model().config().vocab_size as usize;
-    let script = greedy_tokens(&e, &prompt, 4);
+    let script = common::greedy_tokens(&e, &prompt, 4);
     let mut accepted = 0;
     let mut histogram = |depth: usize| {
         let mut h = vec![vec![0usize; vocab]; 2];
@@ -191,7 +163,7 @@ fn sampled_block_drafting_has_the_plain_distribution() {
     let (plain, spec) = (histogram(0), histogram(2));
     assert!(accepted > 40, "too few drafts accepted to test acceptance: {accepted}");
     for pos in 0..2 {
-        let (stat, dof) = chi_square(&plain[pos], &spec[pos]);
+        let (stat, dof) = common::chi_square(&plain[pos], &spec[pos]);
         // 99.9% quantile of chi-square: below ~ dof + 3.1 * sqrt(2 dof) + 10 for these sizes.
         let limit = dof as f64 + 3.1 * (2.0 * dof as f64).sqrt() + 10.0;
         assert!(dof > 3, "too few categories to test");

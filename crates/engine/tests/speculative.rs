@@ -7,7 +7,6 @@ mod common;
 use engine::cache::Cache;
 use engine::checkpoint::{Architecture, Dtype, MakeOptions};
 use engine::{Engine, GenerateRequest, SamplingParams};
-use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::{ops, Array};
 
 fn with_mtp(arch: Architecture, dtype: Dtype) -> (tempfile::TempDir, Engine) {
@@ -25,19 +24,6 @@ fn prompts() -> Vec<Vec<u32>> {
         (0..40u32).map(|i| (i * 37 + 11) % 490).collect(),
         (0..75u32).map(|i| (i * 13 + 5) % 490).collect(),
     ]
-}
-
-/// Greedy token ids straight from the model, one position at a time.
-fn greedy_tokens(e: &Engine, prompt: &[u32], n: usize) -> Vec<u32> {
-    let mut cache = e.model().new_cache();
-    let mut logits = e.model().forward(&Array::from_slice(prompt, &[1, prompt.len() as i32]), &mut cache).unwrap();
-    let mut out = vec![];
-    for _ in 0..n {
-        let t = ops::indexing::argmax_axis(logits.index((.., -1, ..)), -1, None).unwrap().item_cast::<u32>();
-        out.push(t);
-        logits = e.model().forward(&Array::from_slice(&[t], &[1, 1]), &mut cache).unwrap();
-    }
-    out
 }
 
 #[test]
@@ -160,7 +146,7 @@ fn accepted_and_rejected_drafts_keep_the_output_exact() {
     for arch in [Architecture::Qwen3Next, Architecture::Qwen35] {
         let (_d, e) = with_mtp(arch, Dtype::Float32);
         let prompt = prompts()[1].clone();
-        let truth = greedy_tokens(&e, &prompt, 40);
+        let truth = common::greedy_tokens(&e, &prompt, 40);
         let script: Vec<u32> =
             truth.iter().enumerate().map(|(i, &t)| if i % 3 == 2 { (t + 1) % 490 } else { t }).collect();
         let plain = GenerateRequest { ignore_eos: true, ..GenerateRequest::greedy(prompt, 40) };
@@ -247,23 +233,6 @@ fn mtp_head_that_does_not_fit_is_refused() {
     assert!(err.contains("MTP head does not fit") && err.contains("mtp.fc.weight"), "{err}");
 }
 
-/// Two-sample chi-square statistic over the categories both samples use.
-fn chi_square(a: &[usize], b: &[usize]) -> (f64, usize) {
-    let (na, nb) = (a.iter().sum::<usize>() as f64, b.iter().sum::<usize>() as f64);
-    let mut stat = 0.0;
-    let mut dof = 0usize;
-    for (&x, &y) in a.iter().zip(b) {
-        let total = (x + y) as f64;
-        if total == 0.0 {
-            continue;
-        }
-        let (ea, eb) = (total * na / (na + nb), total * nb / (na + nb));
-        stat += (x as f64 - ea).powi(2) / ea + (y as f64 - eb).powi(2) / eb;
-        dof += 1;
-    }
-    (stat, dof.saturating_sub(1))
-}
-
 #[test]
 fn sampled_speculation_has_the_plain_distribution() {
     let (_d, e) = with_mtp(Architecture::Qwen3Next, Dtype::Float32);
@@ -300,7 +269,7 @@ fn sampled_speculation_has_the_plain_distribution() {
 
 fn check(plain: &[Vec<usize>], spec: &[Vec<usize>]) {
     for pos in 0..2 {
-        let (stat, dof) = chi_square(&plain[pos], &spec[pos]);
+        let (stat, dof) = common::chi_square(&plain[pos], &spec[pos]);
         // 99.9% quantile of chi-square: below ~ dof + 3.1 * sqrt(2 dof) + 10 for these sizes.
         let limit = dof as f64 + 3.1 * (2.0 * dof as f64).sqrt() + 10.0;
         println!("token {}: chi2 {stat:.1} with {dof} dof (limit {limit:.1})", pos + 2);

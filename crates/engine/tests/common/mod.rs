@@ -52,3 +52,35 @@ pub fn rewrite_tensors(file: &Path, edit: impl FnOnce(&mut std::collections::Has
     mlx_rs::transforms::eval(tensors.values()).unwrap(); // read everything before overwriting
     mlx_rs::Array::save_safetensors(tensors.iter(), None, file).unwrap();
 }
+
+/// Greedy token ids straight from the model, one position at a time.
+pub fn greedy_tokens(e: &engine::Engine, prompt: &[u32], n: usize) -> Vec<u32> {
+    use mlx_rs::ops::indexing::IndexOp;
+    let mut cache = e.model().new_cache();
+    let ids = mlx_rs::Array::from_slice(prompt, &[1, prompt.len() as i32]);
+    let mut logits = e.model().forward(&ids, &mut cache).unwrap();
+    let mut out = vec![];
+    for _ in 0..n {
+        let t = mlx_rs::ops::indexing::argmax_axis(logits.index((.., -1, ..)), -1, None).unwrap().item_cast::<u32>();
+        out.push(t);
+        logits = e.model().forward(&mlx_rs::Array::from_slice(&[t], &[1, 1]), &mut cache).unwrap();
+    }
+    out
+}
+
+/// Pearson's chi-square of two histograms over the same categories, and its degrees of freedom.
+pub fn chi_square(a: &[usize], b: &[usize]) -> (f64, usize) {
+    let (na, nb) = (a.iter().sum::<usize>() as f64, b.iter().sum::<usize>() as f64);
+    let mut stat = 0.0;
+    let mut dof = 0usize;
+    for (&x, &y) in a.iter().zip(b) {
+        let total = (x + y) as f64;
+        if total == 0.0 {
+            continue;
+        }
+        let (ea, eb) = (total * na / (na + nb), total * nb / (na + nb));
+        stat += (x as f64 - ea).powi(2) / ea + (y as f64 - eb).powi(2) / eb;
+        dof += 1;
+    }
+    (stat, dof.saturating_sub(1))
+}

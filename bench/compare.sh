@@ -13,8 +13,8 @@
 # and size, alternating; the table shows medians and the decode range; default 1), DTYPE,
 # FERRITE, PYTHON, BENCH_DIR, PEERS (which mlx-lm runs beside Ferrite: `ops`, mlx-lm as it
 # runs off a Mac, its recurrence as operations; `mac-like`, its Metal gated-delta kernel ported
-# to CUDA and patched in (bench/mlx_lm_mac_like.py), as it runs on a Mac; default `ops`, on a
-# CUDA GPU `ops mac-like`).
+# to CUDA and patched in (bench/mlx_lm_mac_like.py), as it runs on a Mac; `none`, Ferrite alone,
+# to add processes to a cell measured before; default `ops`, on a CUDA GPU `ops mac-like`).
 set -euo pipefail
 GEN_TOKENS=${GEN_TOKENS:-256}
 RUNS=${RUNS:-1}
@@ -48,6 +48,7 @@ for c in "${cases[@]}"; do
       RUST_LOG=warn "$FERRITE" bench --model "$dir" --prompt-ids "$ids" --gen-tokens "$GEN_TOKENS" --runs "$RUNS" --profile "$PROFILE" \
         | "$PYTHON" -c 'import json,sys; r=json.load(sys.stdin); r["case"]=sys.argv[1]; print(json.dumps(r))' "$c" >> "$rows"
       for peer in $PEERS; do
+        [ "$peer" = none ] && continue
         flag=; [ "$peer" = mac-like ] && flag=--mac-like
         "$PYTHON" "$root/bench/mlx_lm_decode.py" --model "$dir" --prompt-ids "$ids" --gen-tokens "$GEN_TOKENS" --runs "$RUNS" $flag \
           | "$PYTHON" -c 'import json,sys; r=json.load(sys.stdin); r["case"]=sys.argv[1]; print(json.dumps(r))' "$c" >> "$rows" \

@@ -14,6 +14,8 @@
 #                   load), greedy answers on the ops, cuda-kernel and cuda-fused paths, plain and
 #                   speculative (a summary says which agree), and bench/mlx_lm_mac_like.py's
 #                   check of the peer's port
+#   compare-dense   bench/compare.sh on the dense 8B and 32B shapes (DENSE names them) against
+#                   mlx-lm (ops), with SIZES, PROCESSES, PROFILE as compare.sh reads them
 #   ops-35b         `ferrite dev ops` on the 35B-A3B shape, on each delta path, and mlx-lm's count
 #                   (PEER_OPS=0 skips mlx-lm's)
 # PATHS (default "cuda-fused ops cuda-kernel") names the delta paths `delta` and `ops-35b` run
@@ -89,6 +91,11 @@ for check in "$@"; do
         > "$res/compare-35b-$(echo ${SIZES:-all} | tr " " -).txt" 2>&1
       # compare.sh writes its rows as each process ends: keep them when the timeout stopped it.
       cp "$BENCH_DIR/compare-run.jsonl" "$res/compare-35b-rows-$(date -u +%H%M%S).jsonl" 2>/dev/null ;;
+    compare-dense)
+      # Dense shapes have no delta rule: mlx-lm's ops path is the peer a Mac runs too.
+      PEERS="${PEERS:-ops}" timeout "${COMPARE_TIMEOUT:-560}" bench/compare.sh ${DENSE:-8b-4bit 32b-4bit} \
+        > "$res/compare-dense.txt" 2>&1
+      cp "$BENCH_DIR/compare-run.jsonl" "$res/compare-dense-rows-$(date -u +%H%M%S).jsonl" 2>/dev/null ;;
     *) log "unknown check $check" ;;
   esac
   # After each check, so a run stopped at its time limit still brings back what it finished.

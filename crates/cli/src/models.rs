@@ -27,59 +27,74 @@ fn gib(bytes: u64) -> String {
     }
 }
 
+/// `ferrite pull NAME`: the model, and the block drafter the catalog pairs with it.
 pub fn pull(name: &str) -> Result<()> {
     let store = Store::open_default()?;
-    let (repo, revision, expect_mtp) = match store.catalog.find(name) {
+    let entry = store.catalog.find(name);
+    let mut requests = match entry {
         Some(e) if e.embedded.is_some() => {
             println!("{}: ships with Ferrite ({}), nothing to download", e.id, store.resolve(&e.id)?.dir.display());
-            return Ok(());
+            vec![]
         }
-        Some(e) => (e.repo.clone(), e.revision.clone(), e.mtp),
-        None if name.split('/').count() == 2 => (name.to_string(), "main".to_string(), false),
+        Some(e) => vec![Request::model(e.repo.clone(), e.revision.clone(), e.mtp)],
+        None if name.split('/').count() == 2 => vec![Request::model(name.to_string(), "main".to_string(), false)],
         None => bail!("`{name}` is neither a catalog model (see `ferrite ls`) nor a repository (org/name)"),
     };
+    if let Some(drafter) = entry.and_then(|e| e.drafter.as_ref()).filter(|d| d.embedded.is_none()) {
+        requests.push(Request::drafter(drafter));
+    }
+    if requests.is_empty() {
+        return Ok(());
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(async {
         let downloader = Downloader::new(store.models_dir.clone(), Options::default());
-        let download = downloader.pull(Request { repo: repo.clone(), revision, expect_mtp });
-        let bar = indicatif::ProgressBar::new(0);
-        bar.set_style(
-            indicatif::ProgressStyle::with_template(
-                "{msg:30!} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec} ETA {eta}",
-            )
-            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
-            .progress_chars("=> "),
-        );
-        let mut progress = download.progress();
-        let stop = tokio::signal::ctrl_c();
-        tokio::pin!(stop);
-        loop {
-            {
-                let p = progress.borrow_and_update();
-                bar.set_length(p.total_bytes);
-                bar.set_position(p.done_bytes);
-                bar.set_message(match &p.state {
-                    State::Verifying => "verifying".to_string(),
-                    _ => p.file.clone(),
-                });
-                if p.state.is_final() {
-                    break;
-                }
-            }
-            tokio::select! {
-                changed = progress.changed() => if changed.is_err() { break },
-                _ = &mut stop => {
-                    download.cancel();
-                    bar.abandon_with_message("cancelled: a new pull resumes");
-                }
-                _ = tokio::time::sleep(Duration::from_millis(500)) => {}
-            }
+        for request in requests {
+            let (repo, drafter) = (request.repo.clone(), request.drafter);
+            let dir = pull_one(&downloader, request).await?;
+            let what = if drafter { "block drafter installed" } else { "installed" };
+            println!("{repo}: {what} in {}", dir.display());
         }
-        bar.finish_and_clear();
-        let dir = download.wait().await?;
-        println!("{repo}: installed in {}", dir.display());
         anyhow::Ok(())
     })
+}
+
+/// One download with a progress bar; Ctrl-C cancels it (a new pull resumes).
+async fn pull_one(downloader: &Downloader, request: Request) -> Result<PathBuf> {
+    let download = downloader.pull(request);
+    let bar = indicatif::ProgressBar::new(0);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("{msg:30!} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec} ETA {eta}")
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
+            .progress_chars("=> "),
+    );
+    let mut progress = download.progress();
+    let stop = tokio::signal::ctrl_c();
+    tokio::pin!(stop);
+    loop {
+        {
+            let p = progress.borrow_and_update();
+            bar.set_length(p.total_bytes);
+            bar.set_position(p.done_bytes);
+            bar.set_message(match &p.state {
+                State::Verifying => "verifying".to_string(),
+                _ => p.file.clone(),
+            });
+            if p.state.is_final() {
+                break;
+            }
+        }
+        tokio::select! {
+            changed = progress.changed() => if changed.is_err() { break },
+            _ = &mut stop => {
+                download.cancel();
+                bar.abandon_with_message("cancelled: a new pull resumes");
+            }
+            _ = tokio::time::sleep(Duration::from_millis(500)) => {}
+        }
+    }
+    bar.finish_and_clear();
+    Ok(download.wait().await?)
 }
 
 pub fn ls() -> Result<()> {
@@ -98,6 +113,19 @@ pub fn ls() -> Result<()> {
             m.model_type,
             if m.has_mtp { "yes" } else { "no" },
             m.dir.display()
+        );
+    }
+    if !listing.drafters.is_empty() {
+        println!("\nblock drafters (loaded beside a model):");
+    }
+    for d in &listing.drafters {
+        let drafts_for = if d.drafts_for.is_empty() { "no catalog model".to_string() } else { d.drafts_for.join(", ") };
+        println!(
+            "  {:<28} {:>10}  block {:<6} for {drafts_for}  {}",
+            d.repo,
+            gib(d.bytes),
+            d.block_size,
+            d.dir.display()
         );
     }
     if !listing.incomplete.is_empty() {
@@ -119,6 +147,10 @@ pub fn ls() -> Result<()> {
             if e.mtp { "yes" } else { "no" },
             if e.repo.is_empty() { "(ships with Ferrite)" } else { e.repo.as_str() }
         );
+        if let Some(d) = &e.drafter {
+            let source = if d.embedded.is_some() { "(ships with Ferrite)" } else { d.repo.as_str() };
+            println!("  {:<28} {:>12}  block drafter, block {}: {source}", "", "", d.block_size);
+        }
     }
     Ok(())
 }

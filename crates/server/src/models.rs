@@ -95,7 +95,8 @@ pub async fn pull(State(s): State<AppState>, body: Bytes) -> Result<(StatusCode,
     let ModelRequest { model } = parse(&body)?;
     let access = s.store.clone();
     let st = blocking(move || access.open()).await?;
-    let (repo, revision, expect_mtp) = match st.catalog.find(&model) {
+    let entry = st.catalog.find(&model);
+    let (repo, revision, expect_mtp) = match entry {
         Some(e) if e.embedded.is_some() => {
             return Err(ApiError::bad_request(format!("`{}` ships with Ferrite: nothing to download", e.id)))
         }
@@ -108,18 +109,29 @@ pub async fn pull(State(s): State<AppState>, body: Bytes) -> Result<(StatusCode,
             .with_param("model"))
         }
     };
-    let download = s.store.downloader(&st.models_dir).pull(store::download::Request { repo, revision, expect_mtp });
+    let downloader = s.store.downloader(&st.models_dir);
+    let download = downloader.pull(store::download::Request::model(repo, revision, expect_mtp));
+    // The block drafter the catalog pairs with the model comes along, as its own download.
+    let drafter = entry
+        .and_then(|e| e.drafter.as_ref())
+        .filter(|d| d.embedded.is_none())
+        .map(|d| downloader.pull(store::download::Request::drafter(d)));
     if let Ok(mut list) = s.store.downloads.lock() {
-        if !list.iter().any(|d| Arc::ptr_eq(d, &download)) {
-            list.push(download.clone());
+        for d in std::iter::once(&download).chain(drafter.as_ref()) {
+            if !list.iter().any(|known| Arc::ptr_eq(known, d)) {
+                list.push(d.clone());
+            }
         }
         // Keep the last few finished ones for the UI, not all of history.
         while list.len() > 16 {
             list.remove(0);
         }
     }
-    let progress = download.progress().borrow().clone();
-    Ok((StatusCode::ACCEPTED, Json(json!(progress))))
+    let mut progress = json!(download.progress().borrow().clone());
+    if let Some(d) = &drafter {
+        progress["drafter"] = json!(d.progress().borrow().clone());
+    }
+    Ok((StatusCode::ACCEPTED, Json(progress)))
 }
 
 pub async fn cancel(State(s): State<AppState>, body: Bytes) -> Result<Json<Value>, ApiError> {
@@ -210,6 +222,7 @@ pub async fn store_listing(State(s): State<AppState>) -> Result<Json<Value>, Api
         "free_bytes": store::download::free_space(&store.models_dir).ok(),
         "installed": listing.installed,
         "incomplete": listing.incomplete,
+        "drafters": listing.drafters,
         "catalog": store.catalog.entries,
         "downloads": downloads,
     })))

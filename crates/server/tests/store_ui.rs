@@ -162,3 +162,90 @@ async fn a_model_being_served_or_downloaded_is_not_deleted() {
     assert!(snapshot.join("config.json").is_file());
     assert_eq!(post(&served, "/v1/chat/completions", &common::chat(json!({}))).await.0, 200);
 }
+
+/// A catalog model paired with a block drafter: one pull fetches both from the hub, the
+/// listing shows the drafter apart (naming the model it drafts for), the model resolves with
+/// its drafter, and the engine loads the pair.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_model_and_its_drafter_are_pulled_listed_and_loaded_together() {
+    use engine::checkpoint::drafter::{make_drafter, DrafterOptions};
+    let tmp = tempfile::tempdir().unwrap();
+    let hub = hub::start().await;
+    let (target, drafter) = (tmp.path().join("target"), tmp.path().join("drafter"));
+    hub::checkpoint(&target, true, 5);
+    let config = engine::ModelConfig::load(&target).unwrap();
+    let tensors = engine::checkpoint::MakeOptions::new(engine::checkpoint::Architecture::Qwen35, "tiny");
+    make_drafter(&config, &DrafterOptions::new(&config, tensors), &drafter).unwrap();
+    hub.hub.publish("test/paired", &target);
+    hub.hub.publish("test/paired-dflash", &drafter);
+    let config_dir = tmp.path().join("config");
+    std::fs::create_dir_all(&config_dir).unwrap();
+    let entry = r#"
+[[model]]
+id = "paired"
+repo = "test/paired"
+architecture = "qwen3_5"
+quantization = "8-bit affine g64"
+size_bytes = "unknown"
+params_b = 0.001
+active_params_b = "unknown"
+mtp = true
+memory_bytes = "unknown"
+description = "a tiny hybrid with a block drafter"
+drafter = { repo = "test/paired-dflash", size_bytes = "unknown", block_size = 8 }
+"#;
+    std::fs::write(store::catalog::user_file(&config_dir), entry).unwrap();
+    let options = store::download::Options {
+        endpoint: hub.endpoint.clone(),
+        space: Arc::new(|p: &std::path::Path| store::download::free_space(p)),
+        margin_bytes: 0,
+        retries: 0,
+        chunk_bytes: 64 << 10,
+        ..Default::default()
+    };
+    let access = StoreAccess::new(Some(config_dir.clone()), Some(options));
+    let s = common::start_configured(None, Default::default(), move |state| state.store = access).await;
+    let models = tmp.path().join("models");
+    assert_eq!(post(&s, "/v1/store/folder", &json!({"dir": models})).await.0, 200);
+
+    let (code, v) = post(&s, "/v1/store/pull", &json!({"model": "paired"})).await;
+    assert_eq!(code, 202, "{v}");
+    assert_eq!((v["repo"].as_str(), v["drafter"]["repo"].as_str()), (Some("test/paired"), Some("test/paired-dflash")));
+    let both_ended = async {
+        loop {
+            let v: Value = reqwest::get(format!("{}/v1/store", s.base)).await.unwrap().json().await.unwrap();
+            let states: Vec<Value> =
+                v["downloads"].as_array().unwrap().iter().map(|d| d["state"]["state"].clone()).collect();
+            if states.len() == 2 && states.iter().all(|s| s == "done" || s == "failed") {
+                return v;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    };
+    let v = tokio::time::timeout(Duration::from_secs(60), both_ended).await.expect("both downloads ended");
+    for d in v["downloads"].as_array().unwrap() {
+        assert_eq!(d["state"]["state"], "done", "{v}");
+    }
+    assert!(v["installed"].as_array().unwrap().iter().any(|m| m["id"] == "paired"), "{v}");
+    assert!(!v["installed"].as_array().unwrap().iter().any(|m| m["id"] == "test/paired-dflash"), "listed apart: {v}");
+    let drafters = v["drafters"].as_array().unwrap();
+    assert_eq!(drafters.len(), 1, "{v}");
+    assert_eq!(
+        (drafters[0]["repo"].as_str(), drafters[0]["block_size"].as_u64()),
+        (Some("test/paired-dflash"), Some(8))
+    );
+    assert_eq!(drafters[0]["drafts_for"], json!(["paired"]), "{v}");
+
+    let store = store::Store::open(&config_dir).unwrap();
+    let resolved = store.resolve("paired").unwrap();
+    let drafter_dir = resolved.drafter.clone().expect("the paired drafter resolves");
+    assert!(drafter_dir.starts_with(&models), "{}", drafter_dir.display());
+    let options = engine::EngineOptions { drafter: Some(drafter_dir), ..Default::default() };
+    let drafts_in_blocks_of_8 = tokio::task::spawn_blocking(move || {
+        let e = engine::Engine::load_with(&resolved.dir, &options).unwrap();
+        e.drafter().is_some_and(|d| d.spec.block_size == 8) && e.can_draft()
+    })
+    .await
+    .unwrap();
+    assert!(drafts_in_blocks_of_8);
+}

@@ -64,6 +64,25 @@ pub struct Entry {
     /// Memory needed to run at the default context.
     pub memory_bytes: Known<u64>,
     pub description: String,
+    /// The block drafter (DFlash) published for this model: pulled with it, loaded beside it.
+    #[serde(default)]
+    pub drafter: Option<DrafterEntry>,
+}
+
+/// A DFlash block drafter paired with a catalog model: on the hub (`repo`) or shipped with
+/// Ferrite (`embedded`, under the assets folder).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DrafterEntry {
+    #[serde(default)]
+    pub repo: String,
+    #[serde(default)]
+    pub embedded: Option<PathBuf>,
+    #[serde(default = "main")]
+    pub revision: String,
+    pub size_bytes: Known<u64>,
+    /// Tokens a block holds (the anchor and its drafts), as its config says.
+    pub block_size: usize,
 }
 
 fn main() -> String {
@@ -131,6 +150,28 @@ impl Catalog {
                 }
                 _ => {}
             }
+            let inside_assets = |p: &Path| p.components().all(|c| matches!(c, std::path::Component::Normal(_)));
+            if entry.embedded.as_deref().is_some_and(|p| !inside_assets(p)) {
+                return Err(bad("embedded", "must be a relative path inside the assets folder"));
+            }
+            if let Some(d) = &entry.drafter {
+                if d.embedded.as_deref().is_some_and(|p| !inside_assets(p)) {
+                    return Err(bad("drafter.embedded", "must be a relative path inside the assets folder"));
+                }
+                match (&d.embedded, d.repo.is_empty()) {
+                    (Some(_), false) => return Err(bad("drafter.repo", "an embedded drafter has no repository")),
+                    (None, _) if d.repo.split('/').count() != 2 || d.repo.split('/').any(str::is_empty) => {
+                        return Err(bad("drafter.repo", "must be `org/name`"))
+                    }
+                    _ => {}
+                }
+                if let Some(text) = d.size_bytes.unknown_text().filter(|t| *t != "unknown") {
+                    return Err(bad("drafter.size_bytes", &format!("`{text}` is neither a number nor \"unknown\"")));
+                }
+                if !(2..=64).contains(&d.block_size) {
+                    return Err(bad("drafter.block_size", "must be 2 to 64 tokens"));
+                }
+            }
             let figures = [
                 ("size_bytes", entry.size_bytes.unknown_text()),
                 ("memory_bytes", entry.memory_bytes.unknown_text()),
@@ -150,6 +191,12 @@ impl Catalog {
             self.entries.push(entry);
         }
         Ok(())
+    }
+
+    /// The catalog models whose drafter is the repository `repo`.
+    pub fn drafted_by(&self, repo: &str) -> impl Iterator<Item = &Entry> + '_ {
+        let repo = repo.to_string();
+        self.entries.iter().filter(move |e| e.drafter.as_ref().is_some_and(|d| !d.repo.is_empty() && d.repo == repo))
     }
 
     /// The entry named by id, alias or repository.
@@ -216,5 +263,36 @@ description = "a model"
         c.add("a.toml", ONE).unwrap();
         let e = c.add("b.toml", ONE).unwrap_err();
         assert!(e.to_string().contains("already used"), "{e}");
+    }
+
+    #[test]
+    fn a_drafter_is_paired_and_checked() {
+        let drafted = format!("{ONE}drafter = {{ repo = \"lab/x-dflash\", size_bytes = 9, block_size = 16 }}\n");
+        let mut c = Catalog::default();
+        c.add("user.toml", &drafted).unwrap();
+        let d = c.entries[0].drafter.as_ref().unwrap();
+        assert_eq!((d.repo.as_str(), d.revision.as_str(), d.block_size), ("lab/x-dflash", "main", 16));
+        assert_eq!(c.drafted_by("lab/x-dflash").map(|e| e.id.as_str()).collect::<Vec<_>>(), ["x"]);
+        for (from, to, field) in [
+            ("lab/x-dflash", "x-dflash", "drafter.repo"),
+            ("block_size = 16", "block_size = 99", "drafter.block_size"),
+            ("size_bytes = 9", "size_bytes = \"big\"", "drafter.size_bytes"),
+            ("block_size = 16", "block_size = 16, extra = 1", "extra"),
+            ("repo = \"lab/x-dflash\"", "embedded = \"../../etc\"", "drafter.embedded"),
+        ] {
+            let e = Catalog::default().add("user.toml", &drafted.replace(from, to)).unwrap_err();
+            assert!(e.to_string().contains(field), "{e}");
+        }
+    }
+
+    #[test]
+    fn the_builtin_drafters_name_their_repositories() {
+        let c = Catalog::load(None).unwrap();
+        let paired: Vec<&Entry> = c.entries.iter().filter(|e| e.drafter.is_some()).collect();
+        assert!(paired.len() >= 2, "{}", paired.len());
+        for e in paired {
+            let d = e.drafter.as_ref().unwrap();
+            assert!(d.repo.starts_with("z-lab/") && d.repo.contains("DFlash"), "{}: {}", e.id, d.repo);
+        }
     }
 }

@@ -24,6 +24,20 @@ pub struct Request {
     pub revision: String,
     /// The catalog promises an MTP head: refuse the download without one.
     pub expect_mtp: bool,
+    /// A block drafter, not a model: checked as one (no tokenizer of its own, no model check).
+    pub drafter: bool,
+}
+
+impl Request {
+    /// A model's download.
+    pub fn model(repo: String, revision: String, expect_mtp: bool) -> Request {
+        Request { repo, revision, expect_mtp, drafter: false }
+    }
+
+    /// The download of a catalog model's block drafter.
+    pub fn drafter(entry: &crate::catalog::DrafterEntry) -> Request {
+        Request { repo: entry.repo.clone(), revision: entry.revision.clone(), expect_mtp: false, drafter: true }
+    }
 }
 
 /// Where a download stands; sent to watchers whenever it changes.
@@ -335,7 +349,7 @@ impl Job {
         if self.options.offline {
             return Err(DownloadError::Offline);
         }
-        let Request { repo, revision, expect_mtp } = &self.request;
+        let Request { repo, revision, .. } = &self.request;
         check_names(repo, revision)?;
         let endpoint = self.options.endpoint.trim_end_matches('/').to_string();
         let info = self.repo_info(&endpoint).await?;
@@ -407,7 +421,7 @@ impl Job {
             p.state = State::Verifying;
             p.done_bytes = total;
         });
-        self.verify(&snapshot, &files, *expect_mtp)?;
+        self.verify(&snapshot, &files)?;
         // The revision's ref, for tools that resolve it (hf-hub writes it too; be explicit).
         let refs = repo_dir.join("refs");
         let _ = std::fs::create_dir_all(&refs);
@@ -515,7 +529,7 @@ impl Job {
 
     /// Every file against the hub's hash, then the folder's own checks. A bad file is
     /// removed (blob and link) so the next pull fetches it again.
-    fn verify(&self, snapshot: &Path, files: &[Sibling], expect_mtp: bool) -> Result<(), DownloadError> {
+    fn verify(&self, snapshot: &Path, files: &[Sibling]) -> Result<(), DownloadError> {
         for file in files {
             let link = snapshot.join(&file.rfilename);
             let blob = link.canonicalize().map_err(|e| DownloadError::Corrupt(format!("{}: {e}", link.display())))?;
@@ -538,7 +552,13 @@ impl Job {
                 return Err(DownloadError::Corrupt(format!("{}: {why}", file.rfilename)));
             }
         }
-        verify::check_model_dir(snapshot, expect_mtp).map_err(|e| DownloadError::Corrupt(e.to_string()))?;
+        if self.request.drafter {
+            // The engine checks a drafter against its target when it loads the pair.
+            verify::check_drafter_dir(snapshot).map_err(|e| DownloadError::Corrupt(e.to_string()))?;
+            return Ok(());
+        }
+        verify::check_model_dir(snapshot, self.request.expect_mtp)
+            .map_err(|e| DownloadError::Corrupt(e.to_string()))?;
         if let Some(check) = &self.options.model_check {
             if let Err(why) = check(snapshot) {
                 // Not a model that runs: nothing of it stays to be listed as installed.

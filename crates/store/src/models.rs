@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
-use crate::catalog::{Catalog, Entry};
+use crate::catalog::{Catalog, DrafterEntry, Entry};
 use crate::config::{Config, LocalModel};
 use crate::error::StoreError;
 use crate::layout;
@@ -46,10 +46,23 @@ pub struct Incomplete {
     pub partial_bytes: u64,
 }
 
+/// A block drafter in the models folder (listed apart: it is loaded beside a model, never
+/// served alone).
+#[derive(Debug, Clone, Serialize)]
+pub struct InstalledDrafter {
+    pub repo: String,
+    pub dir: PathBuf,
+    pub block_size: usize,
+    pub bytes: u64,
+    /// The catalog models it drafts for.
+    pub drafts_for: Vec<String>,
+}
+
 #[derive(Debug, Default, Serialize)]
 pub struct Listing {
     pub installed: Vec<Installed>,
     pub incomplete: Vec<Incomplete>,
+    pub drafters: Vec<InstalledDrafter>,
 }
 
 /// The store: the config's choices, the catalog, and the folder they point at.
@@ -70,6 +83,8 @@ pub struct Resolved {
     pub id: String,
     pub aliases: Vec<String>,
     pub entry: Option<Entry>,
+    /// The catalog's block drafter for it, when that is installed (or ships with Ferrite).
+    pub drafter: Option<PathBuf>,
 }
 
 impl Store {
@@ -181,10 +196,29 @@ impl Store {
             let partial = layout::partial_bytes(&repo_dir);
             let snapshots = std::fs::read_dir(repo_dir.join("snapshots")).into_iter().flatten().flatten();
             let mut seen_snapshot = false;
+            let drafts_for: Vec<String> = self.catalog.drafted_by(&repo).map(|e| e.id.clone()).collect();
             for snap in snapshots.filter(|s| s.path().is_dir()) {
                 seen_snapshot = true;
                 let dir = snap.path();
                 let commit = snap.file_name().to_string_lossy().into_owned();
+                if !drafts_for.is_empty() || verify::is_drafter_dir(&dir) {
+                    match verify::check_drafter_dir(&dir) {
+                        Ok(facts) => listing.drafters.push(InstalledDrafter {
+                            repo: repo.clone(),
+                            dir,
+                            block_size: facts.block_size,
+                            bytes: facts.bytes,
+                            drafts_for: drafts_for.clone(),
+                        }),
+                        Err(e) => listing.incomplete.push(Incomplete {
+                            repo: repo.clone(),
+                            dir,
+                            reason: e.to_string(),
+                            partial_bytes: partial,
+                        }),
+                    }
+                    continue;
+                }
                 match verify::check_model_dir(&dir, entry.is_some_and(|e| e.mtp)) {
                     Ok(facts) => listing.installed.push(Installed {
                         id: entry.map(|e| e.id.clone()).unwrap_or_else(|| repo.clone()),
@@ -268,14 +302,21 @@ impl Store {
             return Ok(resolved);
         }
         if let Some(local) = self.config.local_models.iter().find(|m| m.id == name) {
-            return Ok(Resolved { dir: local.path.clone(), id: local.id.clone(), aliases: vec![], entry: None });
+            return Ok(Resolved {
+                dir: local.path.clone(),
+                id: local.id.clone(),
+                aliases: vec![],
+                entry: None,
+                drafter: None,
+            });
         }
         let entry = self.catalog.find(name).cloned();
         if let Some((e, rel)) = entry.as_ref().and_then(|e| e.embedded.as_ref().map(|rel| (e, rel))) {
             let dir = self.assets_dir.join(rel);
             verify::check_model_dir(&dir, e.mtp)
                 .map_err(|err| StoreError::Unusable { name: name.to_string(), reason: err.to_string() })?;
-            return Ok(Resolved { dir, id: e.id.clone(), aliases: e.aliases.clone(), entry: entry.clone() });
+            let drafter = e.drafter.as_ref().and_then(|d| self.drafter_dir(d));
+            return Ok(Resolved { dir, id: e.id.clone(), aliases: e.aliases.clone(), entry: entry.clone(), drafter });
         }
         let (repo, revision) = match &entry {
             Some(e) => (e.repo.clone(), e.revision.clone()),
@@ -290,7 +331,26 @@ impl Store {
             .map_err(|e| StoreError::Unusable { name: name.to_string(), reason: e.to_string() })?;
         let id = entry.as_ref().map(|e| e.id.clone()).unwrap_or_else(|| repo.clone());
         let aliases = entry.as_ref().map(|e| e.aliases.clone()).unwrap_or_default();
-        Ok(Resolved { dir, id, aliases, entry })
+        let drafter = entry.as_ref().and_then(|e| e.drafter.as_ref()).and_then(|d| self.drafter_dir(d));
+        Ok(Resolved { dir, id, aliases, entry, drafter })
+    }
+
+    /// The folder of a catalog drafter when it is installed and passes the cheap checks.
+    pub fn drafter_dir(&self, drafter: &DrafterEntry) -> Option<PathBuf> {
+        let dir = match &drafter.embedded {
+            Some(rel) => self.assets_dir.join(rel),
+            None => {
+                let repo_dir = self.models_dir.join(layout::repo_folder(&drafter.repo));
+                repo_dir.join("snapshots").join(layout::resolve_ref(&repo_dir, &drafter.revision)?)
+            }
+        };
+        match verify::check_drafter_dir(&dir) {
+            Ok(_) => Some(dir),
+            Err(e) => {
+                tracing::debug!("the drafter {} is not usable: {e}", dir.display());
+                None
+            }
+        }
     }
 
     /// The repository and hub folder `delete(name)` would remove from (`None` for a registered
@@ -384,6 +444,8 @@ pub fn folder_model(path: &Path, catalog: &Catalog) -> Option<Resolved> {
         aliases: entry.as_ref().map(|e| e.aliases.clone()).unwrap_or_default(),
         id,
         entry,
+        // A folder given by path runs as given (`--drafter` adds one).
+        drafter: None,
     })
 }
 

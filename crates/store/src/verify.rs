@@ -53,14 +53,68 @@ pub fn check_model_dir(dir: &Path, expect_mtp: bool) -> Result<ModelFacts, Verif
     if expect_mtp && !has_mtp {
         return Err(fail(dir, "the catalog promises an MTP head but no `mtp.*` tensor is present"));
     }
-    let bytes = std::fs::read_dir(dir)
+    let bytes = folder_bytes(dir)?;
+    Ok(ModelFacts { model_type, weight_files, tensors: names.len(), has_mtp, bytes })
+}
+
+/// What a usable block-drafter folder holds.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DrafterFacts {
+    /// Tokens a block holds, as its config says.
+    pub block_size: usize,
+    pub tensors: usize,
+    pub bytes: u64,
+}
+
+/// Whether `dir`'s config.json describes a DFlash block drafter (its `architectures`).
+pub fn is_drafter_dir(dir: &Path) -> bool {
+    drafter_config(dir).is_ok_and(|c| drafter_architecture(&c))
+}
+
+fn drafter_config(dir: &Path) -> Result<serde_json::Value, VerifyError> {
+    let path = dir.join("config.json");
+    read_small(&path)
+        .map_err(|e| fail(&path, format!("missing or unreadable: {e}")))
+        .and_then(|b| serde_json::from_slice(&b).map_err(|e| fail(&path, format!("not valid JSON: {e}"))))
+}
+
+fn drafter_architecture(config: &serde_json::Value) -> bool {
+    config["architectures"]
+        .as_array()
+        .is_some_and(|a| a.iter().filter_map(|v| v.as_str()).any(|a| a.starts_with("DFlash")))
+}
+
+/// The cheap checks of a block drafter's folder (no tokenizer: it uses its target's). The
+/// engine checks the rest against the target when it loads the pair.
+pub fn check_drafter_dir(dir: &Path) -> Result<DrafterFacts, VerifyError> {
+    let config = drafter_config(dir)?;
+    let path = dir.join("config.json");
+    if !drafter_architecture(&config) {
+        return Err(fail(&path, "not a DFlash block drafter (`architectures` names no DFlash model)"));
+    }
+    let block_size = config
+        .get("dflash_config")
+        .and_then(|d| d.get("block_size"))
+        .or_else(|| config.get("block_size"))
+        .and_then(|b| b.as_u64())
+        .ok_or_else(|| fail(&path, "no `block_size`"))? as usize;
+    let mut tensors = 0;
+    for file in weight_files(dir)? {
+        tensors += safetensors_names(&file)?.len();
+    }
+    let bytes = folder_bytes(dir)?;
+    Ok(DrafterFacts { block_size, tensors, bytes })
+}
+
+/// Bytes of the files directly in `dir` (links followed).
+fn folder_bytes(dir: &Path) -> Result<u64, VerifyError> {
+    Ok(std::fs::read_dir(dir)
         .map_err(|e| fail(dir, e.to_string()))?
         .flatten()
         .filter_map(|e| std::fs::metadata(e.path()).ok())
         .filter(|m| m.is_file())
         .map(|m| m.len())
-        .sum();
-    Ok(ModelFacts { model_type, weight_files, tensors: names.len(), has_mtp, bytes })
+        .sum())
 }
 
 /// The shards the index names (all present), else every `*.safetensors` (at least one).
@@ -191,5 +245,27 @@ mod tests {
         let e = check_hash(&f, &"0".repeat(64)).unwrap_err();
         assert!(e.message.contains("corrupt"), "{e}");
         check_hash(&f, "W/\"weak-etag\"").unwrap();
+    }
+
+    #[test]
+    fn a_drafter_folder_is_told_from_a_model() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        let config = r#"{"architectures": ["DFlashDraftModel"], "dflash_config": {"block_size": 16}}"#;
+        std::fs::write(d.join("config.json"), config).unwrap();
+        assert!(is_drafter_dir(d));
+        let e = check_drafter_dir(d).unwrap_err();
+        assert!(e.message.contains("safetensors"), "{e}");
+        // An empty safetensors file: an 2-byte header `{}`.
+        let mut st = 2u64.to_le_bytes().to_vec();
+        st.extend_from_slice(b"{}");
+        std::fs::write(d.join("model.safetensors"), &st).unwrap();
+        let facts = check_drafter_dir(d).unwrap();
+        assert_eq!((facts.block_size, facts.tensors), (16, 0));
+        std::fs::write(d.join("config.json"), r#"{"architectures": ["Qwen3ForCausalLM"]}"#).unwrap();
+        assert!(!is_drafter_dir(d));
+        assert!(check_drafter_dir(d).unwrap_err().message.contains("not a DFlash"));
+        std::fs::write(d.join("config.json"), r#"{"architectures": ["DFlashDraftModel"]}"#).unwrap();
+        assert!(check_drafter_dir(d).unwrap_err().message.contains("block_size"));
     }
 }

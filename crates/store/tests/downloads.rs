@@ -44,7 +44,7 @@ fn options(s: &Setup) -> Options {
 }
 
 fn request(repo: &str, mtp: bool) -> Request {
-    Request { repo: repo.into(), revision: "main".into(), expect_mtp: mtp }
+    Request::model(repo.into(), "main".into(), mtp)
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -243,7 +243,7 @@ async fn hostile_names_and_hub_answers_never_reach_a_path() {
     for (repo, revision) in
         [("../escape/x", "main"), ("test/..", "main"), ("a/b/c", "main"), ("test/hybrid", "../../x")]
     {
-        let err = d.pull(Request { repo: repo.into(), revision: revision.into(), expect_mtp: false }).wait().await;
+        let err = d.pull(Request::model(repo.into(), revision.into(), false)).wait().await;
         let err = err.unwrap_err();
         assert!(matches!(err, DownloadError::Unsafe(_)), "{repo}@{revision}: {err}");
         assert!(err.to_string().contains("refused"), "{err}");

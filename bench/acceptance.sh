@@ -2,9 +2,10 @@
 # MTP acceptance of the embedded model on held-out code (bench/prompts/heldout-code.json:
 # 96-token windows of 8 held-out files of the training split, see train/README.md), at
 # temperature 0 and 0.7: acceptance by draft position, tokens per cycle and decode tok/s for
-# D = 1..4 against plain decoding, in one run.
+# D = 1..4 against plain decoding, in one run; with DRAFTER=DIR, a DFlash block drafter's
+# block depths too (the same windows, the same run).
 #
-#   bench/acceptance.sh            (FERRITE=path/to/ferrite, GEN_TOKENS=128)
+#   bench/acceptance.sh            (FERRITE=path/to/ferrite, GEN_TOKENS=128, DRAFTER=DIR)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 FERRITE=${FERRITE:-target/release/ferrite}
@@ -15,5 +16,5 @@ mkdir -p "$OUT"
 for temp in 0 0.7; do
     echo "== temperature $temp"
     RUST_LOG=warn "$FERRITE" bench --spec --model "$MODEL" --prompt-ids bench/prompts/heldout-code.json \
-        --gen-tokens "$GEN_TOKENS" --runs 1 --temp "$temp" | tee -a "$OUT/acceptance.jsonl" >/dev/null
+        --gen-tokens "$GEN_TOKENS" --runs 1 --temp "$temp" ${DRAFTER:+--drafter "$DRAFTER"} | tee -a "$OUT/acceptance.jsonl" >/dev/null
 done

@@ -196,6 +196,11 @@ def main():
     ap.add_argument("--warmup", type=int, default=100)
     ap.add_argument("--eval-every", type=int, default=250)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--init", type=Path, help="a drafter this script wrote, to train further")
+    ap.add_argument("--minutes", type=float, default=0,
+                    help="a time budget: the schedule shrinks to the steps that fit (0: --steps)")
+    ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="bfloat16",
+                    help="the written tensors' type (the engine computes in the target's)")
     args = ap.parse_args()
 
     mx.random.seed(args.seed)
@@ -213,13 +218,24 @@ def main():
     drafter = Drafter(h, len(taps), args.layers, tc["num_attention_heads"], tc["num_key_value_heads"],
                       tc.get("head_dim", h // tc["num_attention_heads"]), tc["intermediate_size"],
                       tc["rms_norm_eps"], theta)
+    if args.init:
+        saved = mx.load(str(args.init / "model.safetensors"))
+        drafter.load_weights([(k, v.astype(mx.float32)) for k, v in saved.items()])
     params = sum(v.size for _, v in tree_flatten(drafter.parameters()))
     print(f"drafter: {args.layers} layers, {params / 1e6:.2f}M parameters, blocks of {b}, taps {taps}", flush=True)
 
     train, heldout = read_ids(args.data / "train.bin"), read_ids(args.data / "heldout.bin")
-    schedule = optim.join_schedules(
-        [optim.linear_schedule(1e-7, args.lr, args.warmup), optim.cosine_decay(args.lr, args.steps, args.lr * 0.1)],
-        [args.warmup])
+    # The steps to run: --steps, or fewer once the first steps' pace shows what fits the budget.
+    total = [args.steps]
+
+    def schedule(step):
+        # Linear warm-up, then a cosine decay to a tenth over the steps that will run.
+        s = step.item() if isinstance(step, mx.array) else step
+        if s < args.warmup:
+            return mx.array(1e-7 + (args.lr - 1e-7) * s / args.warmup)
+        frac = min(1.0, (s - args.warmup) / max(1, total[0] - args.warmup))
+        return mx.array(args.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac))))
+
     opt = optim.AdamW(learning_rate=schedule, betas=[0.9, 0.95], weight_decay=0.01)
     gamma = max(b / 2, 1.0)
     step_fn = nn.value_and_grad(drafter, lambda d, *a: loss_fn(d, head, *a, b, gamma))
@@ -242,25 +258,36 @@ def main():
         return float(np.mean(losses)), float(accepted.mean()) + 1.0
 
     started = time.time()
-    for step in range(1, args.steps + 1):
+    step = 0
+    while step < total[0]:
+        step += 1
         (loss, _), grads = step_fn(drafter, *batch(train, args.batch))
         opt.update(drafter, grads)
         mx.eval(drafter.parameters(), opt.state, loss)
+        if step == 25:
+            warm = time.time()  # the first steps compile kernels: pace is timed after them
+        if step == 75 and args.minutes > 0:
+            # Evaluations cost about 8 steps each: leave them room.
+            pace = (time.time() - warm) / 50
+            fits = int((args.minutes * 60 - (warm - started)) / pace) + 25
+            total[0] = max(step + 1, min(args.steps, fits - 8 * (fits // args.eval_every + 1)))
+            print(f"{pace * 1000:.0f} ms a step: {total[0]} steps fit {args.minutes} minutes", flush=True)
         if step % 25 == 0:
             print(f"step {step}: loss {loss.item():.3f} ({time.time() - started:.0f} s)", flush=True)
-        if step % args.eval_every == 0 or step == args.steps:
+        if step % args.eval_every == 0 or step == total[0]:
             held_loss, per_cycle = evaluate()
             print(f"step {step}: held-out loss {held_loss:.3f}, teacher-forced tokens per block {per_cycle:.2f}",
                   flush=True)
+            # Written at every evaluation, so a run stopped early leaves its latest drafter.
+            write(args.out, drafter, tc, taps, b, mask_token, args.layers, args.dtype)
 
-    write(args.out, drafter, tc, taps, b, mask_token, args.layers)
-    print(f"wrote {args.out} after {time.time() - started:.0f} s")
+    print(f"wrote {args.out} after {step} steps, {time.time() - started:.0f} s")
 
 
-def write(out, drafter, tc, taps, b, mask_token, layers):
-    """The drafter as z-lab publishes one: f32 tensors, a Qwen3 config with dflash_config."""
+def write(out, drafter, tc, taps, b, mask_token, layers, dtype="float32"):
+    """The drafter as z-lab publishes one: its tensors, a Qwen3 config with dflash_config."""
     out.mkdir(parents=True, exist_ok=True)
-    weights = {k: v.astype(mx.float32) for k, v in tree_flatten(drafter.parameters())}
+    weights = {k: v.astype(getattr(mx, dtype)) for k, v in tree_flatten(drafter.parameters())}
     mx.save_safetensors(str(out / "model.safetensors"), weights, metadata={"format": "mlx"})
     h = tc["hidden_size"]
     config = {
@@ -284,7 +311,7 @@ def write(out, drafter, tc, taps, b, mask_token, layers):
         "num_target_layers": tc["num_hidden_layers"],
         "layer_types": ["full_attention"] * layers,
         "dflash_config": {"mask_token_id": mask_token, "target_layer_ids": taps},
-        "torch_dtype": "float32",
+        "torch_dtype": dtype,
     }
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
 

@@ -253,7 +253,10 @@ async function refreshStatus() {
     $("reasoning").textContent = s.reasoning_default;
     const k = s.profile_knobs || {};
     $("profile-knobs").textContent = `prefill chunks of ${k.prefill_chunk}${k.warmup ? ", warm-up at load" : ""}`;
-    $("device").textContent = `${s.device}, context ${s.context} tokens${s.mtp_head ? ", MTP head" : ""}`;
+    // The drafter speculating requests draft with: a block drafter beside the model, else its MTP head.
+    const d = s.drafter;
+    const drafter = d ? `, block drafter ${d.dir.split(/[\\/]/).filter(Boolean).pop()} (blocks of ${d.block_size})` : "";
+    $("device").textContent = `${s.device}, context ${s.context} tokens${s.mtp_head ? ", MTP head" : ""}${drafter}`;
     $("compute").textContent = `${s.blas}; weights ${s.weights}`;
   } catch (e) {
     $("state").textContent = "error: " + e.message;

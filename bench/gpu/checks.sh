@@ -16,6 +16,12 @@
 #                   check of the peer's port
 #   compare-dense   bench/compare.sh on the dense 8B and 32B shapes (DENSE names them) against
 #                   mlx-lm (ops), with SIZES, PROCESSES, PROFILE as compare.sh reads them
+#   drafter-train   trains a DFlash block drafter for the embedded model (train/drafter.py, for
+#                   TRAIN_MINUTES, default 6, on the carried train.bin.xz and heldout.bin, made
+#                   as train/README.md says; TRAIN_INIT=DIR trains that drafter further,
+#                   TRAIN_LR its rate) into ~/gpu-out/drafter
+#   drafter-bench   bench/acceptance.sh with that drafter: plain, MTP depths and block depths,
+#                   one run
 #   ops-35b         `ferrite dev ops` on the 35B-A3B shape, on each delta path, and mlx-lm's count
 #                   (PEER_OPS=0 skips mlx-lm's)
 # PATHS (default "cuda-fused ops cuda-kernel") names the delta paths `delta` and `ops-35b` run
@@ -78,6 +84,15 @@ for check in "$@"; do
         done
       done
       timeout 120 python3 bench/mlx_lm_mac_like.py > "$res/mac-like-check.json" 2>&1 ;;
+    drafter-train)
+      data=~/train-data; mkdir -p $data
+      [ -f "$carried/train.bin.xz" ] && xz -d -c "$carried/train.bin.xz" > $data/train.bin && cp "$carried/heldout.bin" $data/
+      minutes=${TRAIN_MINUTES:-6}
+      timeout $(( ${minutes%.*} * 60 + 150 )) python3 train/drafter.py --data $data --out "$res/drafter" --minutes "$minutes" \
+        --batch ${TRAIN_BATCH:-32} --steps ${TRAIN_STEPS:-20000} --eval-every ${TRAIN_EVAL:-500} ${TRAIN_INIT:+--init "$TRAIN_INIT"} ${TRAIN_LR:+--lr $TRAIN_LR} \
+        > "$res/drafter-train.txt" 2>&1 ;;
+    drafter-bench)
+      DRAFTER="$res/drafter" BENCH_DIR="$res" timeout 200 bench/acceptance.sh > "$res/drafter-acceptance.txt" 2>&1 ;;
     ops-35b)
       dir=$(checkpoint next-35b-a3b-4bit)
       for path in ${PATHS:-cuda-fused ops cuda-kernel}; do

@@ -65,6 +65,10 @@ fn mib(bytes: u64) -> String {
 }
 
 /// Three lines for the tray: what runs, how fast, how much memory.
+fn folder_name(dir: &std::path::Path) -> String {
+    dir.file_name().map_or_else(|| dir.display().to_string(), |n| n.to_string_lossy().into_owned())
+}
+
 pub fn lines(state: &server::AppState) -> Vec<String> {
     let loaded = state.loaded();
     let info = &loaded.worker.info;
@@ -72,7 +76,13 @@ pub fn lines(state: &server::AppState) -> Vec<String> {
     let model = if let Some(other) = state.loading.lock().ok().and_then(|l| l.clone()) {
         format!("Loading {other}…")
     } else if loaded.worker.lifecycle.loaded.load(Ordering::SeqCst) {
-        format!("{} · {} · draft depth {}", info.id, info.profile.name, loaded.depth.depth)
+        // Which drafter speculating requests draft with: a block drafter beside the model, else
+        // its MTP head.
+        let drafter = match &info.drafter {
+            Some(d) => format!("block drafter {} (blocks of {}), ", folder_name(&d.dir), d.block_size),
+            None => String::new(),
+        };
+        format!("{} · {} · {drafter}draft depth {}", info.id, info.profile.name, loaded.depth.depth)
     } else {
         format!("{} stopped (starts on the next request)", info.id)
     };

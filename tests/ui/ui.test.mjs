@@ -102,6 +102,20 @@ test("a click starts another model", async () => {
   await page.waitForFunction(() => document.getElementById("device").textContent.includes("MTP head"));
 });
 
+test("the window names the block drafter beside the model", async () => {
+  // This server's models have no drafter: the real status with one added, as `ferrite serve
+  // --drafter DIR` reports it (the server test http.rs checks the real one).
+  const real = await (await fetch(`${base}/v1/status`)).json();
+  const drafter = { dir: "/models/ferrite-code-20m-dflash", block_size: 8, target_layers: [1, 3, 5, 7] };
+  await page.route("**/v1/status", (route) => route.fulfill({ json: { ...real, drafter } }));
+  await page.evaluate(() => refreshStatus());
+  await page.waitForFunction(() =>
+    document.getElementById("device").textContent.includes("block drafter ferrite-code-20m-dflash (blocks of 8)"));
+  await page.unroute("**/v1/status");
+  await page.evaluate(() => refreshStatus());
+  await page.waitForFunction(() => !document.getElementById("device").textContent.includes("block drafter"));
+});
+
 test("the profile is chosen in the page and the server reports it", async () => {
   await page.selectOption("#profile", "turbo");
   for (let i = 0; i < 300; i++) {

@@ -175,6 +175,9 @@ fn the_embedded_model_is_installed_and_cannot_be_deleted() {
     assert_eq!(resolved.id, "ferrite-code-20m");
     assert!(resolved.aliases.contains(&"ferrite-default".to_string()));
     assert!(resolved.dir.ends_with("assets/models/ferrite-code-20m"), "{}", resolved.dir.display());
+    // Its block drafter ships beside it.
+    let drafter = resolved.drafter.expect("the embedded drafter resolves");
+    assert!(drafter.ends_with("assets/models/ferrite-code-20m-dflash"), "{}", drafter.display());
     let listing = store.list();
     let embedded = listing.installed.iter().find(|m| m.id == "ferrite-code-20m").expect("listed");
     assert_eq!(embedded.source, store::models::Source::Embedded);

@@ -112,6 +112,11 @@ pub enum Drafter<'m> {
     Block(&'m BlockDrafter),
 }
 
+/// The drafted tokens (each a one-element u32 array, evaluated) on the host.
+fn read_ids(drafts: &[Array]) -> Result<Vec<u32>> {
+    Ok(drafts.iter().map(|t| t.try_item_exact::<u32>()).collect::<std::result::Result<_, _>>()?)
+}
+
 /// Where a cycle's draft logits come from: the MTP head stepped on its own drafts (its
 /// hidden state now), or a block drafter's rows, one per draft position.
 enum DraftRows<'m> {
@@ -454,24 +459,38 @@ impl<'m> Speculator<'m> {
             }
             drafts.push(token.as_dtype(Dtype::Uint32)?);
         }
-        eval(drafts.iter().chain(draft_scaled.iter()))?;
-        let mut draft_ids: Vec<u32> =
-            drafts.iter().map(|t| t.try_item_exact::<u32>()).collect::<std::result::Result<_, _>>()?;
-        let d = draft_ids.len();
-        // A block's drafts are point masses under sampling too: a script may replace them.
-        let scripted = sampler.is_greedy() || matches!(self.drafter, Drafter::Block(_));
-        if let (Some(script), true, None) = (&self.draft_script, scripted, &constraint) {
-            let at = 1 + self.stats.committed;
-            for (i, id) in draft_ids.iter_mut().enumerate() {
-                *id = script.get(at + i).copied().unwrap_or(*id);
+        let d = drafts.len();
+        // Without a grammar, penalties or a script nothing on the host needs the drafts before
+        // the verify pass: they feed it on the device, the drafter computes while the host
+        // builds the verify pass, and one wait reads the drafts and the verdict together.
+        let on_device = constraint.is_none() && self.penalties.is_none() && self.draft_script.is_none();
+        let mut draft_ids: Vec<u32> = Vec::with_capacity(d);
+        let input = if on_device {
+            crate::distributed::schedule(self.model.is_split(), drafts.iter().chain(draft_scaled.iter()))?;
+            let mut ids = vec![Array::from_slice(&[last_token], &[1])];
+            for t in &drafts {
+                ids.push(t.reshape(&[1])?);
             }
-        }
+            ops::concatenate(&ids, 0)?.reshape(&[1, d as i32 + 1])?
+        } else {
+            eval(drafts.iter().chain(draft_scaled.iter()))?;
+            draft_ids = read_ids(&drafts)?;
+            // A block's drafts are point masses under sampling too: a script may replace them.
+            let scripted = sampler.is_greedy() || matches!(self.drafter, Drafter::Block(_));
+            if let (Some(script), true, None) = (&self.draft_script, scripted, &constraint) {
+                let at = 1 + self.stats.committed;
+                for (i, id) in draft_ids.iter_mut().enumerate() {
+                    *id = script.get(at + i).copied().unwrap_or(*id);
+                }
+            }
+            let mut input = vec![last_token];
+            input.extend(&draft_ids);
+            Array::from_slice(&input, &[1, d as i32 + 1])
+        };
         let verified_at = Instant::now();
 
         // Verify all drafted positions in one trunk pass.
-        let mut input = vec![last_token];
-        input.extend(&draft_ids);
-        let (h, features) = self.trunk(&Array::from_slice(&input, &[1, d as i32 + 1]), cache)?;
+        let (h, features) = self.trunk(&input, cache)?;
         let logits = self.model.logits(&h)?.index(0);
         // Row j predicts the token after input[j]: its window ends with drafts 1..=j, its mask
         // is the grammar's state after them.
@@ -488,7 +507,10 @@ impl<'m> Speculator<'m> {
         let logits = logits::apply_rows(&logits, &rows)?;
         let (accepted, next) = if sampler.is_greedy() {
             let target = ops::indexing::argmax_axis(&logits, -1, None)?.as_dtype(Dtype::Uint32)?;
-            eval([&target, &h])?;
+            eval(drafts.iter().chain([&target, &h]))?;
+            if on_device {
+                draft_ids = read_ids(&drafts)?;
+            }
             let mut target = target.as_slice::<u32>().to_vec();
             if let Some((answer, end)) = &self.forced_answer {
                 let at = 1 + self.stats.committed;
@@ -502,7 +524,10 @@ impl<'m> Speculator<'m> {
             let p = ops::softmax_axis(sampler.scaled_logits(&logits)?, -1, None)?;
             let q: Vec<Array> =
                 draft_scaled.iter().map(|s| ops::softmax_axis(s, -1, None)).collect::<std::result::Result<_, _>>()?;
-            eval(q.iter().chain([&p, &h]))?;
+            eval(q.iter().chain(&drafts).chain([&p, &h]))?;
+            if on_device {
+                draft_ids = read_ids(&drafts)?;
+            }
             // A block's drafts carry no distribution of their own: point masses.
             let q = matches!(self.drafter, Drafter::Mtp(_)).then_some(&q[..]);
             self.rejection_sample(&draft_ids, &p, q)?

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
-use store::download::{Downloader, Options, Request, State};
+use store::download::{Downloader, Kind, Options, Request, State};
 use store::Store;
 
 #[derive(clap::Subcommand)]
@@ -40,9 +40,7 @@ pub fn pull(name: &str) -> Result<()> {
         None if name.split('/').count() == 2 => vec![Request::model(name.to_string(), "main".to_string(), false)],
         None => bail!("`{name}` is neither a catalog model (see `ferrite ls`) nor a repository (org/name)"),
     };
-    if let Some(drafter) = entry.and_then(|e| e.drafter.as_ref()).filter(|d| d.embedded.is_none()) {
-        requests.push(Request::drafter(drafter));
-    }
+    requests.extend(entry.and_then(Request::drafter_of));
     if requests.is_empty() {
         return Ok(());
     }
@@ -50,9 +48,9 @@ pub fn pull(name: &str) -> Result<()> {
     runtime.block_on(async {
         let downloader = Downloader::new(store.models_dir.clone(), Options::default());
         for request in requests {
-            let (repo, drafter) = (request.repo.clone(), request.drafter);
+            let (repo, kind) = (request.repo.clone(), request.kind);
             let dir = pull_one(&downloader, request).await?;
-            let what = if drafter { "block drafter installed" } else { "installed" };
+            let what = if kind == Kind::Drafter { "block drafter installed" } else { "installed" };
             println!("{repo}: {what} in {}", dir.display());
         }
         anyhow::Ok(())

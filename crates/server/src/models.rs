@@ -112,10 +112,7 @@ pub async fn pull(State(s): State<AppState>, body: Bytes) -> Result<(StatusCode,
     let downloader = s.store.downloader(&st.models_dir);
     let download = downloader.pull(store::download::Request::model(repo, revision, expect_mtp));
     // The block drafter the catalog pairs with the model comes along, as its own download.
-    let drafter = entry
-        .and_then(|e| e.drafter.as_ref())
-        .filter(|d| d.embedded.is_none())
-        .map(|d| downloader.pull(store::download::Request::drafter(d)));
+    let drafter = entry.and_then(store::download::Request::drafter_of).map(|r| downloader.pull(r));
     if let Ok(mut list) = s.store.downloads.lock() {
         for d in std::iter::once(&download).chain(drafter.as_ref()) {
             if !list.iter().any(|known| Arc::ptr_eq(known, d)) {

@@ -12,6 +12,21 @@ use common::post;
 use serde_json::{json, Value};
 use server::models::StoreAccess;
 
+/// Downloads from the local hub at `endpoint`: no token, retries or space margin, small chunks,
+/// whatever the environment says.
+fn hub_options(endpoint: &str) -> store::download::Options {
+    store::download::Options {
+        endpoint: endpoint.to_string(),
+        token: None,
+        space: Arc::new(|p: &std::path::Path| store::download::free_space(p)),
+        margin_bytes: 0,
+        retries: 0,
+        chunk_bytes: 64 << 10,
+        offline: false,
+        model_check: None,
+    }
+}
+
 /// The store listing once the first download has ended (done or failed).
 async fn download_ended(s: &common::Server) -> Value {
     let ended = async {
@@ -33,16 +48,7 @@ async fn choose_pull_list_and_delete_from_the_ui() {
     let hub = hub::start().await;
     hub::checkpoint(&tmp.path().join("src"), true, 3);
     hub.hub.publish("test/hybrid", &tmp.path().join("src"));
-    let options = store::download::Options {
-        endpoint: hub.endpoint.clone(),
-        token: None,
-        space: Arc::new(|p: &std::path::Path| store::download::free_space(p)),
-        margin_bytes: 0,
-        retries: 0,
-        chunk_bytes: 64 << 10,
-        offline: false,
-        model_check: None,
-    };
+    let options = hub_options(&hub.endpoint);
     let access = StoreAccess::new(Some(tmp.path().join("config")), Some(options));
     let s = common::start_configured(None, Default::default(), move |state| state.store = access).await;
 
@@ -92,14 +98,7 @@ async fn a_model_the_engine_would_refuse_never_counts_as_installed() {
     c["num_hidden_layers"] = json!(100_000_000);
     std::fs::write(&config, c.to_string()).unwrap();
     hub.hub.publish("test/hostile", &src);
-    let options = store::download::Options {
-        endpoint: hub.endpoint.clone(),
-        space: Arc::new(|p: &std::path::Path| store::download::free_space(p)),
-        margin_bytes: 0,
-        retries: 0,
-        chunk_bytes: 64 << 10,
-        ..Default::default()
-    };
+    let options = hub_options(&hub.endpoint);
     let access = StoreAccess::new(Some(tmp.path().join("config")), Some(options));
     let s = common::start_configured(None, Default::default(), move |state| state.store = access).await;
     let (code, v) = post(&s, "/v1/store/folder", &json!({"dir": tmp.path().join("models")})).await;
@@ -122,14 +121,7 @@ async fn a_model_being_served_or_downloaded_is_not_deleted() {
         hub::checkpoint(&src, false, seed);
         hub.hub.publish(repo, &src);
     }
-    let options = store::download::Options {
-        endpoint: hub.endpoint.clone(),
-        space: Arc::new(|p: &std::path::Path| store::download::free_space(p)),
-        margin_bytes: 0,
-        retries: 0,
-        chunk_bytes: 64 << 10,
-        ..Default::default()
-    };
+    let options = hub_options(&hub.endpoint);
     let access = StoreAccess::new(Some(tmp.path().join("config")), Some(options));
     let first = access.clone();
     let s = common::start_configured(None, Default::default(), move |state| state.store = first).await;
@@ -195,14 +187,7 @@ description = "a tiny hybrid with a block drafter"
 drafter = { repo = "test/paired-dflash", size_bytes = "unknown", block_size = 8 }
 "#;
     std::fs::write(store::catalog::user_file(&config_dir), entry).unwrap();
-    let options = store::download::Options {
-        endpoint: hub.endpoint.clone(),
-        space: Arc::new(|p: &std::path::Path| store::download::free_space(p)),
-        margin_bytes: 0,
-        retries: 0,
-        chunk_bytes: 64 << 10,
-        ..Default::default()
-    };
+    let options = hub_options(&hub.endpoint);
     let access = StoreAccess::new(Some(config_dir.clone()), Some(options));
     let s = common::start_configured(None, Default::default(), move |state| state.store = access).await;
     let models = tmp.path().join("models");

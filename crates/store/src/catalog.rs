@@ -143,27 +143,12 @@ impl Catalog {
             if entry.id.trim().is_empty() {
                 return Err(bad("id", "must not be empty"));
             }
-            match (&entry.embedded, entry.repo.is_empty()) {
-                (Some(_), false) => return Err(bad("repo", "an embedded model has no repository")),
-                (None, _) if entry.repo.split('/').count() != 2 || entry.repo.split('/').any(str::is_empty) => {
-                    return Err(bad("repo", "must be `org/name`"))
-                }
-                _ => {}
-            }
-            let inside_assets = |p: &Path| p.components().all(|c| matches!(c, std::path::Component::Normal(_)));
-            if entry.embedded.as_deref().is_some_and(|p| !inside_assets(p)) {
-                return Err(bad("embedded", "must be a relative path inside the assets folder"));
+            if let Some((field, why)) = source_problem(entry.embedded.as_deref(), &entry.repo, "model") {
+                return Err(bad(field, &why));
             }
             if let Some(d) = &entry.drafter {
-                if d.embedded.as_deref().is_some_and(|p| !inside_assets(p)) {
-                    return Err(bad("drafter.embedded", "must be a relative path inside the assets folder"));
-                }
-                match (&d.embedded, d.repo.is_empty()) {
-                    (Some(_), false) => return Err(bad("drafter.repo", "an embedded drafter has no repository")),
-                    (None, _) if d.repo.split('/').count() != 2 || d.repo.split('/').any(str::is_empty) => {
-                        return Err(bad("drafter.repo", "must be `org/name`"))
-                    }
-                    _ => {}
+                if let Some((field, why)) = source_problem(d.embedded.as_deref(), &d.repo, "drafter") {
+                    return Err(bad(&format!("drafter.{field}"), &why));
                 }
                 if let Some(text) = d.size_bytes.unknown_text().filter(|t| *t != "unknown") {
                     return Err(bad("drafter.size_bytes", &format!("`{text}` is neither a number nor \"unknown\"")));
@@ -194,8 +179,7 @@ impl Catalog {
     }
 
     /// The catalog models whose drafter is the repository `repo`.
-    pub fn drafted_by(&self, repo: &str) -> impl Iterator<Item = &Entry> + '_ {
-        let repo = repo.to_string();
+    pub fn drafted_by<'a>(&'a self, repo: &'a str) -> impl Iterator<Item = &'a Entry> + 'a {
         self.entries.iter().filter(move |e| e.drafter.as_ref().is_some_and(|d| !d.repo.is_empty() && d.repo == repo))
     }
 
@@ -204,6 +188,23 @@ impl Catalog {
         self.entries
             .iter()
             .find(|e| e.id == name || e.aliases.iter().any(|a| a == name) || (!e.repo.is_empty() && e.repo == name))
+    }
+}
+
+/// What is wrong with where a model (or its drafter, `what`) comes from, if anything: the field
+/// and why. It ships under the assets folder (`embedded`, a relative path inside it) or comes
+/// from a hub repository `org/name`, not both.
+fn source_problem(embedded: Option<&Path>, repo: &str, what: &str) -> Option<(&'static str, String)> {
+    match embedded {
+        Some(_) if !repo.is_empty() => Some(("repo", format!("an embedded {what} has no repository"))),
+        Some(dir) if !dir.components().all(|c| matches!(c, std::path::Component::Normal(_))) => {
+            Some(("embedded", "must be a relative path inside the assets folder".to_string()))
+        }
+        Some(_) => None,
+        None if repo.split('/').count() != 2 || repo.split('/').any(str::is_empty) => {
+            Some(("repo", "must be `org/name`".to_string()))
+        }
+        None => None,
     }
 }
 

@@ -22,21 +22,29 @@ use crate::verify;
 pub struct Request {
     pub repo: String,
     pub revision: String,
-    /// The catalog promises an MTP head: refuse the download without one.
-    pub expect_mtp: bool,
-    /// A block drafter, not a model: checked as one (no tokenizer of its own, no model check).
-    pub drafter: bool,
+    pub kind: Kind,
+}
+
+/// What a download is, which says how its folder is checked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// A model; `expect_mtp`: the catalog promises an MTP head, refuse it without one.
+    Model { expect_mtp: bool },
+    /// A block drafter: checked as one (no tokenizer of its own, no model check).
+    Drafter,
 }
 
 impl Request {
     /// A model's download.
     pub fn model(repo: String, revision: String, expect_mtp: bool) -> Request {
-        Request { repo, revision, expect_mtp, drafter: false }
+        Request { repo, revision, kind: Kind::Model { expect_mtp } }
     }
 
-    /// The download of a catalog model's block drafter.
-    pub fn drafter(entry: &crate::catalog::DrafterEntry) -> Request {
-        Request { repo: entry.repo.clone(), revision: entry.revision.clone(), expect_mtp: false, drafter: true }
+    /// The download of the block drafter the catalog pairs with `entry`, when it is on the hub
+    /// (an embedded one ships with Ferrite).
+    pub fn drafter_of(entry: &crate::catalog::Entry) -> Option<Request> {
+        let d = entry.drafter.as_ref().filter(|d| d.embedded.is_none())?;
+        Some(Request { repo: d.repo.clone(), revision: d.revision.clone(), kind: Kind::Drafter })
     }
 }
 
@@ -552,13 +560,15 @@ impl Job {
                 return Err(DownloadError::Corrupt(format!("{}: {why}", file.rfilename)));
             }
         }
-        if self.request.drafter {
-            // The engine checks a drafter against its target when it loads the pair.
-            verify::check_drafter_dir(snapshot).map_err(|e| DownloadError::Corrupt(e.to_string()))?;
-            return Ok(());
-        }
-        verify::check_model_dir(snapshot, self.request.expect_mtp)
-            .map_err(|e| DownloadError::Corrupt(e.to_string()))?;
+        let expect_mtp = match self.request.kind {
+            Kind::Drafter => {
+                // The engine checks a drafter against its target when it loads the pair.
+                verify::check_drafter_dir(snapshot).map_err(|e| DownloadError::Corrupt(e.to_string()))?;
+                return Ok(());
+            }
+            Kind::Model { expect_mtp } => expect_mtp,
+        };
+        verify::check_model_dir(snapshot, expect_mtp).map_err(|e| DownloadError::Corrupt(e.to_string()))?;
         if let Some(check) = &self.options.model_check {
             if let Err(why) = check(snapshot) {
                 // Not a model that runs: nothing of it stays to be listed as installed.

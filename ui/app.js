@@ -217,8 +217,9 @@ function onUpdate(u) {
   $("state").textContent = u.queue_depth ? `${text} · ${u.queue_depth} queued` : text;
   $("state").className = "badge " + cls;
   if (document.activeElement !== $("profile")) $("profile").value = u.profile;
-  const classes = Object.entries(u.class_depths || {}).map(([c, d]) => `${c} ${d}`);
-  $("draft").textContent = `${u.draft_depth} (${u.draft_depth_source})` + (classes.length ? ` · tuned per class: ${classes.join(", ")}` : "");
+  const drafters = u.class_drafters || {};
+  const classes = Object.entries(u.class_depths || {}).map(([c, d]) => `${c} ${choiceName(drafters[c], d)}`);
+  $("draft").textContent = `${choiceName(u.draft_with, u.draft_depth)} (${u.draft_depth_source})` + (classes.length ? ` · tuned per class: ${classes.join(", ")}` : "");
   showTuning(u.tuning, u);
   $("tps-now").textContent = u.tokens_per_s_now.toFixed(1);
   showStreams(u.streams || [], u.batching);
@@ -299,6 +300,13 @@ $("folder-form").addEventListener("submit", async (e) => {
   refreshModels();
 });
 
+// How requests speculate, as the server names its choices: plain decoding, or a drafter
+// ("mtp": the model's own head, "block": the block drafter beside it) at a depth.
+function choiceName(drafter, depth) {
+  if (!depth) return "plain decoding";
+  return drafter === "block" ? `block depth ${depth}` : `MTP depth ${depth}`;
+}
+
 // The tuner: offered while this machine has no result for the model, progress while it runs,
 // the table of candidates and the verdict when it is done.
 function showTuning(t, u) {
@@ -327,13 +335,13 @@ function showTuning(t, u) {
     const forClass = t.class ? ` for ${t.class}` : "";
     $("tune-status").textContent = p.phase === "batching"
       ? `Tuning ${t.model}${forClass}: several requests decoding together against one`
-      : `Tuning ${t.model}${forClass} (${p.phase}): depth ${p.depth}, temperature ${p.temperature}${rep}${last}`;
+      : `Tuning ${t.model}${forClass} (${p.phase}): ${choiceName(p.drafter, p.depth)}, temperature ${p.temperature}${rep}${last}`;
   } else if (t.running) {
     $("tune-status").textContent = `Tuning ${t.model}: starting`;
   } else if (t.verdict) {
     const v = t.verdict;
     const forClass = t.class ? ` for ${t.class}` : "";
-    $("tune-status").textContent = v.verdict === "store" ? `Stored draft depth ${v.depth}${forClass}: ${v.why}` : `Not stored${forClass}: ${v.why}`;
+    $("tune-status").textContent = v.verdict === "store" ? `Stored ${choiceName(v.drafter, v.depth)}${forClass}: ${v.why}` : `Not stored${forClass}: ${v.why}`;
   } else if (t.error) {
     $("tune-status").textContent = `Tuning ended: ${t.error}`;
   } else {
@@ -342,7 +350,7 @@ function showTuning(t, u) {
   // Each depth's speed-up over plain decoding with its 95% interval, from the paired rounds.
   $("tune-speedups").textContent = (t.speedups || []).length
     ? `Speed-up over plain decoding (${t.rounds} paired rounds, 95% interval): ` +
-      t.speedups.map((s) => `depth ${s.depth} ${s.speedup.toFixed(2)}x [${s.interval[0].toFixed(2)}–${s.interval[1].toFixed(2)}]`).join(" · ") +
+      t.speedups.map((s) => `${choiceName(s.drafter, s.depth)} ${s.speedup.toFixed(2)}x [${s.interval[0].toFixed(2)}–${s.interval[1].toFixed(2)}]`).join(" · ") +
       ((t.batch_gains || []).length
         ? ". Requests decoding together, total over one alone: " + t.batch_gains.map((g) => `${g.sequences} ${g.gain.toFixed(2)}x`).join(" · ")
         : "")
@@ -352,7 +360,7 @@ function showTuning(t, u) {
   $("tune-table").tBodies[0].replaceChildren(...rows.map((c) => {
     const plain = rows.find((r) => r.depth === 0 && r.temperature === c.temperature);
     const tr = document.createElement("tr");
-    for (const v of [c.depth, c.temperature, c.median_tps.toFixed(1), (c.spread * 100).toFixed(1) + "%",
+    for (const v of [choiceName(c.drafter, c.depth), c.temperature, c.median_tps.toFixed(1), (c.spread * 100).toFixed(1) + "%",
       c.acceptance.map((a) => (a * 100).toFixed(0) + "%").join(" ") || "–",
       plain ? (c.median_tps / plain.median_tps).toFixed(2) + "x" : "–"]) {
       const td = document.createElement("td"); td.textContent = v; tr.append(td);

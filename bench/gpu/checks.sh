@@ -4,7 +4,10 @@
 # and leaves everything as one $OUT/results.tar (the device tool returns at most 8 files).
 #   bench/gpu/checks.sh --carried DIR [CHECK ...]
 # Checks (each a command of this repo, as the results files quote them):
-#   tune-embedded   5 `ferrite tune` runs on the embedded model, then a 30-round reference
+#   tune-embedded   5 `ferrite tune` runs on the embedded model (with its block drafter: plain, MTP
+#                   and block depths compete), each one's wall seconds in the log, then a
+#                   30-round reference (TUNE_REF=0 skips it; TUNE_ARGS adds arguments, e.g.
+#                   `--drafter assets/models/ferrite-code-20m-dflash`)
 #   tune-next       the same on a Qwen3-Next-shaped checkpoint with an MTP head (next-small-4bit)
 #   depth           bench/depth.sh on the embedded model
 #   batch-8b        `ferrite dev batch` on the 8B shape (engine only, no HTTP)
@@ -20,8 +23,8 @@
 #                   TRAIN_MINUTES, default 6, on the carried train.bin.xz and heldout.bin, made
 #                   as train/README.md says; TRAIN_INIT=DIR trains that drafter further,
 #                   TRAIN_LR its rate) into ~/gpu-out/drafter
-#   drafter-bench   bench/acceptance.sh with that drafter: plain, MTP depths and block depths,
-#                   one run
+#   drafter-bench   bench/acceptance.sh with that drafter (or DRAFTER_DIR's): plain, MTP depths
+#                   and block depths, one run
 #   ops-35b         `ferrite dev ops` on the 35B-A3B shape, on each delta path, and mlx-lm's count
 #                   (PEER_OPS=0 skips mlx-lm's)
 # PATHS (default "cuda-fused ops cuda-kernel") names the delta paths `delta` and `ops-35b` run
@@ -46,10 +49,13 @@ tune_runs() {  # MODEL LABEL
   local i
   for i in 1 2 3 4 5; do
     log "tune $2 run $i"
+    local began=$SECONDS
     FERRITE_CONFIG_DIR=~/tcfg-$2-$i timeout 150 "$FERRITE" tune --model "$1" --prompts 2 --tokens 48 --budget 60 \
-      > "$res/tune-$2-$i.txt" 2>&1
+      ${TUNE_ARGS:-} > "$res/tune-$2-$i.txt" 2>&1
+    log "tune $2 run $i: exit $?, $((SECONDS - began)) s (budget 60 s)"
     cp ~/tcfg-$2-$i/tuning.json "$res/tune-$2-$i.json" 2>/dev/null
   done
+  [ "${TUNE_REF:-1}" = 0 ] && return
   log "tune $2 reference"
   FERRITE_CONFIG_DIR=~/tcfg-$2-ref timeout 300 "$FERRITE" tune --model "$1" --prompts 2 --tokens 48 --rounds 30 \
     --budget 280 > "$res/tune-$2-ref.txt" 2>&1
@@ -92,7 +98,7 @@ for check in "$@"; do
         --batch ${TRAIN_BATCH:-32} --steps ${TRAIN_STEPS:-20000} --eval-every ${TRAIN_EVAL:-500} ${TRAIN_INIT:+--init "$TRAIN_INIT"} ${TRAIN_LR:+--lr $TRAIN_LR} \
         > "$res/drafter-train.txt" 2>&1 ;;
     drafter-bench)
-      DRAFTER="$res/drafter" BENCH_DIR="$res" timeout 200 bench/acceptance.sh > "$res/drafter-acceptance.txt" 2>&1 ;;
+      DRAFTER="${DRAFTER_DIR:-$res/drafter}" BENCH_DIR="$res" timeout 200 bench/acceptance.sh > "$res/drafter-acceptance.txt" 2>&1 ;;
     ops-35b)
       dir=$(checkpoint next-35b-a3b-4bit)
       for path in ${PATHS:-cuda-fused ops cuda-kernel}; do

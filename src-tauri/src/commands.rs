@@ -76,13 +76,12 @@ pub fn lines(state: &server::AppState) -> Vec<String> {
     let model = if let Some(other) = state.loading.lock().ok().and_then(|l| l.clone()) {
         format!("Loading {other}…")
     } else if loaded.worker.lifecycle.loaded.load(Ordering::SeqCst) {
-        // Which drafter speculating requests draft with: a block drafter beside the model, else
-        // its MTP head.
+        // The block drafter beside the model, if one is loaded, then how requests speculate.
         let drafter = match &info.drafter {
             Some(d) => format!("block drafter {} (blocks of {}), ", folder_name(&d.dir), d.block_size),
             None => String::new(),
         };
-        format!("{} · {} · {drafter}draft depth {}", info.id, info.profile.name, loaded.depth.depth)
+        format!("{} · {} · {drafter}{}", info.id, info.profile.name, loaded.depth.speculation)
     } else {
         format!("{} stopped (starts on the next request)", info.id)
     };

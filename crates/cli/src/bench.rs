@@ -140,7 +140,7 @@ fn speculative(engine: &Engine, request: &GenerateRequest, prompts: &[Vec<u32>],
         }
         Ok((if seconds > 0.0 { tokens as f64 / seconds } else { 0.0 }, pooled))
     };
-    let (plain_tps, _) = decode(0, DraftWith::MtpHead)?;
+    let (plain_tps, _) = decode(0, DraftWith::Mtp)?;
     if let Some(costs) = &costs {
         eprintln!(
             "plain decode {plain_tps:.1} tok/s; plain step {:.3} ms, draft step {:.3} ms ({:.2}x a plain step)",
@@ -165,17 +165,16 @@ fn speculative(engine: &Engine, request: &GenerateRequest, prompts: &[Vec<u32>],
     // its bounds are left out (the cost model times the head's draft steps, not a block's pass).
     let mtp_depths = if costs.is_some() { engine::costs::MAX_DRAFT_DEPTH } else { 0 };
     let block_depths = engine.drafter().map_or(0, |d| d.max_drafts());
-    let runs =
-        (1..=mtp_depths).map(|d| (d, DraftWith::MtpHead)).chain((1..=block_depths).map(|d| (d, DraftWith::Loaded)));
+    let runs = (1..=mtp_depths).map(|d| (d, DraftWith::Mtp)).chain((1..=block_depths).map(|d| (d, DraftWith::Block)));
     let shown = |x: Option<f64>| x.map_or("-".to_string(), |x| format!("{x:.2}"));
     for (depth, draft_with) in runs {
-        let drafter = if draft_with == DraftWith::MtpHead { "mtp" } else { "block" };
+        let drafter = if draft_with == DraftWith::Mtp { "mtp" } else { "block" };
         let (tps, stats) = decode(depth, draft_with)?;
         let stats = stats.unwrap_or_default();
         let acceptance = stats.acceptance();
         let acc_text: Vec<String> = acceptance.iter().map(|a| format!("{:.0}%", a * 100.0)).collect();
         let verify = costs.as_ref().filter(|c| depth <= c.verify_s.len()).map(|c| c.verify_ratio(depth));
-        let mtp = costs.as_ref().filter(|_| draft_with == DraftWith::MtpHead);
+        let mtp = costs.as_ref().filter(|_| draft_with == DraftWith::Mtp);
         let bound = mtp.map(|c| c.speedup_bound(depth, &acceptance));
         let best = mtp.map(|c| c.speedup_bound(depth, &vec![1.0; depth]));
         eprintln!(

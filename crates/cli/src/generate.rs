@@ -77,8 +77,14 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> Result<()> {
-    let spec = server::launch::spec(&args.model, &args.draft_depth, args.profile)?;
-    let (dir, draft_depth) = (spec.dir, spec.depth.depth);
+    let mut spec = server::launch::spec(&args.model, &args.draft_depth, args.profile)?;
+    if let Some(drafter) = args.drafter.clone() {
+        spec = server::launch::with_drafter(spec, drafter, &args.draft_depth);
+    }
+    if args.hosts.is_some() {
+        spec = server::launch::without_drafter(spec, "a model split across ranks drafts with its MTP head only");
+    }
+    let (dir, speculation) = (spec.dir, spec.depth.speculation);
     let ranks = match &args.hosts {
         Some(file) => {
             let hosts = crate::ranks::read_hosts(file)?;
@@ -89,9 +95,9 @@ pub fn run(args: Args) -> Result<()> {
     };
     let group = ranks.as_ref().map(crate::ranks::Ranks::group);
     let mut options = server::engine_options::from_env(engine::Profile::named(args.profile), group)?;
-    options.drafter = args.drafter.clone();
+    options.drafter = spec.drafter;
     let engine = Engine::load_with(&dir, &options).with_context(|| format!("loading {}", dir.display()))?;
-    answer(&engine, args, draft_depth)?;
+    answer(&engine, args, speculation)?;
     // What the model holds with its caches emptied (split: each rank its part).
     engine.clear_prompt_cache();
     crate::ranks::report_memory(&engine);
@@ -103,7 +109,7 @@ pub fn run(args: Args) -> Result<()> {
     Ok(())
 }
 
-fn answer(engine: &Engine, args: Args, draft_depth: usize) -> Result<()> {
+fn answer(engine: &Engine, args: Args, speculation: engine::Speculation) -> Result<()> {
     let text = if args.chat {
         let mut extra = serde_json::Map::new();
         if args.no_think {
@@ -141,8 +147,8 @@ fn answer(engine: &Engine, args: Args, draft_depth: usize) -> Result<()> {
         },
         stop: args.stop,
         ignore_eos: false,
-        draft_depth,
-        draft_with: engine::DraftWith::Loaded,
+        draft_depth: speculation.depth,
+        draft_with: speculation.drafter,
         fixed_depth: false,
         draft_script: None,
         forced_tokens: None,
@@ -174,7 +180,7 @@ fn answer(engine: &Engine, args: Args, draft_depth: usize) -> Result<()> {
                         spec.acceptance().iter().map(|a| format!("{:.0}%", a * 100.0)).collect();
                     eprintln!(
                         "[{} depth {}: {} cycles, {:.2} tokens/cycle, acceptance by position {} | draft {:.2} ms, verify {:.2} ms per cycle]",
-                        if engine.drafter().is_some() { "block drafter" } else { "MTP" },
+                        if speculation.drafter == engine::DraftWith::Block { "block drafter" } else { "MTP" },
                         spec.depth,
                         spec.cycles,
                         spec.tokens_per_cycle(),

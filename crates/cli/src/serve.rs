@@ -83,7 +83,13 @@ pub fn run(args: Args) -> Result<()> {
         Some(path) => Some(std::sync::Arc::new(server::scripted::ScriptedReplies::load(path)?)),
         None => None,
     };
-    let model = server::launch::spec(&args.model, &args.draft_depth, args.profile)?;
+    let mut model = server::launch::spec(&args.model, &args.draft_depth, args.profile)?;
+    if let Some(drafter) = args.drafter.clone() {
+        model = server::launch::with_drafter(model, drafter, &args.draft_depth);
+    }
+    if args.hosts.is_some() {
+        model = server::launch::without_drafter(model, "a model split across ranks drafts with its MTP head only");
+    }
     let ranks = match &args.hosts {
         Some(file) => {
             let hosts = crate::ranks::read_hosts(file)?;
@@ -115,7 +121,7 @@ pub fn run(args: Args) -> Result<()> {
             split,
             scripted,
             batch_rule: model.batch_rule,
-            drafter: args.drafter.or(model.drafter),
+            drafter: model.drafter,
             ..Default::default()
         },
         cors_origins: server::APP_ORIGINS.iter().map(|o| o.to_string()).chain(args.cors_origin).collect(),

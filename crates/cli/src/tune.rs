@@ -1,5 +1,6 @@
-//! `ferrite tune`: measures plain decoding and each MTP draft depth on this machine, and
-//! stores the winner for (machine, model, profile) only when the measurement can be trusted.
+//! `ferrite tune`: measures plain decoding, each MTP draft depth and (with the catalog's block
+//! drafter installed) the drafter's block depths on this machine, and stores the winner for
+//! (machine, model, profile) only when the measurement can be trusted.
 //! `--draft-depth auto` (serve, generate) reads what was stored, the same way everywhere.
 
 use anyhow::Result;
@@ -28,6 +29,10 @@ pub struct Args {
     /// Seconds the measuring may take (after one discarded pass) before it gives up undecided.
     #[arg(long, default_value_t = 120.0)]
     budget: f64,
+    /// A DFlash block drafter's folder to measure beside the MTP head (default: the catalog's
+    /// drafter for the model, when installed; a folder given by path has none).
+    #[arg(long)]
+    drafter: Option<std::path::PathBuf>,
     /// Prompts of the suite to use (1 to 4).
     #[arg(long, default_value_t = 4)]
     prompts: usize,
@@ -55,7 +60,8 @@ pub fn run(args: Args) -> Result<()> {
         for r in &file.results {
             let class = r.key.class.as_deref().unwrap_or("every request");
             let (model, profile, machine) = (&r.key.model, &r.key.profile, &r.key.machine);
-            println!("{model} | {profile} | {class} | {machine}: depth {} ({})", r.depth, r.why);
+            let choice = server::launch::stored_choice(r);
+            println!("{model} | {profile} | {class} | {machine}: {choice} ({})", r.why);
         }
         return Ok(());
     }
@@ -65,7 +71,10 @@ pub fn run(args: Args) -> Result<()> {
         Some(name) => vec![Some(WorkloadClass::parse(name).map_err(|e| anyhow::anyhow!("--class: {e}"))?)],
     };
     let model = server::launch::resolve(&args.model)?;
-    let engine = Engine::load_with(&model.dir, &server::engine_options::from_env(Profile::named(args.profile), None)?)?;
+    let mut engine_options = server::engine_options::from_env(Profile::named(args.profile), None)?;
+    // The catalog's block drafter, when installed, competes with the MTP head.
+    engine_options.drafter = args.drafter.clone().or(model.drafter.clone());
+    let engine = Engine::load_with(&model.dir, &engine_options)?;
     let mut refused = Vec::new();
     for class in classes {
         let options = TuneOptions {
@@ -114,11 +123,18 @@ fn tune_one(
             .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
             .progress_chars("=> "),
     );
+    // When each phase began: a fresh GPU machine compiles its kernels in the warm-up, which
+    // the budget does not count; the summary line says where the time went.
+    let began = std::time::Instant::now();
+    let mut phases: Vec<(&'static str, f64)> = Vec::new();
     let measurement = tune::measure(
         engine,
         options,
         || busy.check(),
         |p| {
+            if phases.last().map(|(phase, _)| *phase) != Some(p.phase) {
+                phases.push((p.phase, began.elapsed().as_secs_f64()));
+            }
             // The warm-up counts its runs; the rounds count seconds of the budget.
             if p.phase == "measuring" {
                 bar.set_length(p.budget_s as u64);
@@ -130,22 +146,28 @@ fn tune_one(
             bar.set_prefix(p.phase);
             let rep = if p.repetition > 0 { format!(", round {}", p.repetition) } else { String::new() };
             let last = p.last_tps.map(|t| format!(" (last: {t:.1} tok/s)")).unwrap_or_default();
-            bar.set_message(format!("depth {}, temperature {}{rep}{last}", p.depth, p.temperature));
+            bar.set_message(format!("{}, temperature {}{rep}{last}", p.choice, p.temperature));
             true
         },
     )
     .map_err(|e| e.to_string())?;
     bar.finish_and_clear();
+    let total = began.elapsed().as_secs_f64();
+    let ends = phases.iter().skip(1).map(|(_, at)| *at).chain([total]);
+    let took: Vec<String> =
+        phases.iter().zip(ends).map(|((phase, from), to)| format!("{phase} {:.1} s", to - from)).collect();
+    println!("{:.1} s in all: {}", total, took.join(", "));
     println!(
-        "{:>5} {:>5} {:>10} {:>8} {:>24} {:>10} {:>8}",
-        "depth", "temp", "tok/s", "spread", "acceptance by position", "tok/cycle", "vs plain"
+        "{:>16} {:>5} {:>10} {:>8} {:>32} {:>10} {:>8}",
+        "", "temp", "tok/s", "spread", "acceptance by position", "tok/cycle", "vs plain"
     );
     for c in &measurement.candidates {
         let acc: Vec<String> = c.acceptance.iter().map(|a| format!("{:.0}%", a * 100.0)).collect();
-        let plain = measurement.get(0, c.temperature).map(|p| p.median_tps).unwrap_or(c.median_tps);
+        let plain =
+            measurement.get(engine::Speculation::PLAIN, c.temperature).map(|p| p.median_tps).unwrap_or(c.median_tps);
         println!(
-            "{:>5} {:>5} {:>10.1} {:>7.1}% {:>24} {:>10.2} {:>7.2}x",
-            c.depth,
+            "{:>16} {:>5} {:>10.1} {:>7.1}% {:>32} {:>10.2} {:>7.2}x",
+            c.choice.to_string(),
             c.temperature,
             c.median_tps,
             c.spread * 100.0,
@@ -159,7 +181,7 @@ fn tune_one(
         measurement.rounds, measurement.elapsed_s
     );
     for s in &measurement.speedups {
-        println!("  depth {}: {:.2}x [{:.2}-{:.2}]", s.depth, s.speedup, s.interval[0], s.interval[1]);
+        println!("  {}: {:.2}x [{:.2}-{:.2}]", s.choice, s.speedup, s.interval[0], s.interval[1]);
     }
     if !measurement.batch_gains.is_empty() {
         let gains: Vec<String> =
@@ -168,9 +190,9 @@ fn tune_one(
     }
     match server::launch::judge_and_store(config_dir, key, &measurement, options).map_err(|e| e.to_string())? {
         (Verdict::Refuse { why }, _) => Err(why),
-        (Verdict::Store { depth, why, speedup, .. }, path) => {
-            println!("stored draft depth {depth} for {class} in {}: {why}", path.display());
-            if depth > 0 && !measurement.batch_gains.is_empty() {
+        (Verdict::Store { choice, why, speedup, .. }, path) => {
+            println!("stored {choice} for {class} in {}: {why}", path.display());
+            if !choice.is_plain() && !measurement.batch_gains.is_empty() {
                 let rule = engine::batch_rule::BatchRule::new(measurement.batch_gains.clone(), speedup);
                 let max = engine.profile().max_sequences;
                 match rule.batch_from(speedup, max) {

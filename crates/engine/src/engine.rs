@@ -145,7 +145,7 @@ impl Engine {
             return Err(Error::Request("the depth controller cannot run on a model split across ranks".into()));
         }
         // The cost model times the MTP head's steps: a block drafter's requests keep their depth.
-        if on && self.model.mtp().is_some() && self.drafter.is_none() {
+        if on && self.model.mtp().is_some() {
             let prompt = synthetic_prompt(self.model.config().vocab_size.max(2) as u32, 32);
             let costs = crate::costs::measure_costs(self.model.as_ref(), &prompt, 5)?;
             tracing::info!("draft depth follows acceptance; costs against a plain step: {costs:?}");

@@ -71,8 +71,12 @@ impl Engine {
             depth => {
                 let seed = request.sampling.seed.unwrap_or(0);
                 let block = match request.draft_with {
-                    DraftWith::Loaded => self.drafter.as_ref(),
-                    DraftWith::MtpHead => None,
+                    DraftWith::Block => Some(self.drafter.as_ref().ok_or_else(|| {
+                        Error::Request(
+                            "block drafting was asked, but no block drafter is loaded beside the model".into(),
+                        )
+                    })?),
+                    DraftWith::Mtp => None,
                 };
                 let mut spec = Speculator::new(self.model.as_ref(), block, depth, seed)?;
                 if let Some(s) = &mut spec {

@@ -48,6 +48,7 @@ pub mod models;
 #[cfg(not(feature = "dev"))]
 mod models;
 mod options;
+mod paired;
 pub mod penalties;
 #[cfg(feature = "dev")]
 pub mod perplexity;
@@ -71,7 +72,7 @@ pub use error::{Error, Result};
 pub use grammar::{json_for_grammar, Grammar};
 pub use grammar_limits::{check_schema, check_text_grammar};
 pub use options::EngineOptions;
-pub use request::{CancelToken, DraftWith, Event, FinishReason, GenerateRequest, Summary};
+pub use request::{CancelToken, DraftWith, Event, FinishReason, GenerateRequest, Speculation, Summary};
 /// Which implementation runs the hybrids' gated delta rule, and its self-check.
 pub mod delta_path {
     pub use crate::layers::delta_check::{choose, self_check, Tolerance};

@@ -24,7 +24,7 @@ pub struct GenerateRequest {
     /// Tokens drafted per cycle (0 = plain decoding; at most 4 with the MTP head, a block's
     /// drafts with a block drafter).
     pub draft_depth: usize,
-    /// What drafts: the block drafter when the engine loaded one, else the MTP head.
+    /// What drafts: the model's MTP head, or the block drafter loaded beside it.
     #[serde(default)]
     pub draft_with: DraftWith,
     /// Keep `draft_depth` for every cycle even where the engine's depth controller is on (the
@@ -53,7 +53,7 @@ impl GenerateRequest {
             stop: vec![],
             ignore_eos: false,
             draft_depth: 0,
-            draft_with: DraftWith::Loaded,
+            draft_with: DraftWith::Mtp,
             fixed_depth: false,
             draft_script: None,
             forced_tokens: None,
@@ -62,15 +62,69 @@ impl GenerateRequest {
     }
 }
 
+impl GenerateRequest {
+    /// Speculates as `choice` says (depth 0: plain decoding).
+    pub fn speculate(&mut self, choice: Speculation) {
+        (self.draft_with, self.draft_depth) = (choice.drafter, choice.depth);
+    }
+}
+
 /// Which drafter a speculating request drafts with.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum DraftWith {
-    /// The block drafter loaded beside the model, else the model's MTP head.
+    /// The model's MTP head.
     #[default]
-    Loaded,
-    /// The MTP head, even beside a block drafter (a benchmark compares the two).
-    MtpHead,
+    Mtp,
+    /// The DFlash block drafter loaded beside the model ([`crate::EngineOptions::drafter`]);
+    /// a request asking for it where none is loaded is refused.
+    Block,
+}
+
+/// How requests speculate: plain decoding (depth 0), or `depth` drafts a cycle from `drafter`.
+/// What the tuner chooses among and stores, and what a server applies per workload class.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+pub struct Speculation {
+    #[serde(default)]
+    pub drafter: DraftWith,
+    pub depth: usize,
+}
+
+impl Speculation {
+    pub const PLAIN: Speculation = Speculation { drafter: DraftWith::Mtp, depth: 0 };
+
+    pub fn mtp(depth: usize) -> Self {
+        Speculation { drafter: DraftWith::Mtp, depth }
+    }
+
+    pub fn block(depth: usize) -> Self {
+        Speculation { drafter: DraftWith::Block, depth }
+    }
+
+    pub fn is_plain(&self) -> bool {
+        self.depth == 0
+    }
+
+    /// Of two choices that are as fast, the one to keep: fewer drafts, and at equal depth the
+    /// MTP head (it needs no second model in memory).
+    pub fn cheaper(self, other: Speculation) -> Speculation {
+        let rank = |s: &Speculation| (s.depth, s.drafter == DraftWith::Block);
+        if rank(&other) < rank(&self) {
+            other
+        } else {
+            self
+        }
+    }
+}
+
+impl std::fmt::Display for Speculation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match (self.depth, self.drafter) {
+            (0, _) => write!(f, "plain decoding"),
+            (d, DraftWith::Mtp) => write!(f, "MTP depth {d}"),
+            (d, DraftWith::Block) => write!(f, "block depth {d}"),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]

@@ -1,7 +1,8 @@
-//! The draft-depth autotuner's core: measure plain decoding and every MTP draft depth on the
-//! real model with a fixed suite of code prompts, then decide what may be stored. Storage,
-//! machine fingerprints and process checks belong to the callers; this module only measures
-//! and judges, so the rules are the same for the CLI and the app.
+//! The speculation autotuner's core: measure plain decoding, every MTP draft depth and a block
+//! drafter's depths (when one is loaded) on the real model, in the same paired rounds, with a
+//! fixed suite of prompts, then decide what may be stored. Storage, machine fingerprints and
+//! process checks belong to the callers; this module only measures and judges, so the rules
+//! are the same for the CLI and the app.
 
 use std::time::{Duration, Instant};
 
@@ -10,7 +11,8 @@ use serde::Serialize;
 use crate::batch_rule::{measure_gains, BatchGain};
 use crate::costs::MAX_DRAFT_DEPTH;
 use crate::engine::Engine;
-use crate::request::GenerateRequest;
+use crate::paired::{differences, mean_interval, ranked, show};
+use crate::request::{DraftWith, GenerateRequest, Speculation};
 use crate::speculative::SpecStats;
 use crate::workload::{PromptClass, WorkloadClass};
 use crate::Result;
@@ -22,7 +24,7 @@ pub const CODE_PROMPTS: &[&str] = PromptClass::Code.prompts();
 pub struct TuneOptions {
     /// New tokens per generation (end-of-sequence ignored, so every run is as long).
     pub gen_tokens: usize,
-    /// Paired rounds measured before any verdict (a round runs each depth once, with plain
+    /// Paired rounds measured before any verdict (a round runs each candidate once, with plain
     /// decoding before and after it, at every temperature).
     pub min_rounds: usize,
     /// Time the measuring may take after the warm-up; undecided then, nothing is stored.
@@ -56,10 +58,11 @@ impl Default for TuneOptions {
     }
 }
 
-/// One depth at one temperature.
+/// One way of speculating (plain decoding: depth 0) at one temperature.
 #[derive(Debug, Clone, Serialize)]
 pub struct Candidate {
-    pub depth: usize,
+    #[serde(flatten)]
+    pub choice: Speculation,
     pub temperature: f32,
     /// Decode tok/s of each run (tokens over decode time, whole suite).
     pub runs: Vec<f64>,
@@ -70,11 +73,12 @@ pub struct Candidate {
     pub tokens_per_cycle: f64,
 }
 
-/// A depth's speed over plain decoding, from the paired ratios of every round (each run over
-/// the plain runs just before and after it, all temperatures together).
+/// A candidate's speed over plain decoding, from the paired ratios of every round (each run
+/// over the plain runs just before and after it, all temperatures together).
 #[derive(Debug, Clone, Serialize)]
 pub struct Speedup {
-    pub depth: usize,
+    #[serde(flatten)]
+    pub choice: Speculation,
     /// Geometric mean of the paired ratios.
     pub speedup: f64,
     /// Its 95% confidence interval (Student's t over the rounds' log ratios).
@@ -85,8 +89,12 @@ pub struct Speedup {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(tag = "outcome", rename_all = "lowercase")]
 pub enum Outcome {
-    /// `depth` (0: plain decoding) is the one to store, beyond the measurement's noise.
-    Decided { depth: usize, why: String },
+    /// `choice` (depth 0: plain decoding) is the one to store, beyond the measurement's noise.
+    Decided {
+        #[serde(flatten)]
+        choice: Speculation,
+        why: String,
+    },
     /// The time budget ran out before the candidates were separated.
     Undecided { why: String },
 }
@@ -94,7 +102,7 @@ pub enum Outcome {
 #[derive(Debug, Clone, Serialize)]
 pub struct Measurement {
     pub candidates: Vec<Candidate>,
-    /// Each depth's speed-up over plain decoding, with its interval.
+    /// Each candidate's speed-up over plain decoding, with its interval.
     pub speedups: Vec<Speedup>,
     pub outcome: Outcome,
     /// Paired rounds measured, and the seconds they took.
@@ -109,28 +117,36 @@ pub struct Measurement {
 }
 
 impl Measurement {
-    pub fn get(&self, depth: usize, temperature: f32) -> Option<&Candidate> {
-        self.candidates.iter().find(|c| c.depth == depth && c.temperature == temperature)
+    pub fn get(&self, choice: Speculation, temperature: f32) -> Option<&Candidate> {
+        let plain = |c: &&Candidate| choice.is_plain() && c.choice.is_plain();
+        self.candidates.iter().find(|c| (c.choice == choice || plain(c)) && c.temperature == temperature)
     }
 
-    /// Speed over plain decoding (1 for plain decoding, 0 for a depth not measured).
-    pub fn speedup(&self, depth: usize) -> f64 {
-        match depth {
-            0 => 1.0,
-            d => self.speedups.iter().find(|s| s.depth == d).map_or(0.0, |s| s.speedup),
+    /// Speed over plain decoding (1 for plain decoding, 0 for a choice not measured).
+    pub fn speedup(&self, choice: Speculation) -> f64 {
+        match choice.is_plain() {
+            true => 1.0,
+            false => self.speedups.iter().find(|s| s.choice == choice).map_or(0.0, |s| s.speedup),
         }
     }
 
-    /// The speed-up's interval of `depth`, if it was measured.
-    pub fn interval(&self, depth: usize) -> Option<[f64; 2]> {
-        self.speedups.iter().find(|s| s.depth == depth).map(|s| s.interval)
+    /// The speed-up's interval of `choice`, if it was measured.
+    pub fn interval(&self, choice: Speculation) -> Option<[f64; 2]> {
+        self.speedups.iter().find(|s| s.choice == choice).map(|s| s.interval)
     }
 
-    /// First-position acceptance at each temperature (what a later run is compared with).
+    /// First-position acceptance at each temperature (what a later run is compared with): the
+    /// MTP head's at depth 1, else the first drafting candidate's.
     pub fn first_acceptance(&self) -> Vec<(f32, f64)> {
+        let first = self
+            .candidates
+            .iter()
+            .map(|c| c.choice)
+            .filter(|c| !c.is_plain())
+            .min_by_key(|c| (c.drafter != DraftWith::Mtp, c.depth));
         self.candidates
             .iter()
-            .filter(|c| c.depth == 1)
+            .filter(|c| Some(c.choice) == first)
             .map(|c| (c.temperature, c.acceptance.first().copied().unwrap_or(0.0)))
             .collect()
     }
@@ -141,7 +157,9 @@ impl Measurement {
 pub struct Progress {
     /// "warm-up" (discarded) or "measuring".
     pub phase: &'static str,
-    pub depth: usize,
+    /// The candidate running.
+    #[serde(flatten)]
+    pub choice: Speculation,
     pub temperature: f32,
     /// The paired round (1-based; 0 during the warm-up), and the rounds measured before any
     /// verdict.
@@ -161,9 +179,15 @@ pub struct Progress {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(tag = "verdict", rename_all = "lowercase")]
 pub enum Verdict {
-    /// Store this depth (0: no depth beat plain decoding by the margin), with its speed-up
-    /// and that speed-up's interval.
-    Store { depth: usize, speedup: f64, interval: Option<[f64; 2]>, why: String },
+    /// Store this choice (depth 0: nothing beat plain decoding by the margin), with its
+    /// speed-up and that speed-up's interval.
+    Store {
+        #[serde(flatten)]
+        choice: Speculation,
+        speedup: f64,
+        interval: Option<[f64; 2]>,
+        why: String,
+    },
     /// Do not store anything: the measurement cannot be trusted, or could not decide.
     Refuse { why: String },
 }
@@ -236,7 +260,30 @@ impl Run {
     }
 }
 
-/// Measures plain decoding and depth 1..=4 on the engine's model (see [`measure_with`]).
+/// The candidates a tune measures beside plain decoding on this engine: every MTP depth when
+/// the model has a head, and a block drafter's depths when one is loaded (see
+/// [`block_depths`]).
+pub fn candidates(engine: &Engine) -> Vec<Speculation> {
+    let mtp = if engine.model().mtp().is_some() { MAX_DRAFT_DEPTH } else { 0 };
+    let block = engine.drafter().map_or(0, |d| d.max_drafts());
+    (1..=mtp).map(Speculation::mtp).chain(block_depths(block).into_iter().map(Speculation::block)).collect()
+}
+
+/// The block depths worth measuring for a drafter of `max_drafts` drafts a block: powers of
+/// two from 2, and the whole block. A block's drafts come from one pass, so its depths differ
+/// only in the verify pass; acceptance falls along the block, and the halving steps find
+/// where the verify pass stops paying in a few candidates instead of every depth.
+pub fn block_depths(max_drafts: usize) -> Vec<usize> {
+    let mut depths: Vec<usize> =
+        std::iter::successors(Some(2), |d| Some(d * 2)).take_while(|&d| d < max_drafts).collect();
+    if max_drafts > 0 {
+        depths.push(max_drafts);
+    }
+    depths
+}
+
+/// Measures plain decoding and every candidate of [`candidates`] on the engine's model (see
+/// [`measure_with`]).
 pub fn measure(
     engine: &Engine,
     options: &TuneOptions,
@@ -244,13 +291,13 @@ pub fn measure(
     progress: impl FnMut(&Progress) -> bool,
 ) -> Result<Measurement> {
     let prompts = suite(engine, options.prompts, options.class)?;
-    let max_depth = if engine.model().mtp().is_some() { MAX_DRAFT_DEPTH } else { 0 };
-    let run = |depth: usize, temperature: f32| -> Result<Run> {
+    let choices = candidates(engine);
+    let run = |choice: Speculation, temperature: f32| -> Result<Run> {
         let mut total = Run::default();
         for prompt in &prompts {
             let mut req = GenerateRequest::greedy(prompt.to_vec(), options.gen_tokens);
             req.ignore_eos = true;
-            req.draft_depth = depth;
+            req.speculate(choice);
             req.fixed_depth = true; // each depth as it is, whatever the engine's controller
             req.sampling.temperature = temperature;
             req.sampling.seed = Some(0);
@@ -268,7 +315,7 @@ pub fn measure(
     let mut progress = progress;
     let mut last = Progress::default();
     let mut measurement = measure_with(
-        max_depth,
+        &choices,
         options,
         run,
         || started.elapsed(),
@@ -280,7 +327,7 @@ pub fn measure(
     )?;
     // Batching's gains matter where a request may speculate while others wait.
     let sizes: Vec<usize> = BATCH_SIZES.into_iter().filter(|&n| n <= engine.profile().max_sequences).collect();
-    if max_depth > 0 && !sizes.is_empty() && engine.group().is_none() {
+    if !choices.is_empty() && !sizes.is_empty() && engine.group().is_none() {
         let at = Progress { phase: "batching", elapsed_s: started.elapsed().as_secs_f64(), last_tps: None, ..last };
         if !progress(&at) {
             return Err(crate::Error::Cancelled("tuning stopped; nothing stored".into()));
@@ -298,27 +345,30 @@ const BATCH_TOKENS: usize = 64;
 const BATCH_ROUNDS: usize = 3;
 
 /// The measurement itself, on any runner and clock (tests give it planted timings): one
-/// discarded pass over every depth and temperature (kernels compile there), then paired
-/// rounds — plain decoding, depth 1, plain, depth 2, …, plain, at each temperature — until
-/// the best depth is separated from plain decoding and from the runner-up (or equivalent to
-/// it), or the budget runs out. `busy` is asked between runs and says why the machine is not
-/// quiet; `progress` hears where the measurement is before and after every run and stops it by
+/// discarded pass over plain decoding and every candidate at every temperature (kernels compile
+/// there, so the budget measures and does not wait on compilers), then paired rounds — plain
+/// decoding, the first candidate, plain, the second, …, plain, at each temperature — until the
+/// best is separated from plain decoding and from the runner-up (or equivalent to it), or the
+/// budget runs out. `busy` is asked between runs and says why the machine is not quiet;
+/// `progress` hears where the measurement is before and after every run and stops it by
 /// returning `false` (then [`Error::Cancelled`](crate::Error::Cancelled): nothing
 /// half-measured comes back).
 pub fn measure_with(
-    max_depth: usize,
+    choices: &[Speculation],
     options: &TuneOptions,
-    mut run: impl FnMut(usize, f32) -> Result<Run>,
+    mut run: impl FnMut(Speculation, f32) -> Result<Run>,
     mut clock: impl FnMut() -> Duration,
     mut busy: impl FnMut() -> Option<String>,
     mut progress: impl FnMut(&Progress) -> bool,
 ) -> Result<Measurement> {
+    // Index 0 is plain decoding, every paired ratio's reference.
+    let all: Vec<Speculation> = std::iter::once(Speculation::PLAIN).chain(choices.iter().copied()).collect();
     let temperatures = if options.temperatures.is_empty() { vec![0.0] } else { options.temperatures.clone() };
     let min_rounds = options.min_rounds.max(2);
     let mut at = Progress {
         phase: "warm-up",
         repetitions: min_rounds,
-        steps: temperatures.len() * (max_depth + 1),
+        steps: temperatures.len() * all.len(),
         budget_s: options.budget.as_secs_f64(),
         ..Progress::default()
     };
@@ -330,38 +380,41 @@ pub fn measure_with(
         }
     };
     for &t in &temperatures {
-        for depth in 0..=max_depth {
-            (at.depth, at.temperature) = (depth, t);
+        for &choice in &all {
+            (at.choice, at.temperature) = (choice, t);
             report(&at)?;
-            run(depth, t)?;
+            run(choice, t)?;
             at.step += 1;
         }
     }
     at.phase = "measuring";
     let start = clock();
     let mut busy_seen = busy();
-    // Every run's tok/s per (depth, temperature), and each round's log ratio per depth.
-    let mut tps: Vec<Vec<Vec<f64>>> = vec![vec![Vec::new(); temperatures.len()]; max_depth + 1];
-    let mut stats: Vec<Vec<Option<SpecStats>>> = vec![vec![None; temperatures.len()]; max_depth + 1];
-    let mut log_ratios: Vec<Vec<f64>> = vec![Vec::new(); max_depth + 1];
+    // Every run's tok/s per (candidate, temperature), and each round's log ratio per candidate.
+    let mut tps: Vec<Vec<Vec<f64>>> = vec![vec![Vec::new(); temperatures.len()]; all.len()];
+    let mut stats: Vec<Vec<Option<SpecStats>>> = vec![vec![None; temperatures.len()]; all.len()];
+    let mut log_ratios: Vec<Vec<f64>> = vec![Vec::new(); all.len()];
     let mut rounds = 0;
     let outcome = loop {
-        if max_depth == 0 {
-            break Outcome::Decided { depth: 0, why: "the model has no MTP head: plain decoding".into() };
+        if choices.is_empty() {
+            break Outcome::Decided {
+                choice: Speculation::PLAIN,
+                why: "the model has no MTP head and no block drafter: plain decoding".into(),
+            };
         }
         rounds += 1;
         at.repetition = rounds;
-        let mut round = vec![0.0; max_depth + 1];
+        let mut round = vec![0.0; all.len()];
         for (ti, &t) in temperatures.iter().enumerate() {
-            let mut timed = |depth: usize, at: &mut Progress| -> Result<f64> {
-                (at.depth, at.temperature) = (depth, t);
+            let mut timed = |i: usize, at: &mut Progress| -> Result<f64> {
+                (at.choice, at.temperature) = (all[i], t);
                 at.elapsed_s = (clock() - start).as_secs_f64();
                 report(at)?;
-                let r = run(depth, t)?;
+                let r = run(all[i], t)?;
                 if let Some(spec) = &r.spec {
-                    stats[depth][ti].get_or_insert_with(SpecStats::default).merge(spec);
+                    stats[i][ti].get_or_insert_with(SpecStats::default).merge(spec);
                 }
-                tps[depth][ti].push(r.tps());
+                tps[i][ti].push(r.tps());
                 at.last_tps = Some(r.tps());
                 if busy_seen.is_none() {
                     busy_seen = busy();
@@ -369,19 +422,19 @@ pub fn measure_with(
                 Ok(r.tps())
             };
             let mut before = timed(0, &mut at)?;
-            for (depth, sum) in round.iter_mut().enumerate().skip(1) {
-                let candidate = timed(depth, &mut at)?;
+            for (i, sum) in round.iter_mut().enumerate().skip(1) {
+                let candidate = timed(i, &mut at)?;
                 let after = timed(0, &mut at)?;
                 *sum += (candidate.max(1e-9) / (before * after).sqrt().max(1e-9)).ln() / temperatures.len() as f64;
                 before = after;
             }
         }
-        for (depth, x) in round.into_iter().enumerate().skip(1) {
-            log_ratios[depth].push(x);
+        for (i, x) in round.into_iter().enumerate().skip(1) {
+            log_ratios[i].push(x);
         }
         at.elapsed_s = (clock() - start).as_secs_f64();
         if rounds >= min_rounds {
-            if let Some(decided) = separate(&log_ratios, options) {
+            if let Some(decided) = separate(&log_ratios, &all, options) {
                 break decided;
             }
         }
@@ -389,18 +442,18 @@ pub fn measure_with(
         let elapsed = clock() - start;
         let next_ends = elapsed + elapsed / rounds as u32;
         if (rounds >= min_rounds && next_ends > options.budget) || rounds >= MAX_ROUNDS {
-            break Outcome::Undecided { why: undecided(&log_ratios, options, at.elapsed_s) };
+            break Outcome::Undecided { why: undecided(&log_ratios, &all, options, at.elapsed_s) };
         }
     };
     report(&at)?;
-    let candidates = (0..=max_depth)
-        .flat_map(|depth| temperatures.iter().enumerate().map(move |(ti, &t)| (depth, ti, t)))
-        .map(|(depth, ti, temperature)| {
-            let runs = tps[depth][ti].clone();
+    let candidates = (0..all.len())
+        .flat_map(|i| temperatures.iter().enumerate().map(move |(ti, &t)| (i, ti, t)))
+        .map(|(i, ti, temperature)| {
+            let runs = tps[i][ti].clone();
             let m = median(&runs);
-            let stats = stats[depth][ti].clone().unwrap_or_default();
+            let stats = stats[i][ti].clone().unwrap_or_default();
             Candidate {
-                depth,
+                choice: all[i],
                 temperature,
                 median_tps: m,
                 spread: spread(&runs, m),
@@ -410,10 +463,10 @@ pub fn measure_with(
             }
         })
         .collect();
-    let speedups = (1..=max_depth)
-        .map(|depth| {
-            let (mean, half) = mean_interval(&log_ratios[depth]);
-            Speedup { depth, speedup: mean.exp(), interval: [(mean - half).exp(), (mean + half).exp()] }
+    let speedups = (1..all.len())
+        .map(|i| {
+            let (mean, half) = mean_interval(&log_ratios[i]);
+            Speedup { choice: all[i], speedup: mean.exp(), interval: [(mean - half).exp(), (mean + half).exp()] }
         })
         .collect();
     Ok(Measurement {
@@ -430,58 +483,24 @@ pub fn measure_with(
 /// Rounds measured at most, whatever the budget (a clock that does not move cannot loop).
 const MAX_ROUNDS: usize = 200;
 
-/// The mean of `x` and the half-width of its 95% confidence interval (Student's t).
-fn mean_interval(x: &[f64]) -> (f64, f64) {
-    let n = x.len();
-    if n == 0 {
-        return (0.0, f64::INFINITY);
-    }
-    let mean = x.iter().sum::<f64>() / n as f64;
-    if n == 1 {
-        return (mean, f64::INFINITY);
-    }
-    let var = x.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / (n - 1) as f64;
-    (mean, t95(n - 1) * (var / n as f64).sqrt())
-}
-
-/// Student's t at 97.5% (two-sided 95%) for `df` degrees of freedom.
-fn t95(df: usize) -> f64 {
-    const T: [f64; 30] = [
-        12.71, 4.30, 3.18, 2.78, 2.57, 2.45, 2.36, 2.31, 2.26, 2.23, 2.20, 2.18, 2.16, 2.14, 2.13, 2.12, 2.11, 2.10,
-        2.09, 2.09, 2.08, 2.07, 2.07, 2.06, 2.06, 2.06, 2.05, 2.05, 2.05, 2.04,
-    ];
-    T.get(df.max(1) - 1).copied().unwrap_or(1.96)
-}
-
-/// The depths ranked by mean log ratio, best first.
-fn ranked(log_ratios: &[Vec<f64>]) -> Vec<usize> {
-    let mut depths: Vec<usize> = (1..log_ratios.len()).collect();
-    depths.sort_by(|&a, &b| mean_interval(&log_ratios[b]).0.total_cmp(&mean_interval(&log_ratios[a]).0));
-    depths
-}
-
-/// The paired differences of two depths' rounds.
-fn differences(a: &[f64], b: &[f64]) -> Vec<f64> {
-    a.iter().zip(b).map(|(x, y)| x - y).collect()
-}
-
-/// A verdict, once the intervals allow one: every depth surely below the margin over plain
+/// A verdict, once the intervals allow one: every candidate surely below the margin over plain
 /// decoding (plain), or the best surely above it and surely ahead of the runner-up (or surely
-/// within the equivalence of it: the shallower of the two).
-fn separate(log_ratios: &[Vec<f64>], options: &TuneOptions) -> Option<Outcome> {
+/// within the equivalence of it: the cheaper of the two, [`Speculation::cheaper`]).
+fn separate(log_ratios: &[Vec<f64>], all: &[Speculation], options: &TuneOptions) -> Option<Outcome> {
     let threshold = (1.0 + options.margin).ln();
-    let bound = |d: usize| {
-        let (m, h) = mean_interval(&log_ratios[d]);
+    let bound = |i: usize| {
+        let (m, h) = mean_interval(&log_ratios[i]);
         (m - h, m + h)
     };
     let ranked = ranked(log_ratios);
     let &best = ranked.first()?;
-    if ranked.iter().all(|&d| bound(d).1 < threshold) {
+    if ranked.iter().all(|&i| bound(i).1 < threshold) {
         return Some(Outcome::Decided {
-            depth: 0,
+            choice: Speculation::PLAIN,
             why: format!(
-                "no depth beats plain decoding by {:.0}% (best: depth {best} at {}): plain decoding",
+                "nothing beats plain decoding by {:.0}% (best: {} at {}): plain decoding",
                 options.margin * 100.0,
+                all[best],
                 show(&log_ratios[best])
             ),
         });
@@ -491,28 +510,32 @@ fn separate(log_ratios: &[Vec<f64>], options: &TuneOptions) -> Option<Outcome> {
     }
     let Some(&second) = ranked.get(1) else {
         return Some(Outcome::Decided {
-            depth: best,
-            why: format!("depth {best} decodes {}", show(&log_ratios[best])),
+            choice: all[best],
+            why: format!("{} decodes {}", all[best], show(&log_ratios[best])),
         });
     };
     let (m, h) = mean_interval(&differences(&log_ratios[best], &log_ratios[second]));
     let same = (1.0 + options.equivalence).ln();
     if m - h > 0.0 {
         Some(Outcome::Decided {
-            depth: best,
+            choice: all[best],
             why: format!(
-                "depth {best} decodes {}, ahead of depth {second} ({})",
+                "{} decodes {}, ahead of {} ({})",
+                all[best],
                 show(&log_ratios[best]),
+                all[second],
                 show(&log_ratios[second])
             ),
         })
     } else if m - h > -same && m + h < same && bound(second).0 > threshold {
-        let depth = best.min(second);
+        let choice = all[best].cheaper(all[second]);
         Some(Outcome::Decided {
-            depth,
+            choice,
             why: format!(
-                "depths {best} ({}) and {second} ({}) are within {:.0}% of each other: the shallower, {depth}",
+                "{} ({}) and {} ({}) are within {:.0}% of each other: the cheaper, {choice}",
+                all[best],
                 show(&log_ratios[best]),
+                all[second],
                 show(&log_ratios[second]),
                 options.equivalence * 100.0
             ),
@@ -523,14 +546,15 @@ fn separate(log_ratios: &[Vec<f64>], options: &TuneOptions) -> Option<Outcome> {
 }
 
 /// Why the budget ended undecided: which candidates could not be told apart, and by how much.
-fn undecided(log_ratios: &[Vec<f64>], options: &TuneOptions, elapsed_s: f64) -> String {
+fn undecided(log_ratios: &[Vec<f64>], all: &[Speculation], options: &TuneOptions, elapsed_s: f64) -> String {
     let threshold = (1.0 + options.margin).ln();
     let ranked = ranked(log_ratios);
     let Some(&best) = ranked.first() else { return "nothing was measured".into() };
     let (m, h) = mean_interval(&log_ratios[best]);
     let what = if m - h <= threshold {
         format!(
-            "depth {best} ({}) could not be separated from plain decoding with a {:.0}% margin",
+            "{} ({}) could not be separated from plain decoding with a {:.0}% margin",
+            all[best],
             show(&log_ratios[best]),
             options.margin * 100.0
         )
@@ -538,8 +562,10 @@ fn undecided(log_ratios: &[Vec<f64>], options: &TuneOptions, elapsed_s: f64) -> 
         let second = ranked.get(1).copied().unwrap_or(best);
         let (dm, dh) = mean_interval(&differences(&log_ratios[best], &log_ratios[second]));
         format!(
-            "depth {best} ({}) and depth {second} ({}) could not be separated: they differ by {:+.1}% [{:+.1}%, {:+.1}%]",
+            "{} ({}) and {} ({}) could not be separated: they differ by {:+.1}% [{:+.1}%, {:+.1}%]",
+            all[best],
             show(&log_ratios[best]),
+            all[second],
             show(&log_ratios[second]),
             (dm.exp() - 1.0) * 100.0,
             ((dm - dh).exp() - 1.0) * 100.0,
@@ -551,12 +577,6 @@ fn undecided(log_ratios: &[Vec<f64>], options: &TuneOptions, elapsed_s: f64) -> 
         log_ratios.get(best).map_or(0, Vec::len),
         options.budget.as_secs_f64()
     )
-}
-
-/// A depth's speed-up with its interval, as a person reads it.
-fn show(log_ratios: &[f64]) -> String {
-    let (m, h) = mean_interval(log_ratios);
-    format!("{:.2}x [{:.2}-{:.2}]", m.exp(), (m - h).exp(), (m + h).exp())
 }
 
 /// Decides what may be stored. `previous`: the first-position acceptance per temperature of
@@ -580,9 +600,12 @@ pub fn decide(m: &Measurement, previous: Option<&[(f32, f64)]>, _options: &TuneO
         }
     }
     match &m.outcome {
-        Outcome::Decided { depth, why } => {
-            Verdict::Store { depth: *depth, speedup: m.speedup(*depth), interval: m.interval(*depth), why: why.clone() }
-        }
+        Outcome::Decided { choice, why } => Verdict::Store {
+            choice: *choice,
+            speedup: m.speedup(*choice),
+            interval: m.interval(*choice),
+            why: why.clone(),
+        },
         Outcome::Undecided { why } => Verdict::Refuse { why: why.clone() },
     }
 }
@@ -592,10 +615,12 @@ mod tests {
     use super::*;
     use rand::{Rng, SeedableRng};
 
-    /// A planted machine: each depth's true speed (tok/s), the noise of each run (a factor
-    /// drawn uniformly within ±`noise`), a clock that advances by each run's time.
+    /// A planted machine: each candidate's true speed (tok/s; plain decoding first, then MTP
+    /// depths 1, 2, … unless [`Planted::choices`] names others), the noise of each run (a
+    /// factor drawn uniformly within ±`noise`), a clock that advances by each run's time.
     struct Planted {
         speed: Vec<f64>,
+        choices: Vec<Speculation>,
         noise: f64,
         rng: rand::rngs::StdRng,
         now: std::rc::Rc<std::cell::Cell<f64>>,
@@ -605,37 +630,47 @@ mod tests {
         fn new(speed: &[f64], noise: f64, seed: u64) -> Self {
             Planted {
                 speed: speed.to_vec(),
+                choices: (1..speed.len()).map(Speculation::mtp).collect(),
                 noise,
                 rng: rand::rngs::StdRng::seed_from_u64(seed),
                 now: Default::default(),
             }
         }
 
+        /// The candidates past plain decoding, in `speed`'s order.
+        fn choices(mut self, choices: &[Speculation]) -> Self {
+            self.choices = choices.to_vec();
+            self
+        }
+
         fn measure(&mut self, options: &TuneOptions) -> Measurement {
             let now = self.now.clone();
             let clock = move || Duration::from_secs_f64(now.get());
             let (speed, noise, rng, now) = (self.speed.clone(), self.noise, &mut self.rng, self.now.clone());
-            let run = move |depth: usize, _t: f32| -> Result<Run> {
-                let tps = speed[depth] * (1.0 + rng.random_range(-noise..=noise));
+            let choices = self.choices.clone();
+            let index = move |c: Speculation| choices.iter().position(|&x| x == c).map_or(0, |i| i + 1);
+            let run = move |choice: Speculation, _t: f32| -> Result<Run> {
+                let tps = speed[index(choice)] * (1.0 + rng.random_range(-noise..=noise));
                 let tokens = 384;
                 now.set(now.get() + tokens as f64 / tps);
                 Ok(Run { tokens, seconds: tokens as f64 / tps, spec: None })
             };
-            measure_with(speed_depths(&self.speed), options, run, clock, || None, |_| true).unwrap()
+            measure_with(&self.choices, options, run, clock, || None, |_| true).unwrap()
         }
-    }
-
-    fn speed_depths(speed: &[f64]) -> usize {
-        speed.len() - 1
     }
 
     fn options() -> TuneOptions {
         TuneOptions { budget: Duration::from_secs(600), ..TuneOptions::default() }
     }
 
+    /// The MTP depth or block depth stored, if any (plain decoding: MTP depth 0).
     fn stored(m: &Measurement) -> Option<usize> {
+        stored_choice(m).map(|c| c.depth)
+    }
+
+    fn stored_choice(m: &Measurement) -> Option<Speculation> {
         match decide(m, None, &options()) {
-            Verdict::Store { depth, .. } => Some(depth),
+            Verdict::Store { choice, .. } => Some(choice),
             Verdict::Refuse { .. } => None,
         }
     }
@@ -645,7 +680,7 @@ mod tests {
         let m = Planted::new(&[100.0, 130.0, 160.0, 140.0, 120.0], 0.02, 1).measure(&options());
         assert_eq!(stored(&m), Some(2), "{:?}", m.outcome);
         assert_eq!(m.rounds, 3);
-        let [lo, hi] = m.interval(2).unwrap();
+        let [lo, hi] = m.interval(Speculation::mtp(2)).unwrap();
         assert!(lo < 1.6 && 1.6 < hi && hi - lo < 0.2, "{lo}-{hi}");
         let Verdict::Store { interval: Some(i), .. } = decide(&m, None, &options()) else { panic!() };
         assert_eq!(i, [lo, hi]);
@@ -677,6 +712,34 @@ mod tests {
     }
 
     #[test]
+    fn mtp_and_block_depths_compete_in_the_same_rounds() {
+        let choices = [Speculation::mtp(1), Speculation::mtp(2), Speculation::block(2), Speculation::block(4)];
+        // The block drafter's depth 4 is fastest: it is stored as a block choice.
+        let m = Planted::new(&[100.0, 120.0, 130.0, 125.0, 170.0], 0.02, 6).choices(&choices).measure(&options());
+        assert_eq!(stored_choice(&m), Some(Speculation::block(4)), "{:?}", m.outcome);
+        assert!(m.get(Speculation::block(4), 0.0).is_some() && m.get(Speculation::PLAIN, 0.7).is_some());
+        assert_eq!(m.speedups.len(), 4);
+        // As fast as MTP at the same depth: the MTP head, which needs no second model.
+        let m = Planted::new(&[100.0, 120.0, 150.0, 150.0, 110.0], 0.01, 7).choices(&choices).measure(&options());
+        assert_eq!(stored_choice(&m), Some(Speculation::mtp(2)), "{:?}", m.outcome);
+        // A drafter alone (no MTP head) is measured against plain decoding all the same.
+        let block_only = [Speculation::block(2), Speculation::block(4), Speculation::block(7)];
+        let m = Planted::new(&[100.0, 80.0, 70.0, 60.0], 0.02, 8).choices(&block_only).measure(&options());
+        assert_eq!(stored_choice(&m), Some(Speculation::PLAIN), "{:?}", m.outcome);
+        let Outcome::Decided { why, .. } = &m.outcome else { panic!() };
+        assert!(why.contains("block depth 2"), "{why}");
+    }
+
+    #[test]
+    fn block_depths_halve_down_from_the_whole_block() {
+        assert_eq!(block_depths(7), vec![2, 4, 7]);
+        assert_eq!(block_depths(15), vec![2, 4, 8, 15]);
+        assert_eq!(block_depths(2), vec![2]);
+        assert_eq!(block_depths(1), vec![1]);
+        assert_eq!(block_depths(0), Vec::<usize>::new());
+    }
+
+    #[test]
     fn a_budget_that_ends_undecided_refuses_and_says_by_how_much() {
         // A planted round takes about 70 s: four fit in the budget.
         let tight = TuneOptions { budget: Duration::from_secs(300), ..TuneOptions::default() };
@@ -692,14 +755,14 @@ mod tests {
         m.busy = Some("process `make` used 180% CPU".into());
         assert!(matches!(decide(&m, None, &options()), Verdict::Refuse { ref why } if why.contains("busy")));
         m.busy = None;
-        for c in m.candidates.iter_mut().filter(|c| c.depth == 1) {
+        for c in m.candidates.iter_mut().filter(|c| c.choice == Speculation::mtp(1)) {
             c.acceptance = vec![0.02];
         }
         // Acceptance near 0 where the stored run had 85%: the accelerator was shared.
         assert!(
             matches!(decide(&m, Some(&[(0.0, 0.85)]), &options()), Verdict::Refuse { ref why } if why.contains("collapsed"))
         );
-        assert!(matches!(decide(&m, None, &options()), Verdict::Store { depth: 2, .. }));
+        assert!(matches!(decide(&m, None, &options()), Verdict::Store { choice, .. } if choice == Speculation::mtp(2)));
     }
 
     #[test]

@@ -8,7 +8,7 @@ mod common;
 
 use engine::checkpoint::drafter::{make_drafter, DrafterOptions};
 use engine::checkpoint::{Architecture, Dtype, MakeOptions};
-use engine::{Engine, EngineOptions, Event, GenerateRequest, ModelConfig, SamplingParams};
+use engine::{DraftWith, Engine, EngineOptions, Event, GenerateRequest, ModelConfig, SamplingParams};
 use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::{ops, Array};
 use serde_json::json;
@@ -46,7 +46,11 @@ fn greedy_block_drafting_equals_plain_decoding() {
         let (_t, _d, mut e) = target_and_drafter(arch, dtype, |_| {});
         e.set_prefill_chunk(16); // the longer prompt spans several chunks
         for prompt in prompts() {
-            let plain = GenerateRequest { ignore_eos: true, ..GenerateRequest::greedy(prompt.clone(), 30) };
+            let plain = GenerateRequest {
+                ignore_eos: true,
+                draft_with: DraftWith::Block,
+                ..GenerateRequest::greedy(prompt.clone(), 30)
+            };
             let (expected, s0) = e.generate_text(plain.clone()).unwrap();
             assert!(s0.speculative.is_none());
             // Past the answer's end: the last cycles draft whole blocks too.
@@ -80,7 +84,8 @@ fn greedy_block_drafting_equals_plain_decoding() {
         }
         // The same prompt again starts from the prompt cache (the drafter's context with it).
         let prompt = prompts()[1].clone();
-        let plain = GenerateRequest { ignore_eos: true, ..GenerateRequest::greedy(prompt, 30) };
+        let plain =
+            GenerateRequest { ignore_eos: true, draft_with: DraftWith::Block, ..GenerateRequest::greedy(prompt, 30) };
         let (expected, _) = e.generate_text(plain.clone()).unwrap();
         let (text, s) = e.generate_text(GenerateRequest { draft_depth: 3, ..plain }).unwrap();
         assert_eq!(text, expected, "{arch:?}: after a prompt-cache hit");
@@ -105,7 +110,12 @@ fn block_drafting_with_penalties_a_bias_and_a_windowed_causal_drafter_stays_exac
         logit_bias: vec![(17, 8.0), (300, -100.0)],
         ..SamplingParams::greedy()
     };
-    let plain = GenerateRequest { sampling, ignore_eos: true, ..GenerateRequest::greedy(prompt.clone(), 30) };
+    let plain = GenerateRequest {
+        sampling,
+        ignore_eos: true,
+        draft_with: DraftWith::Block,
+        ..GenerateRequest::greedy(prompt.clone(), 30)
+    };
     let (expected, _) = e.generate_text(plain.clone()).unwrap();
     let ids = e.generate(plain.clone(), Default::default()).unwrap().token_ids().unwrap();
     for depth in 1..=4 {
@@ -144,6 +154,7 @@ fn sampled_block_drafting_has_the_plain_distribution() {
                 sampling,
                 ignore_eos: true,
                 draft_depth: depth,
+                draft_with: DraftWith::Block,
                 draft_script: (depth > 0).then(|| script.clone()),
                 ..GenerateRequest::greedy(prompt.clone(), 3)
             };
@@ -252,6 +263,40 @@ fn the_training_code_drafts_what_the_engine_drafts() {
     assert_eq!(argmax(&logits), argmax(reference), "drafts differ");
 }
 
+/// The tuner measures a loaded block drafter's depths beside the MTP head's in the same rounds,
+/// and a request asking for block drafts where no drafter is loaded is refused by name.
+#[test]
+fn the_tuner_measures_block_depths_beside_mtp_depths() {
+    use engine::tune::{candidates, measure, TuneOptions};
+    use engine::Speculation;
+    let assets = common::repo_root().join("assets/models");
+    let options = EngineOptions { drafter: Some(assets.join("ferrite-code-20m-dflash")), ..Default::default() };
+    let e = Engine::load_with(&assets.join("ferrite-code-20m"), &options).unwrap();
+    let expected: Vec<Speculation> = (1..=4).map(Speculation::mtp).chain([2, 4, 7].map(Speculation::block)).collect();
+    assert_eq!(candidates(&e), expected);
+    let tune = TuneOptions {
+        gen_tokens: 6,
+        min_rounds: 2,
+        budget: std::time::Duration::from_secs(1),
+        prompts: 1,
+        temperatures: vec![0.0],
+        ..Default::default()
+    };
+    let m = measure(&e, &tune, || None, |_| true).unwrap();
+    assert_eq!(m.speedups.iter().map(|s| s.choice).collect::<Vec<_>>(), expected);
+    let block = m.get(Speculation::block(7), 0.0).unwrap();
+    assert_eq!(block.acceptance.len(), 7, "{block:?}");
+    assert!(block.runs.len() >= 2 && block.tokens_per_cycle >= 1.0, "{block:?}");
+    // The same model without its drafter: block drafts are refused, the MTP head still drafts.
+    let alone = Engine::load(&assets.join("ferrite-code-20m")).unwrap();
+    let mut req = GenerateRequest::greedy(vec![1, 2, 3], 4);
+    req.speculate(Speculation::block(2));
+    let err = alone.generate_text(req.clone()).unwrap_err().to_string();
+    assert!(err.contains("no block drafter is loaded"), "{err}");
+    req.speculate(Speculation::mtp(2));
+    assert!(alone.generate_text(req).unwrap().1.speculative.is_some());
+}
+
 /// The drafter trained for the embedded model (assets/models/ferrite-code-20m-dflash, by
 /// train/drafter.py) drafts it exactly and well: on held-out code its greedy output equals
 /// plain decoding token for token, and its blocks are mostly accepted.
@@ -267,7 +312,8 @@ fn the_shipped_drafter_drafts_the_embedded_model_exactly() {
     .unwrap();
     let (mut accepted, mut cycles) = (0usize, 0usize);
     for prompt in windows.into_iter().take(2) {
-        let plain = GenerateRequest { ignore_eos: true, ..GenerateRequest::greedy(prompt, 48) };
+        let plain =
+            GenerateRequest { ignore_eos: true, draft_with: DraftWith::Block, ..GenerateRequest::greedy(prompt, 48) };
         let (expected, _) = e.generate_text(plain.clone()).unwrap();
         let (text, s) = e.generate_text(GenerateRequest { draft_depth: 7, ..plain }).unwrap();
         assert_eq!(text, expected, "block drafting changed the greedy answer");

@@ -276,7 +276,10 @@ fn tuning_reports_progress_and_stops_when_asked() {
         seen.windows(2).all(|w| w[0].step <= w[1].step && w[0].elapsed_s <= w[1].elapsed_s),
         "progress only goes forward"
     );
-    assert!(seen.iter().any(|p| p.phase == "warm-up") && seen.iter().any(|p| p.repetition == 2 && p.depth == 4));
+    assert!(
+        seen.iter().any(|p| p.phase == "warm-up")
+            && seen.iter().any(|p| p.repetition == 2 && p.choice == engine::Speculation::mtp(4))
+    );
     assert!(last.last_tps.unwrap() > 0.0);
     assert_eq!(last.budget_s, 2.0);
     assert_eq!(m.candidates.len(), 5);

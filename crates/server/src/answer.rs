@@ -45,7 +45,6 @@ impl Settings {
         Ok(GenerateRequest {
             sampling: self.sampling,
             stop: self.stop,
-            draft_depth: loaded.depth.depth,
             ignore_eos: self.ignore_eos,
             ..GenerateRequest::greedy(vec![], self.max_tokens.unwrap_or(crate::job::NOT_ASKED))
         })
@@ -275,7 +274,7 @@ pub async fn run(
     prompt: Prompt,
     mut request: GenerateRequest,
 ) -> Result<(Running, HeaderMap), ApiError> {
-    request.draft_depth = loaded.depth.for_class(workload_class(&prompt, request.sampling.temperature));
+    request.speculate(loaded.depth.for_class(workload_class(&prompt, request.sampling.temperature)));
     let running = loaded.worker.run(prompt, request, false).await?;
     let headers = state.speed_headers(loaded, running.max_tokens, running.clamped);
     Ok((running, headers))

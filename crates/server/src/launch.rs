@@ -1,14 +1,16 @@
 //! How a model name becomes a running model, the same way for the CLI and the app: the name
-//! is resolved through the store (folder, catalog id or alias, registered id, repository) and
-//! the draft depth comes from what `ferrite tune` stored for this machine, model and profile.
+//! is resolved through the store (folder, catalog id or alias, registered id, repository), the
+//! catalog's block drafter comes along when it is installed, and how requests speculate (plain,
+//! the MTP head or the block drafter, at a depth) comes from what `ferrite tune` stored for this
+//! machine, model and profile.
 
 use std::path::Path;
 
 use anyhow::Result;
 use engine::batch_rule::{BatchGain, BatchRule};
 use engine::workload::WorkloadClass;
-use engine::ProfileName;
-use store::tuning::{model_identity, TuningFile, TuningKey};
+use engine::{DraftWith, ProfileName, Speculation};
+use store::tuning::{model_identity, TunedDrafter, TunedResult, TuningFile, TuningKey};
 
 use crate::depth_plan::DepthPlan;
 use crate::{ModelSpec, Resolver};
@@ -48,15 +50,32 @@ pub fn class_tuning_key(dir: &Path, profile: ProfileName, class: WorkloadClass) 
     TuningKey { class: Some(class.to_string()), ..tuning_key(dir, profile) }
 }
 
-/// The depths stored for workload classes on this machine, for this model folder and profile.
-pub fn class_depths(dir: &Path, profile: ProfileName) -> Vec<(WorkloadClass, usize)> {
+/// A stored result's choice.
+pub fn stored_choice(r: &TunedResult) -> Speculation {
+    let drafter = match r.drafter {
+        TunedDrafter::Mtp => DraftWith::Mtp,
+        TunedDrafter::Block => DraftWith::Block,
+    };
+    Speculation { drafter, depth: r.depth }
+}
+
+/// A choice as the tuning file stores it.
+pub fn tuned_drafter(choice: Speculation) -> TunedDrafter {
+    match choice.drafter {
+        DraftWith::Mtp => TunedDrafter::Mtp,
+        DraftWith::Block => TunedDrafter::Block,
+    }
+}
+
+/// The choices stored for workload classes on this machine, for this model folder and profile.
+pub fn class_choices(dir: &Path, profile: ProfileName) -> Vec<(WorkloadClass, Speculation)> {
     let (file, _) = TuningFile::load(&store::config::config_dir());
     let key = tuning_key(dir, profile);
     WorkloadClass::ALL
         .into_iter()
         .filter_map(|class| {
             let found = file.find(&TuningKey { class: Some(class.to_string()), ..key.clone() })?;
-            Some((class, found.depth))
+            Some((class, stored_choice(found)))
         })
         .collect()
 }
@@ -81,18 +100,21 @@ pub fn batch_rule(dir: &Path, profile: ProfileName) -> BatchRule {
     BatchRule::new(gains, overall.map_or(1.0, |r| r.speedup))
 }
 
-/// The stored depth for this machine, model folder and profile, with where it came from.
-pub fn stored_depth(dir: &Path, profile: ProfileName) -> (usize, String) {
+/// The stored choice for this machine, model folder and profile, with where it came from.
+pub fn stored(dir: &Path, profile: ProfileName) -> (Speculation, String) {
     let (file, warning) = TuningFile::load(&store::config::config_dir());
     if let Some(w) = warning {
         tracing::warn!("{w}");
     }
     let key = tuning_key(dir, profile);
     match file.find(&key) {
-        Some(r) => (r.depth, format!("tuned {} ({}; `ferrite tune --show`)", date(r.measured_at), r.why)),
+        Some(r) => (stored_choice(r), format!("tuned {} ({}; `ferrite tune --show`)", date(r.measured_at), r.why)),
         None => match machine_changed(&file.results, &key) {
-            Some(what) => (0, format!("untuned since {what}: plain decoding until it is tuned again (`ferrite tune`)")),
-            None => (0, "untuned: plain decoding (`ferrite tune` measures this machine)".into()),
+            Some(what) => (
+                Speculation::PLAIN,
+                format!("untuned since {what}: plain decoding until it is tuned again (`ferrite tune`)"),
+            ),
+            None => (Speculation::PLAIN, "untuned: plain decoding (`ferrite tune` measures this machine)".into()),
         },
     }
 }
@@ -117,10 +139,10 @@ fn machine_changed(results: &[store::tuning::TunedResult], key: &TuningKey) -> O
     Some(what)
 }
 
-/// `--draft-depth`: a number, or `auto` for the stored result.
-pub fn draft_depth(arg: &str, dir: &Path, profile: ProfileName) -> Result<(usize, String)> {
+/// `--draft-depth`: a number (MTP drafts a cycle), or `auto` for the stored result.
+pub fn draft_depth(arg: &str, dir: &Path, profile: ProfileName) -> Result<(Speculation, String)> {
     if arg == "auto" {
-        return Ok(stored_depth(dir, profile));
+        return Ok(stored(dir, profile));
     }
     let depth: usize =
         arg.parse().map_err(|_| anyhow::anyhow!("--draft-depth: `{arg}` is neither a number nor `auto`"))?;
@@ -129,24 +151,60 @@ pub fn draft_depth(arg: &str, dir: &Path, profile: ProfileName) -> Result<(usize
         "--draft-depth: at most {}",
         engine::costs::MAX_DRAFT_DEPTH
     );
-    Ok((depth, "given on the command line".into()))
+    Ok((Speculation::mtp(depth), "given on the command line".into()))
 }
 
-/// A model by name with its tuned depth for a profile.
+/// A model by name with how it speculates for a profile. The catalog's block drafter is loaded
+/// beside it when installed (a tune measures it, the stored choices may draft with it).
 pub fn spec(name: &str, draft_depth_arg: &str, profile: ProfileName) -> Result<ModelSpec> {
     let model = resolve(name)?;
-    let (depth, source) = draft_depth(draft_depth_arg, &model.dir, profile)?;
+    let (speculation, source) = draft_depth(draft_depth_arg, &model.dir, profile)?;
     // A depth given on the command line holds for every request; `auto` takes each class's.
-    let by_class = if draft_depth_arg == "auto" { class_depths(&model.dir, profile) } else { Vec::new() };
+    let by_class = if draft_depth_arg == "auto" { class_choices(&model.dir, profile) } else { Vec::new() };
     let batch_rule = batch_rule(&model.dir, profile);
+    let mut plan = DepthPlan { speculation, source, by_class };
+    if model.drafter.is_none() {
+        plan = without_block(plan, "its block drafter is not installed (`ferrite pull` fetches it)");
+    }
     Ok(ModelSpec {
+        depth: plan,
         dir: model.dir,
         id: model.id,
         aliases: model.aliases,
-        depth: DepthPlan { depth, source, by_class },
         batch_rule,
-        drafter: None,
+        drafter: model.drafter,
     })
+}
+
+/// `spec` drafting with the block drafter in `drafter` (`--drafter`): a depth given on the
+/// command line (`draft_depth_arg`) counts that drafter's drafts; `auto` keeps the stored
+/// choices.
+pub fn with_drafter(spec: ModelSpec, drafter: std::path::PathBuf, draft_depth_arg: &str) -> ModelSpec {
+    let depth = match draft_depth_arg {
+        "auto" => spec.depth,
+        _ => DepthPlan { speculation: Speculation::block(spec.depth.depth()), ..spec.depth },
+    };
+    ModelSpec { drafter: Some(drafter), depth, ..spec }
+}
+
+/// `spec` without its block drafter (a model split across ranks cannot run one yet): choices
+/// that drafted with it decode plainly.
+pub fn without_drafter(spec: ModelSpec, why: &str) -> ModelSpec {
+    ModelSpec { drafter: None, depth: without_block(spec.depth, why), ..spec }
+}
+
+/// A plan whose choices draft with a block drafter that is not there (deleted since the tune,
+/// or not loadable) decodes those plainly, and says why, rather than failing each request.
+fn without_block(plan: DepthPlan, why: &str) -> DepthPlan {
+    if !plan.uses_block() {
+        return plan;
+    }
+    let plain = |s: Speculation| if s.drafter == DraftWith::Block { Speculation::PLAIN } else { s };
+    DepthPlan {
+        source: format!("{}; {why}: plain decoding", plan.source),
+        speculation: plain(plan.speculation),
+        by_class: plan.by_class.into_iter().map(|(c, s)| (c, plain(s))).collect(),
+    }
 }
 
 /// The prompt cache's disk tier as the config file sets it (`[prompt_cache]`; default: in
@@ -199,10 +257,11 @@ pub fn judge_and_store(
     }
     let previous = file.find(&key).map(|r| r.first_acceptance.clone());
     let verdict = engine::tune::decide(measurement, previous.as_deref(), options);
-    if let Verdict::Store { depth, speedup, why, .. } = &verdict {
+    if let Verdict::Store { choice, speedup, why, .. } = &verdict {
         let result = store::tuning::TunedResult {
             key,
-            depth: *depth,
+            drafter: tuned_drafter(*choice),
+            depth: choice.depth,
             speedup: *speedup,
             why: why.clone(),
             measured_at: std::time::SystemTime::now()
@@ -232,6 +291,7 @@ mod tests {
     fn result(machine: &str, model: &str, measured_at: u64) -> TunedResult {
         TunedResult {
             key: TuningKey { machine: machine.into(), model: model.into(), profile: "sustained".into(), class: None },
+            drafter: store::tuning::TunedDrafter::Mtp,
             depth: 2,
             speedup: 1.4,
             why: "test".into(),
@@ -260,6 +320,24 @@ mod tests {
         // Another model's results, or none: nothing to re-tune.
         assert_eq!(super::machine_changed(&results[2..], &now), None);
         assert_eq!(super::machine_changed(&[], &now), None);
+    }
+
+    #[test]
+    fn choices_of_a_drafter_that_is_gone_decode_plainly() {
+        use engine::Speculation;
+        let code = engine::workload::WorkloadClass::ALL[0];
+        let plan = crate::depth_plan::DepthPlan {
+            by_class: vec![(code, Speculation::block(4))],
+            ..crate::depth_plan::DepthPlan::fixed(Speculation::mtp(2), "tuned")
+        };
+        let unchanged = crate::depth_plan::DepthPlan::mtp(2, "tuned");
+        assert_eq!(super::without_block(unchanged.clone(), "gone"), unchanged);
+        let gone = super::without_block(plan, "its block drafter is not installed");
+        assert_eq!((gone.speculation, gone.for_class(code)), (Speculation::mtp(2), Speculation::PLAIN));
+        assert!(gone.source.contains("not installed"), "{}", gone.source);
+        let r = result("m", "x", 0);
+        assert_eq!(super::stored_choice(&r), Speculation::mtp(2));
+        assert_eq!(super::tuned_drafter(Speculation::block(3)), store::tuning::TunedDrafter::Block);
     }
 
     #[test]

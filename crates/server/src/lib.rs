@@ -158,12 +158,13 @@ pub struct AppState {
 }
 
 impl AppState {
+    /// Serves `worker`'s model with MTP drafts of `draft_depth` for every request.
     pub fn new(worker: Worker, aliases: Vec<String>, draft_depth: usize, api_key: Option<String>) -> Self {
         Self::serving(
             Loaded {
                 worker: Arc::new(worker),
                 aliases,
-                depth: DepthPlan::fixed(draft_depth, "set by the embedding program"),
+                depth: DepthPlan::mtp(draft_depth, "set by the embedding program"),
             },
             api_key,
         )
@@ -241,7 +242,7 @@ impl AppState {
         };
         put("x-ferrite-model", loaded.worker.info.id.clone());
         put("x-ferrite-device", loaded.worker.info.backend.clone());
-        put("x-ferrite-draft-depth", loaded.depth.depth.to_string());
+        put("x-ferrite-draft-depth", loaded.depth.depth().to_string());
         put("x-ferrite-profile", loaded.worker.info.profile.name.to_string());
         put("x-ferrite-max-tokens", max_tokens.to_string());
         // Who set the limit: the request's own number, or the server (lowered from the
@@ -365,10 +366,10 @@ pub fn status_json(s: &AppState) -> serde_json::Value {
         "blas": i.blas, "weights": i.weight_form, "mlx_version": i.mlx_version,
         // The hybrids' recurrence: ops, mlx-native (Metal), cuda-fused or cuda-kernel, after its self-check.
         "delta_rule": i.delta_rule.as_ref().map(|(path, why)| json!({"path": path, "why": why})),
-        "context": i.context, "mtp_head": i.has_mtp, "draft_depth": loaded.depth.depth, "draft_depth_source": loaded.depth.source,
+        "context": i.context, "mtp_head": i.has_mtp, "draft_depth": loaded.depth.depth(), "draft_depth_source": loaded.depth.source,
         // Depths tuned per workload class (a request of the class runs at it; others at
-        // `draft_depth`).
-        "class_depths": loaded.depth.by_class.iter().map(|(c, d)| (c.to_string(), json!(d))).collect::<serde_json::Map<_, _>>(),
+        // `draft_depth`), and what drafts at each.
+        "class_depths": loaded.depth.by_class.iter().map(|(c, s)| (c.to_string(), json!(s.depth))).collect::<serde_json::Map<_, _>>(),
         // The runtime depth controller's state for the speculating request now (or the last).
         "depth_control": w.metrics.live().depth_control,
         "loading": s.loading.lock().ok().and_then(|l| l.clone()),
@@ -419,6 +420,16 @@ pub fn status_json(s: &AppState) -> serde_json::Value {
     // null: the MTP head drafts, if there is one. Its acceptance by position and tokens per
     // cycle are the speculation figures' (`/metrics`).
     status["drafter"] = json!(i.drafter);
+    // What drafts at `draft_depth` ("mtp": the model's head, "block": the drafter above), and
+    // at each class's depth.
+    status["draft_with"] = json!(loaded.depth.speculation.drafter);
+    status["class_drafters"] = loaded
+        .depth
+        .by_class
+        .iter()
+        .map(|(c, s)| (c.to_string(), json!(s.drafter)))
+        .collect::<serde_json::Map<_, _>>()
+        .into();
     status
 }
 

@@ -306,7 +306,7 @@ pub async fn load_model(
         }
     }
     Ok(
-        json!({"model": spec.id, "aliases": spec.aliases, "dir": spec.dir, "draft_depth": spec.depth.depth, "profile": profile}),
+        json!({"model": spec.id, "aliases": spec.aliases, "dir": spec.dir, "draft_depth": spec.depth.depth(), "drafter": spec.depth.speculation.drafter, "profile": profile}),
     )
 }
 

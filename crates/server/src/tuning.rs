@@ -5,6 +5,7 @@
 //! stored result takes effect at once: the served model uses the new depth.
 
 use engine::workload::WorkloadClass;
+use engine::Speculation;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -177,8 +178,8 @@ pub async fn start(State(s): State<AppState>, body: Bytes) -> Result<(StatusCode
         .await;
         match judged {
             Ok(Ok((verdict, _))) => {
-                if let Verdict::Store { depth, why, speedup, .. } = &verdict {
-                    use_new_depth(&state, &loaded, class, *depth, why);
+                if let Verdict::Store { choice, why, speedup, .. } = &verdict {
+                    use_new_choice(&state, &loaded, class, *choice, why);
                     if class.is_none() && !gains.is_empty() {
                         loaded.worker.set_batch_rule(engine::batch_rule::BatchRule::new(gains, *speedup));
                     }
@@ -201,8 +202,8 @@ fn finish(shared: &Shared, candidates: Option<Vec<Candidate>>, verdict: Option<V
     }
 }
 
-/// The served model takes the stored depth now (if it is still the one that was tuned).
-fn use_new_depth(state: &AppState, tuned: &Arc<Loaded>, class: Option<WorkloadClass>, depth: usize, why: &str) {
+/// The served model speculates as stored now (if it is still the one that was tuned).
+fn use_new_choice(state: &AppState, tuned: &Arc<Loaded>, class: Option<WorkloadClass>, choice: Speculation, why: &str) {
     let now = state.loaded();
     if !Arc::ptr_eq(&now.worker, &tuned.worker) {
         return;
@@ -210,6 +211,6 @@ fn use_new_depth(state: &AppState, tuned: &Arc<Loaded>, class: Option<WorkloadCl
     state.replace(Loaded {
         worker: now.worker.clone(),
         aliases: now.aliases.clone(),
-        depth: now.depth.tuned(class, depth, why),
+        depth: now.depth.tuned(class, choice, why),
     });
 }

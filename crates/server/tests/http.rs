@@ -526,7 +526,7 @@ async fn a_click_starts_another_model() {
             dir: dir.clone(),
             id: "hybrid".into(),
             aliases: vec!["h".into()],
-            depth: server::depth_plan::DepthPlan::fixed(2, "test"),
+            depth: server::depth_plan::DepthPlan::mtp(2, "test"),
             batch_rule: Default::default(),
             drafter: None,
         })
@@ -748,7 +748,7 @@ async fn a_response_echoes_parallel_tool_calls_and_says_it_is_not_stored() {
 }
 
 /// A DFlash drafter served beside a dense model (`ferrite serve --drafter`): status names it,
-/// and a speculating request drafts with it.
+/// and a request whose plan says block drafting drafts with it.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_block_drafter_is_served_and_shown() {
     use engine::checkpoint::drafter::{make_drafter, DrafterOptions};
@@ -763,14 +763,14 @@ async fn a_block_drafter_is_served_and_shown() {
     let options = server::worker::WorkerOptions { drafter: Some(drafter.path().to_path_buf()), ..Default::default() };
     let s = common::start_checkpoint(&o, None, options, |state| {
         let worker = state.loaded().worker.clone();
-        let depth = server::depth_plan::DepthPlan::fixed(3, "test");
+        let depth = server::depth_plan::DepthPlan::fixed(engine::Speculation::block(3), "test");
         *state = server::AppState::serving(server::Loaded { worker, aliases: vec![], depth }, None);
     })
     .await;
     let status: Value = reqwest::get(format!("{}/v1/status", s.base)).await.unwrap().json().await.unwrap();
     assert_eq!(status["drafter"]["block_size"], 8, "{status}");
     assert_eq!(status["drafter"]["dir"], json!(drafter.path()), "{status}");
-    assert_eq!(status["mtp_head"], false);
+    assert_eq!((status["mtp_head"].clone(), status["draft_with"].clone()), (json!(false), json!("block")));
     let (code, v) = post(&s, "/v1/chat/completions", &chat(json!({"max_tokens": 12}))).await;
     assert_eq!(code, 200, "{v}");
     assert_eq!(v["timings"]["draft_depth"], 3, "{v}");

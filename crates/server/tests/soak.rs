@@ -125,7 +125,7 @@ async fn everything_at_once_then_back_to_idle() {
             dir,
             id: name.into(),
             aliases: vec![],
-            depth: server::depth_plan::DepthPlan::fixed(0, "test"),
+            depth: server::depth_plan::DepthPlan::mtp(0, "test"),
             batch_rule: Default::default(),
             drafter: None,
         })

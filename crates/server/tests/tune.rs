@@ -54,6 +54,7 @@ async fn a_tune_reports_progress_stores_and_takes_effect() {
     // Each depth measured as it is: the server's depth controller stays out of a tune's runs.
     for c in done["candidates"].as_array().unwrap() {
         assert_eq!(c["acceptance"].as_array().unwrap().len() as u64, c["depth"].as_u64().unwrap(), "{c}");
+        assert_eq!(c["drafter"], "mtp", "no block drafter beside this model: {c}");
     }
     // Each depth's speed-up with its interval, the verdict's too.
     let speedups = done["speedups"].as_array().unwrap();
@@ -69,6 +70,7 @@ async fn a_tune_reports_progress_stores_and_takes_effect() {
     assert!(file.to_string().contains(&format!("\"depth\":{depth}")), "{file}");
     let status = get(&s, "/v1/status").await;
     assert_eq!(status["draft_depth"].as_u64(), Some(depth));
+    assert_eq!(status["draft_with"], done["verdict"]["drafter"], "{status}");
     assert!(status["draft_depth_source"].as_str().unwrap().starts_with("tuned just now"), "{status}");
 }
 

@@ -1,5 +1,5 @@
-//! The tuning file (`tuning.json` in the config directory): the draft depth the autotuner
-//! chose, per machine, model, profile and (optionally) workload class. A new run replaces the result for its key; a file
+//! The tuning file (`tuning.json` in the config directory): the drafter and draft depth the
+//! autotuner chose, per machine, model, profile and (optionally) workload class. A new run replaces the result for its key; a file
 //! that does not parse is set aside (renamed) and reported, never fatal.
 
 use std::path::{Path, PathBuf};
@@ -21,9 +21,24 @@ pub struct TuningKey {
     pub class: Option<String>,
 }
 
+/// What drafts at a stored depth.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TunedDrafter {
+    /// The model's MTP head (results stored before block drafters were measured say nothing,
+    /// and mean this).
+    #[default]
+    Mtp,
+    /// The DFlash block drafter the catalog pairs with the model.
+    Block,
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct TunedResult {
     pub key: TuningKey,
+    #[serde(default)]
+    pub drafter: TunedDrafter,
+    /// Drafts a cycle (0: plain decoding).
     pub depth: usize,
     pub speedup: f64,
     pub why: String,
@@ -134,6 +149,7 @@ mod tests {
     fn result(depth: usize, profile: &str) -> TunedResult {
         TunedResult {
             key: TuningKey { machine: "m".into(), model: "x".into(), profile: profile.into(), class: None },
+            drafter: TunedDrafter::Mtp,
             depth,
             speedup: 1.3,
             why: String::new(),
@@ -160,6 +176,20 @@ mod tests {
         assert!(f.results.is_empty());
         assert!(warning.unwrap().contains("corrupt"));
         assert!(dir.path().join("tuning.json.corrupt").exists());
+    }
+
+    #[test]
+    fn results_stored_before_block_drafters_read_as_the_mtp_head() {
+        let dir = tempfile::tempdir().unwrap();
+        let old = r#"{"version": 1, "results": [{"key": {"machine": "m", "model": "x", "profile": "turbo"},
+            "depth": 2, "speedup": 1.2, "why": "", "measured_at": 0, "first_acceptance": [], "measurement": {}}]}"#;
+        std::fs::write(dir.path().join("tuning.json"), old).unwrap();
+        let (mut f, warning) = TuningFile::load(dir.path());
+        assert!(warning.is_none(), "{warning:?}");
+        assert_eq!((f.results[0].drafter, f.results[0].depth), (TunedDrafter::Mtp, 2));
+        f.replace(TunedResult { drafter: TunedDrafter::Block, depth: 4, ..result(0, "sustained") }).unwrap();
+        let (f, _) = TuningFile::load(dir.path());
+        assert_eq!(f.find(&result(0, "sustained").key).unwrap().drafter, TunedDrafter::Block);
     }
 
     #[test]

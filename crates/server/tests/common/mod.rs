@@ -139,15 +139,20 @@ pub fn speculate(state: &mut AppState) {
     serve_at_depths(state, 2, Vec::new());
 }
 
-/// Serves the loaded model at `draft_depth`, and at `class_depths` for requests of those
-/// workload classes (as tuned results would set them).
+/// Serves the loaded model at MTP depth `draft_depth`, and at `class_depths` for requests of
+/// those workload classes (as tuned results would set them).
 pub fn serve_at_depths(state: &mut AppState, draft_depth: usize, class_depths: Vec<(WorkloadClass, usize)>) {
+    let by_class = class_depths.into_iter().map(|(c, d)| (c, engine::Speculation::mtp(d))).collect();
+    serve_as(
+        state,
+        server::depth_plan::DepthPlan { by_class, ..server::depth_plan::DepthPlan::mtp(draft_depth, "test") },
+    );
+}
+
+/// Serves the loaded model as `plan` says.
+pub fn serve_as(state: &mut AppState, plan: server::depth_plan::DepthPlan) {
     let served = state.loaded();
-    state.replace(server::Loaded {
-        worker: served.worker.clone(),
-        aliases: served.aliases.clone(),
-        depth: server::depth_plan::DepthPlan { depth: draft_depth, source: "test".into(), by_class: class_depths },
-    });
+    state.replace(server::Loaded { worker: served.worker.clone(), aliases: served.aliases.clone(), depth: plan });
 }
 
 pub fn chat(extra: Value) -> Value {

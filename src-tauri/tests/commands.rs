@@ -86,7 +86,7 @@ fn the_apps_commands_answer_through_the_ipc() {
     let lines = invoke(&window, "status_lines", json!({})).unwrap();
     let lines: Vec<String> = serde_json::from_value(lines).unwrap();
     assert_eq!(lines.len(), 3, "{lines:?}");
-    assert!(lines[0].contains("sustained") && lines[0].contains("draft depth 0"), "{lines:?}");
+    assert!(lines[0].contains("sustained") && lines[0].contains("plain decoding"), "{lines:?}");
     assert_eq!(lines[1], "No request yet");
     assert!(lines[2].starts_with("Memory: MLX ") && !lines[2].contains("not available"), "{lines:?}");
     assert!(lines[2].contains("prompt cache"), "{lines:?}");

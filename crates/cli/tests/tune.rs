@@ -52,12 +52,10 @@ fn tune_stores_shows_serves_and_survives_a_corrupt_file() {
     let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     assert!(out.status.success(), "{stdout}\n{stderr}");
     // Random weights accept no drafts: plain decoding is what gets stored.
-    assert!(stdout.contains("stored draft depth 0"), "{stdout}");
-    for depth in 0..=4 {
-        assert!(
-            stdout.lines().any(|l| l.trim_start().starts_with(&format!("{depth} "))),
-            "no row for depth {depth}: {stdout}"
-        );
+    assert!(stdout.contains("stored plain decoding"), "{stdout}");
+    let rows = ["plain decoding".to_string()].into_iter().chain((1..=4).map(|d| format!("MTP depth {d}")));
+    for row in rows {
+        assert!(stdout.lines().any(|l| l.trim_start().starts_with(&format!("{row} "))), "no row for {row}: {stdout}");
     }
     // Batching's gains are measured too (the sustained profile decodes up to 4 together).
     assert!(
@@ -66,7 +64,7 @@ fn tune_stores_shows_serves_and_survives_a_corrupt_file() {
     );
     let show = ferrite(&config).args(["tune", "--show"]).output().unwrap();
     let show = String::from_utf8_lossy(&show.stdout);
-    assert!(show.contains("model#") && show.contains("sustained") && show.contains("depth 0"), "{show}");
+    assert!(show.contains("model#") && show.contains("sustained") && show.contains("plain decoding"), "{show}");
 
     // `serve --draft-depth auto` (the default) reports the tuned result.
     let port = 20000 + (std::process::id() % 20000) as u16;

@@ -115,10 +115,12 @@ fn cpu_seconds() -> f64 {
 }
 
 fn speculative(engine: &Engine, request: &GenerateRequest, prompts: &[Vec<u32>], runs: usize) -> Result<()> {
-    // The MTP head's costs (a model without one: its block drafter's figures only).
-    let costs = match engine.model().mtp() {
-        Some(_) => Some(engine::costs::measure_costs(engine.model(), &request.prompt, 10 * runs.max(1))?),
-        None => None,
+    // What the MTP head's steps and the block drafter's passes cost (when there are any).
+    let costs = match engine.can_draft() {
+        true => {
+            Some(engine::costs::measure_costs(engine.model(), engine.drafter(), &request.prompt, 10 * runs.max(1))?)
+        }
+        false => None,
     };
     // Every prompt at this depth: pooled acceptance, and tokens over decode time.
     let decode = |depth: usize, draft_with: DraftWith| -> Result<(f64, Option<engine::speculative::SpecStats>)> {
@@ -142,12 +144,16 @@ fn speculative(engine: &Engine, request: &GenerateRequest, prompts: &[Vec<u32>],
     };
     let (plain_tps, _) = decode(0, DraftWith::Mtp)?;
     if let Some(costs) = &costs {
-        eprintln!(
-            "plain decode {plain_tps:.1} tok/s; plain step {:.3} ms, draft step {:.3} ms ({:.2}x a plain step)",
-            costs.plain_step_s * 1e3,
-            costs.draft_step_s * 1e3,
-            costs.draft_ratio()
-        );
+        let head = match (costs.draft_step_s, costs.draft_ratio()) {
+            (Some(s), Some(r)) => format!(", MTP draft step {:.3} ms ({r:.2}x)", s * 1e3),
+            _ => String::new(),
+        };
+        let block =
+            match (costs.block_draft_s.last(), costs.drafting_ratio(DraftWith::Block, costs.block_draft_s.len())) {
+                (Some(s), Some(r)) => format!(", block pass {:.3} ms ({r:.2}x)", s * 1e3),
+                _ => String::new(),
+            };
+        eprintln!("plain decode {plain_tps:.1} tok/s; plain step {:.3} ms{head}{block}", costs.plain_step_s * 1e3);
     }
     eprintln!(
         "{:>5} {:>5} {:>12} {:>22} {:>10} {:>10} {:>16} {:>14}",
@@ -161,9 +167,8 @@ fn speculative(engine: &Engine, request: &GenerateRequest, prompts: &[Vec<u32>],
         "bound (all ok)"
     );
     let mut rows = Vec::new();
-    // The MTP head's depths (when the model has one), then the block drafter's (when loaded):
-    // its bounds are left out (the cost model times the head's draft steps, not a block's pass).
-    let mtp_depths = if costs.is_some() { engine::costs::MAX_DRAFT_DEPTH } else { 0 };
+    // The MTP head's depths (when the model has one), then the block drafter's (when loaded).
+    let mtp_depths = if engine.model().mtp().is_some() { engine::costs::MAX_DRAFT_DEPTH } else { 0 };
     let block_depths = engine.drafter().map_or(0, |d| d.max_drafts());
     let runs = (1..=mtp_depths).map(|d| (d, DraftWith::Mtp)).chain((1..=block_depths).map(|d| (d, DraftWith::Block)));
     let shown = |x: Option<f64>| x.map_or("-".to_string(), |x| format!("{x:.2}"));
@@ -174,9 +179,8 @@ fn speculative(engine: &Engine, request: &GenerateRequest, prompts: &[Vec<u32>],
         let acceptance = stats.acceptance();
         let acc_text: Vec<String> = acceptance.iter().map(|a| format!("{:.0}%", a * 100.0)).collect();
         let verify = costs.as_ref().filter(|c| depth <= c.verify_s.len()).map(|c| c.verify_ratio(depth));
-        let mtp = costs.as_ref().filter(|_| draft_with == DraftWith::Mtp);
-        let bound = mtp.map(|c| c.speedup_bound(depth, &acceptance));
-        let best = mtp.map(|c| c.speedup_bound(depth, &vec![1.0; depth]));
+        let bound = costs.as_ref().and_then(|c| c.speedup_bound(draft_with, depth, &acceptance));
+        let best = costs.as_ref().and_then(|c| c.speedup_bound(draft_with, depth, &vec![1.0; depth]));
         eprintln!(
             "{drafter:>5} {depth:>5} {:>12} {:>22} {:>10.2} {tps:>10.1} {:>16} {:>14}",
             shown(verify),
@@ -197,8 +201,9 @@ fn speculative(engine: &Engine, request: &GenerateRequest, prompts: &[Vec<u32>],
             "engine": "ferrite", "backend": engine.backend().to_string(), "temperature": request.sampling.temperature,
             "prompts": prompts.len(), "gen_tokens": request.max_tokens, "plain_decode_tps": plain_tps,
             "plain_step_s": costs.as_ref().map(|c| c.plain_step_s),
-            "draft_step_s": costs.as_ref().map(|c| c.draft_step_s),
-            "draft_cost": costs.as_ref().map(|c| c.draft_ratio()),
+            "draft_step_s": costs.as_ref().and_then(|c| c.draft_step_s),
+            "draft_cost": costs.as_ref().and_then(|c| c.draft_ratio()),
+            "block_pass_s": costs.as_ref().map(|c| c.block_draft_s.clone()),
             "drafter": engine.drafter().map(|d| d.dir.display().to_string()),
             "depths": rows,
         })

@@ -1,17 +1,20 @@
 //! `ferrite dev depth`: the runtime depth controller against a fixed draft depth and plain
 //! decoding, on an answer whose acceptance collapses mid-way: held-out code, then prose. The
 //! answer is fixed in advance (`GenerateRequest::forced_tokens`: the verify pass takes its
-//! tokens, the drafts are the head's own), so all three decode the same tokens and only the
-//! drafting differs. Settings alternate round by round; one JSON line per setting.
+//! tokens, the drafts are the drafter's own), so all three decode the same tokens and only the
+//! drafting differs. The MTP head drafts, or a block drafter given with `--drafter`. Settings
+//! alternate round by round; one JSON line per setting.
 
 use std::path::Path;
 
 use anyhow::{Context, Result};
-use engine::{Engine, GenerateRequest};
+use engine::{DraftWith, Engine, GenerateRequest};
 use serde_json::json;
 
 pub struct Options<'a> {
     pub model: &'a Path,
+    /// A block drafter to draft with in place of the MTP head.
+    pub drafter: Option<&'a Path>,
     /// JSON array of token-id arrays (held-out code in the model's tokenizer); the first
     /// `code_tokens` ids of them, in order.
     pub code_ids: &'a Path,
@@ -23,10 +26,16 @@ pub struct Options<'a> {
 }
 
 pub fn run(o: Options) -> Result<()> {
-    let mut engine = Engine::load_with(o.model, &server::engine_options::from_env(engine::Profile::default(), None)?)
-        .with_context(|| format!("loading {}", o.model.display()))?;
+    let mut options = server::engine_options::from_env(engine::Profile::default(), None)?;
+    options.drafter = o.drafter.map(Path::to_path_buf);
+    let mut engine = Engine::load_with(o.model, &options).with_context(|| format!("loading {}", o.model.display()))?;
     engine.set_prompt_cache_budget(0);
-    anyhow::ensure!(engine.model().mtp().is_some(), "{}: no MTP head, nothing to draft with", o.model.display());
+    let draft_with = if o.drafter.is_some() { DraftWith::Block } else { DraftWith::Mtp };
+    anyhow::ensure!(
+        engine.drafter().is_some() || engine.model().mtp().is_some(),
+        "{}: no MTP head, nothing to draft with (a block drafter: --drafter)",
+        o.model.display()
+    );
     let code: Vec<Vec<u32>> = serde_json::from_str(
         &std::fs::read_to_string(o.code_ids).with_context(|| format!("reading {}", o.code_ids.display()))?,
     )
@@ -39,6 +48,7 @@ pub fn run(o: Options) -> Result<()> {
     let request = |depth: usize| GenerateRequest {
         forced_tokens: Some(answer.clone()),
         draft_depth: depth,
+        draft_with,
         ..GenerateRequest::greedy(prompt.clone(), answer.len() + 1)
     };
 
@@ -66,7 +76,7 @@ pub fn run(o: Options) -> Result<()> {
         println!(
             "{}",
             json!({
-                "setting": name, "depth": depth, "decode_tps": round1(tps), "decode_tps_range": [round1(low), round1(high)],
+                "setting": name, "drafter": draft_with, "depth": depth, "decode_tps": round1(tps), "decode_tps_range": [round1(low), round1(high)],
                 "rounds": runs.len(), "answer_tokens": answer.len(), "code_tokens": code_len,
                 "acceptance": spec.as_ref().map(|s| s.acceptance().iter().map(|a| round2(*a)).collect::<Vec<_>>()),
                 "tokens_per_cycle": spec.as_ref().map(|s| round2(s.tokens_per_cycle())),

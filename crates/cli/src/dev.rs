@@ -119,6 +119,9 @@ pub enum Command {
         depth: usize,
         #[arg(long, default_value_t = 3)]
         rounds: usize,
+        /// A block drafter's folder: it drafts in place of the MTP head.
+        #[arg(long)]
+        drafter: Option<PathBuf>,
     },
 }
 
@@ -272,9 +275,10 @@ pub fn run(cmd: Command) -> Result<()> {
             let failure = crate::collectives::Failure { die_after, stall_after };
             return crate::collectives::run(&backend, rounds, failure);
         }
-        Command::Depth { model, code_ids, code_tokens, prose, depth, rounds } => {
+        Command::Depth { model, code_ids, code_tokens, prose, depth, rounds, drafter } => {
             let o = crate::depth::Options {
                 model: &model,
+                drafter: drafter.as_deref(),
                 code_ids: &code_ids,
                 code_tokens,
                 prose: &prose,

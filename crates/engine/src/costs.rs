@@ -1,6 +1,6 @@
-//! What speculation costs on this machine: a plain decode step, an MTP draft step and verify
-//! passes of each depth, timed on the loaded model. The depth controller and the tuner decide
-//! from these; the speculator only runs what they decide.
+//! What speculation costs on this machine: a plain decode step, an MTP draft step, a block
+//! drafter's pass and verify passes of each depth, timed on the loaded model. The depth
+//! controller and the tuner decide from these; the speculator only runs what they decide.
 
 use std::time::Instant;
 
@@ -11,7 +11,8 @@ use serde::Serialize;
 
 use crate::cache::Cache;
 use crate::error::{Error, Result};
-use crate::models::LanguageModel;
+use crate::models::{BlockDrafter, LanguageModel};
+use crate::speculation::DraftWith;
 
 /// The deepest draft a speculator runs (and the deepest verify pass timed).
 pub const MAX_DRAFT_DEPTH: usize = 4;
@@ -21,37 +22,72 @@ pub const MAX_DRAFT_DEPTH: usize = 4;
 pub struct Costs {
     /// Seconds per plain decode step (one token through the trunk, argmax read back).
     pub plain_step_s: f64,
-    /// Seconds per MTP draft step (one position through the head, argmax read back).
-    pub draft_step_s: f64,
-    /// Seconds per verify pass of depth + 1 tokens, for depth = 1..=4.
+    /// Seconds per MTP draft step (one position through the head, argmax read back); `None`
+    /// for a model without a head.
+    pub draft_step_s: Option<f64>,
+    /// Seconds per block drafter pass drafting `d` tokens, `block_draft_s[d - 1]` (a cycle's
+    /// two new positions join its context, the block runs, `d` rows go through the output
+    /// head); empty without a drafter. One pass drafts every depth, so its cost hardly grows
+    /// with it, unlike the head's steps.
+    pub block_draft_s: Vec<f64>,
+    /// Seconds per verify pass of depth + 1 tokens, for depth = 1..=4 (or up to a block
+    /// drafter's deepest draft, when deeper).
     pub verify_s: Vec<f64>,
 }
 
 impl Costs {
-    pub fn draft_ratio(&self) -> f64 {
-        self.draft_step_s / self.plain_step_s
+    /// An MTP draft step against a plain step.
+    pub fn draft_ratio(&self) -> Option<f64> {
+        self.draft_step_s.map(|s| s / self.plain_step_s)
     }
 
     pub fn verify_ratio(&self, depth: usize) -> f64 {
         self.verify_s[depth - 1] / self.plain_step_s
     }
 
+    /// What drafting `depth` tokens with `with` costs against a plain step: `depth` head steps,
+    /// or one block pass; `None` where nothing was measured for it.
+    pub fn drafting_ratio(&self, with: DraftWith, depth: usize) -> Option<f64> {
+        match with {
+            DraftWith::Mtp => self.draft_ratio().map(|r| depth as f64 * r),
+            DraftWith::Block => {
+                depth.checked_sub(1).and_then(|i| self.block_draft_s.get(i)).map(|s| s / self.plain_step_s)
+            }
+        }
+    }
+
     /// Speed-up over plain decoding if the drafts at each position are accepted at these
-    /// rates: (1 + sum of acceptance) / (verify cost + depth x draft cost).
-    pub fn speedup_bound(&self, depth: usize, acceptance: &[f64]) -> f64 {
+    /// rates: (1 + sum of acceptance) / (verify cost + drafting cost).
+    pub fn speedup_bound(&self, with: DraftWith, depth: usize, acceptance: &[f64]) -> Option<f64> {
         let accepted: f64 = acceptance.iter().take(depth).sum();
-        (1.0 + accepted) / (self.verify_ratio(depth) + depth as f64 * self.draft_ratio())
+        let verify = (depth <= self.verify_s.len()).then(|| self.verify_ratio(depth))?;
+        Some((1.0 + accepted) / (verify + self.drafting_ratio(with, depth)?))
     }
 }
 
-/// Times plain steps, draft steps and verify passes after a `prompt` prefill (`iters` of each,
-/// after one warm-up).
-pub fn measure_costs(model: &dyn LanguageModel, prompt: &[u32], iters: usize) -> Result<Costs> {
-    let head = model.mtp().ok_or_else(|| Error::Request("the model has no MTP head".into()))?;
+/// Times plain steps, the drafters' work (the model's MTP head, `block` when given) and verify
+/// passes after a `prompt` prefill (`iters` of each, after one warm-up).
+pub fn measure_costs(
+    model: &dyn LanguageModel,
+    block: Option<&BlockDrafter>,
+    prompt: &[u32],
+    iters: usize,
+) -> Result<Costs> {
+    if model.mtp().is_none() && block.is_none() {
+        return Err(Error::Request("the model has no MTP head and no block drafter: nothing drafts".into()));
+    }
     let mut cache = model.new_cache();
-    let h = model.hidden(&Array::from_slice(prompt, &[1, prompt.len() as i32]), &mut cache)?;
+    let ids = Array::from_slice(prompt, &[1, prompt.len() as i32]);
+    // The trunk's features a block drafter reads (the prompt's), else its final hidden states.
+    let (h, taps) = match block {
+        Some(block) => {
+            let (h, taps) = model.hidden_tapped(&ids, &mut cache, &block.spec.target_layers)?;
+            (h, Some(taps))
+        }
+        None => (model.hidden(&ids, &mut cache)?, None),
+    };
     let h = h.index((.., -1.., ..));
-    eval(cache.arrays().into_iter().chain([&h]))?;
+    eval(cache.arrays().into_iter().chain([&h]).chain(taps.as_ref()))?;
     let token = |i: usize| prompt[i % prompt.len()];
     let argmax = |logits: &Array| ops::indexing::argmax_axis(logits.index((.., -1, ..)), -1, None);
     let time = |f: &mut dyn FnMut(usize) -> Result<()>| -> Result<f64> {
@@ -86,18 +122,46 @@ pub fn measure_costs(model: &dyn LanguageModel, prompt: &[u32], iters: usize) ->
         t.elapsed().as_secs_f64() / steps as f64
     };
 
-    let mut mtp_cache = head.new_cache();
-    let draft_step_s = time(&mut |i| {
-        let x = head.forward(model, &h, &Array::from_slice(&[token(i)], &[1, 1]), &mut mtp_cache)?;
-        let y = argmax(&head.logits(model, &x)?)?;
-        y.eval()?;
-        mtp_cache.rollback(1)?;
-        Ok(())
-    })?;
+    let draft_step_s = match model.mtp() {
+        Some(head) => {
+            let mut mtp_cache = head.new_cache();
+            Some(time(&mut |i| {
+                let x = head.forward(model, &h, &Array::from_slice(&[token(i)], &[1, 1]), &mut mtp_cache)?;
+                let y = argmax(&head.logits(model, &x)?)?;
+                y.eval()?;
+                mtp_cache.rollback(1)?;
+                Ok(())
+            })?)
+        }
+        None => None,
+    };
+
+    // A block pass as a cycle runs it: the positions the last verify pass committed (two,
+    // a typical cycle's) join the context, the block drafts `depth` tokens, and both are
+    // rolled back so every pass sees the same context.
+    let mut block_draft_s = Vec::new();
+    if let (Some(block), Some(taps)) = (block, &taps) {
+        let mut draft_cache = block.new_cache();
+        let n = taps.dim(1);
+        let joins = (n - 1).min(2);
+        block.extend(&taps.index((.., ..n - joins, ..)), &mut draft_cache)?;
+        eval(draft_cache.arrays())?;
+        let joining = (joins > 0).then(|| taps.index((.., n - joins.., ..)));
+        for depth in 1..=block.max_drafts() {
+            block_draft_s.push(time(&mut |i| {
+                let logits = block.draft(model, joining.as_ref(), token(i), depth, &mut draft_cache)?;
+                let y = ops::indexing::argmax_axis(&logits, -1, None)?;
+                y.eval()?;
+                draft_cache.rollback(block.spec.block_size as i32 + joins)?;
+                Ok(())
+            })?);
+        }
+    }
 
     cache.set_record(true);
     let mut verify_s = Vec::new();
-    for depth in 1..=MAX_DRAFT_DEPTH {
+    let deepest = MAX_DRAFT_DEPTH.max(block.map_or(0, BlockDrafter::max_drafts));
+    for depth in 1..=deepest {
         verify_s.push(time(&mut |i| {
             let ids: Vec<u32> = (0..=depth).map(|j| token(i + j)).collect();
             let hidden = model.hidden(&Array::from_slice(&ids, &[1, ids.len() as i32]), &mut cache)?;
@@ -107,5 +171,5 @@ pub fn measure_costs(model: &dyn LanguageModel, prompt: &[u32], iters: usize) ->
             Ok(())
         })?);
     }
-    Ok(Costs { plain_step_s, draft_step_s, verify_s })
+    Ok(Costs { plain_step_s, draft_step_s, block_draft_s, verify_s })
 }

@@ -2,10 +2,11 @@
 //!
 //! A tuned depth is right on average, but a request's acceptance moves with what it writes: code
 //! after prose, a quoted file after free text. Every few cycles the controller takes the live
-//! acceptance at each draft position and the cost model (a draft step and a verify pass of
-//! `d + 1` positions, each relative to a plain decode step) and picks the depth with the most
-//! expected tokens per second: down to plain decoding (depth 0) when acceptance falls below
-//! break-even, back up when a probe shows it recovered. It never goes past the tuned depth + 1.
+//! acceptance at each draft position and the cost model (the drafting — `d` MTP head steps, or
+//! one block drafter pass — and a verify pass of `d + 1` positions, each relative to a plain
+//! decode step) and picks the depth with the most expected tokens per second: down to plain
+//! decoding (depth 0) when acceptance falls below break-even, back up when a probe shows it
+//! recovered. It never goes past the tuned depth + 1, nor past what the drafter drafts.
 //!
 //! Only the amount of drafting changes: every cycle is still exact (greedy output is plain
 //! decoding's, sampled output keeps its distribution).
@@ -13,6 +14,7 @@
 use serde::Serialize;
 
 use crate::costs::{Costs, MAX_DRAFT_DEPTH};
+use crate::speculation::DraftWith;
 
 /// Cycles between two decisions.
 const EVERY: usize = 4;
@@ -35,10 +37,13 @@ const PLAIN_PRIOR: f64 = 1.0 / WEIGHT;
 /// each, and a request whose acceptance stays below break-even stays plain.
 const PROBE_MEMORY: f64 = 16.0;
 
-/// What a draft step and the verify passes cost, each relative to one plain decode step.
+/// What drafting and the verify passes cost, each relative to one plain decode step.
 #[derive(Debug, Clone, Serialize)]
 pub struct CostModel {
-    pub draft: f64,
+    /// An MTP head's draft step (`None`: the model has no head).
+    pub draft: Option<f64>,
+    /// `block[d - 1]`: a block drafter's pass drafting `d` tokens (empty: no drafter).
+    pub block: Vec<f64>,
     /// `verify[d - 1]`: a verify pass of `d + 1` positions.
     pub verify: Vec<f64>,
     /// Seconds a plain decode step took when measured (what a measured speed-up is against).
@@ -47,31 +52,47 @@ pub struct CostModel {
 
 impl From<&Costs> for CostModel {
     /// The measured ratios, held to what cannot be otherwise: a verify pass does at least a
-    /// plain step's work, and more positions never cost less. A noisy measurement (a busy
-    /// machine inflating the plain step) would otherwise make drafts look free, and a head
-    /// whose drafts all fail would keep drafting.
+    /// plain step's work, more positions never cost less, and neither does drafting more. A
+    /// noisy measurement (a busy machine inflating the plain step) would otherwise make drafts
+    /// look free, and a drafter whose drafts all fail would keep drafting.
     fn from(c: &Costs) -> Self {
-        let mut floor = 1.0f64;
-        let verify = (1..=c.verify_s.len())
-            .map(|d| {
-                floor = c.verify_ratio(d).max(floor);
-                floor
-            })
-            .collect();
-        CostModel { draft: c.draft_ratio().max(0.0), verify, plain_step_s: c.plain_step_s }
+        let rising = |ratios: &mut dyn Iterator<Item = f64>, mut floor: f64| -> Vec<f64> {
+            ratios
+                .map(|r| {
+                    floor = r.max(floor);
+                    floor
+                })
+                .collect()
+        };
+        let verify = rising(&mut (1..=c.verify_s.len()).map(|d| c.verify_ratio(d)), 1.0);
+        let block = rising(&mut c.block_draft_s.iter().map(|s| s / c.plain_step_s), 0.0);
+        CostModel { draft: c.draft_ratio().map(|r| r.max(0.0)), block, verify, plain_step_s: c.plain_step_s }
     }
 }
 
 impl CostModel {
-    /// Expected speed-up over plain decoding at `depth`, where `reach[i]` is the chance that
-    /// the first `i + 1` drafts are all accepted.
-    pub fn speedup(&self, depth: usize, reach: &[f64]) -> f64 {
+    /// The deepest draft `with` has costs for (0: it cannot draft here).
+    pub fn deepest(&self, with: DraftWith) -> usize {
+        match with {
+            DraftWith::Mtp if self.draft.is_some() => MAX_DRAFT_DEPTH.min(self.verify.len()),
+            DraftWith::Mtp => 0,
+            DraftWith::Block => self.block.len().min(self.verify.len()),
+        }
+    }
+
+    /// Expected speed-up over plain decoding drafting `depth` tokens with `with`, where
+    /// `reach[i]` is the chance that the first `i + 1` drafts are all accepted.
+    pub fn speedup(&self, with: DraftWith, depth: usize, reach: &[f64]) -> f64 {
         if depth == 0 {
             return 1.0;
         }
-        let Some(verify) = self.verify.get(depth - 1) else { return 0.0 };
+        let drafting = match with {
+            DraftWith::Mtp => self.draft.map(|d| depth as f64 * d),
+            DraftWith::Block => self.block.get(depth - 1).copied(),
+        };
+        let (Some(verify), Some(drafting)) = (self.verify.get(depth - 1), drafting) else { return 0.0 };
         let tokens = 1.0 + reach.iter().take(depth).sum::<f64>();
-        tokens / (verify + depth as f64 * self.draft)
+        tokens / (verify + drafting)
     }
 }
 
@@ -96,6 +117,8 @@ impl DepthChanges {
 #[derive(Debug, Clone)]
 pub struct DepthController {
     costs: CostModel,
+    /// What drafts: the depths' costs follow it.
+    with: DraftWith,
     max_depth: usize,
     depth: usize,
     /// Running estimate, per draft position, of the chance that drafts up to it are accepted.
@@ -113,13 +136,15 @@ pub struct DepthController {
 }
 
 impl DepthController {
-    /// Starts at `tuned` and may go up to `tuned + 1` (within what the cost model covers).
-    pub fn new(costs: CostModel, tuned: usize) -> Self {
-        let max_depth = (tuned + 1).min(MAX_DRAFT_DEPTH).min(costs.verify.len());
+    /// Starts at `tuned` drafts by `with` and may go up to `tuned + 1` (within what the cost
+    /// model covers).
+    pub fn new(costs: CostModel, with: DraftWith, tuned: usize) -> Self {
+        let max_depth = (tuned + 1).min(costs.deepest(with));
         // Tuned to plain decoding: the tuner found no drafts paying, evidence like a request's.
         let probe_evidence = if tuned == 0 { (0.0, PLAIN_PRIOR) } else { (0.0, 0.0) };
         DepthController {
             costs,
+            with,
             max_depth,
             depth: tuned.min(max_depth),
             reach: vec![0.0; max_depth],
@@ -208,14 +233,14 @@ impl DepthController {
 
     /// The speed-up over plain decoding the current figures promise at the current depth.
     pub fn expected_speedup(&self) -> f64 {
-        self.costs.speedup(self.depth, &self.estimated_reach())
+        self.costs.speedup(self.with, self.depth, &self.estimated_reach())
     }
 
     fn decide(&mut self) {
         let reach = self.estimated_reach();
-        let now = self.costs.speedup(self.depth, &reach);
+        let now = self.costs.speedup(self.with, self.depth, &reach);
         let (best, promise) = (0..=self.max_depth)
-            .map(|d| (d, self.costs.speedup(d, &reach)))
+            .map(|d| (d, self.costs.speedup(self.with, d, &reach)))
             .fold((self.depth, now), |a, b| if b.1 > a.1 { b } else { a });
         if best == self.depth || promise < now * (1.0 + HYSTERESIS) {
             return;
@@ -247,16 +272,34 @@ mod tests {
     /// ones, so drafts that are never accepted never look worth it.
     #[test]
     fn noisy_costs_never_make_failed_drafts_pay() {
-        let noisy = Costs { plain_step_s: 0.030, draft_step_s: 0.004, verify_s: vec![0.024, 0.047, 0.034, 0.034] };
+        let noisy = Costs {
+            plain_step_s: 0.030,
+            draft_step_s: Some(0.004),
+            block_draft_s: vec![0.006, 0.005, 0.007],
+            verify_s: vec![0.024, 0.047, 0.034, 0.034],
+        };
         let model = CostModel::from(&noisy);
         assert_eq!(model.verify[0], 1.0);
         assert!(model.verify.windows(2).all(|w| w[0] <= w[1]), "{:?}", model.verify);
-        assert!((1..=4).all(|d| model.speedup(d, &[0.0; 4]) < 1.0));
+        assert!(model.block.windows(2).all(|w| w[0] <= w[1]), "{:?}", model.block);
+        for with in [DraftWith::Mtp, DraftWith::Block] {
+            assert!((1..=4).all(|d| model.speedup(with, d, &[0.0; 4]) < 1.0));
+        }
     }
 
-    /// A verify pass costs a little more per position; a draft a fifth of a step.
+    /// A verify pass costs a little more per position; a draft a fifth of a step; a block
+    /// drafter's pass, whatever it drafts, a little more than one draft step.
     fn costs() -> CostModel {
-        CostModel { draft: 0.2, verify: vec![1.1, 1.2, 1.3, 1.4], plain_step_s: 0.01 }
+        CostModel {
+            draft: Some(0.2),
+            block: vec![0.3, 0.3, 0.31, 0.31, 0.32, 0.32, 0.33],
+            verify: vec![1.1, 1.2, 1.3, 1.4, 1.5, 1.6, 1.7],
+            plain_step_s: 0.01,
+        }
+    }
+
+    fn mtp(costs: CostModel, tuned: usize) -> DepthController {
+        DepthController::new(costs, DraftWith::Mtp, tuned)
     }
 
     /// Cycles at whatever depth the controller picks, each position accepted with `rate`
@@ -285,16 +328,18 @@ mod tests {
     #[test]
     fn the_cost_model_breaks_even_where_drafts_pay_for_themselves() {
         let c = costs();
-        assert_eq!(c.speedup(0, &[]), 1.0);
+        assert_eq!(c.speedup(DraftWith::Mtp, 0, &[]), 1.0);
         // Depth 1 costs 1.3 steps: it pays from 30% acceptance on.
-        assert!(c.speedup(1, &[0.29]) < 1.0 && c.speedup(1, &[0.31]) > 1.0);
-        assert!((c.speedup(2, &[0.9, 0.8]) - 2.7 / 1.6).abs() < 1e-9);
-        assert_eq!(c.speedup(5, &[1.0; 5]), 0.0, "a depth the model has no cost for is never chosen");
+        assert!(c.speedup(DraftWith::Mtp, 1, &[0.29]) < 1.0 && c.speedup(DraftWith::Mtp, 1, &[0.31]) > 1.0);
+        assert!((c.speedup(DraftWith::Mtp, 2, &[0.9, 0.8]) - 2.7 / 1.6).abs() < 1e-9);
+        assert_eq!(c.speedup(DraftWith::Mtp, 8, &[1.0; 8]), 0.0, "a depth the model has no cost for is never chosen");
+        assert_eq!(c.deepest(DraftWith::Mtp), MAX_DRAFT_DEPTH);
+        assert_eq!(c.deepest(DraftWith::Block), 7);
     }
 
     #[test]
     fn collapsing_acceptance_goes_plain_and_a_recovery_comes_back() {
-        let mut c = DepthController::new(costs(), 2);
+        let mut c = mtp(costs(), 2);
         assert_eq!(c.next_depth(), 2);
         run(&mut c, 0.9, 40);
         assert!(c.depth() >= 2, "high acceptance keeps drafting: {}", c.depth());
@@ -311,7 +356,7 @@ mod tests {
 
     #[test]
     fn plain_stays_plain_while_probes_fail() {
-        let mut c = DepthController::new(costs(), 1);
+        let mut c = mtp(costs(), 1);
         run(&mut c, 0.0, 8);
         assert_eq!(c.depth(), 0);
         let depths = run(&mut c, 0.1, 200);
@@ -325,9 +370,32 @@ mod tests {
     fn a_middling_rate_settles_on_a_middle_depth() {
         // At 60% a position, depth 1 promises 1.6/1.3 = 1.23x, depth 2 (1.6+0.36)/1.6 = 1.23x,
         // depth 3 less: never deeper than 2, never plain.
-        let mut c = DepthController::new(costs(), 3);
+        let mut c = mtp(costs(), 3);
         let depths = run(&mut c, 0.6, 200);
         assert!(depths[100..].iter().all(|&d| (1..=2).contains(&d)), "{:?}", &depths[100..]);
+    }
+
+    /// A block pass costs about the same whatever it drafts: while drafts are accepted the
+    /// controller drafts as deep as it may (the tuned depth + 1, within the block); when
+    /// nothing is accepted it goes plain, and comes back when probes show acceptance recovered.
+    #[test]
+    fn a_block_drafter_goes_deep_while_accepted_and_plain_when_not() {
+        let c = costs();
+        // Depth 1 costs 1.4 steps with a block pass (1.3 with a head step); depth 4, 1.71
+        // against the head's 2.2: the block's deep drafts are the cheap ones.
+        assert!(c.speedup(DraftWith::Block, 1, &[0.35]) < 1.0 && c.speedup(DraftWith::Block, 1, &[0.45]) > 1.0);
+        assert!(c.speedup(DraftWith::Block, 4, &[0.9; 4]) > c.speedup(DraftWith::Mtp, 4, &[0.9; 4]));
+        let mut block = DepthController::new(costs(), DraftWith::Block, 5);
+        run(&mut block, 0.95, 40);
+        assert_eq!(block.depth(), 6, "deeper while drafts are accepted");
+        let mut whole = DepthController::new(costs(), DraftWith::Block, 7);
+        run(&mut whole, 0.95, 40);
+        assert_eq!(whole.depth(), 7, "never past the block's drafts");
+        run(&mut block, 0.0, 40);
+        assert_eq!(block.depth(), 0, "nothing accepted: plain decoding");
+        run(&mut block, 0.95, 3 * MAX_PROBE_EVERY);
+        assert!(block.depth() >= 3, "back up: {:?}", block.reach);
+        assert!(block.changes.from_plain >= 1 && block.changes.to_plain >= 1, "{:?}", block.changes);
     }
 
     /// The controller went plain at a first-position rate below break-even; a few accepted
@@ -335,7 +403,7 @@ mod tests {
     /// weighed against all the evidence, and drafting does not resume for them.
     #[test]
     fn a_lucky_string_of_probes_does_not_bring_drafting_back() {
-        let mut c = DepthController::new(costs(), 1);
+        let mut c = mtp(costs(), 1);
         run(&mut c, 0.0, 8);
         assert_eq!(c.depth(), 0);
         run(&mut c, 0.2, 16 * PROBE_EVERY);

@@ -135,19 +135,18 @@ impl Engine {
 
     /// Turns the runtime depth controller on (speculating requests then draft as deep as their
     /// acceptance pays for, from the requested depth up to one more, down to plain decoding) or
-    /// off (the requested depth throughout). On measures what a draft step and each verify
-    /// pass cost against a plain step on this model (a fraction of a second); a model without
-    /// an MTP head has nothing to control.
+    /// off (the requested depth throughout). On measures what a draft step of the MTP head, a
+    /// pass of the block drafter and each verify pass cost against a plain step on this model
+    /// (a fraction of a second); a model with neither drafter has nothing to control.
     pub fn set_depth_control(&mut self, on: bool) -> Result<()> {
         self.depth_costs = None;
         if on && self.group.is_some() {
             // Its decisions follow each rank's own timings: the ranks would part ways.
             return Err(Error::Request("the depth controller cannot run on a model split across ranks".into()));
         }
-        // The cost model times the MTP head's steps: a block drafter's requests keep their depth.
-        if on && self.model.mtp().is_some() {
+        if on && self.can_draft() {
             let prompt = synthetic_prompt(self.model.config().vocab_size.max(2) as u32, 32);
-            let costs = crate::costs::measure_costs(self.model.as_ref(), &prompt, 5)?;
+            let costs = crate::costs::measure_costs(self.model.as_ref(), self.drafter.as_ref(), &prompt, 5)?;
             tracing::info!("draft depth follows acceptance; costs against a plain step: {costs:?}");
             self.depth_costs = Some(CostModel::from(&costs));
         }

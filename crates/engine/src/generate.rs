@@ -21,9 +21,10 @@ use crate::grammar::{Constraint, Ended};
 use crate::logits::{Chain, GrammarMask, LogitBias, LogitsProcessor};
 use crate::penalties::Recent;
 use crate::prompt_cache::Checkpoint;
-use crate::request::{CancelToken, DraftWith, Event, FinishReason, GenerateRequest, Summary, Timings, Usage};
+use crate::request::{CancelToken, Event, FinishReason, GenerateRequest, Summary, Timings, Usage};
 use crate::sampling::Sampler;
-use crate::speculative::{Drafter, SpecStats, Speculator};
+use crate::speculation::DraftWith;
+use crate::speculative::{SpecStats, Speculator};
 use crate::stop::StopMatcher;
 use crate::tokenizer::StreamDecoder;
 
@@ -85,9 +86,7 @@ impl Engine {
                         s.forced_answer = Some((tokens.clone(), end));
                     }
                     s.penalise(penalties, &request.prompt);
-                    let mtp = matches!(s.drafter(), Drafter::Mtp(_));
-                    if let (Some(costs), None, false, true) =
-                        (&self.depth_costs, &request.draft_script, request.fixed_depth, mtp)
+                    if let (Some(costs), None, false) = (&self.depth_costs, &request.draft_script, request.fixed_depth)
                     {
                         s.control_depth(costs.clone());
                     }

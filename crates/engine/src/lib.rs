@@ -57,6 +57,7 @@ pub mod prompt_cache;
 mod request;
 mod sampling;
 mod small_file;
+mod speculation;
 pub mod speculative;
 mod stop;
 pub mod tokenizer;
@@ -72,7 +73,8 @@ pub use error::{Error, Result};
 pub use grammar::{json_for_grammar, Grammar};
 pub use grammar_limits::{check_schema, check_text_grammar};
 pub use options::EngineOptions;
-pub use request::{CancelToken, DraftWith, Event, FinishReason, GenerateRequest, Speculation, Summary};
+pub use request::{CancelToken, Event, FinishReason, GenerateRequest, Summary};
+pub use speculation::{DraftWith, Speculation};
 /// Which implementation runs the hybrids' gated delta rule, and its self-check.
 pub mod delta_path {
     pub use crate::layers::delta_check::{choose, self_check, Tolerance};

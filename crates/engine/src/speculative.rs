@@ -35,6 +35,7 @@ use crate::logits::{self, Chain, GrammarMask, LogitsProcessor};
 use crate::models::{BlockDrafter, LanguageModel, MtpHead};
 use crate::penalties::{window_of, Penalties, Recent};
 use crate::sampling::Sampler;
+use crate::speculation::DraftWith;
 
 /// Per-request statistics of speculative decoding.
 #[derive(Debug, Clone, Default, Serialize)]
@@ -222,11 +223,25 @@ impl<'m> Speculator<'m> {
         Ok(())
     }
 
+    /// What drafts: the MTP head or a block drafter.
+    pub fn draft_with(&self) -> DraftWith {
+        match self.drafter {
+            Drafter::Mtp(_) => DraftWith::Mtp,
+            Drafter::Block(_) => DraftWith::Block,
+        }
+    }
+
     /// Lets the depth follow the request's acceptance ([`DepthController`]), from the depth
-    /// given (the tuned one) up to one more.
-    pub fn control_depth(&mut self, costs: CostModel) {
-        let control = DepthController::new(costs, self.depth);
-        let positions = self.stats.drafted.len().max(self.depth + 1).min(MAX_DRAFT_DEPTH);
+    /// given (the tuned one) up to one more; `false` (and the depth stays fixed) where the
+    /// cost model has nothing for this drafter.
+    pub fn control_depth(&mut self, costs: CostModel) -> bool {
+        let with = self.draft_with();
+        let deepest = costs.deepest(with);
+        if deepest == 0 {
+            return false;
+        }
+        let control = DepthController::new(costs, with, self.depth);
+        let positions = self.stats.drafted.len().max(self.depth + 1).min(deepest);
         self.stats.drafted.resize(positions, 0);
         self.stats.accepted.resize(positions, 0);
         self.stats.control = Some(Box::new(ControlStats {
@@ -235,6 +250,7 @@ impl<'m> Speculator<'m> {
             ..Default::default()
         }));
         self.control = Some(control);
+        true
     }
 
     /// Penalises drafts and verification alike: each position's window holds the tokens
@@ -341,11 +357,6 @@ impl<'m> Speculator<'m> {
     /// The drafter's own cache (what the prompt cache keeps of it).
     pub(crate) fn draft_cache(&self) -> &Cache {
         &self.draft_cache
-    }
-
-    /// Which drafter writes the drafts.
-    pub fn drafter(&self) -> Drafter<'m> {
-        self.drafter
     }
 
     /// Continues from a cached prompt prefix: the drafter's cache then, and the trunk's

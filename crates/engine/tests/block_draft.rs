@@ -297,6 +297,51 @@ fn the_tuner_measures_block_depths_beside_mtp_depths() {
     assert!(alone.generate_text(req).unwrap().1.speculative.is_some());
 }
 
+/// The depth controller runs block drafting too: with the block pass and the verify passes
+/// measured on this machine it follows the request's acceptance; with costs no acceptance pays
+/// for it sends the request to plain decoding, probes now and then, and the answer stays plain
+/// decoding's token for token (penalties included).
+#[test]
+fn the_depth_controller_runs_block_drafting_and_sends_it_plain_when_it_does_not_pay() {
+    let (_t, _d, mut e) = target_and_drafter(Architecture::Qwen3Next, Dtype::Float32, |_| {});
+    e.set_depth_control(true).unwrap();
+    let costs = e.depth_costs().unwrap().clone();
+    assert!(costs.draft.is_none(), "the target has no MTP head: {costs:?}");
+    assert_eq!((costs.block.len(), costs.verify.len()), (7, 7), "{costs:?}");
+    let req =
+        GenerateRequest { draft_depth: 3, draft_with: DraftWith::Block, ..GenerateRequest::greedy(vec![5, 6], 12) };
+    let (_, s) = e.generate_text(req).unwrap();
+    let spec = s.speculative.unwrap();
+    assert!(spec.control.is_some(), "measured costs: the controller runs: {spec:?}");
+    assert!(spec.drafted.len() <= 7, "never past the block's drafts: {spec:?}");
+
+    e.set_depth_costs(Some(engine::depth_control::CostModel {
+        draft: None,
+        block: vec![1.0; 7],
+        verify: vec![8.0; 7],
+        plain_step_s: 0.001,
+    }));
+    let penalties = engine::Penalties { repetition: 1.0, presence: -2.0, frequency: -1.0 };
+    for (prompt, penalised) in prompts().into_iter().zip([false, true]) {
+        let sampling =
+            SamplingParams { penalties: if penalised { penalties } else { Default::default() }, ..Default::default() };
+        let plain = GenerateRequest {
+            sampling,
+            ignore_eos: true,
+            draft_with: DraftWith::Block,
+            ..GenerateRequest::greedy(prompt.clone(), 70)
+        };
+        let (expected, _) = e.generate_text(plain.clone()).unwrap();
+        let (text, s) = e.generate_text(GenerateRequest { draft_depth: 4, ..plain }).unwrap();
+        assert_eq!(text, expected, "penalties {penalised}");
+        let spec = s.speculative.unwrap();
+        let control = spec.control.as_ref().unwrap();
+        assert!(control.changes.to_plain >= 1 && control.depth_now == 0, "{spec:?}");
+        // Drafting resumed at the probes after the switch (one in 16 plain steps at first).
+        assert!(spec.drafted[0] >= 4 && spec.drafted[3] <= 4, "{spec:?}");
+    }
+}
+
 /// The drafter trained for the embedded model (assets/models/ferrite-code-20m-dflash, by
 /// train/drafter.py) drafts it exactly and well: on held-out code its greedy output equals
 /// plain decoding token for token, and its blocks are mostly accepted.

@@ -322,7 +322,12 @@ fn the_depth_controller_goes_plain_when_drafts_fail_and_the_output_stays_exact()
 #[test]
 fn plain_stretches_keep_penalties_and_grammars_exact() {
     let (_d, mut e) = with_mtp(Architecture::Qwen3Next, Dtype::Float32);
-    e.set_depth_costs(Some(engine::depth_control::CostModel { draft: 1.0, verify: vec![3.0; 4], plain_step_s: 0.001 }));
+    e.set_depth_costs(Some(engine::depth_control::CostModel {
+        draft: Some(1.0),
+        block: Vec::new(),
+        verify: vec![3.0; 4],
+        plain_step_s: 0.001,
+    }));
     let penalties = engine::Penalties { repetition: 1.0, presence: -2.0, frequency: -1.0 };
     let grammar = engine::Grammar::Regex("[a-z ]{0,2000}".into());
     for (penalised, constrained) in [(true, false), (false, true), (true, true)] {
@@ -376,7 +381,12 @@ fn a_forced_answer_speculates_and_stays_the_script() {
 #[test]
 fn sampled_output_keeps_its_distribution_through_the_controllers_changes() {
     let (_d, mut e) = with_mtp(Architecture::Qwen3Next, Dtype::Float32);
-    e.set_depth_costs(Some(engine::depth_control::CostModel { draft: 1.0, verify: vec![3.0; 4], plain_step_s: 0.001 }));
+    e.set_depth_costs(Some(engine::depth_control::CostModel {
+        draft: Some(1.0),
+        block: Vec::new(),
+        verify: vec![3.0; 4],
+        plain_step_s: 0.001,
+    }));
     let prompt = prompts()[0].clone();
     let vocab = e.model().config().vocab_size as usize;
     let histogram = |depth: usize| {

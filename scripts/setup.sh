@@ -9,6 +9,8 @@ mkdir -p "$tp"
 
 MLX_VERSION=0.32.4          # must equal the MLX tag mlx-c builds on a Mac (third_party/mlx-sys.patch)
 MLX_LM_VERSION=0.32.2       # the reference; needs MLX >= 0.32.4
+MLX_VLM_VERSION=0.7.10      # the vision reference (its processor and vision tower); needs MLX >= 0.32.4
+PILLOW_VERSION=13.0.0       # what mlx-vlm resizes images with (13 chose its own pass order)
 MLX_SYS_VERSION=0.7.0
 HF_HUB_VERSION=0.4.3        # patched: third_party/hf-hub.patch
 MINIJINJA_VERSION=2.24.0    # patched: third_party/minijinja.patch (a per-thread build budget)
@@ -180,6 +182,14 @@ if ! "$venv/bin/python" -c "import sys, mlx_lm, mlx.core as mx; sys.exit(mlx_lm.
   "$venv/bin/pip" install -q --disable-pip-version-check --upgrade pip
   if [ "$(uname -s)" = Linux ]; then mlx_pkg="mlx[cpu]==$MLX_VERSION"; else mlx_pkg="mlx==$MLX_VERSION"; fi
   "$venv/bin/pip" install -q --disable-pip-version-check "$mlx_pkg" "mlx-lm==$MLX_LM_VERSION" numpy safetensors
+fi
+# mlx-vlm without its serving, audio and dataset extras: the tests import its processor and
+# models only, which need Pillow and requests beside what mlx-lm brought.
+if ! "$venv/bin/python" -c "import sys, mlx_vlm, PIL; sys.exit(mlx_vlm.__version__ != sys.argv[1] or PIL.__version__ != sys.argv[2])" \
+    "$MLX_VLM_VERSION" "$PILLOW_VERSION" 2>/dev/null; then
+  say "adding mlx-vlm==$MLX_VLM_VERSION (without its extras) and Pillow==$PILLOW_VERSION to third_party/venv"
+  "$venv/bin/pip" install -q --disable-pip-version-check --no-deps "mlx-vlm==$MLX_VLM_VERSION"
+  "$venv/bin/pip" install -q --disable-pip-version-check "Pillow==$PILLOW_VERSION" "requests>=2.31,<3"
 fi
 if ! "$venv/bin/python" -c "import openai, anthropic, pytest" 2>/dev/null; then
   say "adding the openai and anthropic SDKs and pytest to third_party/venv"

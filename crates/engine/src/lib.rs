@@ -62,6 +62,7 @@ pub mod speculative;
 mod stop;
 pub mod tokenizer;
 pub mod tune;
+pub mod vision;
 pub mod weight_form;
 mod weights;
 pub mod workload;

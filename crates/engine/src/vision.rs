@@ -1,0 +1,9 @@
+//! Images in, for the models that see: untrusted image bytes decoded within bounds, and the
+//! Qwen3-VL / Qwen3.5 image processor (resized to the checkpoint's pixel bounds, rescaled,
+//! normalised and cut into the patches its vision tower embeds), as mlx-vlm's processor does.
+
+mod decode;
+mod processor;
+
+pub use decode::{decode, ImageLimits};
+pub use processor::{ImageProcessor, Patches};

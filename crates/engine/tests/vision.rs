@@ -1,0 +1,175 @@
+//! Images in: Ferrite's image processor makes of PNG, JPEG and grey-with-alpha files of every
+//! size class (kept, upscaled to the minimum, downscaled to the maximum, odd shapes) the
+//! patches mlx-vlm 0.7.10's processor makes, with the checkpoint's settings or the defaults;
+//! hostile files are refused by name before they are decoded.
+
+mod common;
+
+use std::io::Cursor;
+use std::path::Path;
+
+use engine::vision::{decode, ImageLimits, ImageProcessor};
+use image::{DynamicImage, ImageFormat, RgbImage};
+
+/// A deterministic picture: smooth gradients with a fine pattern over them (edges that a
+/// resampling filter must treat as Pillow does).
+fn picture(width: u32, height: u32, seed: u32) -> RgbImage {
+    RgbImage::from_fn(width, height, |x, y| {
+        let noise = (x.wrapping_mul(7919) ^ y.wrapping_mul(104_729) ^ seed.wrapping_mul(31)) % 61;
+        let stripe = if (x / 3 + y / 5) % 2 == 0 { 40 } else { 0 };
+        image::Rgb([
+            ((x * 255 / width.max(1)) as u8).wrapping_add(noise as u8),
+            ((y * 255 / height.max(1)) as u8).saturating_add(stripe),
+            (((x + y) * 97 + seed) % 256) as u8,
+        ])
+    })
+}
+
+fn encoded(image: &DynamicImage, format: ImageFormat) -> Vec<u8> {
+    let mut bytes = Vec::new();
+    image.write_to(&mut Cursor::new(&mut bytes), format).unwrap();
+    bytes
+}
+
+/// mlx-vlm's patches and grids for `files` with the settings in `checkpoint`.
+fn reference(checkpoint: &Path, files: &[std::path::PathBuf]) -> Vec<(Vec<f32>, [usize; 3])> {
+    let out = tempfile::tempdir().unwrap();
+    let mut command = common::reference_command("mlx_vlm_image_processor.py");
+    command.arg("--checkpoint").arg(checkpoint).arg("--out").arg(out.path()).args(files);
+    let run = command.output().unwrap();
+    assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
+    let grids: Vec<[usize; 3]> =
+        serde_json::from_str(&std::fs::read_to_string(out.path().join("grids.json")).unwrap()).unwrap();
+    grids
+        .into_iter()
+        .enumerate()
+        .map(|(i, grid)| {
+            let bytes = std::fs::read(out.path().join(format!("{i}.f32"))).unwrap();
+            (bytes.chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect(), grid)
+        })
+        .collect()
+}
+
+#[test]
+fn patches_match_mlx_vlms_processor() {
+    let dir = tempfile::tempdir().unwrap();
+    let grey_alpha = DynamicImage::ImageLumaA8(image::ImageBuffer::from_fn(91, 77, |x, y| {
+        image::LumaA([((x * 3 + y * 5) % 256) as u8, ((x * y) % 256) as u8])
+    }));
+    let cases: Vec<(&str, DynamicImage, ImageFormat)> = vec![
+        ("kept.png", picture(64, 96, 1).into(), ImageFormat::Png),
+        ("rounded.png", picture(150, 100, 2).into(), ImageFormat::Png),
+        ("tiny.png", picture(30, 20, 3).into(), ImageFormat::Png),
+        ("large.png", picture(1000, 1500, 4).into(), ImageFormat::Png),
+        ("strip.png", picture(1900, 40, 5).into(), ImageFormat::Png),
+        ("photo.jpg", picture(120, 90, 6).into(), ImageFormat::Jpeg),
+        ("grey_alpha.png", grey_alpha, ImageFormat::Png),
+    ];
+    let files: Vec<_> = cases
+        .iter()
+        .map(|(name, image, format)| {
+            let path = dir.path().join(name);
+            std::fs::write(&path, encoded(image, *format)).unwrap();
+            path
+        })
+        .collect();
+    // Qwen3.5's settings (the defaults), and another checkpoint's: CLIP's normalisation,
+    // 14-pixel patches and a tighter pixel budget, from processor_config.json over
+    // preprocessor_config.json.
+    let qwen = tempfile::tempdir().unwrap();
+    std::fs::write(
+        qwen.path().join("preprocessor_config.json"),
+        r#"{"patch_size": 16, "temporal_patch_size": 2, "merge_size": 2, "image_mean": [0.5, 0.5, 0.5],
+            "image_std": [0.5, 0.5, 0.5], "size": {"shortest_edge": 65536, "longest_edge": 16777216}}"#,
+    )
+    .unwrap();
+    let other = tempfile::tempdir().unwrap();
+    std::fs::write(other.path().join("preprocessor_config.json"), r#"{"patch_size": 16, "max_pixels": 9999999}"#)
+        .unwrap();
+    std::fs::write(
+        other.path().join("processor_config.json"),
+        r#"{"image_processor": {"patch_size": 14, "min_pixels": 3136, "max_pixels": 200704,
+            "image_mean": [0.48145466, 0.4578275, 0.40821073], "image_std": [0.26862954, 0.26130258, 0.27577711]}}"#,
+    )
+    .unwrap();
+    for checkpoint in [qwen.path(), other.path()] {
+        let processor = ImageProcessor::load(checkpoint).unwrap();
+        let expected = reference(checkpoint, &files);
+        for ((file, (name, _, _)), (values, grid)) in files.iter().zip(&cases).zip(expected) {
+            let bytes = std::fs::read(file).unwrap();
+            let image = decode(&bytes, None, &ImageLimits::default()).unwrap();
+            let patches = processor.preprocess(&image).unwrap();
+            let case = format!("{name} with {}", checkpoint.display());
+            assert_eq!(patches.grid, grid, "{case}");
+            assert_eq!(patches.values.len(), values.len(), "{case}");
+            let (h, w) = (image.height() as usize, image.width() as usize);
+            assert_eq!(processor.tokens(h, w).unwrap(), grid[1] * grid[2] / 4, "{case}");
+            // The tolerance: both resample in two 8-bit passes with fixed-point weights, and
+            // each pass may round a channel one level apart (normalised: 1 / (255 x std));
+            // a JPEG's decoders (libjpeg's, zune-jpeg's) add a level of their own.
+            let std = processor.normalize.map_or(1.0, |(_, std)| std.iter().copied().fold(f32::MAX, f32::min));
+            let level = 1.0 / (255.0 * std);
+            let (levels, percent) = if name.ends_with(".jpg") { (3.0, 5) } else { (2.0, 2) };
+            let (mut worst, mut apart) = (0f32, 0usize);
+            for (a, b) in patches.values.iter().zip(&values) {
+                let d = (a - b).abs();
+                worst = worst.max(d);
+                apart += usize::from(d > 1e-6);
+            }
+            assert!(worst <= levels * level * 1.001, "{case}: values up to {} levels apart", worst / level);
+            assert!(apart * 100 <= percent * values.len(), "{case}: {apart} of {} values apart", values.len());
+        }
+    }
+}
+
+#[test]
+fn hostile_images_are_refused_by_name_before_decoding() {
+    let limits = ImageLimits::default();
+    let png = encoded(&DynamicImage::from(picture(40, 30, 9)), ImageFormat::Png);
+    let refusal = |bytes: &[u8], label: Option<&str>| decode(bytes, label, &limits).unwrap_err().to_string();
+
+    assert!(refusal(&[], None).contains("empty"));
+    assert!(refusal(b"%PDF-1.7 not a picture", None).contains("not an image"));
+    // Labelled one way, another inside.
+    let err = refusal(&png, Some("image/jpeg"));
+    assert!(err.contains("labelled image/jpeg") && err.contains("image/png"), "{err}");
+    assert!(decode(&png, Some("image/png"), &limits).is_ok());
+    // Truncated mid-way.
+    let err = refusal(&png[..png.len() / 2], Some("image/png"));
+    assert!(err.contains("cannot be decoded"), "{err}");
+    // A 30-byte GIF that claims a 65535 x 65535 canvas: refused from its header.
+    let mut bomb = b"GIF89a".to_vec();
+    bomb.extend([0xff, 0xff, 0xff, 0xff, 0x00, 0x00, 0x00]);
+    bomb.extend([0x2c, 0, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0x00, 0x02, 0x02, 0x44, 0x01, 0x00, 0x3b]);
+    let err = refusal(&bomb, None);
+    assert!(err.contains("65535x65535") && err.contains("at most"), "{err}");
+    // A PNG past the size a side may have, and a body past the byte cap.
+    let wide = encoded(&DynamicImage::from(RgbImage::new(20_000, 1)), ImageFormat::Png);
+    assert!(refusal(&wide, None).contains("20000x1"));
+    let small = ImageLimits { max_bytes: 100, ..limits };
+    assert!(decode(&png, None, &small).unwrap_err().to_string().contains("at most 100"));
+    // An aspect ratio no checkpoint takes.
+    let strip = decode(&wide, None, &ImageLimits { max_side: 20_000, ..limits }).unwrap();
+    let err = ImageProcessor::default().preprocess(&strip).unwrap_err().to_string();
+    assert!(err.contains("aspect ratio"), "{err}");
+}
+
+/// A checkpoint's processor settings are untrusted: values no processor has are refused with
+/// the file and field named.
+#[test]
+fn processor_settings_out_of_range_are_refused_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    assert_eq!(ImageProcessor::load(dir.path()).unwrap(), ImageProcessor::default());
+    for (settings, field) in [
+        (r#"{"patch_size": 0}"#, "patch_size"),
+        (r#"{"merge_size": 1000}"#, "merge_size"),
+        (r#"{"image_std": [0.5, 0, 0.5]}"#, "image_std"),
+        (r#"{"min_pixels": 5000, "max_pixels": 4000}"#, "min_pixels"),
+        (r#"{"size": {"longest_edge": 1e30}}"#, "max_pixels"),
+        (r#"{"do_normalize": "yes"}"#, "do_normalize"),
+    ] {
+        std::fs::write(dir.path().join("preprocessor_config.json"), settings).unwrap();
+        let err = ImageProcessor::load(dir.path()).unwrap_err().to_string();
+        assert!(err.contains("preprocessor_config.json") && err.contains(field), "{settings}: {err}");
+    }
+}

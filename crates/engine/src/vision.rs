@@ -1,9 +1,11 @@
 //! Images in, for the models that see: untrusted image bytes decoded within bounds, and the
 //! Qwen3-VL / Qwen3.5 image processor (resized to the checkpoint's pixel bounds, rescaled,
-//! normalised and cut into the patches its vision tower embeds), as mlx-vlm's processor does.
+//! normalised and cut into the patches its vision tower embeds), as mlx-vlm's processor does,
+//! and the tower itself (`models/qwen3_5_vision.rs`).
 
 mod decode;
 mod processor;
 
+pub use crate::models::qwen3_5_vision::{VisionConfig, VisionTower};
 pub use decode::{decode, ImageLimits};
 pub use processor::{ImageProcessor, Patches};

@@ -173,3 +173,89 @@ fn processor_settings_out_of_range_are_refused_by_name() {
         assert!(err.contains("preprocessor_config.json") && err.contains(field), "{settings}: {err}");
     }
 }
+
+/// A vision config is untrusted too: out-of-range or inconsistent shapes are refused by field
+/// before any tensor is read, and a text-only checkpoint has no tower.
+#[test]
+fn vision_configs_are_checked_and_text_only_models_have_no_tower() {
+    use engine::vision::{VisionConfig, VisionTower};
+    let good = serde_json::json!({
+        "depth": 2, "hidden_size": 64, "intermediate_size": 96, "num_heads": 4, "patch_size": 16,
+        "temporal_patch_size": 2, "spatial_merge_size": 2, "out_hidden_size": 48, "num_position_embeddings": 36,
+    });
+    let path = Path::new("config.json");
+    let parse = |edit: &dyn Fn(&mut serde_json::Value)| {
+        let mut v = good.clone();
+        edit(&mut v);
+        VisionConfig::from_config(&serde_json::json!({ "vision_config": v }), path)
+    };
+    assert_eq!(parse(&|_| {}).unwrap().unwrap().patch_values(), 3 * 2 * 16 * 16);
+    assert!(VisionConfig::from_config(&serde_json::json!({"hidden_size": 8}), path).unwrap().is_none());
+    for (edit, field) in [
+        (
+            &(|v: &mut serde_json::Value| v["num_position_embeddings"] = 35.into()) as &dyn Fn(&mut serde_json::Value),
+            "num_position_embeddings",
+        ),
+        (&|v: &mut serde_json::Value| v["num_heads"] = 3.into(), "num_heads"),
+        (&|v: &mut serde_json::Value| v["depth"] = 0.into(), "depth"),
+        (&|v: &mut serde_json::Value| v["patch_size"] = "16".into(), "patch_size"),
+        (&|v: &mut serde_json::Value| v["deepstack_visual_indexes"] = serde_json::json!([1]), "deepstack"),
+        (&|v: &mut serde_json::Value| drop(v.as_object_mut().unwrap().remove("out_hidden_size")), "out_hidden_size"),
+    ] {
+        let err = parse(edit).unwrap_err().to_string();
+        assert!(err.contains(&format!("vision_config.{field}")), "{field}: {err}");
+    }
+    let text_only = common::repo_root().join("assets/models/ferrite-code-20m");
+    assert!(VisionTower::load_checkpoint(&text_only).unwrap().is_none());
+}
+
+/// The vision tower: mlx-vlm makes a Qwen3.5 tower with random weights and runs it on the
+/// patches Ferrite's processor made of two images (different shapes, one call: each attends
+/// to itself only); Ferrite loads the checkpoint as published and its features match, in f32
+/// closely and in bf16 within bf16's rounding.
+#[test]
+fn the_vision_tower_matches_mlx_vlms() {
+    use engine::vision::VisionTower;
+    let processor = ImageProcessor { min_pixels: 64 * 64, max_pixels: 96 * 160, ..ImageProcessor::default() };
+    let images = [picture(100, 70, 11), picture(60, 130, 12)];
+    let patches: Vec<_> = images.iter().map(|i| processor.preprocess(i).unwrap()).collect();
+    let grids: Vec<[usize; 3]> = patches.iter().map(|p| p.grid).collect();
+    assert!(grids[0] != grids[1] && grids.iter().all(|g| g[1] * g[2] >= 16), "{grids:?}");
+    let values: Vec<f32> = patches.iter().flat_map(|p| p.values.iter().copied()).collect();
+    let dir = tempfile::tempdir().unwrap();
+    let pixels = dir.path().join("pixels.f32");
+    std::fs::write(&pixels, values.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>()).unwrap();
+    let config = serde_json::json!({
+        "depth": 2, "hidden_size": 64, "intermediate_size": 96, "num_heads": 4, "in_channels": 3,
+        "patch_size": 16, "temporal_patch_size": 2, "spatial_merge_size": 2, "out_hidden_size": 48,
+        "num_position_embeddings": 36, "deepstack_visual_indexes": [],
+    });
+    // f32 agrees to rounding; bf16 within a few of its steps (its 8-bit mantissa: 0.4%).
+    for (dtype, tolerance) in [("float32", 1e-5f32), ("bfloat16", 2e-2)] {
+        let out = tempfile::tempdir().unwrap();
+        let mut command = common::reference_command("mlx_vlm_vision_tower.py");
+        command.args(["--config", &config.to_string(), "--grids", &serde_json::to_string(&grids).unwrap()]);
+        command.args(["--dtype", dtype]).arg("--pixels").arg(&pixels).arg("--out").arg(out.path());
+        let run = command.output().unwrap();
+        assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
+        let expected: Vec<f32> = std::fs::read(out.path().join("features.f32"))
+            .unwrap()
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+            .collect();
+
+        let tower = VisionTower::load_checkpoint(out.path()).unwrap().expect("a tower");
+        let vision = tower.config.clone();
+        let input = mlx_rs::Array::from_slice(
+            &values,
+            &[values.len() as i32 / vision.patch_values() as i32, vision.patch_values() as i32],
+        );
+        let features = tower.forward(&input, &grids).unwrap().as_dtype(mlx_rs::Dtype::Float32).unwrap();
+        let tokens: usize = grids.iter().map(|g| g[1] * g[2] / 4).sum();
+        assert_eq!(features.shape(), [tokens as i32, 48], "{dtype}");
+        let got = features.as_slice::<f32>();
+        let scale = expected.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let worst = got.iter().zip(&expected).fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+        assert!(worst <= tolerance * scale, "{dtype}: features up to {worst} apart (largest {scale})");
+    }
+}

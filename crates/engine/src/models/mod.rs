@@ -6,6 +6,7 @@ mod language_model;
 pub mod mtp;
 pub mod qwen3;
 pub mod qwen3_5;
+pub mod qwen3_5_vision;
 pub mod qwen3_moe;
 pub mod qwen3_next;
 pub mod transformer;

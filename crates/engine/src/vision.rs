@@ -4,8 +4,10 @@
 //! and the tower itself (`models/qwen3_5_vision.rs`).
 
 mod decode;
+mod positions;
 mod processor;
 
 pub use crate::models::qwen3_5_vision::{VisionConfig, VisionTower};
 pub use decode::{decode, ImageLimits};
+pub use positions::{angles, interleaved_axes, rope_positions, RopePositions};
 pub use processor::{ImageProcessor, Patches};

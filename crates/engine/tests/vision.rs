@@ -259,3 +259,61 @@ fn the_vision_tower_matches_mlx_vlms() {
         assert!(worst <= tolerance * scale, "{dtype}: features up to {worst} apart (largest {scale})");
     }
 }
+
+/// The text model's positions for a prompt with images: Ferrite's MRoPE positions, the shift
+/// of the text after them and the rotary angles equal mlx-vlm's (`get_rope_index`, the
+/// interleaved frequencies) — images first, in the middle, back to back, and at the end.
+#[test]
+fn mrope_positions_and_angles_match_mlx_vlms() {
+    use engine::vision::{angles, rope_positions};
+    let (image, start, end) = (7u32, 9u32, 8u32);
+    // Grids as the tower sees them (before the 2x2 merge) and the prompt's placeholders.
+    let grids = [[1usize, 4, 6], [1, 2, 4], [1, 6, 2]];
+    let merged: Vec<[usize; 3]> = grids.iter().map(|g| [g[0], g[1] / 2, g[2] / 2]).collect();
+    let block = |g: &[usize; 3]| -> Vec<u32> {
+        [start].into_iter().chain(std::iter::repeat_n(image, g.iter().product())).chain([end]).collect()
+    };
+    let prompts: Vec<(Vec<u32>, Vec<[usize; 3]>)> = vec![
+        ([vec![1, 2], block(&merged[0]), vec![3], block(&merged[1]), vec![4, 5]].concat(), merged[..2].to_vec()),
+        ([block(&merged[2]), block(&merged[0]), vec![6]].concat(), vec![merged[2], merged[0]]),
+        ([vec![1], block(&merged[1])].concat(), vec![merged[1]]),
+    ];
+    let tower_grids = |m: &[[usize; 3]]| -> Vec<[usize; 3]> { m.iter().map(|g| [g[0], g[1] * 2, g[2] * 2]).collect() };
+    for (tokens, images) in prompts {
+        let input = serde_json::json!({
+            "tokens": tokens, "grids": tower_grids(&images), "merge": 2, "image_token": image,
+            "vision_start": start, "dims": 64, "base": 10_000_000.0, "section": [11, 11, 10],
+        });
+        let mut command = common::reference_command("mlx_vlm_rope_index.py");
+        command.stdin(std::process::Stdio::piped()).stdout(std::process::Stdio::piped());
+        let mut child = command.spawn().unwrap();
+        std::io::Write::write_all(child.stdin.as_mut().unwrap(), input.to_string().as_bytes()).unwrap();
+        let out = child.wait_with_output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let expected: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+
+        let got = rope_positions(&tokens, image, &images).unwrap();
+        let axes: Vec<Vec<i64>> = (0..3).map(|a| got.positions.iter().map(|p| p[a] as i64).collect()).collect();
+        assert_eq!(serde_json::json!(axes), expected["positions"], "{tokens:?}");
+        assert_eq!(got.delta as i64, expected["delta"].as_i64().unwrap(), "{tokens:?}");
+        let a = angles(&got.positions, 64, 10_000_000.0, [11, 11, 10]).unwrap();
+        let want: Vec<f32> = expected["angles"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .flat_map(|row| row.as_array().unwrap().iter().map(|x| x.as_f64().unwrap() as f32).collect::<Vec<_>>())
+            .collect();
+        assert_eq!(a.shape(), [tokens.len() as i32, 32]);
+        for (g, w) in a.as_slice::<f32>().iter().zip(&want) {
+            assert!((g - w).abs() <= 1e-6 * w.abs().max(1.0), "{g} vs {w}");
+        }
+    }
+    // Placeholders and images must agree.
+    let err = rope_positions(&[1, image, image, 2], image, &[[1, 1, 3]]).unwrap_err().to_string();
+    assert!(err.contains("needs 3 placeholder"), "{err}");
+    assert!(rope_positions(&[1, image], image, &[]).unwrap_err().to_string().contains("more image placeholders"));
+    assert!(rope_positions(&[1, 2], image, &[[1, 1, 1]]).unwrap_err().to_string().contains("fewer"));
+    // Text only: every axis at the token's index, no shift.
+    let plain = rope_positions(&[5, 6, 10], image, &[]).unwrap();
+    assert_eq!((plain.positions, plain.delta), (vec![[0; 3], [1; 3], [2; 3]], 0));
+}

@@ -13,6 +13,12 @@ pub struct KvCache {
     values: Option<Array>,
     /// Number of positions written so far.
     pub offset: i32,
+    /// How far the rotary positions of the next tokens run from `offset`: 0, or below 0
+    /// after a prompt with images ([`crate::vision::RopePositions::delta`]).
+    pub rope_shift: i32,
+    /// The rotary angles [L, rotary dims / 2] of the next pass's L tokens when they are not
+    /// consecutive positions (a prompt part holding an image's grid); taken by that pass.
+    pub angles: Option<Array>,
 }
 
 impl KvCache {
@@ -87,7 +93,7 @@ impl KvCache {
     /// A cache holding `keys` and `values` ([B, heads, L, head_dim]) for positions `..L`.
     pub fn restored(keys: Array, values: Array) -> Self {
         let offset = keys.dim(2);
-        KvCache { keys: Some(keys), values: Some(values), offset }
+        KvCache { keys: Some(keys), values: Some(values), offset, ..Default::default() }
     }
 
     pub fn state(&self) -> Vec<&Array> {
@@ -204,6 +210,18 @@ impl Cache {
             }
         }
         Ok(())
+    }
+
+    /// Gives the next pass's tokens these rotary angles ([`crate::vision::angles`]) in every
+    /// attention layer, and the tokens after them positions shifted by `shift` from their
+    /// index: a prompt part with images ([`crate::vision::RopePositions`]).
+    pub fn place_next(&mut self, angles: &Array, shift: i32) {
+        for layer in &mut self.layers {
+            if let LayerCache::Kv(kv) = layer {
+                kv.angles = Some(angles.clone());
+                kv.rope_shift = shift;
+            }
+        }
     }
 
     /// Makes linear-attention layers keep per-position states (for a verify pass).

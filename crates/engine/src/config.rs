@@ -203,6 +203,16 @@ impl ModelConfig {
         self.rope_theta.or(nested.map(|t| t as f32)).unwrap_or(1_000_000.0)
     }
 
+    /// How the rotary frequencies split over time, height and width for image tokens
+    /// (`rope_parameters.mrope_section`; Qwen3.5's [11, 11, 10] when absent).
+    pub fn mrope_section(&self) -> [usize; 3] {
+        let given = self.rope_parameters.as_ref().and_then(|p| p.get("mrope_section")).and_then(|s| s.as_array());
+        match given.map(|s| s.iter().filter_map(|x| x.as_u64()).map(|x| x as usize).collect::<Vec<_>>()) {
+            Some(s) if s.len() == 3 => [s[0], s[1], s[2]],
+            _ => [11, 11, 10],
+        }
+    }
+
     /// Rotary dimensions per head (all of them unless `partial_rotary_factor` says less).
     pub fn rope_dims(&self) -> i32 {
         let nested =

@@ -6,8 +6,10 @@
 mod decode;
 mod positions;
 mod processor;
+mod prompt;
 
 pub use crate::models::qwen3_5_vision::{VisionConfig, VisionTower};
 pub use decode::{decode, ImageLimits};
 pub use positions::{angles, interleaved_axes, rope_positions, RopePositions};
 pub use processor::{ImageProcessor, Patches};
+pub use prompt::prefill;

@@ -317,3 +317,80 @@ fn mrope_positions_and_angles_match_mlx_vlms() {
     let plain = rope_positions(&[5, 6, 10], image, &[]).unwrap();
     assert_eq!((plain.positions, plain.delta), (vec![[0; 3], [1; 3], [2; 3]], 0));
 }
+
+/// A whole prompt with images: on a Qwen3.5 checkpoint that sees (Ferrite's maker writes the
+/// text model in Qwen's layout, mlx-vlm adds a random tower and loads it all with its own
+/// loader), the logits at every prompt position — text before, between and after two images
+/// of different shapes — and after one more token (the positions shifted past the images)
+/// equal mlx-vlm's.
+#[test]
+fn a_prompt_with_images_gives_mlx_vlms_logits() {
+    use engine::checkpoint::{Architecture, Dtype, Layout};
+    use engine::vision::{prefill, VisionTower};
+    let mut o = common::options(Architecture::Qwen35, "small", None, 32, Dtype::Float32);
+    o.layout = Layout::Transformers;
+    let dir = common::make(&o);
+    let processor = ImageProcessor { min_pixels: 64 * 64, max_pixels: 96 * 160, ..ImageProcessor::default() };
+    let patches: Vec<_> =
+        [picture(100, 70, 21), picture(60, 130, 22)].iter().map(|i| processor.preprocess(i).unwrap()).collect();
+    let grids: Vec<[usize; 3]> = patches.iter().map(|p| p.grid).collect();
+    let merged: Vec<[usize; 3]> = grids.iter().map(|g| [g[0], g[1] / 2, g[2] / 2]).collect();
+    let values: Vec<f32> = patches.iter().flat_map(|p| p.values.iter().copied()).collect();
+    let (image, start, end) = (2000u32, 1998u32, 1999u32);
+    let block = |g: &[usize; 3]| -> Vec<u32> {
+        [start].into_iter().chain(std::iter::repeat_n(image, g.iter().product())).chain([end]).collect()
+    };
+    let tokens = [vec![5, 6], block(&merged[0]), vec![7], block(&merged[1]), vec![8, 9]].concat();
+    let pixels = dir.path().join("pixels.f32");
+    std::fs::write(&pixels, values.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>()).unwrap();
+    let vision = serde_json::json!({
+        "depth": 2, "hidden_size": 64, "intermediate_size": 96, "num_heads": 4, "in_channels": 3,
+        "patch_size": 16, "temporal_patch_size": 2, "spatial_merge_size": 2, "out_hidden_size": 256,
+        "num_position_embeddings": 36, "deepstack_visual_indexes": [],
+    });
+    let out = tempfile::tempdir().unwrap();
+    let mut command = common::reference_command("mlx_vlm_vision_model.py");
+    command.arg("--dir").arg(dir.path()).args(["--vision", &vision.to_string()]);
+    command.args([
+        "--tokens",
+        &serde_json::to_string(&tokens).unwrap(),
+        "--grids",
+        &serde_json::to_string(&grids).unwrap(),
+    ]);
+    command.args(["--image-token", &image.to_string(), "--vision-start", &start.to_string()]);
+    command
+        .args(["--vision-end", &end.to_string(), "--next", "11"])
+        .arg("--pixels")
+        .arg(&pixels)
+        .arg("--out")
+        .arg(out.path());
+    let run = command.output().unwrap();
+    assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
+    let read = |name: &str| -> Vec<f32> {
+        std::fs::read(out.path().join(name))
+            .unwrap()
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+            .collect()
+    };
+
+    let engine = engine::Engine::load(dir.path()).unwrap();
+    let tower = VisionTower::load_checkpoint(dir.path()).unwrap().expect("a tower");
+    let rows = values.len() / tower.config.patch_values();
+    let input = mlx_rs::Array::from_slice(&values, &[rows as i32, tower.config.patch_values() as i32]);
+    let features = tower.forward(&input, &grids).unwrap();
+    let model = engine.model();
+    let mut cache = model.new_cache();
+    let hidden = prefill(model, &tokens, image, &features, &merged, &mut cache).unwrap();
+    let close = |got: &mlx_rs::Array, want: &[f32], what: &str| {
+        let got = got.as_dtype(mlx_rs::Dtype::Float32).unwrap();
+        let got = got.as_slice::<f32>();
+        assert_eq!(got.len(), want.len(), "{what}");
+        let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let worst = got.iter().zip(want).fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+        assert!(worst <= 1e-4 * scale.max(1.0), "{what}: logits up to {worst} apart (largest {scale})");
+    };
+    close(&model.logits(&hidden).unwrap(), &read("prefill.f32"), "the prompt");
+    let step = model.forward(&mlx_rs::Array::from_slice(&[11u32], &[1, 1]), &mut cache).unwrap();
+    close(&step, &read("step.f32"), "the next token");
+}

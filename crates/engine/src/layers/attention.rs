@@ -22,6 +22,25 @@ impl Rope {
         Ok(fast::rope(x, self.dims, false, self.base, self.scale, offset, None)?)
     }
 
+    /// `x` [B, heads, L, head_dim] rotated by given `angles` [L, dims / 2] (each token's own,
+    /// e.g. an image's grid), the dimensions past `dims` passed through; as fast RoPE does
+    /// (the halves rotate together), computed in f32 and cast back.
+    pub fn rotate(&self, x: &Array, angles: &Array) -> Result<Array> {
+        use mlx_rs::ops;
+        use mlx_rs::ops::indexing::IndexOp;
+        let (d, half) = (self.dims, self.dims / 2);
+        let emb = ops::concatenate(&[angles, angles], -1)?.multiply(Array::from_f32(self.scale))?;
+        let (cos, sin) = (ops::cos(&emb)?, ops::sin(&emb)?);
+        let rot = x.index((.., .., .., ..d));
+        let turned =
+            ops::concatenate(&[rot.index((.., .., .., half..)).negative()?, rot.index((.., .., .., ..half))], -1)?;
+        let out = rot.multiply(&cos)?.add(turned.multiply(&sin)?)?.as_dtype(x.dtype())?;
+        if d == x.dim(-1) {
+            return Ok(out);
+        }
+        Ok(ops::concatenate(&[out, x.index((.., .., .., d..))], -1)?)
+    }
+
     /// `x` [B, heads, L, dims], row i starting at position `offsets[i]`.
     pub fn forward_rows(&self, x: &Array, offsets: &Array) -> Result<Array> {
         Ok(fast::rope_dynamic(x, self.dims, false, self.base, self.scale, offsets, None)?)
@@ -97,8 +116,13 @@ impl Attention {
 
     /// One sequence's attention: q, k, v [B, heads, L, head_dim] at the cache's positions.
     fn attend(&self, q: &Array, k: &Array, v: &Array, cache: &mut KvCache) -> Result<Array> {
-        let q = self.rope.forward(q, cache.offset)?;
-        let k = self.rope.forward(k, cache.offset)?;
+        let (q, k) = match cache.angles.take() {
+            Some(angles) => (self.rope.rotate(q, &angles)?, self.rope.rotate(k, &angles)?),
+            None => {
+                let at = cache.offset + cache.rope_shift;
+                (self.rope.forward(q, at)?, self.rope.forward(k, at)?)
+            }
+        };
         let (k, v) = cache.update_and_fetch(&k, v)?;
         // MLX's causal mode aligns the mask to the end of the keys, so it is right after a
         // cached prefix too; a single new position needs no mask.

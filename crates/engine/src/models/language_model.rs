@@ -19,6 +19,12 @@ pub trait LanguageModel: Trunk + Send {
         let _ = (tokens, cache, taps);
         Err(crate::error::Error::Request("this model cannot give its layers' outputs to a block drafter".into()))
     }
+    /// Final hidden states [B, L, H] for input embeddings [B, L, H] (the tokens' own, with an
+    /// image's rows in place of its placeholders), advancing `cache` by L positions.
+    fn hidden_embedded(&self, embeddings: &Array, cache: &mut Cache) -> Result<Array> {
+        let _ = (embeddings, cache);
+        Err(crate::error::Error::Request("this model takes token ids only".into()))
+    }
     /// Logits [B, L, vocab] for token ids [B, L], advancing `cache` by L positions.
     fn forward(&self, tokens: &Array, cache: &mut Cache) -> Result<Array> {
         let h = self.hidden(tokens, cache)?;

@@ -128,14 +128,20 @@ impl Trunk for Transformer {
 impl Transformer {
     /// The trunk over `tokens`: its final hidden states and the outputs of layers `taps`.
     fn run(&self, tokens: &Array, cache: &mut Cache, taps: &[usize]) -> Result<(Array, Vec<Array>)> {
+        self.run_embedded(self.embed_tokens.forward(tokens)?, cache, taps)
+    }
+
+    /// [`Transformer::run`] from the input embeddings [B, L, H] (an image's rows already in
+    /// place).
+    fn run_embedded(&self, embeddings: Array, cache: &mut Cache, taps: &[usize]) -> Result<(Array, Vec<Array>)> {
         let mut tapped = Vec::with_capacity(taps.len());
-        let mut h = self.embed_tokens.forward(tokens)?;
+        let mut h = embeddings;
         // A long input's MoE layers may dequantize their experts (`Gather::SortedDequantized`).
         // Left in one graph, MLX schedules those weight-only dequantizations ahead of the
         // activations that wait for them: ten of the 35B-A3B's 40 layers' (16 GB) were alive
         // at once on a 2048-token chunk. Evaluated layer by layer instead, one layer running
         // while the next is built, at most two layers' exist.
-        let layerwise = tokens.dim(-1) >= EACH_LAYER_FROM && self.has_moe();
+        let layerwise = h.dim(1) >= EACH_LAYER_FROM && self.has_moe();
         let mut running: Option<Array> = None;
         for (i, (layer, state)) in self.layers.iter().zip(cache.layers.iter_mut()).enumerate() {
             h = layer.forward(&h, state)?;
@@ -167,6 +173,10 @@ impl LanguageModel for Transformer {
     fn hidden_tapped(&self, tokens: &Array, cache: &mut Cache, taps: &[usize]) -> Result<(Array, Array)> {
         let (hidden, outputs) = self.run(tokens, cache, taps)?;
         Ok((hidden, mlx_rs::ops::concatenate(&outputs, -1)?))
+    }
+
+    fn hidden_embedded(&self, embeddings: &Array, cache: &mut Cache) -> Result<Array> {
+        Ok(self.run_embedded(embeddings.clone(), cache, &[])?.0)
     }
 
     fn hidden_batch(&self, tokens: &Array, cache: &mut BatchCache) -> Result<Array> {

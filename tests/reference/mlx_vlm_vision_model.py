@@ -4,7 +4,8 @@ the Transformers layout (Ferrite's checkpoint maker writes it); this adds a visi
 random weights made by mlx-vlm (`model.visual.*`, into model.safetensors) and its config, then
 loads the whole checkpoint with mlx-vlm's loader and writes to --out: `prefill.f32` (the
 logits of every prompt position, [L, vocab]) and `step.f32` (the logits after one more
-token, --next, [vocab]), little-endian f32."""
+token, --next, [vocab]), little-endian f32; and `greedy.json`, the --greedy tokens greedy
+decoding gives after the prompt."""
 import argparse
 import json
 from pathlib import Path
@@ -49,6 +50,7 @@ def main():
     ap.add_argument("--pixels", type=Path, required=True)
     ap.add_argument("--grids", required=True)
     ap.add_argument("--next", type=int, required=True)
+    ap.add_argument("--greedy", type=int, default=8)
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
     ids = {
@@ -68,9 +70,22 @@ def main():
     out = model(tokens, pixels, cache=cache, image_grid_thw=mx.array(grids))
     logits = getattr(out, "logits", out)
     np.asarray(logits[0].astype(mx.float32)).astype("<f4").tofile(args.out / "prefill.f32")
+    first = int(mx.argmax(logits[0, -1]).item())
     out = model.language_model(mx.array([[args.next]], dtype=mx.int32), cache=cache)
     logits = getattr(out, "logits", out)
     np.asarray(logits[0, -1].astype(mx.float32)).astype("<f4").tofile(args.out / "step.f32")
+
+    # Greedy decoding from the prompt, on a fresh cache.
+    cache = model.language_model.make_cache()
+    out = model(tokens, pixels, cache=cache, image_grid_thw=mx.array(grids))
+    token = int(mx.argmax(getattr(out, "logits", out)[0, -1]).item())
+    assert token == first
+    greedy = [token]
+    while len(greedy) < args.greedy:
+        out = model.language_model(mx.array([[token]], dtype=mx.int32), cache=cache)
+        token = int(mx.argmax(getattr(out, "logits", out)[0, -1]).item())
+        greedy.append(token)
+    (args.out / "greedy.json").write_text(json.dumps(greedy))
 
 
 if __name__ == "__main__":

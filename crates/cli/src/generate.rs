@@ -153,6 +153,7 @@ fn answer(engine: &Engine, args: Args, speculation: engine::Speculation) -> Resu
         draft_script: None,
         forced_tokens: None,
         grammar,
+        images: Vec::new(),
     };
     let mut out = std::io::stdout().lock();
     for event in engine.generate(request, CancelToken::default())? {

@@ -22,10 +22,14 @@ use crate::generate::Generation;
 use crate::request::Event;
 
 /// A split model's ranks follow rank 0's requests one at a time ([`crate::lockstep`]): when
-/// each joins or leaves a batch is not something the others could follow.
-fn refuse_split(generation: &Generation) -> Result<()> {
+/// each joins or leaves a batch is not something the others could follow. A request with
+/// images runs alone too: a batch places its rows at consecutive positions.
+fn refuse_unbatchable(generation: &Generation) -> Result<()> {
     if generation.engine().group().is_some() {
         return Err(crate::error::Error::Request("a model split across ranks runs one request at a time".into()));
+    }
+    if generation.has_images() {
+        return Err(crate::error::Error::Request("a request with images runs alone, not in a batch".into()));
     }
     Ok(())
 }
@@ -49,7 +53,7 @@ impl<'a, K: Clone> Batch<'a, K> {
     /// Adds `generation` to the batch from the next step on: a new one is prefilled now, a
     /// started one ([`Generation::can_join_batch`]) goes on plainly.
     pub fn join(&mut self, key: K, mut generation: Generation<'a>) -> Result<()> {
-        refuse_split(&generation)?;
+        refuse_unbatchable(&generation)?;
         if !generation.needs_prefill() && !generation.can_join_batch() {
             return Err(crate::error::Error::Request(
                 "a generation joins a batch before it starts or between its steps".into(),
@@ -77,7 +81,7 @@ impl<'a, K: Clone> Batch<'a, K> {
     /// As [`Batch::join`], but a new generation's prompt is prefilled a chunk per step while
     /// others decode; it decodes with them once its prompt is in.
     pub fn queue(&mut self, key: K, mut generation: Generation<'a>) -> Result<()> {
-        refuse_split(&generation)?;
+        refuse_unbatchable(&generation)?;
         if !generation.needs_prefill() {
             return self.join(key, generation);
         }

@@ -54,12 +54,31 @@ pub struct Engine {
     pub(crate) drafter: Option<BlockDrafter>,
     /// Rank 0 told the other ranks it is done ([`Engine::dismiss_followers`]).
     pub(crate) dismissed: AtomicBool,
+    /// The vision tower and image processor of a model that sees (whole models only).
+    pub(crate) vision: Option<crate::vision::Vision>,
 }
 
 impl Engine {
     /// The distributed group the model is split across (`None`: whole in this process).
     pub fn group(&self) -> Option<&Group> {
         self.group.as_deref()
+    }
+
+    /// Runs a whole request and returns its text and summary.
+    pub fn generate_text(&self, request: GenerateRequest) -> Result<(String, crate::request::Summary)> {
+        let mut text = String::new();
+        for event in self.generate(request, crate::request::CancelToken::default())? {
+            match event? {
+                crate::request::Event::Text(t) => text.push_str(&t),
+                crate::request::Event::Finished(summary) => return Ok((text, summary)),
+            }
+        }
+        Err(Error::Request("generation ended without a summary".into()))
+    }
+
+    /// Whether the model sees: it takes images ([`GenerateRequest::images`]).
+    pub fn sees(&self) -> bool {
+        self.vision.is_some()
     }
 
     /// The model (its config, MTP head, forward passes).
@@ -321,6 +340,10 @@ impl Engine {
         let ranks = group.as_ref().map_or(1, |g| g.size() as u64);
         let drafter_kv = drafter.as_ref().map(|d| d.kv_bytes_per_token(model.as_ref())).transpose()?.unwrap_or(0);
         let kv_bytes_per_token = crate::memory::kv_bytes_per_token(model.as_ref())? / ranks + drafter_kv;
+        let vision = match group {
+            None => crate::vision::Vision::load(dir, model.config().vocab_size as usize)?,
+            Some(_) => None,
+        };
         let engine = Engine {
             model,
             tokenizer,
@@ -342,6 +365,7 @@ impl Engine {
             group,
             dismissed: AtomicBool::new(false),
             drafter,
+            vision,
         };
         // The other ranks of a split model warm up as they follow rank 0's warm-up.
         if engine.profile.warmup && engine.leads() {

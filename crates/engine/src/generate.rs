@@ -29,6 +29,7 @@ use crate::stop::StopMatcher;
 use crate::tokenizer::StreamDecoder;
 
 mod batched;
+mod images;
 
 impl Engine {
     /// Starts `request` (checked first): iterate the generation for its events. `cancel`
@@ -66,7 +67,9 @@ impl Engine {
         }
         self.tell_followers_generate(&request)?;
         let sampler = Sampler::new(request.sampling.clone())?;
-        let depth = if forced.is_some() && !sampler.is_greedy() { 0 } else { request.draft_depth };
+        let images = self.prepare_images(&mut request)?;
+        let depth =
+            if (forced.is_some() && !sampler.is_greedy()) || images.is_some() { 0 } else { request.draft_depth };
         let spec = match depth {
             0 => None,
             depth => {
@@ -121,19 +124,8 @@ impl Engine {
             last_token_at: None,
             phase: Phase::Waiting,
             lent: false,
+            images,
         })
-    }
-
-    /// Runs a whole request and returns its text and summary.
-    pub fn generate_text(&self, request: GenerateRequest) -> Result<(String, Summary)> {
-        let mut text = String::new();
-        for event in self.generate(request, CancelToken::default())? {
-            match event? {
-                Event::Text(t) => text.push_str(&t),
-                Event::Finished(summary) => return Ok((text, summary)),
-            }
-        }
-        Err(Error::Request("generation ended without a summary".into()))
     }
 }
 
@@ -175,6 +167,8 @@ pub struct Generation<'a> {
     /// Set while a batch holds the cache (as a row of its own, [`Generation::lend_cache`]):
     /// where the cache is, in any phase from decoding to done, not a phase of its own.
     lent: bool,
+    /// The prompt's images, until its prefill (`generate/images.rs`).
+    images: Option<crate::vision::ImagePrompt>,
 }
 
 /// A generation's phases, in the order it goes through them. A speculative one decodes
@@ -247,8 +241,8 @@ impl Generation<'_> {
         let prompt = &self.request.prompt;
         let head = prompt.len() - 1;
         let hit = match self.engine.prompt_cache.lock() {
-            Ok(mut cache) => cache.lookup(prompt, head, self.spec.is_some())?,
-            Err(_) => None,
+            Ok(mut cache) if !self.has_images() => cache.lookup(prompt, head, self.spec.is_some())?,
+            _ => None,
         };
         let mut prefill = Prefill { at: 0, checkpoints: Vec::new() };
         if let Some(hit) = hit {
@@ -285,6 +279,9 @@ impl Generation<'_> {
         if prefill.at >= head.len() || cancelled {
             return Ok(false);
         }
+        if self.images.is_some() {
+            return self.prefill_images();
+        }
         let size = size.max(1);
         let end = ((prefill.at / size + 1) * size).min(head.len());
         let part = &head[prefill.at..end];
@@ -316,7 +313,7 @@ impl Generation<'_> {
         };
         let prompt = self.request.prompt.clone();
         let (head, last) = prompt.split_at(prompt.len() - 1);
-        if prefill.at == head.len() && !head.is_empty() && !self.cancelled()? {
+        if prefill.at == head.len() && !head.is_empty() && !self.has_images() && !self.cancelled()? {
             // The drafter's cache is kept only when it saw the whole head (one position fewer).
             let mtp = self.spec.as_ref().map(|s| s.draft_cache()).filter(|m| m.offset() as usize + 1 == head.len());
             self.checkpoints = prefill.checkpoints.clone();
@@ -584,7 +581,8 @@ impl Generation<'_> {
     fn keep_answer_state(&mut self) {
         let fed = self.cache.offset() as usize;
         let prompt = &self.request.prompt;
-        if fed <= prompt.len() || fed > prompt.len() + self.tokens.len() || self.cancelled().unwrap_or(true) {
+        let out = fed <= prompt.len() || fed > prompt.len() + self.tokens.len();
+        if out || self.has_images() || self.cancelled().unwrap_or(true) {
             return;
         }
         // The head's cache must reach the position before the trunk's last.

@@ -43,6 +43,11 @@ pub struct GenerateRequest {
     /// What the answer must match, enforced on the logits (speculation stays on: drafts and
     /// verified positions are masked alike).
     pub grammar: Option<Grammar>,
+    /// The prompt's images, one per image token in `prompt` (in order), for a model that
+    /// sees ([`crate::vision`]). Such a request decodes plainly and bypasses the prompt cache
+    /// for now; the ranks of a split model are not sent images.
+    #[serde(skip)]
+    pub images: Vec<std::sync::Arc<image::RgbImage>>,
 }
 
 impl GenerateRequest {
@@ -59,6 +64,7 @@ impl GenerateRequest {
             draft_script: None,
             forced_tokens: None,
             grammar: None,
+            images: Vec::new(),
         }
     }
 }

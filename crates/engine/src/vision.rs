@@ -4,12 +4,14 @@
 //! and the tower itself (`models/qwen3_5_vision.rs`).
 
 mod decode;
+mod loaded;
 mod positions;
 mod processor;
 mod prompt;
 
 pub use crate::models::qwen3_5_vision::{VisionConfig, VisionTower};
 pub use decode::{decode, ImageLimits};
+pub use loaded::Vision;
 pub use positions::{angles, interleaved_axes, rope_positions, RopePositions};
 pub use processor::{ImageProcessor, Patches};
-pub use prompt::prefill;
+pub use prompt::{prefill, ImagePrompt};

@@ -322,7 +322,8 @@ fn mrope_positions_and_angles_match_mlx_vlms() {
 /// text model in Qwen's layout, mlx-vlm adds a random tower and loads it all with its own
 /// loader), the logits at every prompt position — text before, between and after two images
 /// of different shapes — and after one more token (the positions shifted past the images)
-/// equal mlx-vlm's.
+/// equal mlx-vlm's; and a request carrying the images (one image token each in its prompt)
+/// decodes greedily to mlx-vlm's tokens, token for token.
 #[test]
 fn a_prompt_with_images_gives_mlx_vlms_logits() {
     use engine::checkpoint::{Architecture, Dtype, Layout};
@@ -343,6 +344,9 @@ fn a_prompt_with_images_gives_mlx_vlms_logits() {
     let tokens = [vec![5, 6], block(&merged[0]), vec![7], block(&merged[1]), vec![8, 9]].concat();
     let pixels = dir.path().join("pixels.f32");
     std::fs::write(&pixels, values.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>()).unwrap();
+    // The engine's processor reads the checkpoint's bounds: the same as the test's.
+    std::fs::write(dir.path().join("preprocessor_config.json"), r#"{"min_pixels": 4096, "max_pixels": 15360}"#)
+        .unwrap();
     let vision = serde_json::json!({
         "depth": 2, "hidden_size": 64, "intermediate_size": 96, "num_heads": 4, "in_channels": 3,
         "patch_size": 16, "temporal_patch_size": 2, "spatial_merge_size": 2, "out_hidden_size": 256,
@@ -393,4 +397,38 @@ fn a_prompt_with_images_gives_mlx_vlms_logits() {
     close(&model.logits(&hidden).unwrap(), &read("prefill.f32"), "the prompt");
     let step = model.forward(&mlx_rs::Array::from_slice(&[11u32], &[1, 1]), &mut cache).unwrap();
     close(&step, &read("step.f32"), "the next token");
+
+    // The same through a request: one image token per image, the images beside the prompt.
+    assert!(engine.sees());
+    let greedy: Vec<u32> =
+        serde_json::from_str(&std::fs::read_to_string(out.path().join("greedy.json")).unwrap()).unwrap();
+    let images: Vec<_> = [picture(100, 70, 21), picture(60, 130, 22)].into_iter().map(std::sync::Arc::new).collect();
+    let one_each = vec![5, 6, start, image, end, 7, start, image, end, 8, 9];
+    let request = engine::GenerateRequest {
+        ignore_eos: true,
+        draft_depth: 2,
+        images: images.clone(),
+        ..engine::GenerateRequest::greedy(one_each.clone(), greedy.len())
+    };
+    let mut generation = engine.generate(request.clone(), Default::default()).unwrap();
+    let mut summary = None;
+    for event in generation.by_ref() {
+        if let engine::Event::Finished(s) = event.unwrap() {
+            summary = Some(s);
+        }
+    }
+    assert_eq!(generation.tokens(), &greedy[..], "greedy tokens after the images");
+    let summary = summary.unwrap();
+    assert_eq!(summary.usage.prompt_tokens, tokens.len(), "the image tokens count in the prompt");
+    assert!(summary.speculative.is_none(), "a request with images decodes plainly for now");
+    // Again: nothing of the first request's images is taken from the prompt cache.
+    let again = engine.generate(request.clone(), Default::default()).unwrap().token_ids().unwrap();
+    assert_eq!(&again[..greedy.len()], &greedy[..]);
+    let two_for_one = engine::GenerateRequest { images: vec![images[0].clone()], ..request.clone() };
+    let err = engine.generate(two_for_one, Default::default()).map(|_| ()).unwrap_err().to_string();
+    assert!(err.contains("2 image placeholders for 1 images"), "{err}");
+    // A model that reads text only refuses images by name.
+    let text_only = engine::Engine::load(&common::repo_root().join("assets/models/ferrite-code-20m")).unwrap();
+    let err = text_only.generate(request, Default::default()).map(|_| ()).unwrap_err().to_string();
+    assert!(err.contains("reads text only"), "{err}");
 }

@@ -56,7 +56,8 @@ impl<'a> Generation<'a> {
     /// and every token it committed has been returned (a speculative one is between cycles).
     pub fn can_join_batch(&self) -> bool {
         let Phase::Decoding { pending } = &self.phase else { return false };
-        self.generated > 0 && self.queue.is_empty() && (self.spec.is_some() || pending.is_some())
+        let between = self.queue.is_empty() && (self.spec.is_some() || pending.is_some());
+        self.generated > 0 && between && !self.has_images()
     }
 
     /// A speculative generation between cycles goes on decoding plainly: its trunk cache holds

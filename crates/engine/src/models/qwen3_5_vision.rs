@@ -231,6 +231,30 @@ impl VisionTower {
         Ok(VisionTower { config: config.clone(), patch_embed, pos_embed, blocks, merger })
     }
 
+    /// Every weight, to load them now rather than at the first image.
+    pub fn arrays(&self) -> Vec<&Array> {
+        fn linear(l: &Linear) -> Vec<&Array> {
+            match l {
+                Linear::Dense { weight, bias } => std::iter::once(weight).chain(bias.iter()).collect(),
+                Linear::Quantized { packed, bias } => {
+                    [&packed.weight, &packed.scales, &packed.biases].into_iter().chain(bias.iter()).collect()
+                }
+            }
+        }
+        fn norm(n: &LayerNorm) -> Vec<&Array> {
+            vec![&n.weight, &n.bias]
+        }
+        let mut all = vec![&self.pos_embed];
+        all.extend(linear(&self.patch_embed));
+        for b in &self.blocks {
+            all.extend([norm(&b.norm1), norm(&b.norm2)].concat());
+            all.extend([linear(&b.qkv), linear(&b.proj), linear(&b.fc1), linear(&b.fc2)].concat());
+        }
+        all.extend(norm(&self.merger.norm));
+        all.extend([linear(&self.merger.fc1), linear(&self.merger.fc2)].concat());
+        all
+    }
+
     /// The embeddings [Σ t·h·w / merge², out_hidden] of the images whose patches [Σ t·h·w,
     /// patch values] are `patches`, each image's (frames, rows, columns) in `grids`.
     pub fn forward(&self, patches: &Array, grids: &[[usize; 3]]) -> Result<Array> {

@@ -2,8 +2,12 @@
 //! features in place of its placeholder tokens, at their MRoPE positions; the cache then
 //! holds the shift that places the tokens after the prompt.
 
+use std::sync::Arc;
+
+use image::RgbImage;
 use mlx_rs::{ops, Array};
 
+use super::loaded::Vision;
 use super::positions::{angles, rope_positions};
 use crate::cache::Cache;
 use crate::error::{Error, Result};
@@ -51,4 +55,46 @@ pub fn prefill(
     let angles = angles(&placed.positions, c.rope_dims() as usize, c.rope_theta(), c.mrope_section())?;
     cache.place_next(&angles, placed.delta);
     model.hidden_embedded(&embeddings, cache)
+}
+
+/// A request's images made ready for the model: their patches [rows, patch values] and
+/// grids for the tower, and their grids after the spatial merge (one prompt token each).
+pub struct ImagePrompt {
+    pub patches: Array,
+    pub grids: Vec<[usize; 3]>,
+    pub merged: Vec<[usize; 3]>,
+}
+
+impl ImagePrompt {
+    /// Preprocesses `images` and repeats each of `prompt`'s image tokens — one per image, in
+    /// their order, as a chat template renders them — for its image's number of tokens.
+    pub fn new(vision: &Vision, prompt: &mut Vec<u32>, images: &[Arc<RgbImage>]) -> Result<Self> {
+        let placeholders = prompt.iter().filter(|&&t| t == vision.image_token).count();
+        if placeholders != images.len() {
+            return Err(Error::Request(format!(
+                "the prompt has {placeholders} image placeholders for {} images",
+                images.len()
+            )));
+        }
+        if prompt.last() == Some(&vision.image_token) {
+            return Err(Error::Request("a prompt with images ends with text after them".into()));
+        }
+        let ms = vision.processor.merge_size;
+        let patches = images.iter().map(|i| vision.processor.preprocess(i)).collect::<Result<Vec<_>>>()?;
+        let grids: Vec<[usize; 3]> = patches.iter().map(|p| p.grid).collect();
+        let merged: Vec<[usize; 3]> = grids.iter().map(|g| [g[0], g[1] / ms, g[2] / ms]).collect();
+        let mut sizes = merged.iter().map(|g| g.iter().product::<usize>());
+        let mut expanded = Vec::with_capacity(prompt.len());
+        for &token in prompt.iter() {
+            match token == vision.image_token {
+                true => expanded.extend(std::iter::repeat_n(token, sizes.next().unwrap_or(0))),
+                false => expanded.push(token),
+            }
+        }
+        *prompt = expanded;
+        let width = vision.tower.config.patch_values();
+        let values: Vec<f32> = patches.iter().flat_map(|p| p.values.iter().copied()).collect();
+        let patches = Array::from_slice(&values, &[(values.len() / width) as i32, width as i32]);
+        Ok(ImagePrompt { patches, grids, merged })
+    }
 }

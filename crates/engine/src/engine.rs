@@ -297,7 +297,7 @@ impl Engine {
         let backend = device::backend();
         let group = options.group.clone().filter(|g| g.size() > 1);
         let (model, weight_form) = models::load_with(dir, options)?;
-        let tokenizer = Tokenizer::load(dir)?;
+        let mut tokenizer = Tokenizer::load(dir)?;
         let drafter = match &options.drafter {
             // The other ranks follow rank 0's requests with their own speculator: without
             // the drafter their passes would part from rank 0's.
@@ -344,6 +344,9 @@ impl Engine {
             None => crate::vision::Vision::load(dir, model.config().vocab_size as usize)?,
             Some(_) => None,
         };
+        if let Some(vision) = &vision {
+            tokenizer.set_image_tokens(&vision.markup)?;
+        }
         let engine = Engine {
             model,
             tokenizer,

@@ -4,9 +4,13 @@
 
 use std::path::{Path, PathBuf};
 
-use serde::Serialize;
-
 use crate::error::{Error, Result};
+
+mod fold;
+mod images;
+mod messages;
+pub use fold::fold_system_turns;
+pub use messages::{ChatMessage, FunctionCall, ToolCall};
 
 pub struct Tokenizer {
     inner: tokenizers::Tokenizer,
@@ -25,45 +29,9 @@ pub struct Tokenizer {
     path: PathBuf,
     /// Bytes of the vocabulary's longest token string.
     longest_token: usize,
-}
-
-/// One turn as chat templates see it. Assistant turns may carry tool calls; `tool` turns
-/// carry a tool's output (and the id of the call it answers).
-#[derive(Debug, Clone, Serialize)]
-pub struct ChatMessage {
-    pub role: String,
-    pub content: String,
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub tool_calls: Vec<ToolCall>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub tool_call_id: Option<String>,
-}
-
-/// A function call, shaped as Qwen's templates read it
-/// (`{"type": "function", "function": {"name", "arguments"}}`, arguments as JSON).
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct ToolCall {
-    #[serde(rename = "type")]
-    pub kind: &'static str,
-    pub function: FunctionCall,
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct FunctionCall {
-    pub name: String,
-    pub arguments: serde_json::Value,
-}
-
-impl ToolCall {
-    pub fn new(name: &str, arguments: serde_json::Value) -> Self {
-        ToolCall { kind: "function", function: FunctionCall { name: name.into(), arguments } }
-    }
-}
-
-impl ChatMessage {
-    pub fn new(role: &str, content: &str) -> Self {
-        ChatMessage { role: role.into(), content: content.into(), tool_calls: vec![], tool_call_id: None }
-    }
+    /// What stands for an image in a message, as indices into `specials` (Qwen's
+    /// `<|vision_start|><|image_pad|><|vision_end|>`): set for a model that sees.
+    image_marks: Option<Vec<usize>>,
 }
 
 fn read_json(path: &Path) -> Result<Option<serde_json::Value>> {
@@ -143,7 +111,19 @@ impl Tokenizer {
         specials.sort_by(|a, b| b.len().cmp(&a.len()).then(a.cmp(b)));
         let mut as_text = inner.clone();
         as_text.set_encode_special_tokens(true);
-        Ok(Tokenizer { inner, as_text, specials, templates, bos_token, eos_token, eos_ids, path, longest_token })
+        let image_marks = None;
+        Ok(Tokenizer {
+            inner,
+            as_text,
+            specials,
+            templates,
+            bos_token,
+            eos_token,
+            eos_ids,
+            path,
+            longest_token,
+            image_marks,
+        })
     }
 
     pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
@@ -170,15 +150,15 @@ impl Tokenizer {
     ) -> Result<(Vec<u32>, String)> {
         let marked: Vec<ChatMessage> = messages
             .iter()
-            .map(|m| {
+            .map(|m| -> Result<ChatMessage> {
                 let mut m = m.clone();
-                m.content = self.mark_specials(&m.content);
+                m.content = self.mark_content(&m.content, &m.images)?;
                 for call in &mut m.tool_calls {
                     self.mark_value(&mut call.function.arguments);
                 }
-                m
+                Ok(m)
             })
-            .collect();
+            .collect::<Result<_>>()?;
         let mut extra = extra.clone();
         extra.values_mut().for_each(|v| self.mark_value(v));
         let text = self.apply_chat_template(&marked, add_generation_prompt, &extra)?;
@@ -201,8 +181,11 @@ impl Tokenizer {
                 rest = after;
                 continue;
             };
-            match self.specials.get(n) {
-                Some(special) => {
+            // Past the specials and the mark character: a token of the model's own markup
+            // (an image's, `tokenizer/images.rs`), which no client text can mark.
+            let markup = n.checked_sub(self.specials.len() + 1).and_then(|i| self.specials.get(i));
+            match (self.specials.get(n), markup) {
+                (Some(special), _) => {
                     let enc = self
                         .as_text
                         .encode(special.as_str(), false)
@@ -210,8 +193,12 @@ impl Tokenizer {
                     ids.extend(enc.get_ids());
                     shown.push_str(special);
                 }
+                (None, Some(token)) => {
+                    ids.extend(self.encode(token)?);
+                    shown.push_str(token);
+                }
                 // The mark character itself, as the client wrote it.
-                None => {
+                (None, None) => {
                     ids.extend(self.encode(&MARK_OPEN.to_string())?);
                     shown.push(MARK_OPEN);
                 }
@@ -225,7 +212,7 @@ impl Tokenizer {
 
     /// `text` with each special token's text replaced by a mark naming it (and the mark
     /// character itself, where the client wrote it, by a mark of its own).
-    fn mark_specials(&self, text: &str) -> String {
+    pub(super) fn mark_specials(&self, text: &str) -> String {
         let mut text = text.replace(MARK_OPEN, &format!("{MARK_OPEN}{}{MARK_CLOSE}", self.specials.len()));
         for (i, special) in self.specials.iter().enumerate() {
             if text.contains(special.as_str()) {
@@ -353,41 +340,6 @@ const MARK_CLOSE: char = '\u{E001}';
 
 /// How an error the template raised itself (`raise_exception`) begins.
 const RAISED: &str = "the chat template refused the conversation: ";
-
-/// The same conversation with system turns only at its start, for templates that take no
-/// other: the leading system turns joined into one, and each later one put before the next
-/// user turn's text (or, with no user turn right after it, as a user turn of its own).
-pub fn fold_system_turns(messages: &[ChatMessage]) -> Vec<ChatMessage> {
-    let leading = messages.iter().take_while(|m| m.role == "system").count();
-    let mut out = Vec::with_capacity(messages.len());
-    if leading > 0 {
-        let text: Vec<&str> = messages[..leading].iter().map(|m| m.content.as_str()).collect();
-        out.push(ChatMessage::new("system", &text.join("\n\n")));
-    }
-    let mut pending: Vec<&str> = Vec::new();
-    for m in &messages[leading..] {
-        if m.role == "system" {
-            pending.push(&m.content);
-            continue;
-        }
-        if !pending.is_empty() {
-            let system = pending.join("\n\n");
-            pending.clear();
-            if m.role == "user" {
-                let mut turn = m.clone();
-                turn.content = format!("{system}\n\n{}", m.content);
-                out.push(turn);
-                continue;
-            }
-            out.push(ChatMessage::new("user", &system));
-        }
-        out.push(m.clone());
-    }
-    if !pending.is_empty() {
-        out.push(ChatMessage::new("user", &pending.join("\n\n")));
-    }
-    out
-}
 
 /// Templates ship with models, so they are untrusted: a render may take at most this many
 /// steps of minijinja's machine (fuel) ...

@@ -318,6 +318,23 @@ fn mrope_positions_and_angles_match_mlx_vlms() {
     assert_eq!((plain.positions, plain.delta), (vec![[0; 3], [1; 3], [2; 3]], 0));
 }
 
+/// Adds Qwen's vision tokens to a made checkpoint's tokenizer, as special tokens after its
+/// own (its vocabulary is smaller than the model's): their ids (start, end, image).
+pub fn add_vision_tokens(dir: &Path) -> (u32, u32, u32) {
+    let path = dir.join("tokenizer.json");
+    let mut t: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let added = t["added_tokens"].as_array_mut().unwrap();
+    let next = added.iter().map(|a| a["id"].as_u64().unwrap()).max().unwrap() as u32 + 1;
+    for (i, content) in ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>"].iter().enumerate() {
+        added.push(serde_json::json!({
+            "id": next + i as u32, "content": content, "single_word": false, "lstrip": false, "rstrip": false,
+            "normalized": false, "special": true,
+        }));
+    }
+    std::fs::write(&path, t.to_string()).unwrap();
+    (next, next + 1, next + 2)
+}
+
 /// A whole prompt with images: on a Qwen3.5 checkpoint that sees (Ferrite's maker writes the
 /// text model in Qwen's layout, mlx-vlm adds a random tower and loads it all with its own
 /// loader), the logits at every prompt position — text before, between and after two images
@@ -337,7 +354,7 @@ fn a_prompt_with_images_gives_mlx_vlms_logits() {
     let grids: Vec<[usize; 3]> = patches.iter().map(|p| p.grid).collect();
     let merged: Vec<[usize; 3]> = grids.iter().map(|g| [g[0], g[1] / 2, g[2] / 2]).collect();
     let values: Vec<f32> = patches.iter().flat_map(|p| p.values.iter().copied()).collect();
-    let (image, start, end) = (2000u32, 1998u32, 1999u32);
+    let (start, end, image) = add_vision_tokens(dir.path());
     let block = |g: &[usize; 3]| -> Vec<u32> {
         [start].into_iter().chain(std::iter::repeat_n(image, g.iter().product())).chain([end]).collect()
     };
@@ -392,7 +409,9 @@ fn a_prompt_with_images_gives_mlx_vlms_logits() {
         assert_eq!(got.len(), want.len(), "{what}");
         let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
         let worst = got.iter().zip(want).fold(0f32, |m, (a, b)| m.max((a - b).abs()));
-        assert!(worst <= 1e-4 * scale.max(1.0), "{what}: logits up to {worst} apart (largest {scale})");
+        // f32 over 8 hybrid layers: mlx-vlm's gated-delta kernel sums in another order than
+        // Ferrite's operations (the text-only reference tests allow 5e-4 on tiny models).
+        assert!(worst <= 3e-4 * scale.max(1.0), "{what}: logits up to {worst} apart (largest {scale})");
     };
     close(&model.logits(&hidden).unwrap(), &read("prefill.f32"), "the prompt");
     let step = model.forward(&mlx_rs::Array::from_slice(&[11u32], &[1, 1]), &mut cache).unwrap();
@@ -427,8 +446,19 @@ fn a_prompt_with_images_gives_mlx_vlms_logits() {
     let two_for_one = engine::GenerateRequest { images: vec![images[0].clone()], ..request.clone() };
     let err = engine.generate(two_for_one, Default::default()).map(|_| ()).unwrap_err().to_string();
     assert!(err.contains("2 image placeholders for 1 images"), "{err}");
+    // A chat places an image's markup where it sits in a message; a client's text spelling
+    // the image token stays text.
+    let mut look = engine::tokenizer::ChatMessage::new("user", "Look <|image_pad|> here: and there");
+    look.images = vec![look.content.find("here:").unwrap() + 5];
+    let (ids, text) = engine.tokenizer().encode_chat(std::slice::from_ref(&look), true, &Default::default()).unwrap();
+    assert_eq!(ids.iter().filter(|&&t| t == image).count(), 1, "{text}");
+    let at = ids.iter().position(|&t| t == start).unwrap();
+    assert_eq!(&ids[at..at + 3], &[start, image, end]);
+    assert!(text.contains("here:<|vision_start|><|image_pad|><|vision_end|> and there"), "{text}");
     // A model that reads text only refuses images by name.
     let text_only = engine::Engine::load(&common::repo_root().join("assets/models/ferrite-code-20m")).unwrap();
     let err = text_only.generate(request, Default::default()).map(|_| ()).unwrap_err().to_string();
+    assert!(err.contains("reads text only"), "{err}");
+    let err = text_only.tokenizer().encode_chat(&[look], true, &Default::default()).unwrap_err().to_string();
     assert!(err.contains("reads text only"), "{err}");
 }

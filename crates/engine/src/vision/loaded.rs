@@ -16,6 +16,8 @@ pub struct Vision {
     /// The token each image's features replace (`image_token_id`, Qwen's `<|image_pad|>`);
     /// a prompt holds one per image, the engine repeats it for the image's size.
     pub image_token: u32,
+    /// What a chat renders for an image: the vision start, image and vision end tokens.
+    pub markup: [u32; 3],
 }
 
 impl Vision {
@@ -26,14 +28,16 @@ impl Vision {
         let path = dir.join("config.json");
         let config: Value = serde_json::from_str(&read_text(&path, JSON_CAP)?)
             .map_err(|e| Error::malformed(&path, format!("not JSON: {e}")))?;
-        let image_token =
-            config.get("image_token_id").and_then(Value::as_u64).filter(|&t| (t as usize) < vocab).ok_or_else(|| {
-                Error::Config {
-                    path: path.clone(),
-                    field: "image_token_id".into(),
-                    message: format!("a model that sees needs the image token, a token id below {vocab}"),
-                }
-            })? as u32;
+        let id = |field: &str| -> Result<u32> {
+            let id = config.get(field).and_then(Value::as_u64).filter(|&t| (t as usize) < vocab);
+            id.map(|t| t as u32).ok_or_else(|| Error::Config {
+                path: path.clone(),
+                field: field.into(),
+                message: format!("a model that sees needs this token, an id below {vocab}"),
+            })
+        };
+        let image_token = id("image_token_id")?;
+        let markup = [id("vision_start_token_id")?, image_token, id("vision_end_token_id")?];
         let processor = ImageProcessor::load(dir)?;
         let (t, p) = (&tower.config, &processor);
         if (p.patch_size, p.temporal_patch_size, p.merge_size)
@@ -49,6 +53,6 @@ impl Vision {
             ));
         }
         mlx_rs::transforms::eval(tower.arrays())?;
-        Ok(Some(Vision { processor, tower, image_token }))
+        Ok(Some(Vision { processor, tower, image_token, markup }))
     }
 }

@@ -43,15 +43,16 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--dir", type=Path, required=True)
     ap.add_argument("--vision", required=True, help="the vision_config, as JSON")
-    ap.add_argument("--tokens", required=True, help="the prompt's token ids, as JSON")
+    ap.add_argument("--tokens", help="the prompt's token ids, as JSON")
     ap.add_argument("--image-token", type=int, required=True)
     ap.add_argument("--vision-start", type=int, required=True)
     ap.add_argument("--vision-end", type=int, required=True)
-    ap.add_argument("--pixels", type=Path, required=True)
-    ap.add_argument("--grids", required=True)
-    ap.add_argument("--next", type=int, required=True)
+    ap.add_argument("--pixels", type=Path)
+    ap.add_argument("--grids")
+    ap.add_argument("--next", type=int)
     ap.add_argument("--greedy", type=int, default=8)
-    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--out", type=Path)
+    ap.add_argument("--tower-only", action="store_true", help="only add the tower (a server test's model)")
     args = ap.parse_args()
     ids = {
         "image_token_id": args.image_token,
@@ -60,6 +61,8 @@ def main():
         "vision_end_token_id": args.vision_end,
     }
     add_tower(args.dir, json.loads(args.vision), ids, seed=3)
+    if args.tower_only:
+        return
 
     model = load_model(args.dir)
     grids = json.loads(args.grids)

@@ -76,6 +76,14 @@ impl Engine {
         Err(Error::Request("generation ended without a summary".into()))
     }
 
+    /// The prompt tokens `images` add beyond their one image token each (0 for a model that
+    /// does not see, or an image it would refuse: the request says why when it starts).
+    pub fn image_tokens(&self, images: &[Arc<image::RgbImage>]) -> usize {
+        let Some(vision) = &self.vision else { return 0 };
+        let size = |i: &image::RgbImage| vision.processor.tokens(i.height() as usize, i.width() as usize).unwrap_or(1);
+        images.iter().map(|i| size(i).saturating_sub(1)).sum()
+    }
+
     /// Whether the model sees: it takes images ([`GenerateRequest::images`]).
     pub fn sees(&self) -> bool {
         self.vision.is_some()

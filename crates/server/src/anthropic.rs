@@ -16,6 +16,7 @@ use serde_json::Value;
 
 use crate::answer::{self, Answer, Finish, Settings, Step, TemplateTool};
 use crate::error::{parse, AnthropicError, ApiError};
+use crate::images::Images;
 use crate::job::{ClampedBy, Prompt};
 use crate::tool_choice::{self, ToolChoice};
 use crate::AppState;
@@ -47,6 +48,32 @@ struct Block {
     /// tool_reference blocks (in a tool_result): the deferred tool they load.
     #[serde(default)]
     tool_name: Option<String>,
+    /// image blocks: `{"type": "base64", "media_type", "data"}` (or a `url`, refused).
+    #[serde(default)]
+    source: Option<ImageSource>,
+}
+
+#[derive(Debug, Deserialize)]
+struct ImageSource {
+    #[serde(rename = "type", default)]
+    kind: String,
+    #[serde(default)]
+    media_type: Option<String>,
+    #[serde(default)]
+    data: Option<String>,
+    #[serde(default)]
+    url: Option<String>,
+}
+
+/// An image block at `path` into `images`.
+fn image_block(b: &Block, images: &mut Images, path: &str) -> Result<(), ApiError> {
+    match b.source.as_ref() {
+        Some(ImageSource { url: Some(url), .. }) => images.url(url, &format!("{path}.source.url")),
+        Some(s) if s.kind == "base64" || s.data.is_some() => {
+            images.base64(s.media_type.as_deref(), s.data.as_deref().unwrap_or_default(), &format!("{path}.source"))
+        }
+        _ => images.base64(None, "", &format!("{path}.source")),
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -151,8 +178,14 @@ fn text_of(content: &Content) -> String {
 /// `<functions>` block of `<function>{"description", "name", "parameters"}</function>` lines:
 /// the tool list at the top of the prompt never changes, so everything before the result stays
 /// in the prompt cache.
-fn tool_result_text(content: &Content, tools: &[Tool], path: &str) -> Result<String, ApiError> {
-    let Content::Blocks(blocks) = content else { return Ok(text_of(content)) };
+fn tool_result_text(
+    content: &Content,
+    tools: &[Tool],
+    path: &str,
+    images: &mut Images,
+) -> Result<(String, Vec<usize>), ApiError> {
+    let Content::Blocks(blocks) = content else { return Ok((text_of(content), vec![])) };
+    let mut at = Vec::new();
     let mut out = String::new();
     let mut functions: Vec<String> = Vec::new();
     let flush = |out: &mut String, functions: &mut Vec<String>| {
@@ -176,11 +209,16 @@ fn tool_result_text(content: &Content, tools: &[Tool], path: &str) -> Result<Str
                 flush(&mut out, &mut functions);
                 out.push_str(t);
             }
+            ("image", _) => {
+                flush(&mut out, &mut functions);
+                image_block(b, images, &format!("{path}.{k}"))?;
+                at.push(out.len());
+            }
             _ => {}
         }
     }
     flush(&mut out, &mut functions);
-    Ok(out)
+    Ok((out, at))
 }
 
 /// The request's tool a `tool_reference` block (at `path`) names.
@@ -251,9 +289,10 @@ fn unseen(b: &Block) -> bool {
 /// The path and type of the first block among `blocks` (at `path`) the model cannot see,
 /// looking into tool results too (Claude Code's Read of an image answers with one inside a
 /// `tool_result`: dropping it would answer as if the tool returned nothing).
-fn unseen_in(blocks: &[Block], path: &str) -> Option<(String, String)> {
+fn unseen_in(blocks: &[Block], path: &str, sees: bool) -> Option<(String, String)> {
+    let seen = |kind: &str| sees && kind == "image";
     blocks.iter().enumerate().find_map(|(j, b)| {
-        if unseen(b) {
+        if unseen(b) && !seen(&b.kind) {
             return Some((format!("{path}.{j}"), b.kind.clone()));
         }
         // A `tool_reference` (Claude Code's ToolSearch naming a deferred tool) carries no
@@ -262,7 +301,7 @@ fn unseen_in(blocks: &[Block], path: &str) -> Option<(String, String)> {
             ("tool_result", Some(Content::Blocks(inner))) => inner
                 .iter()
                 .enumerate()
-                .find(|(_, c)| !matches!(c.kind.as_str(), "text" | "tool_reference"))
+                .find(|(_, c)| !matches!(c.kind.as_str(), "text" | "tool_reference") && !seen(&c.kind))
                 .map(|(k, c)| (format!("{path}.{j}.content.{k}"), c.kind.clone())),
             _ => None,
         }
@@ -270,7 +309,7 @@ fn unseen_in(blocks: &[Block], path: &str) -> Option<(String, String)> {
 }
 
 /// The prompt, and how the answer shows the model's thinking.
-fn prompt(p: &PromptPart, choice: &ToolChoice) -> Result<(Prompt, Shown), ApiError> {
+fn prompt(p: &PromptPart, choice: &ToolChoice, images: &mut Images) -> Result<(Prompt, Shown), ApiError> {
     if p.messages.is_empty() {
         return Err(ApiError::bad_request("messages: must not be empty").with_param("messages"));
     }
@@ -289,7 +328,7 @@ fn prompt(p: &PromptPart, choice: &ToolChoice) -> Result<(Prompt, Shown), ApiErr
             .with_param(&format!("messages.{i}.role")));
         }
         if let Content::Blocks(blocks) = &m.content {
-            if let Some((at, kind)) = unseen_in(blocks, &format!("messages.{i}.content")) {
+            if let Some((at, kind)) = unseen_in(blocks, &format!("messages.{i}.content"), images.sees()) {
                 return Err(ApiError::bad_request(format!(
                     "{at}: `{kind}` blocks are not supported: the model reads text only"
                 ))
@@ -300,9 +339,9 @@ fn prompt(p: &PromptPart, choice: &ToolChoice) -> Result<(Prompt, Shown), ApiErr
             messages.push(ChatMessage::new(&m.role, &text_of(&m.content)));
             continue;
         };
-        // Tool results become `tool` turns, tool uses the assistant's tool calls.
-        let text: String = blocks.iter().filter(|b| b.kind == "text").filter_map(|b| b.text.clone()).collect();
-        let mut turn = ChatMessage::new(&m.role, &text);
+        // Tool results become `tool` turns (before the turn's own text, as they render: their
+        // images come first too), tool uses the assistant's tool calls.
+        let mut turn = ChatMessage::new(&m.role, "");
         for (j, b) in blocks.iter().enumerate() {
             match b.kind.as_str() {
                 "tool_use" => turn
@@ -310,18 +349,29 @@ fn prompt(p: &PromptPart, choice: &ToolChoice) -> Result<(Prompt, Shown), ApiErr
                     .push(ToolCall::new(b.name.as_deref().unwrap_or_default(), b.input.clone().unwrap_or_default())),
                 "tool_result" => {
                     let path = format!("messages.{i}.content.{j}.content");
-                    let text = match b.content.as_deref() {
-                        Some(c) => tool_result_text(c, &p.tools, &path)?,
-                        None => String::new(),
+                    let (text, at) = match b.content.as_deref() {
+                        Some(c) => tool_result_text(c, &p.tools, &path, images)?,
+                        None => (String::new(), vec![]),
                     };
                     let mut result = ChatMessage::new("tool", &text);
                     result.tool_call_id = b.tool_use_id.clone();
+                    result.images = at;
                     messages.push(result);
                 }
                 _ => {}
             }
         }
-        if !turn.content.is_empty() || !turn.tool_calls.is_empty() {
+        for (j, b) in blocks.iter().enumerate() {
+            match (b.kind.as_str(), &b.text) {
+                ("text", Some(t)) => turn.content.push_str(t),
+                ("image", _) => {
+                    image_block(b, images, &format!("messages.{i}.content.{j}"))?;
+                    turn.images.push(turn.content.len());
+                }
+                _ => {}
+            }
+        }
+        if !turn.content.is_empty() || !turn.tool_calls.is_empty() || !turn.images.is_empty() {
             messages.push(turn);
         }
     }
@@ -377,8 +427,10 @@ fn stop_reason(answer: &Answer) -> &'static str {
 pub async fn count_tokens(State(state): State<AppState>, body: Bytes) -> Result<Response, AnthropicError> {
     let p: PromptPart = parse(&body)?;
     let loaded = state.resolve_model(&p.model)?;
-    let (prompt, _) = prompt(&p, &ToolChoice::anthropic(p.tool_choice.as_ref())?)?;
-    let running = loaded.worker.run(prompt, GenerateRequest::greedy(vec![], 1), true).await?;
+    let mut images = Images::new(loaded.worker.info.sees);
+    let (prompt, _) = prompt(&p, &ToolChoice::anthropic(p.tool_choice.as_ref())?, &mut images)?;
+    let request = GenerateRequest { images: images.into_list(), ..GenerateRequest::greedy(vec![], 1) };
+    let running = loaded.worker.run(prompt, request, true).await?;
     Ok(Json(TokenCount { input_tokens: running.prompt_tokens }).into_response())
 }
 
@@ -387,7 +439,8 @@ pub async fn messages(State(state): State<AppState>, body: Bytes) -> Result<Resp
     let g: Generation = parse(&body)?;
     let loaded = state.resolve_model(&p.model)?;
     let choice = ToolChoice::anthropic(p.tool_choice.as_ref())?;
-    let (prompt, shown) = prompt(&p, &choice)?;
+    let mut images = Images::new(loaded.worker.info.sees);
+    let (prompt, shown) = prompt(&p, &choice, &mut images)?;
     let settings = Settings {
         max_tokens: Some(g.max_tokens),
         max_tokens_field: "max_tokens",
@@ -403,6 +456,7 @@ pub async fn messages(State(state): State<AppState>, body: Bytes) -> Result<Resp
     };
     let mut request = settings.request(&loaded)?;
     request.grammar = choice.grammar(&tool_choice::offered(&prompt), loaded.worker.info.call_syntax)?;
+    request.images = images.into_list();
     let (running, headers) = answer::run(&state, &loaded, prompt, request).await?;
     let head = Head { id: format!("msg_{}", state.next_id()), model: loaded.worker.info.id.clone() };
 
@@ -696,7 +750,7 @@ mod fuzz {
         fn message_bodies_never_panic(body in crate::fuzz::body()) {
             let body = Bytes::from(body);
             if let Ok(p) = parse::<PromptPart>(&body) {
-                if let Err(e) = ToolChoice::anthropic(p.tool_choice.as_ref()).and_then(|c| prompt(&p, &c).map(|_| ())) {
+                if let Err(e) = ToolChoice::anthropic(p.tool_choice.as_ref()).and_then(|c| prompt(&p, &c, &mut Images::new(true)).map(|_| ())) {
                     prop_assert!(e.status.is_client_error(), "{}", e.message);
                 }
             }

@@ -169,7 +169,8 @@ pub(crate) fn start_job<'e>(
         send(JobEvent::Failed(JobError::BadRequest("the prompt is empty".into())));
         return Err(0);
     }
-    let prompt_tokens = ids.len();
+    // Each image's token stands for as many as its size takes (the engine repeats it).
+    let prompt_tokens = ids.len() + engine.image_tokens(&job.request.images);
     if job.count_only {
         send(JobEvent::Started { prompt_tokens, max_tokens: 0, clamped: None });
         return Err(0);
@@ -354,6 +355,11 @@ pub(crate) fn run_batch<'e>(
                     Err(_) => break,
                 },
             };
+            if !job.request.images.is_empty() {
+                // A request with images runs alone: after the batch, in its turn.
+                deferred.push_back(Message::Job(Box::new(job)));
+                break;
+            }
             if !batch.is_empty() && batch.kv_tokens_with(kv_tokens_asked(engine, info, &job)) > share {
                 next = Some(job);
                 break;

@@ -16,6 +16,7 @@ pub mod error;
 mod fuzz;
 pub mod guard;
 pub mod history;
+mod images;
 pub mod job;
 mod job_run;
 pub mod launch;

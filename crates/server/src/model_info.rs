@@ -26,6 +26,8 @@ pub struct ModelInfo {
     /// How the quantized weights were loaded, and why (e.g. dequantized on the CPU).
     pub weight_form: String,
     pub has_mtp: bool,
+    /// Whether the model sees (a vision tower loaded beside it): requests may carry images.
+    pub sees: bool,
     /// The block drafter loaded beside the model, if one is.
     pub drafter: Option<DrafterInfo>,
     pub profile: Profile,
@@ -83,6 +85,7 @@ impl ModelInfo {
             blas: engine::blas::describe(),
             weight_form: engine.weight_form().to_string(),
             has_mtp: engine.model().mtp().is_some(),
+            sees: engine.sees(),
             drafter: engine.drafter().map(|d| DrafterInfo {
                 dir: d.dir.clone(),
                 block_size: d.spec.block_size,

@@ -24,6 +24,7 @@ use crate::response_format::{Expect, ResponseFormat};
 use crate::tool_choice::{self, ToolChoice};
 use crate::tools::ParsedCall;
 
+use crate::images::{ImageUrl, Images};
 use crate::{AppState, Loaded};
 
 /// Message content as OpenAI's APIs send it: a string, or typed parts (also the Responses API's).
@@ -40,6 +41,9 @@ pub(crate) struct Part {
     pub(crate) kind: String,
     #[serde(default)]
     pub(crate) text: Option<String>,
+    /// `image_url` parts: `{"url": ...}` (the Responses API's `input_image`: the URL itself).
+    #[serde(default)]
+    pub(crate) image_url: Option<ImageUrl>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -249,7 +253,7 @@ fn logit_bias(map: Option<&BTreeMap<String, f32>>) -> Result<Vec<(u32, f32)>, Ap
         .collect()
 }
 
-fn chat_prompt(req: &ChatRequest, choice: &ToolChoice) -> Result<Prompt, ApiError> {
+fn chat_prompt(req: &ChatRequest, choice: &ToolChoice, images: &mut Images) -> Result<Prompt, ApiError> {
     if req.messages.is_empty() {
         return Err(ApiError::bad_request("messages must not be empty").with_param("messages"));
     }
@@ -260,15 +264,14 @@ fn chat_prompt(req: &ChatRequest, choice: &ToolChoice) -> Result<Prompt, ApiErro
                 ApiError::bad_request(format!("messages[{i}].role: unknown role `{}`", m.role)).with_param("messages")
             );
         }
-        let content = match &m.content {
-            None => String::new(),
-            Some(Content::Text(t)) => t.clone(),
-            Some(Content::Parts(parts)) => {
-                parts.iter().filter(|p| p.kind == "text").filter_map(|p| p.text.clone()).collect::<Vec<_>>().join("")
-            }
+        let (content, at) = match &m.content {
+            None => (String::new(), vec![]),
+            Some(Content::Text(t)) => (t.clone(), vec![]),
+            Some(Content::Parts(parts)) => text_and_images(parts, images, &format!("messages[{i}].content"))?,
         };
         let role = if m.role == "developer" { "system" } else { m.role.as_str() };
         let mut message = ChatMessage::new(role, &content);
+        message.images = at;
         message.tool_call_id = m.tool_call_id.clone();
         for call in &m.tool_calls {
             let args = serde_json::from_str(&call.function.arguments)
@@ -297,12 +300,24 @@ fn chat_prompt(req: &ChatRequest, choice: &ToolChoice) -> Result<Prompt, ApiErro
     Ok(Prompt::Chat { messages, template_vars: vars, loaded_tools: vec![] })
 }
 
+/// A message's text parts joined, and where its `image_url` parts sit in that text.
+pub(crate) fn text_and_images(
+    parts: &[Part],
+    images: &mut Images,
+    path: &str,
+) -> Result<(String, Vec<usize>), ApiError> {
+    let each = parts.iter().map(|p| (p.kind.as_str(), p.text.as_deref(), p.image_url.as_ref().map(ImageUrl::url)));
+    crate::images::text_and_images(each, images, path)
+}
+
 pub async fn chat_completions(State(state): State<AppState>, body: Bytes) -> Result<Response, ApiError> {
     let common: Common = parse(&body)?;
     let req: ChatRequest = parse(&body)?;
     let (mut request, loaded) = common.generate_request(&state)?;
     let choice = ToolChoice::openai(req.tool_choice.as_ref(), req.parallel_tool_calls)?;
-    let prompt = chat_prompt(&req, &choice)?;
+    let mut images = Images::new(loaded.worker.info.sees);
+    let prompt = chat_prompt(&req, &choice, &mut images)?;
+    request.images = images.into_list();
     let mut expect = match &req.response_format {
         Some(format) => format.expectation()?,
         None => None,
@@ -765,7 +780,7 @@ mod fuzz {
             let body = Bytes::from(body);
             if let (Ok(_common), Ok(req)) = (parse::<Common>(&body), parse::<ChatRequest>(&body)) {
                 match ToolChoice::openai(req.tool_choice.as_ref(), req.parallel_tool_calls) {
-                    Ok(choice) => match chat_prompt(&req, &choice) {
+                    Ok(choice) => match chat_prompt(&req, &choice, &mut crate::images::Images::new(true)) {
                         Ok(prompt) => {
                             if let Err(e) = choice.grammar(&tool_choice::offered(&prompt), crate::tool_choice::CallSyntax { form: crate::tool_choice::CallForm::Xml, tags_are_tokens: true }) {
                                 prop_assert!(e.status.is_client_error(), "{}", e.message);

@@ -23,8 +23,9 @@ use serde_json::{json, Value};
 
 use crate::answer::{self, Answer, Finish, Settings, Step, TemplateTool};
 use crate::error::{parse, ApiError};
+use crate::images::Images;
 use crate::job::Prompt;
-use crate::openai::Content;
+use crate::openai::{text_and_images, Content};
 use crate::response_format::{self, Expect};
 use crate::responses_output::{Event, Incomplete, Item, OutputText, ResponseObject, Sequenced, SummaryText, Usage};
 use crate::tool_choice::{self, ToolChoice};
@@ -262,7 +263,7 @@ fn text_of(content: &Option<Content>) -> String {
 }
 
 /// The chat prompt of a request, and the tools it offers (their chat-template form taken).
-fn prompt(req: &ResponsesRequest, choice: &ToolChoice) -> Result<(Prompt, Offered), ApiError> {
+fn prompt(req: &ResponsesRequest, choice: &ToolChoice, images: &mut Images) -> Result<(Prompt, Offered), ApiError> {
     if req.previous_response_id.is_some() {
         return Err(ApiError::bad_request(
             "previous_response_id: Ferrite keeps no responses (store is not supported); send the whole history in `input`",
@@ -295,8 +296,9 @@ fn prompt(req: &ResponsesRequest, choice: &ToolChoice) -> Result<(Prompt, Offere
                         .with_param(&format!("input[{i}].role")))
                     }
                 };
+                let seen = |kind: &str| kind.ends_with("text") || (images.sees() && kind == "input_image");
                 if let Some(Content::Parts(parts)) = &item.content {
-                    if let Some((j, p)) = parts.iter().enumerate().find(|(_, p)| !p.kind.ends_with("text")) {
+                    if let Some((j, p)) = parts.iter().enumerate().find(|(_, p)| !seen(&p.kind)) {
                         return Err(ApiError::bad_request(format!(
                             "input[{i}].content[{j}]: `{}` parts are not supported: the model reads text only",
                             p.kind
@@ -304,7 +306,12 @@ fn prompt(req: &ResponsesRequest, choice: &ToolChoice) -> Result<(Prompt, Offere
                         .with_param(&format!("input[{i}].content[{j}].type")));
                     }
                 }
-                messages.push(ChatMessage::new(role, &text_of(&item.content)));
+                let mut message = ChatMessage::new(role, &text_of(&item.content));
+                if let Some(Content::Parts(parts)) = &item.content {
+                    let path = format!("input[{i}].content");
+                    (message.content, message.images) = text_and_images(parts, images, &path)?;
+                }
+                messages.push(message);
             }
             "function_call" | "custom_tool_call" => {
                 let arguments = match (item.kind.as_deref(), &item.arguments) {
@@ -370,7 +377,8 @@ pub async fn responses(State(state): State<AppState>, body: Bytes) -> Result<Res
     let req: ResponsesRequest = parse(&body)?;
     let loaded = state.resolve_model(&req.model)?;
     let choice = ToolChoice::responses(req.tool_choice.as_ref(), req.parallel_tool_calls)?;
-    let (prompt, offered) = prompt(&req, &choice)?;
+    let mut images = Images::new(loaded.worker.info.sees);
+    let (prompt, offered) = prompt(&req, &choice, &mut images)?;
     let settings = Settings {
         max_tokens: req.max_output_tokens,
         max_tokens_field: "max_output_tokens",
@@ -391,6 +399,7 @@ pub async fn responses(State(state): State<AppState>, body: Bytes) -> Result<Res
     if let Some(calls) = choice.grammar(&tool_choice::offered(&prompt), loaded.worker.info.call_syntax)? {
         request.grammar = Some(calls);
     }
+    request.images = images.into_list();
     let (running, mut headers) = answer::run(&state, &loaded, prompt, request).await?;
     if !offered.ignored.is_empty() {
         // Tools the server cannot run were left out of the prompt: say which.
@@ -752,7 +761,7 @@ mod fuzz {
         fn responses_bodies_never_panic(body in crate::fuzz::body()) {
             let body = Bytes::from(body);
             if let Ok(req) = parse::<ResponsesRequest>(&body) {
-                if let Err(e) = ToolChoice::responses(req.tool_choice.as_ref(), None).and_then(|c| prompt(&req, &c)) {
+                if let Err(e) = ToolChoice::responses(req.tool_choice.as_ref(), None).and_then(|c| prompt(&req, &c, &mut Images::new(true))) {
                     prop_assert!(e.status.is_client_error(), "{}", e.message);
                 }
             }

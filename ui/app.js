@@ -257,7 +257,7 @@ async function refreshStatus() {
     // The drafter speculating requests draft with: a block drafter beside the model, else its MTP head.
     const d = s.drafter;
     const drafter = d ? `, block drafter ${d.dir.split(/[\\/]/).filter(Boolean).pop()} (blocks of ${d.block_size})` : "";
-    $("device").textContent = `${s.device}, context ${s.context} tokens${s.mtp_head ? ", MTP head" : ""}${drafter}`;
+    $("device").textContent = `${s.device}, context ${s.context} tokens${s.mtp_head ? ", MTP head" : ""}${s.sees ? ", sees images" : ""}${drafter}`;
     $("compute").textContent = `${s.blas}; weights ${s.weights}`;
   } catch (e) {
     $("state").textContent = "error: " + e.message;

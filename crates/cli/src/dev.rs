@@ -123,6 +123,22 @@ pub enum Command {
         #[arg(long)]
         drafter: Option<PathBuf>,
     },
+    /// Times the vision tower of the checkpoint in --model on a picture of --width x
+    /// --height (as the model's processor cuts it): one JSON line with the seconds of each of
+    /// --runs passes after a warm-up (bench/vision.sh).
+    VisionTower {
+        #[arg(long)]
+        model: PathBuf,
+        #[arg(long, default_value_t = 512)]
+        width: u32,
+        #[arg(long, default_value_t = 512)]
+        height: u32,
+        #[arg(long, default_value_t = 3)]
+        runs: usize,
+        /// Writes the patches (little-endian f32) here, for the peer to take the same input.
+        #[arg(long)]
+        patches_out: Option<PathBuf>,
+    },
 }
 
 /// The `text` of every line of a JSONL file.
@@ -274,6 +290,9 @@ pub fn run(cmd: Command) -> Result<()> {
         Command::Collectives { backend, rounds, die_after, stall_after } => {
             let failure = crate::collectives::Failure { die_after, stall_after };
             return crate::collectives::run(&backend, rounds, failure);
+        }
+        Command::VisionTower { model, width, height, runs, patches_out } => {
+            return crate::vision::tower_times(&model, width, height, runs, patches_out.as_deref());
         }
         Command::Depth { model, code_ids, code_tokens, prose, depth, rounds, drafter } => {
             let o = crate::depth::Options {

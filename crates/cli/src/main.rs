@@ -11,6 +11,7 @@ mod models;
 mod ranks;
 mod serve;
 mod tune;
+mod vision;
 
 use clap::{Parser, Subcommand};
 

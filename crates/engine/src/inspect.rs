@@ -24,6 +24,8 @@ pub struct Report {
     pub quantization: String,
     /// `None` = no head; `Some(Ok)` = loads; `Some(Err(why))` = present but unusable.
     pub mtp: Option<std::result::Result<(), String>>,
+    /// Whether the model sees: its vision tower's shape and parameters, or why not.
+    pub vision: std::result::Result<String, String>,
     pub bytes_on_disk: u64,
     pub files: usize,
     /// Where it would run here: MLX's backend and version, the BLAS under its CPU matmuls, and
@@ -51,7 +53,7 @@ pub fn check_folder(dir: &Path) -> Result<()> {
 pub fn inspect(dir: &Path, options: &crate::EngineOptions) -> Result<Report> {
     let config = ModelConfig::load(dir)?;
     let files = weights::weight_files(dir)?;
-    let (mut total, mut active, mut mtp) = (0u64, 0u64, 0u64);
+    let (mut total, mut active, mut mtp, mut tower) = (0u64, 0u64, 0u64, 0u64);
     let bytes = weights::weight_bytes(dir)?;
     for file in &files {
         for (name, dtype, shape) in weights::tensor_infos(file)? {
@@ -67,6 +69,10 @@ pub fn inspect(dir: &Path, options: &crate::EngineOptions) -> Result<Report> {
             }
             if name.starts_with("mtp.") {
                 mtp += n;
+                continue;
+            }
+            if name.starts_with("model.visual.") || name.starts_with("vision_tower.") {
+                tower += n;
                 continue;
             }
             total += n;
@@ -101,7 +107,25 @@ pub fn inspect(dir: &Path, options: &crate::EngineOptions) -> Result<Report> {
     } else {
         None
     };
+    let config_path = dir.join("config.json");
+    let raw: serde_json::Value =
+        serde_json::from_str(&crate::small_file::read_text(&config_path, crate::small_file::JSON_CAP)?)
+            .unwrap_or_default();
+    let vision = match crate::vision::VisionConfig::from_config(&raw, &config_path) {
+        Ok(Some(v)) if tower > 0 => Ok(format!(
+            "vision tower of {} parameters ({} blocks, {}-pixel patches merged {}x{}): images taken",
+            human(tower),
+            v.depth,
+            v.patch_size,
+            v.spatial_merge_size,
+            v.spatial_merge_size
+        )),
+        Ok(Some(_)) => Err("its config describes a vision tower, but the weights hold none: text only".into()),
+        Ok(None) => Err("text only".into()),
+        Err(e) => Err(format!("text only: {e}")),
+    };
     Ok(Report {
+        vision,
         model_type: config.model_type.clone(),
         layers: config.num_hidden_layers,
         linear_layers: (0..config.num_hidden_layers).filter(|&i| config.is_linear_layer(i)).count() as i32,
@@ -158,6 +182,10 @@ impl fmt::Display for Report {
             Some(Err(why)) => format!("present but unusable: {why}"),
         };
         writeln!(f, "MTP head       {mtp}")?;
+        match &self.vision {
+            Ok(tower) => writeln!(f, "sees           yes: {tower}")?,
+            Err(why) => writeln!(f, "sees           no ({why})")?,
+        }
         writeln!(f, "on disk        {:.1} MB in {} file(s)", self.bytes_on_disk as f64 / 1e6, self.files)?;
         writeln!(f, "device         {}", self.device)?;
         if let Some(delta) = &self.delta_rule {

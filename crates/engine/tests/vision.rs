@@ -419,6 +419,8 @@ fn a_prompt_with_images_gives_mlx_vlms_logits() {
 
     // The same through a request: one image token per image, the images beside the prompt.
     assert!(engine.sees());
+    let report = engine::inspect::inspect(dir.path(), &Default::default()).unwrap();
+    assert!(report.to_string().contains("sees           yes: vision tower of"), "{report}");
     let greedy: Vec<u32> =
         serde_json::from_str(&std::fs::read_to_string(out.path().join("greedy.json")).unwrap()).unwrap();
     let images: Vec<_> = [picture(100, 70, 21), picture(60, 130, 22)].into_iter().map(std::sync::Arc::new).collect();
@@ -456,7 +458,10 @@ fn a_prompt_with_images_gives_mlx_vlms_logits() {
     assert_eq!(&ids[at..at + 3], &[start, image, end]);
     assert!(text.contains("here:<|vision_start|><|image_pad|><|vision_end|> and there"), "{text}");
     // A model that reads text only refuses images by name.
-    let text_only = engine::Engine::load(&common::repo_root().join("assets/models/ferrite-code-20m")).unwrap();
+    let embedded = common::repo_root().join("assets/models/ferrite-code-20m");
+    let report = engine::inspect::inspect(&embedded, &Default::default()).unwrap();
+    assert!(report.to_string().contains("sees           no (text only)"), "{report}");
+    let text_only = engine::Engine::load(&embedded).unwrap();
     let err = text_only.generate(request, Default::default()).map(|_| ()).unwrap_err().to_string();
     assert!(err.contains("reads text only"), "{err}");
     let err = text_only.tokenizer().encode_chat(&[look], true, &Default::default()).unwrap_err().to_string();

@@ -417,6 +417,8 @@ pub fn status_json(s: &AppState) -> serde_json::Value {
         // Split across ranks (`--hosts`): each rank's host and memory, and whether all are there.
         "ranks": ranks_json(i, &w.metrics),
     });
+    // Whether requests may carry images (the window says so).
+    status["sees"] = json!(i.sees);
     // The block drafter beside the model (its folder, block size, the layers it reads), or
     // null: the MTP head drafts, if there is one. Its acceptance by position and tokens per
     // cycle are the speculation figures' (`/metrics`).

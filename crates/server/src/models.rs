@@ -313,7 +313,7 @@ pub async fn load_model(
 /// `GET /v1/models`: the model served and its aliases, each with its context.
 pub async fn list(State(state): State<AppState>) -> Json<ModelList> {
     let loaded = state.loaded();
-    let context = loaded.worker.info.context;
+    let (context, sees) = (loaded.worker.info.context, loaded.worker.info.sees);
     let card = |id: &str| ModelCard {
         id: id.to_string(),
         object: "model",
@@ -321,6 +321,7 @@ pub async fn list(State(state): State<AppState>) -> Json<ModelList> {
         owned_by: "ferrite",
         context_length: context,
         max_model_len: context,
+        input_modalities: if sees { vec!["text", "image"] } else { vec!["text"] },
     };
     let mut data = vec![card(&loaded.worker.info.id)];
     data.extend(loaded.aliases.iter().map(|a| card(a)));
@@ -343,4 +344,6 @@ struct ModelCard {
     /// and vLLM's), so a client can compact a conversation before it overflows.
     context_length: usize,
     max_model_len: usize,
+    /// What the model reads (OpenRouter's name for it): `image` too when it sees.
+    input_modalities: Vec<&'static str>,
 }

@@ -682,6 +682,7 @@ async fn a_context_overflow_is_said_in_each_protocols_own_words() {
     };
     let context = models["data"][0]["context_length"].as_u64().unwrap();
     assert!(context > 0 && models["data"][0]["max_model_len"] == context, "{models}");
+    assert_eq!(models["data"][0]["input_modalities"], json!(["text"]), "a model that reads text only");
     for huge in ["fn main() {} ".repeat(300_000), "fn f() {} ".repeat(context as usize)] {
         let (status, v) = common::post(
             &s,

@@ -63,6 +63,13 @@ fn b64(bytes: &[u8]) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn images_reach_the_model_in_every_api_and_bad_ones_are_refused_by_path() {
     let s = seeing_server().await;
+    let get = |path: &str| {
+        let url = format!("{}{path}", s.base);
+        async move { reqwest::get(url).await.unwrap().json::<Value>().await.unwrap() }
+    };
+    let models = get("/v1/models").await;
+    assert_eq!(models["data"][0]["input_modalities"], json!(["text", "image"]), "{models}");
+    assert_eq!(get("/v1/status").await["sees"], true);
     let picture = b64(&png(100, 70));
     let data_url = format!("data:image/png;base64,{picture}");
 

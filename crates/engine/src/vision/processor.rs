@@ -54,6 +54,12 @@ impl Patches {
     pub fn rows(&self) -> usize {
         self.grid.iter().product()
     }
+
+    /// The patches as the tower takes them: [rows, values a row].
+    pub fn array(&self) -> mlx_rs::Array {
+        let rows = self.rows().max(1);
+        mlx_rs::Array::from_slice(&self.values, &[rows as i32, (self.values.len() / rows) as i32])
+    }
 }
 
 /// Settings beyond these are no checkpoint's: a file that asks for them is refused.

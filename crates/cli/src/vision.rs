@@ -12,12 +12,17 @@ use serde_json::json;
 fn picture(width: u32, height: u32) -> image::RgbImage {
     image::RgbImage::from_fn(width, height, |x, y| {
         let edge = if (x / 17 + y / 11) % 2 == 0 { 60 } else { 0 };
-        image::Rgb([(x * 255 / width.max(1)) as u8, ((y * 255 / height.max(1)) as u8).saturating_add(edge), ((x ^ y) % 256) as u8])
+        image::Rgb([
+            (x * 255 / width.max(1)) as u8,
+            ((y * 255 / height.max(1)) as u8).saturating_add(edge),
+            ((x ^ y) % 256) as u8,
+        ])
     })
 }
 
 pub fn tower_times(model: &Path, width: u32, height: u32, runs: usize, patches_out: Option<&Path>) -> Result<()> {
-    let tower = VisionTower::load_checkpoint(model)?.with_context(|| format!("{}: no vision tower", model.display()))?;
+    let tower =
+        VisionTower::load_checkpoint(model)?.with_context(|| format!("{}: no vision tower", model.display()))?;
     let processor = ImageProcessor::load(model)?;
     let patches = processor.preprocess(&picture(width, height))?;
     if let Some(path) = patches_out {
@@ -32,9 +37,6 @@ pub fn tower_times(model: &Path, width: u32, height: u32, runs: usize, patches_o
             seconds.push(started.elapsed().as_secs_f64());
         }
     }
-    println!(
-        "{}",
-        json!({"engine": "ferrite", "grid": patches.grid, "patches": patches.rows(), "seconds": seconds})
-    );
+    println!("{}", json!({"engine": "ferrite", "grid": patches.grid, "patches": patches.rows(), "seconds": seconds}));
     Ok(())
 }

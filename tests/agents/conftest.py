@@ -60,9 +60,10 @@ class Process:
     cache keeps its blocks in `tmp/blocks`, and a restarted server finds them; without, the
     disk tier is off (one test's blocks must not serve another's turns)."""
 
-    def __init__(self, tmp: Path, extra: tuple, disk_cache: bool):
+    def __init__(self, tmp: Path, extra: tuple, disk_cache: bool, model: str = "default"):
         assert FERRITE.exists(), f"{FERRITE} is missing: build it first (cargo build -p ferrite-cli)"
         self.port, self.log, self.extra, self.proc = free_port(), tmp / "serve.log", extra, None
+        self.model = model
         self.log.write_text("")
         config = tmp / "config"
         config.mkdir(exist_ok=True)
@@ -75,7 +76,7 @@ class Process:
     def start(self):
         with open(self.log, "a") as out:
             self.proc = subprocess.Popen(
-                [FERRITE, "serve", "--model", "default", "--port", str(self.port), "--idle-minutes", "0", *self.extra],
+                [FERRITE, "serve", "--model", self.model, "--port", str(self.port), "--idle-minutes", "0", *self.extra],
                 stdout=out, stderr=subprocess.STDOUT, env=self.env,
             )
         for _ in range(600):
@@ -99,10 +100,10 @@ class Process:
         self.start()
 
 
-def start_server(tmp: Path, *extra: str, disk_cache: bool = False):
-    """`ferrite serve --model default` on a free port, its log in `tmp`; yields a Server whose
-    `restart()` stops it and starts it again on the same port."""
-    process = Process(tmp, extra, disk_cache)
+def start_server(tmp: Path, *extra: str, disk_cache: bool = False, model: str = "default"):
+    """`ferrite serve --model MODEL` (the embedded default unless given) on a free port, its log
+    in `tmp`; yields a Server whose `restart()` stops it and starts it again on the same port."""
+    process = Process(tmp, extra, disk_cache, model)
     process.start()
     try:
         server = Server(process.base, process.log)

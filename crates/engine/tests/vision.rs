@@ -395,14 +395,14 @@ fn a_prompt_with_images_gives_mlx_vlms_logits() {
             .collect()
     };
 
-    let engine = engine::Engine::load(dir.path()).unwrap();
+    let mut engine = engine::Engine::load(dir.path()).unwrap();
     let tower = VisionTower::load_checkpoint(dir.path()).unwrap().expect("a tower");
     let rows = values.len() / tower.config.patch_values();
     let input = mlx_rs::Array::from_slice(&values, &[rows as i32, tower.config.patch_values() as i32]);
     let features = tower.forward(&input, &grids).unwrap();
     let model = engine.model();
     let mut cache = model.new_cache();
-    let hidden = prefill(model, &tokens, image, &features, &merged, &mut cache).unwrap();
+    let hidden = prefill(model, &tokens, image, &features, &merged, &mut cache, usize::MAX).unwrap();
     let close = |got: &mlx_rs::Array, want: &[f32], what: &str| {
         let got = got.as_dtype(mlx_rs::Dtype::Float32).unwrap();
         let got = got.as_slice::<f32>();
@@ -417,7 +417,10 @@ fn a_prompt_with_images_gives_mlx_vlms_logits() {
     let step = model.forward(&mlx_rs::Array::from_slice(&[11u32], &[1, 1]), &mut cache).unwrap();
     close(&step, &read("step.f32"), "the next token");
 
-    // The same through a request: one image token per image, the images beside the prompt.
+    // The same through a request: one image token per image, the images beside the prompt,
+    // prefilled 5 positions a pass (the images and the text split across passes).
+    engine.set_prefill_chunk(5);
+    let engine = engine;
     assert!(engine.sees());
     let report = engine::inspect::inspect(dir.path(), &Default::default()).unwrap();
     assert!(report.to_string().contains("sees           yes: vision tower of"), "{report}");

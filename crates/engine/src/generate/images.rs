@@ -36,13 +36,16 @@ impl Generation<'_> {
         self.images.is_some()
     }
 
-    /// The prompt but its last token in one pass: the vision tower's features in place of
-    /// the image tokens, at their MRoPE positions ([`prefill`]). No other chunk follows.
+    /// The prompt but its last token, the engine's prefill chunk a pass: the vision tower's
+    /// features in place of the image tokens, at their MRoPE positions ([`prefill`]). It is
+    /// all done in this one call.
     pub(super) fn prefill_images(&mut self) -> Result<bool> {
         let (Some(images), Some(vision)) = (&self.images, &self.engine.vision) else { return Ok(false) };
         let head = &self.request.prompt[..self.request.prompt.len() - 1];
         let features = vision.tower.forward(&images.patches, &images.grids)?;
-        prefill(self.engine.model.as_ref(), head, vision.image_token, &features, &images.merged, &mut self.cache)?;
+        let chunk = self.engine.prefill_chunk;
+        let model = self.engine.model.as_ref();
+        prefill(model, head, vision.image_token, &features, &images.merged, &mut self.cache, chunk)?;
         eval(self.cache.arrays())?;
         if let Phase::Prefilling(p) = &mut self.phase {
             p.at = head.len();

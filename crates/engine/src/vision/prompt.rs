@@ -15,8 +15,9 @@ use crate::models::LanguageModel;
 
 /// Runs `tokens` (each image's placeholders included, `image_token` each) through `model`
 /// with `features` [Σ tokens of the images, H] (the vision tower's, in placeholder order) for
-/// images of merged grids `grids`; returns the final hidden states [1, L, H] and advances
-/// `cache` by L positions. The whole prompt in one pass (a cached prefix comes later).
+/// images of merged grids `grids`, `chunk` positions a pass (a long prompt in one pass would
+/// hold its whole attention at once); returns the final hidden states of the last pass
+/// [1, ≤ chunk, H] and advances `cache` by L positions (a cached prefix comes later).
 pub fn prefill(
     model: &dyn LanguageModel,
     tokens: &[u32],
@@ -24,6 +25,7 @@ pub fn prefill(
     features: &Array,
     grids: &[[usize; 3]],
     cache: &mut Cache,
+    chunk: usize,
 ) -> Result<Array> {
     if cache.offset() != 0 {
         return Err(Error::Request("a prompt with images is prefilled from its start".into()));
@@ -53,8 +55,19 @@ pub fn prefill(
     let embeddings = ops::concatenate(&parts, 1)?;
     let c = model.config();
     let angles = angles(&placed.positions, c.rope_dims() as usize, c.rope_theta(), c.mrope_section())?;
-    cache.place_next(&angles, placed.delta);
-    model.hidden_embedded(&embeddings, cache)
+    let (len, chunk) = (tokens.len() as i32, chunk.clamp(1, tokens.len().max(1)) as i32);
+    let mut hidden = None;
+    for from in (0..len).step_by(chunk as usize) {
+        let to = (from + chunk).min(len);
+        cache.place_next(&ops::indexing::IndexOp::index(&angles, from..to), placed.delta);
+        let part = ops::indexing::IndexOp::index(&embeddings, (.., from..to, ..));
+        let h = model.hidden_embedded(&part, cache)?;
+        if to < len {
+            mlx_rs::transforms::eval(cache.arrays())?;
+        }
+        hidden = Some(h);
+    }
+    hidden.ok_or_else(|| Error::Request("an empty prompt".into()))
 }
 
 /// A request's images made ready for the model: their patches [rows, patch values] and

@@ -1,0 +1,76 @@
+"""Claude Code reads a PNG with its Read tool and the image reaches the model: on a Qwen3.5
+checkpoint that sees (Ferrite's maker writes the text model, mlx-vlm adds a random vision
+tower), the scripted model calls Read on a screenshot; Claude Code answers the call with an
+image block inside its tool_result, and the next turn's prompt holds the image's markup (the
+rule that ends the session matches only then)."""
+
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from conftest import FERRITE, ROOT, client, run_client, start_server
+from test_tool_sessions import tool_call
+
+ASK = "Read shot.png and say what it shows"
+SEEN = "I see the screenshot."
+MARKUP = "<|vision_start|><|image_pad|><|vision_end|>"
+
+
+def seeing_checkpoint(directory: Path):
+    """A project-made Qwen3.5 checkpoint that sees: Qwen's vision tokens in its tokenizer, small
+    image bounds, a tower by mlx-vlm (tests/reference/mlx_vlm_vision_model.py)."""
+    subprocess.run([FERRITE, "dev", "make-checkpoint", "--arch", "qwen3_5", "--preset", "small", "--dtype", "f32",
+                    "--layout", "transformers", "--out", directory], check=True, capture_output=True)
+    tokenizer = json.loads((directory / "tokenizer.json").read_text())
+    first = max(a["id"] for a in tokenizer["added_tokens"]) + 1
+    for i, content in enumerate(["<|vision_start|>", "<|vision_end|>", "<|image_pad|>"]):
+        tokenizer["added_tokens"].append({"id": first + i, "content": content, "single_word": False, "lstrip": False,
+                                          "rstrip": False, "normalized": False, "special": True})
+    (directory / "tokenizer.json").write_text(json.dumps(tokenizer))
+    (directory / "preprocessor_config.json").write_text(json.dumps({"min_pixels": 4096, "max_pixels": 65536}))
+    vision = {"depth": 1, "hidden_size": 64, "intermediate_size": 96, "num_heads": 4, "in_channels": 3,
+              "patch_size": 16, "temporal_patch_size": 2, "spatial_merge_size": 2, "out_hidden_size": 256,
+              "num_position_embeddings": 36, "deepstack_visual_indexes": []}
+    subprocess.run([sys.executable, ROOT / "tests/reference/mlx_vlm_vision_model.py", "--dir", directory,
+                    "--vision", json.dumps(vision), "--tower-only", "--vision-start", str(first),
+                    "--vision-end", str(first + 1), "--image-token", str(first + 2)], check=True, capture_output=True)
+
+
+def png(path: Path, width: int, height: int):
+    from PIL import Image
+    Image.new("RGB", (width, height), (40, 120, 200)).save(path)
+
+
+@pytest.fixture(scope="module")
+def seeing_server():
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        (root / "home").mkdir()
+        (root / "work").mkdir()
+        png(root / "work" / "shot.png", 160, 96)
+        seeing_checkpoint(root / "model")
+        rules = [
+            {"when": [ASK, MARKUP], "reply": SEEN},
+            {"when": [ASK, '"name": "Read"'], "reply": tool_call("Read", {"file_path": str(root / "work" / "shot.png")})},
+        ]
+        (root / "rules.json").write_text(json.dumps(rules))
+        for s in start_server(root, "--max-output-tokens", "160", "--scripted-replies", str(root / "rules.json"),
+                              model=str(root / "model")):
+            yield s, root
+
+
+def test_claude_code_reads_a_png_and_the_model_gets_it(seeing_server):
+    s, root = seeing_server
+    mark = s.mark()
+    done = run_client([client("claude"), "-p", ASK], root, {"ANTHROPIC_BASE_URL": s.base, "ANTHROPIC_API_KEY": "sk-local"})
+    turns = s.generations_since(mark)
+    out = f"claude exited {done.returncode}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}\n" + "\n".join(turns)
+    out += "\nserver log:\n" + s.log.read_text(errors="replace")[-4000:]
+    assert done.returncode == 0, out
+    assert SEEN in done.stdout, out
+    assert not s.refused(), "requests refused:\n" + "\n".join(s.refused())
+    print("\nclaude reading a PNG:\n  " + "\n  ".join(turns))

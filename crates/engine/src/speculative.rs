@@ -232,13 +232,13 @@ impl<'m> Speculator<'m> {
     }
 
     /// Lets the depth follow the request's acceptance ([`DepthController`]), from the depth
-    /// given (the tuned one) up to one more; `false` (and the depth stays fixed) where the
-    /// cost model has nothing for this drafter.
-    pub fn control_depth(&mut self, costs: CostModel) -> bool {
+    /// given (the tuned one) up to one more; the depth stays fixed where the cost model has
+    /// nothing for this drafter.
+    pub fn control_depth(&mut self, costs: CostModel) {
         let with = self.draft_with();
         let deepest = costs.deepest(with);
         if deepest == 0 {
-            return false;
+            return;
         }
         let control = DepthController::new(costs, with, self.depth);
         let positions = self.stats.drafted.len().max(self.depth + 1).min(deepest);
@@ -250,7 +250,6 @@ impl<'m> Speculator<'m> {
             ..Default::default()
         }));
         self.control = Some(control);
-        true
     }
 
     /// Penalises drafts and verification alike: each position's window holds the tokens

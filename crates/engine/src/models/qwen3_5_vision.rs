@@ -179,7 +179,12 @@ impl VisionTower {
         let text = read_text(&path, JSON_CAP)?;
         let config: Value =
             serde_json::from_str(&text).map_err(|e| Error::malformed(&path, format!("not JSON: {e}")))?;
-        let Some(config) = VisionConfig::from_config(&config, &path)? else { return Ok(None) };
+        Self::load_configured(dir, &config)
+    }
+
+    /// [`VisionTower::load_checkpoint`] with the checkpoint's `config.json` already parsed.
+    pub fn load_configured(dir: &Path, config: &Value) -> Result<Option<Self>> {
+        let Some(config) = VisionConfig::from_config(config, &dir.join("config.json"))? else { return Ok(None) };
         let mut weights = Weights::load(dir)?;
         if !Self::present(&weights) {
             return Ok(None);

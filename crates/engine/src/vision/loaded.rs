@@ -24,10 +24,10 @@ impl Vision {
     /// The checkpoint's vision parts: `None` for a model that reads text only (no
     /// `vision_config`, or a conversion that dropped the tower).
     pub fn load(dir: &Path, vocab: usize) -> Result<Option<Self>> {
-        let Some(tower) = VisionTower::load_checkpoint(dir)? else { return Ok(None) };
         let path = dir.join("config.json");
         let config: Value = serde_json::from_str(&read_text(&path, JSON_CAP)?)
             .map_err(|e| Error::malformed(&path, format!("not JSON: {e}")))?;
+        let Some(tower) = VisionTower::load_configured(dir, &config)? else { return Ok(None) };
         let id = |field: &str| -> Result<u32> {
             let id = config.get(field).and_then(Value::as_u64).filter(|&t| (t as usize) < vocab);
             id.map(|t| t as u32).ok_or_else(|| Error::Config {

@@ -7,9 +7,11 @@
 #   tune-embedded   5 `ferrite tune` runs on the embedded model (with its block drafter: plain, MTP
 #                   and block depths compete), each one's wall seconds in the log, then a
 #                   30-round reference (TUNE_REF=0 skips it; TUNE_ARGS adds arguments, e.g.
-#                   `--drafter assets/models/ferrite-code-20m-dflash`)
+#                   `--drafter assets/models/ferrite-code-20m-dflash`; TUNE_TIMEOUT bounds a run,
+#                   default 150 s; TUNE_RUNS numbers the runs, default "1 2 3 4 5")
 #   tune-next       the same on a Qwen3-Next-shaped checkpoint with an MTP head (next-small-4bit)
-#   depth           bench/depth.sh on the embedded model
+#   depth           bench/depth.sh on the embedded model (DEPTH_ARGS adds arguments)
+#   depth-block     the same with its block drafter, from block depth 4
 #   batch-8b        `ferrite dev batch` on the 8B shape (engine only, no HTTP)
 #   clients-8b      bench/clients.sh on the 8B shape against mlx_lm.server
 #   clients-35b     the same on the Qwen3-Next-shaped 35B-A3B
@@ -45,15 +47,19 @@ export FERRITE=~/ferrite PYTHON=python3 BENCH_DIR=~/bench-out
 res=~/gpu-out; mkdir -p "$res" "$BENCH_DIR"
 log() { echo "[$(date -u +%H:%M:%S)] $*" | tee -a "$res/log.txt"; }
 . bench/lib.sh
+# The CUDA modules Ferrite's processes share (engine::kernel_cache): a fresh process compiles
+# only what none before it did.
+ptx_shared() { find "${TMPDIR:-/tmp}"/ferrite-mlx-*/kernels -name '*.ptx' 2>/dev/null | wc -l; }
 tune_runs() {  # MODEL LABEL
   local i
-  for i in 1 2 3 4 5; do
+  for i in ${TUNE_RUNS:-1 2 3 4 5}; do
     log "tune $2 run $i"
     local began=$SECONDS
-    FERRITE_CONFIG_DIR=~/tcfg-$2-$i timeout 150 "$FERRITE" tune --model "$1" --prompts 2 --tokens 48 --budget 60 \
+    FERRITE_CONFIG_DIR=~/tcfg-$2-$i timeout ${TUNE_TIMEOUT:-150} "$FERRITE" tune --model "$1" --prompts 2 --tokens 48 --budget 60 \
       ${TUNE_ARGS:-} > "$res/tune-$2-$i.txt" 2>&1
-    log "tune $2 run $i: exit $?, $((SECONDS - began)) s (budget 60 s)"
+    log "tune $2 run $i: exit $?, $((SECONDS - began)) s (budget 60 s); shared CUDA modules: $(ptx_shared)"
     cp ~/tcfg-$2-$i/tuning.json "$res/tune-$2-$i.json" 2>/dev/null
+    tar -C "$res" -cf "$OUT/results.tar" .
   done
   [ "${TUNE_REF:-1}" = 0 ] && return
   log "tune $2 reference"
@@ -68,7 +74,9 @@ for check in "$@"; do
   case $check in
     tune-embedded) tune_runs "$embedded" embedded ;;
     tune-next) tune_runs "$(checkpoint next-small-4bit)" next-small ;;
-    depth) timeout 180 bench/depth.sh "$embedded" --rounds 3 > "$res/depth.txt" 2>&1 ;;
+    depth) timeout ${DEPTH_TIMEOUT:-180} bench/depth.sh "$embedded" --rounds 3 ${DEPTH_ARGS:-} > "$res/depth.txt" 2>&1 ;;
+    depth-block) timeout ${DEPTH_TIMEOUT:-180} bench/depth.sh "$embedded" --rounds 3 --depth 4 \
+      --drafter assets/models/ferrite-code-20m-dflash > "$res/depth-block.txt" 2>&1 ;;
     batch-8b) timeout 240 "$FERRITE" dev batch --model "$(checkpoint 8b-4bit)" --streams 2,4,8 --tokens 48 --rounds 3 \
       > "$res/batch-8b.jsonl" 2> "$res/batch-8b.err" ;;
     clients-8b | clients-35b)

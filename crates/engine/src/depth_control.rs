@@ -6,7 +6,10 @@
 //! one block drafter pass — and a verify pass of `d + 1` positions, each relative to a plain
 //! decode step) and picks the depth with the most expected tokens per second: down to plain
 //! decoding (depth 0) when acceptance falls below break-even, back up when a probe shows it
-//! recovered. It never goes past the tuned depth + 1, nor past what the drafter drafts.
+//! recovered. It never goes past the tuned depth + 1, nor past what the drafter drafts. Where
+//! the costs say that no depth would pay even with every draft accepted (a small model on a GPU,
+//! whose verify passes cost several plain steps), it does not draft at all, not even to probe:
+//! such a request decodes as plain decoding does.
 //!
 //! Only the amount of drafting changes: every cycle is still exact (greedy output is plain
 //! decoding's, sampled output keeps its distribution).
@@ -80,6 +83,12 @@ impl CostModel {
         }
     }
 
+    /// The most any depth up to `max_depth` could give over plain decoding: every draft
+    /// accepted.
+    pub fn ceiling(&self, with: DraftWith, max_depth: usize) -> f64 {
+        (1..=max_depth).map(|d| self.speedup(with, d, &vec![1.0; d])).fold(1.0, f64::max)
+    }
+
     /// Expected speed-up over plain decoding drafting `depth` tokens with `with`, where
     /// `reach[i]` is the chance that the first `i + 1` drafts are all accepted.
     pub fn speedup(&self, with: DraftWith, depth: usize, reach: &[f64]) -> f64 {
@@ -137,9 +146,13 @@ pub struct DepthController {
 
 impl DepthController {
     /// Starts at `tuned` drafts by `with` and may go up to `tuned + 1` (within what the cost
-    /// model covers).
+    /// model covers); never drafts where no depth would pay with every draft accepted.
     pub fn new(costs: CostModel, with: DraftWith, tuned: usize) -> Self {
-        let max_depth = (tuned + 1).min(costs.deepest(with));
+        let mut max_depth = (tuned + 1).min(costs.deepest(with));
+        // Not even a perfect drafter beats plain decoding here: probes would only cost.
+        if costs.ceiling(with, max_depth) <= 1.0 {
+            max_depth = 0;
+        }
         // Tuned to plain decoding: the tuner found no drafts paying, evidence like a request's.
         let probe_evidence = if tuned == 0 { (0.0, PLAIN_PRIOR) } else { (0.0, 0.0) };
         DepthController {
@@ -156,6 +169,11 @@ impl DepthController {
             probe_every: PROBE_EVERY,
             changes: DepthChanges::default(),
         }
+    }
+
+    /// Whether it will never draft, not even to probe (see [`CostModel::ceiling`]).
+    pub fn never_drafts(&self) -> bool {
+        self.max_depth == 0
     }
 
     /// The depth decided on (a probe's one cycle aside).
@@ -396,6 +414,33 @@ mod tests {
         run(&mut block, 0.95, 3 * MAX_PROBE_EVERY);
         assert!(block.depth() >= 3, "back up: {:?}", block.reach);
         assert!(block.changes.from_plain >= 1 && block.changes.to_plain >= 1, "{:?}", block.changes);
+    }
+
+    /// The H200's costs for the embedded model (2026-12-05): a verify pass of two positions
+    /// three plain steps, of more four. No MTP depth pays even with every draft accepted, so
+    /// the controller never drafts, not even a probe, however well drafts would be accepted;
+    /// the block drafter's one pass could, so it drafts and goes plain only on the evidence.
+    #[test]
+    fn where_no_depth_could_pay_nothing_is_drafted() {
+        let h200 = CostModel {
+            draft: Some(0.29),
+            block: vec![0.8; 7],
+            verify: vec![3.05, 4.04, 4.04, 4.04, 4.04, 4.04, 4.04],
+            plain_step_s: 0.0016,
+        };
+        assert!(h200.ceiling(DraftWith::Mtp, 4) <= 1.0 && h200.ceiling(DraftWith::Block, 7) > 1.0);
+        let mut c = mtp(h200.clone(), 2);
+        assert!(c.depth() == 0 && c.never_drafts());
+        let depths = run(&mut c, 1.0, 4 * MAX_PROBE_EVERY);
+        assert!(depths.iter().all(|&d| d == 0), "not a probe: {depths:?}");
+        assert_eq!(c.changes, DepthChanges::default());
+        let mut block = DepthController::new(h200, DraftWith::Block, 4);
+        assert!(!block.never_drafts() && block.next_depth() == 4);
+        // A drafter that is barely better than nothing: even its ceiling allows drafting.
+        let mut costs = costs();
+        costs.verify = vec![1.75; 7];
+        assert!(costs.ceiling(DraftWith::Mtp, 1) > 1.0);
+        assert_eq!(mtp(costs, 1).next_depth(), 1);
     }
 
     /// The controller went plain at a first-position rate below break-even; a few accepted

@@ -97,7 +97,9 @@ impl Engine {
                 if spec.is_none() {
                     tracing::warn!("{}: no MTP head and no drafter, decoding without speculation", self.dir.display());
                 }
-                spec
+                // The controller would never draft (no depth pays here even with every draft
+                // accepted): the request decodes exactly as one without speculation.
+                spec.filter(|s| !s.never_drafts())
             }
         };
         Ok(Generation {

@@ -16,7 +16,15 @@
 //! (mode 700) and checked to be theirs; if it is not, the process keeps a private folder and
 //! shares nothing. Folders of processes that no longer run are removed at the next start.
 //!
-//! Linux only: there the engine runs on MLX's CPU backend. On macOS MLX runs on Metal.
+//! MLX's CUDA backend keeps what NVRTC compiled in the same temporary folder
+//! (`mlx/<version>/ptx/`): its finished entries are shared too (`ptx.rs`), or every fresh
+//! process on a GPU machine would compile every kernel again.
+//!
+//! Linux only: there the engine runs on MLX's CPU or CUDA backend. On macOS MLX runs on Metal
+//! and keeps its own compiled kernels.
+
+#[cfg(target_os = "linux")]
+mod ptx;
 
 #[cfg(target_os = "linux")]
 mod linux {
@@ -137,7 +145,10 @@ mod linux {
         if std::fs::DirBuilder::new().mode(0o700).create(&run).is_err() {
             return; // MLX keeps the temporary folder it would have used
         }
-        let known = shared.as_deref().map(|s| seed(s, &run)).unwrap_or_default();
+        let mut known = shared.as_deref().map(|s| seed(s, &run)).unwrap_or_default();
+        if let Some(shared) = &shared {
+            known.extend(crate::kernel_cache::ptx::seed(shared, &run));
+        }
         let Ok(value) = CString::new(OsString::from(run.clone()).as_bytes()) else { return };
         // SAFETY: this runs before main, while the program has one thread, so nothing reads the
         // environment meanwhile; both strings are NUL-terminated and outlive the call.
@@ -180,7 +191,8 @@ mod linux {
         found
     }
 
-    /// Puts the kernels this process compiled and loaded into the shared folder.
+    /// Puts the kernels this process compiled and loaded, and its finished CUDA modules, into
+    /// the shared folder.
     pub fn publish() {
         let Some(Folders { run, shared: Some(shared), known }) = FOLDERS.get() else { return };
         let Ok(mut known) = known.lock() else { return };
@@ -207,6 +219,7 @@ mod linux {
             }
             known.insert(kernel);
         }
+        crate::kernel_cache::ptx::publish(run, shared, &mut known);
     }
 
     extern "C" fn constructor(_: libc::c_int, _: *const *const libc::c_char, _: *const *const libc::c_char) {

@@ -224,6 +224,16 @@ impl Cache {
         }
     }
 
+    /// Continues every attention layer's rotary positions `shift` from their index (a cache
+    /// restored after a prefix with images: [`crate::vision::ImagePrefill::shift_at`]).
+    pub fn set_rope_shift(&mut self, shift: i32) {
+        for layer in &mut self.layers {
+            if let LayerCache::Kv(kv) = layer {
+                kv.rope_shift = shift;
+            }
+        }
+    }
+
     /// Makes linear-attention layers keep per-position states (for a verify pass).
     pub fn set_record(&mut self, record: bool) {
         for layer in &mut self.layers {

@@ -169,8 +169,8 @@ pub struct Generation<'a> {
     /// Set while a batch holds the cache (as a row of its own, [`Generation::lend_cache`]):
     /// where the cache is, in any phase from decoding to done, not a phase of its own.
     lent: bool,
-    /// The prompt's images, until its prefill (`generate/images.rs`).
-    images: Option<crate::vision::ImagePrompt>,
+    /// The prompt's images (`generate/images.rs`).
+    images: Option<images::Images>,
 }
 
 /// A generation's phases, in the order it goes through them. A speculative one decodes
@@ -240,10 +240,9 @@ impl Generation<'_> {
     /// where the prefill starts.
     fn begin_prefill(&mut self) -> Result<()> {
         mlx_rs::memory::reset_peak_memory()?;
-        let prompt = &self.request.prompt;
-        let head = prompt.len() - 1;
+        let head = self.request.prompt.len() - 1;
         let hit = match self.engine.prompt_cache.lock() {
-            Ok(mut cache) if !self.has_images() => cache.lookup(prompt, head, self.spec.is_some())?,
+            Ok(mut cache) => cache.lookup(self.prompt_key(), head, self.spec.is_some())?,
             _ => None,
         };
         let mut prefill = Prefill { at: 0, checkpoints: Vec::new() };
@@ -254,6 +253,10 @@ impl Generation<'_> {
             if let (Some(spec), Some((layers, last_hidden))) = (&mut self.spec, mtp) {
                 spec.restore(layers, last_hidden);
             }
+        }
+        if let (Some(images), Some(vision)) = (&mut self.images, &self.engine.vision) {
+            let model = self.engine.model.as_ref();
+            images.begin(model, vision, &self.request.prompt[..head], prefill.at, &mut self.cache)?;
         }
         self.phase = Phase::Prefilling(prefill);
         Ok(())
@@ -281,20 +284,19 @@ impl Generation<'_> {
         if prefill.at >= head.len() || cancelled {
             return Ok(false);
         }
-        if self.images.is_some() {
-            return self.prefill_images();
-        }
         let size = size.max(1);
         let end = ((prefill.at / size + 1) * size).min(head.len());
         let part = &head[prefill.at..end];
         let ids = Array::from_slice(part, &[1, part.len() as i32]);
         // Only the cache is evaluated: the logits of these positions are never computed.
-        match &mut self.spec {
-            Some(spec) => {
+        match (&self.images, &mut self.spec) {
+            // Images are never drafted over (`Engine::generate`: depth 0).
+            (Some(images), _) => images.feed(model, head, prefill.at..end, &mut self.cache)?,
+            (None, Some(spec)) => {
                 let (_, features) = spec.trunk(&ids, &mut self.cache)?;
                 spec.observe(part, &features)?;
             }
-            None => drop(model.hidden(&ids, &mut self.cache)?),
+            (None, None) => drop(model.hidden(&ids, &mut self.cache)?),
         }
         eval(self.cache.arrays())?;
         prefill.at = end;
@@ -315,12 +317,12 @@ impl Generation<'_> {
         };
         let prompt = self.request.prompt.clone();
         let (head, last) = prompt.split_at(prompt.len() - 1);
-        if prefill.at == head.len() && !head.is_empty() && !self.has_images() && !self.cancelled()? {
+        if prefill.at == head.len() && !head.is_empty() && !self.cancelled()? {
             // The drafter's cache is kept only when it saw the whole head (one position fewer).
             let mtp = self.spec.as_ref().map(|s| s.draft_cache()).filter(|m| m.offset() as usize + 1 == head.len());
             self.checkpoints = prefill.checkpoints.clone();
             if let Ok(mut cache) = self.engine.prompt_cache.lock() {
-                cache.insert(head, &self.cache, mtp, prefill.checkpoints)?;
+                cache.insert(&self.prompt_key()[..head.len()], &self.cache, mtp, prefill.checkpoints)?;
             }
         }
         let Some(spec) = &mut self.spec else {
@@ -584,7 +586,7 @@ impl Generation<'_> {
         let fed = self.cache.offset() as usize;
         let prompt = &self.request.prompt;
         let out = fed <= prompt.len() || fed > prompt.len() + self.tokens.len();
-        if out || self.has_images() || self.cancelled().unwrap_or(true) {
+        if out || self.cancelled().unwrap_or(true) {
             return;
         }
         // The head's cache must reach the position before the trunk's last.
@@ -594,8 +596,7 @@ impl Generation<'_> {
                 return;
             }
         }
-        let prompt = &self.request.prompt;
-        let tokens: Vec<u32> = prompt.iter().chain(&self.tokens).take(fed).copied().collect();
+        let tokens: Vec<u32> = self.prompt_key().iter().chain(&self.tokens).take(fed).copied().collect();
         // The MTP head's cache must end one position before the trunk's (as after a prefill):
         // an entry without it would change how a speculating request drafts.
         let mtp = match &self.spec {

@@ -14,4 +14,4 @@ pub use decode::{decode, ImageLimits};
 pub use loaded::Vision;
 pub use positions::{angles, interleaved_axes, rope_positions, RopePositions};
 pub use processor::{ImageProcessor, Patches};
-pub use prompt::{prefill, ImagePrompt};
+pub use prompt::{prefill, ImagePrefill, ImagePrompt};

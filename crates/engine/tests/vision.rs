@@ -445,9 +445,12 @@ fn a_prompt_with_images_gives_mlx_vlms_logits() {
     let summary = summary.unwrap();
     assert_eq!(summary.usage.prompt_tokens, tokens.len(), "the image tokens count in the prompt");
     assert!(summary.speculative.is_none(), "a request with images decodes plainly for now");
-    // Again: nothing of the first request's images is taken from the prompt cache.
+    // Again: the prompt cache holds it now (its images known by their content), and the
+    // answer after the restored prefix is mlx-vlm's still.
+    let hits = engine.prompt_cache_stats().hits;
     let again = engine.generate(request.clone(), Default::default()).unwrap().token_ids().unwrap();
     assert_eq!(&again[..greedy.len()], &greedy[..]);
+    assert_eq!(engine.prompt_cache_stats().hits, hits + 1);
     let two_for_one = engine::GenerateRequest { images: vec![images[0].clone()], ..request.clone() };
     let err = engine.generate(two_for_one, Default::default()).map(|_| ()).unwrap_err().to_string();
     assert!(err.contains("2 image placeholders for 1 images"), "{err}");
@@ -469,4 +472,78 @@ fn a_prompt_with_images_gives_mlx_vlms_logits() {
     assert!(err.contains("reads text only"), "{err}");
     let err = text_only.tokenizer().encode_chat(&[look], true, &Default::default()).unwrap_err().to_string();
     assert!(err.contains("reads text only"), "{err}");
+}
+
+/// The prompt cache knows a prompt's images by their content: the same screenshot again is
+/// one cached prefix (nothing prefilled but the last token), another image of the same size
+/// misses from where it starts, and the next turn of a conversation resumes after the last
+/// answer — the positions after the images continuing where they were — with answers equal
+/// to an engine without a prompt cache, token for token.
+#[test]
+fn the_prompt_cache_knows_images_by_their_content() {
+    use engine::checkpoint::{Architecture, Dtype, Layout};
+    use engine::{Engine, GenerateRequest, Summary};
+    use std::sync::Arc;
+    let mut o = common::options(Architecture::Qwen35, "small", None, 32, Dtype::Float32);
+    o.layout = Layout::Transformers;
+    let dir = common::make(&o);
+    let (start, end, image) = add_vision_tokens(dir.path());
+    std::fs::write(dir.path().join("preprocessor_config.json"), r#"{"min_pixels": 4096, "max_pixels": 15360}"#)
+        .unwrap();
+    let vision = serde_json::json!({
+        "depth": 1, "hidden_size": 64, "intermediate_size": 96, "num_heads": 4, "in_channels": 3,
+        "patch_size": 16, "temporal_patch_size": 2, "spatial_merge_size": 2, "out_hidden_size": 256,
+        "num_position_embeddings": 36, "deepstack_visual_indexes": [],
+    });
+    let mut command = common::reference_command("mlx_vlm_vision_model.py");
+    command.arg("--dir").arg(dir.path()).args(["--vision", &vision.to_string(), "--tower-only"]);
+    command.args(["--vision-start", &start.to_string(), "--vision-end", &end.to_string()]);
+    let run = command.args(["--image-token", &image.to_string()]).output().unwrap();
+    assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
+
+    let load = |cache: bool| {
+        let mut e = Engine::load(dir.path()).unwrap();
+        e.set_prefill_chunk(4);
+        if !cache {
+            e.set_prompt_cache_budget(0);
+        }
+        e
+    };
+    let (cached, fresh) = (load(true), load(false));
+    let answer = |e: &Engine, prompt: &[u32], images: &[&Arc<RgbImage>]| -> (Vec<u32>, Summary) {
+        let images = images.iter().map(|&i| i.clone()).collect();
+        let req = GenerateRequest { ignore_eos: true, images, ..GenerateRequest::greedy(prompt.to_vec(), 10) };
+        let mut generation = e.generate(req, Default::default()).unwrap();
+        let mut summary = None;
+        for event in generation.by_ref() {
+            if let engine::Event::Finished(s) = event.unwrap() {
+                summary = Some(s);
+            }
+        }
+        (generation.tokens().to_vec(), summary.unwrap())
+    };
+    let (shot, other, third) =
+        (Arc::new(picture(100, 70, 21)), Arc::new(picture(100, 70, 99)), Arc::new(picture(60, 130, 5)));
+    let first = vec![5, 6, 7, start, image, end, 8, 9];
+    // 100x70 at these bounds: 3 x 2 merged groups; the prompt holds 13 tokens.
+    let (a1, s1) = answer(&cached, &first, &[&shot]);
+    assert_eq!((s1.usage.prompt_tokens, s1.usage.cached_tokens), (13, 0));
+    assert_eq!(a1, answer(&fresh, &first, &[&shot]).0);
+    assert!(!a1.iter().any(|t| [start, end, image].contains(t)), "the answer is text: {a1:?}");
+
+    let (again, s) = answer(&cached, &first, &[&shot]);
+    assert_eq!(s.usage.cached_tokens, 12, "the same image: all but the last token cached");
+    assert_eq!(again, a1);
+
+    let (a_other, s) = answer(&cached, &first, &[&other]);
+    assert!(s.usage.cached_tokens <= 4, "another image of the same size misses from its start: {:?}", s.usage);
+    assert_eq!(a_other, answer(&fresh, &first, &[&other]).0);
+
+    // The next turn: the conversation so far, the answer, and a new image of another shape.
+    let next = [&first[..], &a1, &[10, start, image, end, 11, 12]].concat();
+    let (a2, s) = answer(&cached, &next, &[&shot, &third]);
+    assert_eq!(s.usage.cached_tokens, 13 + a1.len() - 1, "resumed after the last answer: {:?}", s.usage);
+    assert_eq!(a2, answer(&fresh, &next, &[&shot, &third]).0, "the answer after a resumed prefill with images");
+    let hits = cached.prompt_cache_stats().hits;
+    assert!(hits >= 2, "{:?}", cached.prompt_cache_stats());
 }

@@ -1,21 +1,30 @@
 //! A request with images: made ready when its generation starts (each image token repeated
-//! for its image's size), its prompt prefilled in one pass with the images' features in
-//! place of those tokens, and kept out of the prompt cache and of batches — both know a
-//! sequence by its tokens and positions only, and an image's tokens are all alike and its
-//! positions not consecutive. It decodes plainly: speculation with images comes later.
+//! for its image's size), looked up in the prompt cache by its images' content
+//! ([`ImagePrompt::cache_key`]), and prefilled a chunk a pass from where the cached prefix
+//! ends, with the images' features in place of their tokens at their MRoPE positions. It
+//! stays out of batches (a batch knows a sequence by consecutive positions) and decodes
+//! plainly: speculation with images comes later.
 
-use mlx_rs::transforms::eval;
-
-use super::{Generation, Phase};
+use super::Generation;
+use crate::cache::Cache;
 use crate::engine::Engine;
 use crate::error::{Error, Result};
+use crate::models::LanguageModel;
 use crate::request::GenerateRequest;
-use crate::vision::{prefill, ImagePrompt};
+use crate::vision::{ImagePrefill, ImagePrompt, Vision};
+
+/// A generation's images: ready for the tower, the prompt's key in the prompt cache, and,
+/// once the prefill starts, what it needs from there on.
+pub(crate) struct Images {
+    prompt: ImagePrompt,
+    pub(super) key: Vec<u32>,
+    prefill: Option<ImagePrefill>,
+}
 
 impl Engine {
     /// The request's images made ready (`None` without any); refused by name for a model
     /// that reads text only.
-    pub(super) fn prepare_images(&self, request: &mut GenerateRequest) -> Result<Option<ImagePrompt>> {
+    pub(super) fn prepare_images(&self, request: &mut GenerateRequest) -> Result<Option<Images>> {
         if request.images.is_empty() {
             return Ok(None);
         }
@@ -26,7 +35,44 @@ impl Engine {
                 self.dir.file_name().map_or_else(|| self.dir.display().to_string(), |n| n.to_string_lossy().into())
             ))
         })?;
-        ImagePrompt::new(vision, &mut request.prompt, &request.images).map(Some)
+        let prompt = ImagePrompt::new(vision, &mut request.prompt, &request.images)?;
+        let key = prompt.cache_key(&request.prompt, vision.image_token);
+        Ok(Some(Images { prompt, key, prefill: None }))
+    }
+}
+
+impl Images {
+    /// Starts the prefill at `from` (after a cached prefix of that many positions, restored
+    /// into `cache`): the tower runs on the images not all cached, and the cache continues
+    /// from the positions the prefix ends at.
+    pub(super) fn begin(
+        &mut self,
+        model: &dyn LanguageModel,
+        vision: &Vision,
+        head: &[u32],
+        from: usize,
+        cache: &mut Cache,
+    ) -> Result<()> {
+        let prefill = ImagePrefill::new(model, vision, &self.prompt, head, from)?;
+        cache.set_rope_shift(prefill.shift_at(from));
+        self.prefill = Some(prefill);
+        Ok(())
+    }
+
+    /// Feeds `head[from..to]` (lazy).
+    pub(super) fn feed(
+        &self,
+        model: &dyn LanguageModel,
+        head: &[u32],
+        range: std::ops::Range<usize>,
+        cache: &mut Cache,
+    ) -> Result<()> {
+        let prefill = self
+            .prefill
+            .as_ref()
+            .ok_or_else(|| Error::Request("a prompt with images fed before its prefill".into()))?;
+        drop(prefill.pass(model, head, range, cache)?);
+        Ok(())
     }
 }
 
@@ -36,20 +82,9 @@ impl Generation<'_> {
         self.images.is_some()
     }
 
-    /// The prompt but its last token, the engine's prefill chunk a pass: the vision tower's
-    /// features in place of the image tokens, at their MRoPE positions ([`prefill`]). It is
-    /// all done in this one call.
-    pub(super) fn prefill_images(&mut self) -> Result<bool> {
-        let (Some(images), Some(vision)) = (&self.images, &self.engine.vision) else { return Ok(false) };
-        let head = &self.request.prompt[..self.request.prompt.len() - 1];
-        let features = vision.tower.forward(&images.patches, &images.grids)?;
-        let chunk = self.engine.prefill_chunk;
-        let model = self.engine.model.as_ref();
-        prefill(model, head, vision.image_token, &features, &images.merged, &mut self.cache, chunk)?;
-        eval(self.cache.arrays())?;
-        if let Phase::Prefilling(p) = &mut self.phase {
-            p.at = head.len();
-        }
-        Ok(false)
+    /// The tokens the prompt cache knows this request's prompt by: its images' placeholders
+    /// spelled by their content.
+    pub(super) fn prompt_key(&self) -> &[u32] {
+        self.images.as_ref().map_or(&self.request.prompt, |i| &i.key)
     }
 }

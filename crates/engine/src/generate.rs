@@ -68,8 +68,10 @@ impl Engine {
         self.tell_followers_generate(&request)?;
         let sampler = Sampler::new(request.sampling.clone())?;
         let images = self.prepare_images(&mut request)?;
+        // A block drafter reads the trunk's layers over token embeddings: not over images.
+        let block_over_images = images.is_some() && request.draft_with == DraftWith::Block;
         let depth =
-            if (forced.is_some() && !sampler.is_greedy()) || images.is_some() { 0 } else { request.draft_depth };
+            if (forced.is_some() && !sampler.is_greedy()) || block_over_images { 0 } else { request.draft_depth };
         let spec = match depth {
             0 => None,
             depth => {
@@ -256,7 +258,10 @@ impl Generation<'_> {
         }
         if let (Some(images), Some(vision)) = (&mut self.images, &self.engine.vision) {
             let model = self.engine.model.as_ref();
-            images.begin(model, vision, &self.request.prompt[..head], prefill.at, &mut self.cache)?;
+            let shift = images.begin(model, vision, &self.request.prompt[..head], prefill.at, &mut self.cache)?;
+            if let Some(spec) = &mut self.spec {
+                spec.shift_positions(shift);
+            }
         }
         self.phase = Phase::Prefilling(prefill);
         Ok(())
@@ -290,8 +295,12 @@ impl Generation<'_> {
         let ids = Array::from_slice(part, &[1, part.len() as i32]);
         // Only the cache is evaluated: the logits of these positions are never computed.
         match (&self.images, &mut self.spec) {
-            // Images are never drafted over (`Engine::generate`: depth 0).
-            (Some(images), _) => images.feed(model, head, prefill.at..end, &mut self.cache)?,
+            (Some(images), spec) => {
+                let hidden = images.feed(model, head, prefill.at..end, &mut self.cache)?;
+                if let Some(spec) = spec {
+                    spec.observe(part, &hidden)?;
+                }
+            }
             (None, Some(spec)) => {
                 let (_, features) = spec.trunk(&ids, &mut self.cache)?;
                 spec.observe(part, &features)?;
@@ -328,6 +337,10 @@ impl Generation<'_> {
         let Some(spec) = &mut self.spec else {
             return self.step(&Array::from_slice(last, &[1, 1]));
         };
+        if let Some(images) = &self.images {
+            // The head's positions after the prompt run as the trunk's do.
+            spec.shift_positions(images.shift_after());
+        }
         let (hidden, features) = spec.trunk(&Array::from_slice(last, &[1, 1]), &mut self.cache)?;
         spec.observe(last, &features)?;
         let mut last = model.logits(&hidden)?.index((.., -1, ..));

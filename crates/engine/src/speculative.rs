@@ -252,6 +252,12 @@ impl<'m> Speculator<'m> {
         self.control = Some(control);
     }
 
+    /// Runs the drafter's own attention positions `shift` from their index, as the trunk's
+    /// after a prompt with images ([`crate::vision::ImagePrefill::shift_at`]).
+    pub(crate) fn shift_positions(&mut self, shift: i32) {
+        self.draft_cache.set_rope_shift(shift);
+    }
+
     /// Whether the depth controller has ruled drafting out for good (the costs say no depth
     /// could pay): the request is better off without a speculator.
     pub fn never_drafts(&self) -> bool {

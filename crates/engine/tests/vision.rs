@@ -444,7 +444,7 @@ fn a_prompt_with_images_gives_mlx_vlms_logits() {
     assert_eq!(generation.tokens(), &greedy[..], "greedy tokens after the images");
     let summary = summary.unwrap();
     assert_eq!(summary.usage.prompt_tokens, tokens.len(), "the image tokens count in the prompt");
-    assert!(summary.speculative.is_none(), "a request with images decodes plainly for now");
+    assert!(summary.speculative.is_none(), "this checkpoint has no MTP head: plain decoding");
     // Again: the prompt cache holds it now (its images known by their content), and the
     // answer after the restored prefix is mlx-vlm's still.
     let hits = engine.prompt_cache_stats().hits;
@@ -477,15 +477,17 @@ fn a_prompt_with_images_gives_mlx_vlms_logits() {
 /// The prompt cache knows a prompt's images by their content: the same screenshot again is
 /// one cached prefix (nothing prefilled but the last token), another image of the same size
 /// misses from where it starts, and the next turn of a conversation resumes after the last
-/// answer — the positions after the images continuing where they were — with answers equal
-/// to an engine without a prompt cache, token for token.
+/// answer — the positions after the images continuing where they were. All of it speculating
+/// with the MTP head: the answers equal plain decoding's on an engine without a prompt cache,
+/// token for token.
 #[test]
-fn the_prompt_cache_knows_images_by_their_content() {
+fn the_prompt_cache_knows_images_by_their_content_and_speculation_stays_exact() {
     use engine::checkpoint::{Architecture, Dtype, Layout};
     use engine::{Engine, GenerateRequest, Summary};
     use std::sync::Arc;
     let mut o = common::options(Architecture::Qwen35, "small", None, 32, Dtype::Float32);
     o.layout = Layout::Transformers;
+    o.mtp = true;
     let dir = common::make(&o);
     let (start, end, image) = add_vision_tokens(dir.path());
     std::fs::write(dir.path().join("preprocessor_config.json"), r#"{"min_pixels": 4096, "max_pixels": 15360}"#)
@@ -510,9 +512,13 @@ fn the_prompt_cache_knows_images_by_their_content() {
         e
     };
     let (cached, fresh) = (load(true), load(false));
+    assert!(cached.model().mtp().is_some());
+    // The cached engine speculates (depth 2), the fresh one decodes plainly.
     let answer = |e: &Engine, prompt: &[u32], images: &[&Arc<RgbImage>]| -> (Vec<u32>, Summary) {
         let images = images.iter().map(|&i| i.clone()).collect();
-        let req = GenerateRequest { ignore_eos: true, images, ..GenerateRequest::greedy(prompt.to_vec(), 10) };
+        let draft_depth = if std::ptr::eq(e, &cached) { 2 } else { 0 };
+        let req =
+            GenerateRequest { ignore_eos: true, images, draft_depth, ..GenerateRequest::greedy(prompt.to_vec(), 10) };
         let mut generation = e.generate(req, Default::default()).unwrap();
         let mut summary = None;
         for event in generation.by_ref() {
@@ -528,6 +534,8 @@ fn the_prompt_cache_knows_images_by_their_content() {
     // 100x70 at these bounds: 3 x 2 merged groups; the prompt holds 13 tokens.
     let (a1, s1) = answer(&cached, &first, &[&shot]);
     assert_eq!((s1.usage.prompt_tokens, s1.usage.cached_tokens), (13, 0));
+    let spec = s1.speculative.as_ref().expect("a request with images speculates");
+    assert!(spec.cycles > 0 && spec.drafted[0] > 0, "{spec:?}");
     assert_eq!(a1, answer(&fresh, &first, &[&shot]).0);
     assert!(!a1.iter().any(|t| [start, end, image].contains(t)), "the answer is text: {a1:?}");
 
@@ -543,6 +551,7 @@ fn the_prompt_cache_knows_images_by_their_content() {
     let next = [&first[..], &a1, &[10, start, image, end, 11, 12]].concat();
     let (a2, s) = answer(&cached, &next, &[&shot, &third]);
     assert_eq!(s.usage.cached_tokens, 13 + a1.len() - 1, "resumed after the last answer: {:?}", s.usage);
+    assert!(s.speculative.is_some_and(|spec| spec.cycles > 0));
     assert_eq!(a2, answer(&fresh, &next, &[&shot, &third]).0, "the answer after a resumed prefill with images");
     let hits = cached.prompt_cache_stats().hits;
     assert!(hits >= 2, "{:?}", cached.prompt_cache_stats());

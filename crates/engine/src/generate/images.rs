@@ -2,8 +2,12 @@
 //! for its image's size), looked up in the prompt cache by its images' content
 //! ([`ImagePrompt::cache_key`]), and prefilled a chunk a pass from where the cached prefix
 //! ends, with the images' features in place of their tokens at their MRoPE positions. It
-//! stays out of batches (a batch knows a sequence by consecutive positions) and decodes
-//! plainly: speculation with images comes later.
+//! stays out of batches (a batch knows a sequence by consecutive positions). It speculates
+//! with the MTP head, exactly: the verify passes run at the trunk's shifted positions; the
+//! head reads the prompt's hidden states (at image positions too) and its positions after
+//! the prompt are shifted as the trunk's (inside the prompt they are not: that only changes
+//! how well it drafts). A block drafter, which reads the trunk's layers over token
+//! embeddings, does not draft over images: such a request decodes plainly.
 
 use super::Generation;
 use crate::cache::Cache;
@@ -44,7 +48,7 @@ impl Engine {
 impl Images {
     /// Starts the prefill at `from` (after a cached prefix of that many positions, restored
     /// into `cache`): the tower runs on the images not all cached, and the cache continues
-    /// from the positions the prefix ends at.
+    /// from the positions the prefix ends at (the shift returned).
     pub(super) fn begin(
         &mut self,
         model: &dyn LanguageModel,
@@ -52,27 +56,32 @@ impl Images {
         head: &[u32],
         from: usize,
         cache: &mut Cache,
-    ) -> Result<()> {
+    ) -> Result<i32> {
         let prefill = ImagePrefill::new(model, vision, &self.prompt, head, from)?;
-        cache.set_rope_shift(prefill.shift_at(from));
+        let shift = prefill.shift_at(from);
+        cache.set_rope_shift(shift);
         self.prefill = Some(prefill);
-        Ok(())
+        Ok(shift)
     }
 
-    /// Feeds `head[from..to]` (lazy).
+    /// Feeds `head[range]`; their final hidden states [1, L, H] (lazy).
     pub(super) fn feed(
         &self,
         model: &dyn LanguageModel,
         head: &[u32],
         range: std::ops::Range<usize>,
         cache: &mut Cache,
-    ) -> Result<()> {
+    ) -> Result<mlx_rs::Array> {
         let prefill = self
             .prefill
             .as_ref()
             .ok_or_else(|| Error::Request("a prompt with images fed before its prefill".into()))?;
-        drop(prefill.pass(model, head, range, cache)?);
-        Ok(())
+        prefill.pass(model, head, range, cache)
+    }
+
+    /// How far the positions after the whole prompt run from their index.
+    pub(super) fn shift_after(&self) -> i32 {
+        self.prefill.as_ref().map_or(0, |p| p.delta())
     }
 }
 

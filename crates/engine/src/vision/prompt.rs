@@ -134,6 +134,11 @@ impl ImagePrefill {
         Ok(ImagePrefill { placed, angles, features, rows_before, image_token: vision.image_token })
     }
 
+    /// How far the rotary positions after the whole prompt run from their index.
+    pub fn delta(&self) -> i32 {
+        self.placed.delta
+    }
+
     /// How far the rotary positions after the first `len` tokens run from their index (what
     /// a cache restored to `len` positions continues with).
     pub fn shift_at(&self, len: usize) -> i32 {

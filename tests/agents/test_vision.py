@@ -2,7 +2,8 @@
 checkpoint that sees (Ferrite's maker writes the text model, mlx-vlm adds a random vision
 tower), the scripted model calls Read on a screenshot; Claude Code answers the call with an
 image block inside its tool_result, and the next turn's prompt holds the image's markup (the
-rule that ends the session matches only then)."""
+rule that ends the session matches only then) and is prefilled from where the last turn's
+ended (the prompt cache)."""
 
 import json
 import subprocess
@@ -73,4 +74,10 @@ def test_claude_code_reads_a_png_and_the_model_gets_it(seeing_server):
     assert done.returncode == 0, out
     assert SEEN in done.stdout, out
     assert not s.refused(), "requests refused:\n" + "\n".join(s.refused())
+    # The turn with the screenshot resumes after the turn that asked for it: the prompt cache
+    # knows images by their content, and a prompt with one is no longer prefilled whole.
+    big = [(prompt, cached) for prompt, cached in s.cached_since(mark) if prompt > 10000]
+    assert len(big) >= 2, out
+    (before, _), (with_image, cached) = big[-2], big[-1]
+    assert with_image > before and cached >= before * 0.9, f"{big}\n{out}"
     print("\nclaude reading a PNG:\n  " + "\n  ".join(turns))

@@ -68,10 +68,7 @@ impl Engine {
         self.tell_followers_generate(&request)?;
         let sampler = Sampler::new(request.sampling.clone())?;
         let images = self.prepare_images(&mut request)?;
-        // A block drafter reads the trunk's layers over token embeddings: not over images.
-        let block_over_images = images.is_some() && request.draft_with == DraftWith::Block;
-        let depth =
-            if (forced.is_some() && !sampler.is_greedy()) || block_over_images { 0 } else { request.draft_depth };
+        let depth = if forced.is_some() && !sampler.is_greedy() { 0 } else { request.draft_depth };
         let spec = match depth {
             0 => None,
             depth => {
@@ -296,9 +293,10 @@ impl Generation<'_> {
         // Only the cache is evaluated: the logits of these positions are never computed.
         match (&self.images, &mut self.spec) {
             (Some(images), spec) => {
-                let hidden = images.feed(model, head, prefill.at..end, &mut self.cache)?;
+                let taps = spec.as_ref().and_then(|s| s.taps());
+                let features = images.feed(model, head, prefill.at..end, &mut self.cache, taps)?;
                 if let Some(spec) = spec {
-                    spec.observe(part, &hidden)?;
+                    spec.observe(part, &features)?;
                 }
             }
             (None, Some(spec)) => {

@@ -209,6 +209,15 @@ impl<'m> Speculator<'m> {
         }
     }
 
+    /// The trunk layers whose outputs the drafter reads (a block drafter's), or `None` (the
+    /// MTP head reads the final hidden states).
+    pub fn taps(&self) -> Option<&[usize]> {
+        match self.drafter {
+            Drafter::Mtp(_) => None,
+            Drafter::Block(block) => Some(&block.spec.target_layers),
+        }
+    }
+
     /// Shows the drafter trunk positions it has not seen: their `features` [1, L, F] and the
     /// tokens after them (`next_tokens`, L of them).
     fn show(&mut self, features: &Array, next_tokens: &[u32]) -> Result<()> {

@@ -555,4 +555,35 @@ fn the_prompt_cache_knows_images_by_their_content_and_speculation_stays_exact() 
     assert_eq!(a2, answer(&fresh, &next, &[&shot, &third]).0, "the answer after a resumed prefill with images");
     let hits = cached.prompt_cache_stats().hits;
     assert!(hits >= 2, "{:?}", cached.prompt_cache_stats());
+
+    // A block drafter reads the trunk's layers over the images too: the same answers, once
+    // prefilled and once from the prompt cache.
+    use engine::checkpoint::drafter::{make_drafter, DrafterOptions};
+    let config = engine::ModelConfig::load(dir.path()).unwrap();
+    let drafter = tempfile::tempdir().unwrap();
+    make_drafter(&config, &DrafterOptions::new(&config, o.clone()), drafter.path()).unwrap();
+    let options = engine::EngineOptions { drafter: Some(drafter.path().to_path_buf()), ..Default::default() };
+    let mut blocks = Engine::load_with(dir.path(), &options).unwrap();
+    blocks.set_prefill_chunk(4);
+    for round in 0..2 {
+        let req = GenerateRequest {
+            ignore_eos: true,
+            images: vec![shot.clone(), third.clone()],
+            draft_depth: 3,
+            draft_with: engine::DraftWith::Block,
+            ..GenerateRequest::greedy(next.clone(), 10)
+        };
+        let mut generation = blocks.generate(req, Default::default()).unwrap();
+        let mut summary = None;
+        for event in generation.by_ref() {
+            if let engine::Event::Finished(s) = event.unwrap() {
+                summary = Some(s);
+            }
+        }
+        assert_eq!(generation.tokens(), &a2[..], "block drafting over images, round {round}");
+        let summary = summary.unwrap();
+        let spec = summary.speculative.expect("block drafting");
+        assert!(spec.cycles > 0 && spec.drafted[0] > 0, "{spec:?}");
+        assert_eq!(summary.usage.cached_tokens > 0, round == 1, "{:?}", summary.usage);
+    }
 }

@@ -6,8 +6,8 @@
 //! with the MTP head, exactly: the verify passes run at the trunk's shifted positions; the
 //! head reads the prompt's hidden states (at image positions too) and its positions after
 //! the prompt are shifted as the trunk's (inside the prompt they are not: that only changes
-//! how well it drafts). A block drafter, which reads the trunk's layers over token
-//! embeddings, does not draft over images: such a request decodes plainly.
+//! how well it drafts); a block drafter reads the trunk's layers over the images as over
+//! text (its own positions are its context's, images or not).
 
 use super::Generation;
 use crate::cache::Cache;
@@ -64,19 +64,20 @@ impl Images {
         Ok(shift)
     }
 
-    /// Feeds `head[range]`; their final hidden states [1, L, H] (lazy).
+    /// Feeds `head[range]`; what the drafter reads at them ([`ImagePrefill::pass`], lazy).
     pub(super) fn feed(
         &self,
         model: &dyn LanguageModel,
         head: &[u32],
         range: std::ops::Range<usize>,
         cache: &mut Cache,
+        taps: Option<&[usize]>,
     ) -> Result<mlx_rs::Array> {
         let prefill = self
             .prefill
             .as_ref()
             .ok_or_else(|| Error::Request("a prompt with images fed before its prefill".into()))?;
-        prefill.pass(model, head, range, cache)
+        Ok(prefill.pass(model, head, range, cache, taps)?.1)
     }
 
     /// How far the positions after the whole prompt run from their index.

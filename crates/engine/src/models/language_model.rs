@@ -25,6 +25,12 @@ pub trait LanguageModel: Trunk + Send {
         let _ = (embeddings, cache);
         Err(crate::error::Error::Request("this model takes token ids only".into()))
     }
+    /// [`LanguageModel::hidden_tapped`] for input embeddings (a block drafter reading a prompt
+    /// with images).
+    fn hidden_tapped_embedded(&self, embeddings: &Array, cache: &mut Cache, taps: &[usize]) -> Result<(Array, Array)> {
+        let _ = (embeddings, cache, taps);
+        Err(crate::error::Error::Request("this model takes token ids only".into()))
+    }
     /// Logits [B, L, vocab] for token ids [B, L], advancing `cache` by L positions.
     fn forward(&self, tokens: &Array, cache: &mut Cache) -> Result<Array> {
         let h = self.hidden(tokens, cache)?;

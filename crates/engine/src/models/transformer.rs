@@ -179,6 +179,11 @@ impl LanguageModel for Transformer {
         Ok(self.run_embedded(embeddings.clone(), cache, &[])?.0)
     }
 
+    fn hidden_tapped_embedded(&self, embeddings: &Array, cache: &mut Cache, taps: &[usize]) -> Result<(Array, Array)> {
+        let (hidden, outputs) = self.run_embedded(embeddings.clone(), cache, taps)?;
+        Ok((hidden, mlx_rs::ops::concatenate(&outputs, -1)?))
+    }
+
     fn hidden_batch(&self, tokens: &Array, cache: &mut BatchCache) -> Result<Array> {
         if cache.rows() != tokens.dim(0) as usize || tokens.dim(1) != 1 {
             return Err(crate::error::Error::Request(format!(

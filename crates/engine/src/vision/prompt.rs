@@ -77,7 +77,7 @@ pub fn prefill(
     let mut hidden = None;
     for from in (0..tokens.len()).step_by(chunk) {
         let to = (from + chunk).min(tokens.len());
-        hidden = Some(run.pass(model, tokens, from..to, cache)?);
+        hidden = Some(run.pass(model, tokens, from..to, cache, None)?.0);
         if to < tokens.len() {
             mlx_rs::transforms::eval(cache.arrays())?;
         }
@@ -147,22 +147,27 @@ impl ImagePrefill {
     }
 
     /// Feeds `tokens[range]` through `model`: their embeddings (features for image tokens) at
-    /// their angles; the cache then continues with the prompt's shift. Returns the hidden
-    /// states [1, L, H] (lazy).
+    /// their angles; the cache then continues with the prompt's shift. Returns the final
+    /// hidden states [1, L, H] and what a drafter reads at them: the outputs of layers `taps`
+    /// concatenated (a block drafter's), else the hidden states again (lazy).
     pub fn pass(
         &self,
         model: &dyn LanguageModel,
         tokens: &[u32],
         range: Range<usize>,
         cache: &mut Cache,
-    ) -> Result<Array> {
+        taps: Option<&[usize]>,
+    ) -> Result<(Array, Array)> {
         let before = tokens[..range.start].iter().filter(|&&t| t == self.image_token).count();
         let first_row = before.checked_sub(self.rows_before).ok_or_else(|| {
             Error::Request("a prefill with images resumed before the images it has features for".into())
         })?;
         let part = embed_range(model, tokens, range.clone(), self.image_token, &self.features, first_row)?;
         cache.place_next(&self.angles.index(range.start as i32..range.end as i32), self.placed.delta);
-        model.hidden_embedded(&part, cache)
+        match taps {
+            Some(taps) => model.hidden_tapped_embedded(&part, cache, taps),
+            None => model.hidden_embedded(&part, cache).map(|h| (h.clone(), h)),
+        }
     }
 }
 

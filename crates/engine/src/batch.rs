@@ -22,14 +22,10 @@ use crate::generate::Generation;
 use crate::request::Event;
 
 /// A split model's ranks follow rank 0's requests one at a time ([`crate::lockstep`]): when
-/// each joins or leaves a batch is not something the others could follow. A request with
-/// images runs alone too: a batch places its rows at consecutive positions.
+/// each joins or leaves a batch is not something the others could follow.
 fn refuse_unbatchable(generation: &Generation) -> Result<()> {
     if generation.engine().group().is_some() {
         return Err(crate::error::Error::Request("a model split across ranks runs one request at a time".into()));
-    }
-    if generation.has_images() {
-        return Err(crate::error::Error::Request("a request with images runs alone, not in a batch".into()));
     }
     Ok(())
 }

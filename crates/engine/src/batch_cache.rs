@@ -5,7 +5,8 @@
 //! it joins ([`BatchCache::push`]) and is cut back out when it leaves ([`BatchCache::remove`]).
 //!
 //! Every row writes its next position into the same column, so a step is one `slice_update`
-//! per buffer, and rows sit at different positions: RoPE takes each row's own offset.
+//! per buffer, and rows sit at different positions: RoPE takes each row's own offset (a row
+//! after a prompt with images shifted as its own cache was: `KvCache::rope_shift`).
 
 use mlx_rs::ops::indexing::{Ellipsis, IndexOp};
 use mlx_rs::transforms::eval;
@@ -48,6 +49,8 @@ pub struct BatchCache {
     pub(crate) layers: Vec<BatchLayer>,
     /// Each row's left padding: its first column.
     pads: Vec<i32>,
+    /// How far each row's rotary positions run from its length (below 0 after images).
+    shifts: Vec<i32>,
     /// Columns written so far (the longest row's length).
     end: i32,
 }
@@ -102,6 +105,8 @@ impl BatchCache {
     /// two: the new row on its left, or every other row when the new one is longer.
     pub fn push(&mut self, cache: Cache) -> Result<()> {
         let len = cache.offset();
+        let shift =
+            cache.layers.iter().find_map(|l| if let LayerCache::Kv(kv) = l { Some(kv.rope_shift) } else { None });
         if self.rows() == 0 {
             self.layers.clear();
             self.end = 0;
@@ -157,6 +162,7 @@ impl BatchCache {
             *p += grow;
         }
         self.pads.push(pad);
+        self.shifts.push(shift.unwrap_or(0));
         self.end = self.end.max(len);
         Ok(())
     }
@@ -169,6 +175,7 @@ impl BatchCache {
         }
         let r = row as i32;
         let pad = self.pads.remove(row);
+        let shift = self.shifts.remove(row);
         let keep: Vec<i32> = (0..self.rows() as i32 + 1).filter(|&i| i != r).collect();
         let trim = self.pads.iter().copied().min().unwrap_or(0);
         let mut layers = Vec::with_capacity(self.layers.len());
@@ -180,7 +187,9 @@ impl BatchCache {
                     };
                     let own =
                         |a: &Array| -> Result<Array> { Ok(a.index((r..r + 1, .., pad..self.end, ..)).contiguous()?) };
-                    layers.push(LayerCache::Kv(KvCache::restored(own(&k)?, own(&v)?)));
+                    let mut kv = KvCache::restored(own(&k)?, own(&v)?);
+                    kv.rope_shift = shift;
+                    layers.push(LayerCache::Kv(kv));
                     if !keep.is_empty() {
                         let rest =
                             |a: &Array| -> Result<Array> { take_rows(&a.index((Ellipsis, trim..self.end, ..)), &keep) };
@@ -222,7 +231,7 @@ impl BatchCache {
     /// Where the next decode step writes, and each row's position there.
     pub fn step(&self) -> Result<Step> {
         let rows = self.rows() as i32;
-        let offsets: Vec<i32> = self.pads.iter().map(|p| self.end - p).collect();
+        let offsets: Vec<i32> = self.pads.iter().zip(&self.shifts).map(|(p, s)| self.end - p + s).collect();
         let mask = if self.pads.iter().any(|&p| p > 0) {
             let pads = Array::from_slice(&self.pads, &[rows, 1, 1, 1]);
             let columns = ops::arange::<_, i32>(0, self.end + 1, None)?;

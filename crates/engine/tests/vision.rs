@@ -586,4 +586,38 @@ fn the_prompt_cache_knows_images_by_their_content_and_speculation_stays_exact() 
         assert!(spec.cycles > 0 && spec.drafted[0] > 0, "{spec:?}");
         assert_eq!(summary.usage.cached_tokens > 0, round == 1, "{:?}", summary.usage);
     }
+
+    // In a batch: two requests with images of other shapes and a text-only one, decoded
+    // together (each row at its own positions: the ones after images shifted), each answering
+    // as it does alone.
+    let mut e = Engine::load(dir.path()).unwrap();
+    e.set_prefill_chunk(4);
+    e.set_prompt_cache_budget(0);
+    let requests = [
+        GenerateRequest { ignore_eos: true, images: vec![shot.clone()], ..GenerateRequest::greedy(first.clone(), 12) },
+        GenerateRequest {
+            ignore_eos: true,
+            images: vec![shot.clone(), third.clone()],
+            ..GenerateRequest::greedy(next.clone(), 9)
+        },
+        GenerateRequest { ignore_eos: true, ..GenerateRequest::greedy(vec![5, 6, 7, 8], 10) },
+    ];
+    let alone: Vec<String> = requests.iter().map(|r| e.generate_text(r.clone()).unwrap().0).collect();
+    let mut batch = engine::batch::Batch::default();
+    batch.join(0, e.generate(requests[0].clone(), Default::default()).unwrap()).unwrap();
+    for (key, request) in requests.iter().enumerate().skip(1) {
+        batch.queue(key, e.generate(request.clone(), Default::default()).unwrap()).unwrap();
+    }
+    let mut texts = vec![String::new(); requests.len()];
+    let mut steps = 0;
+    while !batch.is_empty() {
+        steps += 1;
+        for (key, event) in batch.step() {
+            if let engine::Event::Text(t) = event.unwrap() {
+                texts[key].push_str(&t);
+            }
+        }
+    }
+    assert_eq!(texts, alone, "each request in the batch answers as it does alone");
+    assert!(steps < 12 + 9 + 10, "they decoded together: {steps} steps");
 }

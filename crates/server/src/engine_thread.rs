@@ -204,9 +204,7 @@ impl EngineThread {
         let (metrics, scripted, depth) = (&*shared.metrics, scripted.as_deref(), &*shared.queue_depth);
         let rule = shared.batch_rule.read().map(|r| r.clone()).unwrap_or_default();
         let waiting = depth.load(Ordering::SeqCst);
-        // A request with images runs alone (a batch places its rows at consecutive positions).
         let together = info.profile.max_sequences > 1
-            && job.request.images.is_empty()
             && (job.request.draft_depth == 0 || (waiting > 0 && rule.batch_pays(1 + waiting, rule.tuned_speedup)));
         let first = if together {
             match start_job(engine, info, metrics, scripted, job, true) {

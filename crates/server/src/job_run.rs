@@ -355,11 +355,6 @@ pub(crate) fn run_batch<'e>(
                     Err(_) => break,
                 },
             };
-            if !job.request.images.is_empty() {
-                // A request with images runs alone: after the batch, in its turn.
-                deferred.push_back(Message::Job(Box::new(job)));
-                break;
-            }
             if !batch.is_empty() && batch.kv_tokens_with(kv_tokens_asked(engine, info, &job)) > share {
                 next = Some(job);
                 break;

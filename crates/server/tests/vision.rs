@@ -141,3 +141,48 @@ async fn images_reach_the_model_in_every_api_and_bad_ones_are_refused_by_path() 
     let (status, _) = common::post(&s, "/v1/chat/completions", &text_only).await;
     assert_eq!(status, 200);
 }
+
+/// Requests with images decode in the worker's batch like any other: sent together with a
+/// long text request running, each answers what it answers alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_with_images_decode_together_and_answer_as_alone() {
+    let s = seeing_server().await;
+    let ask = |picture: Option<Vec<u8>>, text: &str| {
+        let mut content = vec![json!({"type": "text", "text": text})];
+        if let Some(p) = picture {
+            content
+                .push(json!({"type": "image_url", "image_url": {"url": format!("data:image/png;base64,{}", b64(&p))}}));
+        }
+        json!({"model": "tiny", "max_tokens": 16, "ignore_eos": true, "temperature": 0,
+               "messages": [{"role": "user", "content": content}]})
+    };
+    let bodies = [ask(Some(png(100, 70)), "What is in it?"), ask(Some(png(60, 130)), "And here?"), ask(None, "Hello")];
+    let mut alone = vec![];
+    for body in &bodies {
+        let (status, v) = common::post(&s, "/v1/chat/completions", body).await;
+        assert_eq!(status, 200, "{v}");
+        alone.push(v["choices"][0]["message"]["content"].as_str().unwrap().to_string());
+    }
+    let base = s.base.clone();
+    let long = tokio::spawn(async move {
+        let body = json!({"model": "tiny", "max_tokens": 600, "ignore_eos": true,
+                          "messages": [{"role": "user", "content": "Go on."}]});
+        reqwest::Client::new().post(format!("{base}/v1/chat/completions")).json(&body).send().await
+    });
+    let mut seen = 0;
+    let watch = async {
+        for _ in 0..400 {
+            let status: Value = reqwest::get(format!("{}/v1/status", s.base)).await.unwrap().json().await.unwrap();
+            seen = seen.max(status["decoding_together"].as_u64().unwrap_or(0));
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+    };
+    let asks = futures_util::future::join_all(bodies.iter().map(|b| common::post(&s, "/v1/chat/completions", b)));
+    let (together, _) = tokio::join!(asks, watch);
+    for (i, (status, v)) in together.into_iter().enumerate() {
+        assert_eq!(status, 200, "{v}");
+        assert_eq!(v["choices"][0]["message"]["content"].as_str().unwrap(), alone[i], "request {i} in the batch");
+    }
+    assert!(seen >= 2, "the requests never decoded together");
+    assert_eq!(long.await.unwrap().unwrap().status(), 200);
+}

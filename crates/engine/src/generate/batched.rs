@@ -57,7 +57,7 @@ impl<'a> Generation<'a> {
     pub fn can_join_batch(&self) -> bool {
         let Phase::Decoding { pending } = &self.phase else { return false };
         let between = self.queue.is_empty() && (self.spec.is_some() || pending.is_some());
-        self.generated > 0 && between && !self.has_images()
+        self.generated > 0 && between
     }
 
     /// A speculative generation between cycles goes on decoding plainly: its trunk cache holds

@@ -87,11 +87,6 @@ impl Images {
 }
 
 impl Generation<'_> {
-    /// Whether the prompt holds images.
-    pub(crate) fn has_images(&self) -> bool {
-        self.images.is_some()
-    }
-
     /// The tokens the prompt cache knows this request's prompt by: its images' placeholders
     /// spelled by their content.
     pub(super) fn prompt_key(&self) -> &[u32] {

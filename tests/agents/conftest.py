@@ -127,15 +127,19 @@ def home(tmp_path):
     return tmp_path
 
 
-def opencode_config(base: str, work: Path) -> Path:
-    """An opencode config with Ferrite as an `@ai-sdk/openai-compatible` provider, in `work`."""
+def opencode_config(base: str, work: Path, sees: bool = False) -> Path:
+    """An opencode config with Ferrite as an `@ai-sdk/openai-compatible` provider, in `work`
+    (`sees`: the model takes images, as a user serving one says)."""
+    model = {"name": "Ferrite default"}
+    if sees:
+        model |= {"attachment": True, "modalities": {"input": ["text", "image"], "output": ["text"]}}
     config = {
         "$schema": "https://opencode.ai/config.json",
         "provider": {"ferrite": {
             "npm": "@ai-sdk/openai-compatible",
             "name": "Ferrite",
             "options": {"baseURL": base + "/v1"},
-            "models": {"default": {"name": "Ferrite default"}},
+            "models": {"default": model},
         }},
         "model": "ferrite/default",
     }

@@ -13,10 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from conftest import FERRITE, ROOT, client, run_client, start_server
+from conftest import FERRITE, ROOT, client, codex_home, opencode_config, run_client, start_server
 from test_tool_sessions import tool_call
 
 ASK = "Read shot.png and say what it shows"
+ATTACHED = "What does the attached picture show"
 SEEN = "I see the screenshot."
 MARKUP = "<|vision_start|><|image_pad|><|vision_end|>"
 
@@ -55,12 +56,14 @@ def seeing_server():
         png(root / "work" / "shot.png", 160, 96)
         seeing_checkpoint(root / "model")
         rules = [
+            {"when": [ATTACHED, MARKUP], "reply": SEEN},
             {"when": [ASK, MARKUP], "reply": SEEN},
             {"when": [ASK, '"name": "Read"'], "reply": tool_call("Read", {"file_path": str(root / "work" / "shot.png")})},
         ]
         (root / "rules.json").write_text(json.dumps(rules))
         for s in start_server(root, "--max-output-tokens", "160", "--scripted-replies", str(root / "rules.json"),
                               model=str(root / "model")):
+            codex_home(s.base, root / "home")
             yield s, root
 
 
@@ -81,3 +84,38 @@ def test_claude_code_reads_a_png_and_the_model_gets_it(seeing_server):
     (before, _), (with_image, cached) = big[-2], big[-1]
     assert with_image > before and cached >= before * 0.9, f"{big}\n{out}"
     print("\nclaude reading a PNG:\n  " + "\n  ".join(turns))
+
+
+def test_codex_attaches_a_png_and_the_model_gets_it(seeing_server):
+    """Codex's `exec --image`: the picture goes out as a Responses `input_image`, and the prompt
+    the model reads holds its markup (the rule that answers matches only then)."""
+    s, root = seeing_server
+    mark = s.mark()
+    # The prompt before `--image`, which takes every file name after it.
+    done = run_client([client("codex"), "exec", "--skip-git-repo-check", "--dangerously-bypass-approvals-and-sandbox",
+                       ATTACHED, "--image", str(root / "work" / "shot.png")], root,
+                      {"CODEX_HOME": str(root / "home" / ".codex")})
+    turns = s.generations_since(mark)
+    out = f"codex exited {done.returncode}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}\n" + "\n".join(turns)
+    out += "\nserver log:\n" + s.log.read_text(errors="replace")[-4000:]
+    assert done.returncode == 0, out
+    assert SEEN in done.stdout, out
+    assert not s.refused(), "requests refused:\n" + "\n".join(s.refused())
+    print("\ncodex attaching a PNG:\n  " + "\n  ".join(turns))
+
+
+def test_opencode_attaches_a_png_and_the_model_gets_it(seeing_server):
+    """opencode's `run --file`: the picture goes out as an OpenAI `image_url` data URL, for a
+    model its config says takes images."""
+    s, root = seeing_server
+    mark = s.mark()
+    config = opencode_config(s.base, root / "work", sees=True)
+    done = run_client([client("opencode"), "run", ATTACHED, "--file", str(root / "work" / "shot.png")], root,
+                      {"OPENCODE_CONFIG": str(config)})
+    turns = s.generations_since(mark)
+    out = f"opencode exited {done.returncode}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}\n" + "\n".join(turns)
+    out += "\nserver log:\n" + s.log.read_text(errors="replace")[-4000:]
+    assert done.returncode == 0, out
+    assert SEEN in done.stdout, out
+    assert not s.refused(), "requests refused:\n" + "\n".join(s.refused())
+    print("\nopencode attaching a PNG:\n  " + "\n  ".join(turns))

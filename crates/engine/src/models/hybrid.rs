@@ -172,7 +172,7 @@ pub fn normalize_layout(weights: &mut Weights, quant: Option<&mut Quantization>)
     }
     let vision = weights.drop_prefix("model.visual.") + weights.drop_prefix("vision_tower.");
     if vision > 0 {
-        tracing::info!("{}: ignoring {vision} vision-tower tensors (text only)", weights.dir().display());
+        tracing::debug!("{}: {vision} vision-tower tensors left to the vision tower", weights.dir().display());
     }
     let names = weights.names();
     let mut transformers_layout = false;

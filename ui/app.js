@@ -131,7 +131,7 @@ async function refreshModels() {
       b.textContent = running ? "Running" : "Start";
       b.disabled = running;
       b.addEventListener("click", () => loadModel(m.id, b));
-      const item = li(m.id, `${bytes(m.bytes)} · ${m.model_type}${m.has_mtp ? " · MTP" : ""} · ${m.dir}`, b);
+      const item = li(m.id, `${bytes(m.bytes)} · ${m.model_type}${m.has_mtp ? " · MTP" : ""}${m.sees ? " · sees images" : ""} · ${m.dir}`, b);
       if (!running && m.source !== "embedded") item.append(button("Delete", async () => {
         // Deleting frees disk for good: the user says so, not a stray click.
         if (!window.confirm(`Delete ${m.id} (${bytes(m.bytes)}) from ${m.dir}?`)) return;
@@ -142,7 +142,8 @@ async function refreshModels() {
     }));
     $("catalog").replaceChildren(...v.catalog.filter((e) => !installed.has(e.id)).map((e) => {
       const size = typeof e.size_bytes === "number" ? bytes(e.size_bytes) : "size unknown";
-      return li(e.id, `${e.architecture}${e.mtp ? " · MTP" : ""} · ${size} · ${e.description}`, button("Download", () => post("/v1/store/pull", { model: e.id })));
+      const sees = e.sees === true ? " · sees images" : "";
+      return li(e.id, `${e.architecture}${e.mtp ? " · MTP" : ""}${sees} · ${size} · ${e.description}`, button("Download", () => post("/v1/store/pull", { model: e.id })));
     }));
   } catch (e) {
     $("models-error").textContent = "model store: " + e.message;

@@ -105,11 +105,12 @@ pub fn ls() -> Result<()> {
     }
     for m in &listing.installed {
         println!(
-            "  {:<28} {:>10}  {:<12} mtp:{:<3}  {}",
+            "  {:<28} {:>10}  {:<12} mtp:{:<3}  sees:{:<3}  {}",
             m.id,
             gib(m.bytes),
             m.model_type,
             if m.has_mtp { "yes" } else { "no" },
+            if m.sees { "yes" } else { "no" },
             m.dir.display()
         );
     }
@@ -138,11 +139,16 @@ pub fn ls() -> Result<()> {
         let aliases =
             if e.aliases.is_empty() { String::new() } else { format!(" (aliases: {})", e.aliases.join(", ")) };
         println!(
-            "  {:<28} {:>12}  {:<12} mtp:{:<3}  {}{aliases}",
+            "  {:<28} {:>12}  {:<12} mtp:{:<3}  sees:{:<7}  {}{aliases}",
             e.id,
             size,
             e.architecture,
             if e.mtp { "yes" } else { "no" },
+            match e.sees.value() {
+                Some(true) => "yes",
+                Some(false) => "no",
+                None => "unknown",
+            },
             if e.repo.is_empty() { "(ships with Ferrite)" } else { e.repo.as_str() }
         );
         if let Some(d) = &e.drafter {

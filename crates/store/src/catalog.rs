@@ -61,6 +61,11 @@ pub struct Entry {
     pub active_params_b: Known<f64>,
     /// Whether the checkpoint carries the MTP head (`mtp.*` tensors).
     pub mtp: bool,
+    /// Whether the checkpoint carries a vision tower (images in): `true`, `false`, or
+    /// "unknown" where its page does not say (an installed folder says for itself:
+    /// `models::Installed::sees`).
+    #[serde(default = "unknown")]
+    pub sees: Known<bool>,
     /// Memory needed to run at the default context.
     pub memory_bytes: Known<u64>,
     pub description: String,
@@ -83,6 +88,10 @@ pub struct DrafterEntry {
     pub size_bytes: Known<u64>,
     /// Tokens a block holds (the anchor and its drafts), as its config says.
     pub block_size: usize,
+}
+
+fn unknown<T>() -> Known<T> {
+    Known::Unknown("unknown".into())
 }
 
 fn main() -> String {
@@ -168,6 +177,9 @@ impl Catalog {
             {
                 return Err(bad(field, &format!("`{text}` is neither a number nor \"unknown\"")));
             }
+            if let Some(text) = entry.sees.unknown_text().filter(|t| *t != "unknown") {
+                return Err(bad("sees", &format!("`{text}` is neither true, false nor \"unknown\"")));
+            }
             for name in std::iter::once(&entry.id).chain(&entry.aliases) {
                 if let Some(other) = self.find(name) {
                     return Err(bad("id/aliases", &format!("`{name}` is already used by model `{}`", other.id)));
@@ -237,6 +249,12 @@ description = "a model"
         let c = Catalog::load(None).unwrap();
         assert!(c.entries.len() >= 5, "{}", c.entries.len());
         assert!(c.entries.iter().any(|e| e.mtp));
+        // Text-only architectures say so; the embedded model reads text only.
+        for e in &c.entries {
+            if ["qwen3", "qwen3_moe", "qwen3_next"].contains(&e.architecture.as_str()) || e.embedded.is_some() {
+                assert_eq!(e.sees.value(), Some(&false), "{}", e.id);
+            }
+        }
     }
 
     #[test]
@@ -247,6 +265,11 @@ description = "a model"
         assert_eq!(c.find("org/x").unwrap().revision, "main");
         assert_eq!(c.entries[0].size_bytes.value(), Some(&123));
         assert!(c.find("y").is_none());
+        // Whether it sees: unknown unless the entry says.
+        assert_eq!(c.entries[0].sees, Known::Unknown("unknown".into()));
+        let mut c = Catalog::default();
+        c.add("user.toml", &ONE.replace("mtp = false", "mtp = false\nsees = true")).unwrap();
+        assert_eq!(c.entries[0].sees.value(), Some(&true));
     }
 
     #[test]
@@ -257,6 +280,8 @@ description = "a model"
         assert!(e.to_string().contains("size_bytes"), "{e}");
         let e = c.add("user.toml", &ONE.replace("mtp = false", "mtp = \"yes\"")).unwrap_err();
         assert!(e.line >= 2 && e.to_string().contains("user.toml"), "{e}");
+        let e = c.add("user.toml", &ONE.replace("mtp = false", "mtp = false\nsees = \"yes\"")).unwrap_err();
+        assert!(e.to_string().contains("field `sees`: `yes` is neither true, false nor"), "{e}");
         let e = c.add("user.toml", &ONE.replace("repo = \"org/x\"", "repo = \"x\"")).unwrap_err();
         assert!(e.to_string().contains("`repo`"), "{e}");
         let e = c.add("user.toml", &format!("{ONE}\nextra = 1\n")).unwrap_err();

@@ -34,6 +34,8 @@ pub struct Installed {
     pub model_type: String,
     pub bytes: u64,
     pub has_mtp: bool,
+    /// A vision tower is in the folder (`verify::ModelFacts::sees`).
+    pub sees: bool,
 }
 
 /// A snapshot that is not usable (yet): an unfinished or corrupt download.
@@ -228,6 +230,7 @@ impl Store {
                         model_type: facts.model_type,
                         bytes: facts.bytes,
                         has_mtp: facts.has_mtp,
+                        sees: facts.sees,
                     }),
                     Err(e) => listing.incomplete.push(Incomplete {
                         repo: repo.clone(),
@@ -258,6 +261,7 @@ impl Store {
                     model_type: facts.model_type,
                     bytes: facts.bytes,
                     has_mtp: facts.has_mtp,
+                    sees: facts.sees,
                 });
             }
         }
@@ -271,6 +275,7 @@ impl Store {
                     model_type: facts.model_type,
                     bytes: facts.bytes,
                     has_mtp: facts.has_mtp,
+                    sees: facts.sees,
                 }),
                 Err(e) => listing.incomplete.push(Incomplete {
                     repo: local.id.clone(),

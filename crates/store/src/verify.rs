@@ -24,6 +24,9 @@ pub struct ModelFacts {
     pub weight_files: Vec<PathBuf>,
     pub tensors: usize,
     pub has_mtp: bool,
+    /// Whether it sees: a `vision_config` in its config.json and the tower's tensors
+    /// (`model.visual.*` or `vision_tower.*`) in its weights.
+    pub sees: bool,
     /// Bytes of every file in the folder (links followed).
     pub bytes: u64,
 }
@@ -53,8 +56,10 @@ pub fn check_model_dir(dir: &Path, expect_mtp: bool) -> Result<ModelFacts, Verif
     if expect_mtp && !has_mtp {
         return Err(fail(dir, "the catalog promises an MTP head but no `mtp.*` tensor is present"));
     }
+    let sees = config.get("vision_config").is_some_and(|v| v.is_object())
+        && names.iter().any(|n| n.starts_with("model.visual.") || n.starts_with("vision_tower."));
     let bytes = folder_bytes(dir)?;
-    Ok(ModelFacts { model_type, weight_files, tensors: names.len(), has_mtp, bytes })
+    Ok(ModelFacts { model_type, weight_files, tensors: names.len(), has_mtp, sees, bytes })
 }
 
 /// What a usable block-drafter folder holds.

@@ -148,7 +148,7 @@ fn folders_register_in_place_and_the_choice_is_shared() {
     let src = tmp.path().join("mine");
     hub::checkpoint(&src, true, 2);
     let facts = store.register_local("my-model", &src).unwrap();
-    assert!(facts.has_mtp);
+    assert!(facts.has_mtp && !facts.sees);
     assert!(matches!(store.register_local("my-model", &src), Err(store::StoreError::NameTaken(_))));
     // Another process (the app, the CLI) opening the same config sees the same store.
     let again = Store::open(&tmp.path().join("config")).unwrap();
@@ -183,4 +183,33 @@ fn the_embedded_model_is_installed_and_cannot_be_deleted() {
     assert_eq!(embedded.source, store::models::Source::Embedded);
     assert!(embedded.has_mtp);
     assert!(matches!(store.delete("default"), Err(store::StoreError::Embedded(_))));
+}
+
+/// A folder with a vision tower (its `vision_config` and `model.visual.*` tensors) is listed as
+/// one that sees; a `vision_config` without the tower's tensors is not.
+#[test]
+fn a_folder_with_a_vision_tower_is_listed_as_seeing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut store = open(tmp.path());
+    let src = tmp.path().join("seeing");
+    hub::checkpoint(&src, false, 3);
+    let config_path = src.join("config.json");
+    let mut config: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&config_path).unwrap()).unwrap();
+    config["vision_config"] = serde_json::json!({"depth": 1, "hidden_size": 8});
+    std::fs::write(&config_path, config.to_string()).unwrap();
+    assert!(!store.register_local("half", &src).unwrap().sees, "a config alone does not make a tower");
+    store.delete("half").unwrap();
+    let tensor = safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![2], &[0u8; 8]).unwrap();
+    let bytes = safetensors::serialize([("model.visual.patch_embed.proj.weight", tensor)], None).unwrap();
+    std::fs::write(src.join("visual.safetensors"), bytes).unwrap();
+    let index_path = src.join("model.safetensors.index.json");
+    if index_path.exists() {
+        let mut index: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&index_path).unwrap()).unwrap();
+        index["weight_map"]["model.visual.patch_embed.proj.weight"] = "visual.safetensors".into();
+        std::fs::write(&index_path, index.to_string()).unwrap();
+    }
+    assert!(store.register_local("seeing", &src).unwrap().sees);
+    let listing = store.list();
+    assert!(listing.installed.iter().find(|m| m.id == "seeing").is_some_and(|m| m.sees));
 }

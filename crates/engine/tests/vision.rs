@@ -56,6 +56,10 @@ fn patches_match_mlx_vlms_processor() {
     let grey_alpha = DynamicImage::ImageLumaA8(image::ImageBuffer::from_fn(91, 77, |x, y| {
         image::LumaA([((x * 3 + y * 5) % 256) as u8, ((x * y) % 256) as u8])
     }));
+    // 16 bits a channel, low bytes set: Pillow keeps the high byte.
+    let rgb16 = DynamicImage::ImageRgb16(image::ImageBuffer::from_fn(70, 50, |x, y| {
+        image::Rgb([(x * 937 + 0xff) as u16, (y * 1301 + 0x80) as u16, ((x + y) * 499) as u16])
+    }));
     let cases: Vec<(&str, DynamicImage, ImageFormat)> = vec![
         ("kept.png", picture(64, 96, 1).into(), ImageFormat::Png),
         ("rounded.png", picture(150, 100, 2).into(), ImageFormat::Png),
@@ -64,6 +68,7 @@ fn patches_match_mlx_vlms_processor() {
         ("strip.png", picture(1900, 40, 5).into(), ImageFormat::Png),
         ("photo.jpg", picture(120, 90, 6).into(), ImageFormat::Jpeg),
         ("grey_alpha.png", grey_alpha, ImageFormat::Png),
+        ("deep.png", rgb16, ImageFormat::Png),
     ];
     let files: Vec<_> = cases
         .iter()
@@ -620,4 +625,15 @@ fn the_prompt_cache_knows_images_by_their_content_and_speculation_stays_exact() 
     }
     assert_eq!(texts, alone, "each request in the batch answers as it does alone");
     assert!(steps < 12 + 9 + 10, "they decoded together: {steps} steps");
+}
+
+/// A 16-bit grey PNG keeps its high byte, grey on all three channels. (Pillow 13, which
+/// mlx-vlm reads images with, clips it to 255 instead: Ferrite does not copy that.)
+#[test]
+fn a_16_bit_grey_png_keeps_its_high_byte() {
+    let grey =
+        DynamicImage::ImageLuma16(image::ImageBuffer::from_fn(8, 2, |x, _| image::Luma([(x * 8192 + 255) as u16])));
+    let image = decode(&encoded(&grey, ImageFormat::Png), Some("image/png"), &ImageLimits::default()).unwrap();
+    let row: Vec<[u8; 3]> = (0..8).map(|x| image.get_pixel(x, 0).0).collect();
+    assert_eq!(row, (0..8).map(|x| [(x * 32) as u8; 3]).collect::<Vec<_>>());
 }

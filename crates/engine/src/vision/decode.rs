@@ -5,7 +5,7 @@
 
 use std::io::Cursor;
 
-use image::{ImageFormat, ImageReader, Limits, RgbImage};
+use image::{DynamicImage, ImageFormat, ImageReader, Limits, Rgb, RgbImage};
 
 use crate::error::{Error, Result};
 
@@ -83,5 +83,30 @@ pub fn decode(bytes: &[u8], media_type: Option<&str>, limits: &ImageLimits) -> R
     let mut reader = reader();
     reader.limits(capped);
     let image = reader.decode().map_err(|e| refused(format!("the {name} image cannot be decoded: {e}")))?;
-    Ok(image.to_rgb8())
+    Ok(to_rgb8(image))
+}
+
+/// 8 bits a channel. A 16-bit channel keeps its high byte, as Pillow reads a 16-bit RGB PNG
+/// (the `image` crate would round `v / 257`: half the values one level apart). Pillow 13
+/// clips a 16-bit grey PNG to 255 when converting it to RGB (all but the darkest pixels
+/// white); its high byte is kept here instead, and mlx-vlm sees another image there.
+fn to_rgb8(image: DynamicImage) -> RgbImage {
+    let high = |v: u16| (v >> 8) as u8;
+    match image {
+        DynamicImage::ImageRgb16(i) => RgbImage::from_fn(i.width(), i.height(), |x, y| {
+            let p = i.get_pixel(x, y).0;
+            Rgb([high(p[0]), high(p[1]), high(p[2])])
+        }),
+        DynamicImage::ImageRgba16(i) => RgbImage::from_fn(i.width(), i.height(), |x, y| {
+            let p = i.get_pixel(x, y).0;
+            Rgb([high(p[0]), high(p[1]), high(p[2])])
+        }),
+        DynamicImage::ImageLuma16(i) => {
+            RgbImage::from_fn(i.width(), i.height(), |x, y| Rgb([high(i.get_pixel(x, y).0[0]); 3]))
+        }
+        DynamicImage::ImageLumaA16(i) => {
+            RgbImage::from_fn(i.width(), i.height(), |x, y| Rgb([high(i.get_pixel(x, y).0[0]); 3]))
+        }
+        other => other.to_rgb8(),
+    }
 }

@@ -33,5 +33,14 @@ objcopy --strip-debug target/release/ferrite .gpu-carry/ferrite
 # The binary rides with the last (smallest) part.
 xz -T0 -6 -c .gpu-carry/ferrite > ".gpu-carry/run$i/ferrite.xz" && rm .gpu-carry/ferrite
 cp -r .gpu/peer ".gpu-carry/run$i/"
+# The vision reference (bench/vision.sh), carried on its own once the runtime is in (the last
+# run has no room for it): mlx-vlm without its extras, the Pillow it resizes with, requests
+# (its processor imports it), as scripts/setup.sh pins them; `checks.sh vision` installs them.
+MLX_VLM_VERSION=$(sed -n 's/^MLX_VLM_VERSION=\([0-9.]*\).*/\1/p' scripts/setup.sh)
+PILLOW_VERSION=$(sed -n 's/^PILLOW_VERSION=\([0-9.]*\).*/\1/p' scripts/setup.sh)
+mkdir -p .gpu-carry/vision/wheels
+python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+  --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform any -d .gpu-carry/vision/wheels \
+  "mlx-vlm==$MLX_VLM_VERSION" "pillow==$PILLOW_VERSION" "requests>=2.31,<3" urllib3 idna certifi charset-normalizer
 du -sh .gpu-carry/run*
-echo "$i runs to carry, back to back: .gpu-carry/run1 .. run$i"
+echo "$i runs to carry, back to back: .gpu-carry/run1 .. run$i (then .gpu-carry/vision for \`checks.sh vision\`)"

@@ -67,55 +67,48 @@ def seeing_server():
             yield s, root
 
 
-def test_claude_code_reads_a_png_and_the_model_gets_it(seeing_server):
-    s, root = seeing_server
+def the_model_saw_it(s, root, name: str, argv: list, env: dict) -> tuple[int, str]:
+    """Runs a client whose request carries the picture; it must answer with the scripted reply
+    (the rule matches only when the image's markup is in the prompt), nothing refused. Returns
+    where the server log stood before, and what to print on a failure."""
     mark = s.mark()
-    done = run_client([client("claude"), "-p", ASK], root, {"ANTHROPIC_BASE_URL": s.base, "ANTHROPIC_API_KEY": "sk-local"})
+    done = run_client(argv, root, env)
     turns = s.generations_since(mark)
-    out = f"claude exited {done.returncode}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}\n" + "\n".join(turns)
+    out = f"{name} exited {done.returncode}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}\n" + "\n".join(turns)
     out += "\nserver log:\n" + s.log.read_text(errors="replace")[-4000:]
     assert done.returncode == 0, out
     assert SEEN in done.stdout, out
     assert not s.refused(), "requests refused:\n" + "\n".join(s.refused())
+    print(f"\n{name} and a PNG:\n  " + "\n  ".join(turns))
+    return mark, out
+
+
+def test_claude_code_reads_a_png_and_the_model_gets_it(seeing_server):
+    s, root = seeing_server
+    mark, out = the_model_saw_it(s, root, "claude", [client("claude"), "-p", ASK],
+                                 {"ANTHROPIC_BASE_URL": s.base, "ANTHROPIC_API_KEY": "sk-local"})
     # The turn with the screenshot resumes after the turn that asked for it: the prompt cache
     # knows images by their content, and a prompt with one is no longer prefilled whole.
     big = [(prompt, cached) for prompt, cached in s.cached_since(mark) if prompt > 10000]
     assert len(big) >= 2, out
     (before, _), (with_image, cached) = big[-2], big[-1]
     assert with_image > before and cached >= before * 0.9, f"{big}\n{out}"
-    print("\nclaude reading a PNG:\n  " + "\n  ".join(turns))
 
 
 def test_codex_attaches_a_png_and_the_model_gets_it(seeing_server):
-    """Codex's `exec --image`: the picture goes out as a Responses `input_image`, and the prompt
-    the model reads holds its markup (the rule that answers matches only then)."""
+    """Codex's `exec --image`: the picture goes out as a Responses `input_image`."""
     s, root = seeing_server
-    mark = s.mark()
     # The prompt before `--image`, which takes every file name after it.
-    done = run_client([client("codex"), "exec", "--skip-git-repo-check", "--dangerously-bypass-approvals-and-sandbox",
-                       ATTACHED, "--image", str(root / "work" / "shot.png")], root,
-                      {"CODEX_HOME": str(root / "home" / ".codex")})
-    turns = s.generations_since(mark)
-    out = f"codex exited {done.returncode}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}\n" + "\n".join(turns)
-    out += "\nserver log:\n" + s.log.read_text(errors="replace")[-4000:]
-    assert done.returncode == 0, out
-    assert SEEN in done.stdout, out
-    assert not s.refused(), "requests refused:\n" + "\n".join(s.refused())
-    print("\ncodex attaching a PNG:\n  " + "\n  ".join(turns))
+    the_model_saw_it(s, root, "codex", [client("codex"), "exec", "--skip-git-repo-check",
+                                        "--dangerously-bypass-approvals-and-sandbox", ATTACHED,
+                                        "--image", str(root / "work" / "shot.png")],
+                     {"CODEX_HOME": str(root / "home" / ".codex")})
 
 
 def test_opencode_attaches_a_png_and_the_model_gets_it(seeing_server):
     """opencode's `run --file`: the picture goes out as an OpenAI `image_url` data URL, for a
     model its config says takes images."""
     s, root = seeing_server
-    mark = s.mark()
     config = opencode_config(s.base, root / "work", sees=True)
-    done = run_client([client("opencode"), "run", ATTACHED, "--file", str(root / "work" / "shot.png")], root,
-                      {"OPENCODE_CONFIG": str(config)})
-    turns = s.generations_since(mark)
-    out = f"opencode exited {done.returncode}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}\n" + "\n".join(turns)
-    out += "\nserver log:\n" + s.log.read_text(errors="replace")[-4000:]
-    assert done.returncode == 0, out
-    assert SEEN in done.stdout, out
-    assert not s.refused(), "requests refused:\n" + "\n".join(s.refused())
-    print("\nopencode attaching a PNG:\n  " + "\n  ".join(turns))
+    the_model_saw_it(s, root, "opencode", [client("opencode"), "run", ATTACHED, "--file", str(root / "work" / "shot.png")],
+                     {"OPENCODE_CONFIG": str(config)})

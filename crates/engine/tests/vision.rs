@@ -323,6 +323,28 @@ fn mrope_positions_and_angles_match_mlx_vlms() {
     assert_eq!((plain.positions, plain.delta), (vec![[0; 3], [1; 3], [2; 3]], 0));
 }
 
+/// A Qwen3.5-shaped vision tower of `depth` blocks, small image bounds for the checkpoint.
+fn small_tower(dir: &Path, depth: usize) -> serde_json::Value {
+    std::fs::write(dir.join("preprocessor_config.json"), r#"{"min_pixels": 4096, "max_pixels": 15360}"#).unwrap();
+    serde_json::json!({
+        "depth": depth, "hidden_size": 64, "intermediate_size": 96, "num_heads": 4, "in_channels": 3,
+        "patch_size": 16, "temporal_patch_size": 2, "spatial_merge_size": 2, "out_hidden_size": 256,
+        "num_position_embeddings": 36, "deepstack_visual_indexes": [],
+    })
+}
+
+/// A request run to its end: the tokens it generated and its summary.
+fn run_to_end(e: &engine::Engine, request: engine::GenerateRequest) -> (Vec<u32>, engine::Summary) {
+    let mut generation = e.generate(request, Default::default()).unwrap();
+    let mut summary = None;
+    for event in generation.by_ref() {
+        if let engine::Event::Finished(s) = event.unwrap() {
+            summary = Some(s);
+        }
+    }
+    (generation.tokens().to_vec(), summary.expect("a finished event"))
+}
+
 /// Adds Qwen's vision tokens to a made checkpoint's tokenizer, as special tokens after its
 /// own (its vocabulary is smaller than the model's): their ids (start, end, image).
 pub fn add_vision_tokens(dir: &Path) -> (u32, u32, u32) {
@@ -367,13 +389,7 @@ fn a_prompt_with_images_gives_mlx_vlms_logits() {
     let pixels = dir.path().join("pixels.f32");
     std::fs::write(&pixels, values.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>()).unwrap();
     // The engine's processor reads the checkpoint's bounds: the same as the test's.
-    std::fs::write(dir.path().join("preprocessor_config.json"), r#"{"min_pixels": 4096, "max_pixels": 15360}"#)
-        .unwrap();
-    let vision = serde_json::json!({
-        "depth": 2, "hidden_size": 64, "intermediate_size": 96, "num_heads": 4, "in_channels": 3,
-        "patch_size": 16, "temporal_patch_size": 2, "spatial_merge_size": 2, "out_hidden_size": 256,
-        "num_position_embeddings": 36, "deepstack_visual_indexes": [],
-    });
+    let vision = small_tower(dir.path(), 2);
     let out = tempfile::tempdir().unwrap();
     let mut command = common::reference_command("mlx_vlm_vision_model.py");
     command.arg("--dir").arg(dir.path()).args(["--vision", &vision.to_string()]);
@@ -439,15 +455,8 @@ fn a_prompt_with_images_gives_mlx_vlms_logits() {
         images: images.clone(),
         ..engine::GenerateRequest::greedy(one_each.clone(), greedy.len())
     };
-    let mut generation = engine.generate(request.clone(), Default::default()).unwrap();
-    let mut summary = None;
-    for event in generation.by_ref() {
-        if let engine::Event::Finished(s) = event.unwrap() {
-            summary = Some(s);
-        }
-    }
-    assert_eq!(generation.tokens(), &greedy[..], "greedy tokens after the images");
-    let summary = summary.unwrap();
+    let (answer, summary) = run_to_end(&engine, request.clone());
+    assert_eq!(answer, greedy, "greedy tokens after the images");
     assert_eq!(summary.usage.prompt_tokens, tokens.len(), "the image tokens count in the prompt");
     assert!(summary.speculative.is_none(), "this checkpoint has no MTP head: plain decoding");
     // Again: the prompt cache holds it now (its images known by their content), and the
@@ -495,13 +504,7 @@ fn the_prompt_cache_knows_images_by_their_content_and_speculation_stays_exact() 
     o.mtp = true;
     let dir = common::make(&o);
     let (start, end, image) = add_vision_tokens(dir.path());
-    std::fs::write(dir.path().join("preprocessor_config.json"), r#"{"min_pixels": 4096, "max_pixels": 15360}"#)
-        .unwrap();
-    let vision = serde_json::json!({
-        "depth": 1, "hidden_size": 64, "intermediate_size": 96, "num_heads": 4, "in_channels": 3,
-        "patch_size": 16, "temporal_patch_size": 2, "spatial_merge_size": 2, "out_hidden_size": 256,
-        "num_position_embeddings": 36, "deepstack_visual_indexes": [],
-    });
+    let vision = small_tower(dir.path(), 1);
     let mut command = common::reference_command("mlx_vlm_vision_model.py");
     command.arg("--dir").arg(dir.path()).args(["--vision", &vision.to_string(), "--tower-only"]);
     command.args(["--vision-start", &start.to_string(), "--vision-end", &end.to_string()]);
@@ -524,14 +527,7 @@ fn the_prompt_cache_knows_images_by_their_content_and_speculation_stays_exact() 
         let draft_depth = if std::ptr::eq(e, &cached) { 2 } else { 0 };
         let req =
             GenerateRequest { ignore_eos: true, images, draft_depth, ..GenerateRequest::greedy(prompt.to_vec(), 10) };
-        let mut generation = e.generate(req, Default::default()).unwrap();
-        let mut summary = None;
-        for event in generation.by_ref() {
-            if let engine::Event::Finished(s) = event.unwrap() {
-                summary = Some(s);
-            }
-        }
-        (generation.tokens().to_vec(), summary.unwrap())
+        run_to_end(e, req)
     };
     let (shot, other, third) =
         (Arc::new(picture(100, 70, 21)), Arc::new(picture(100, 70, 99)), Arc::new(picture(60, 130, 5)));
@@ -578,15 +574,8 @@ fn the_prompt_cache_knows_images_by_their_content_and_speculation_stays_exact() 
             draft_with: engine::DraftWith::Block,
             ..GenerateRequest::greedy(next.clone(), 10)
         };
-        let mut generation = blocks.generate(req, Default::default()).unwrap();
-        let mut summary = None;
-        for event in generation.by_ref() {
-            if let engine::Event::Finished(s) = event.unwrap() {
-                summary = Some(s);
-            }
-        }
-        assert_eq!(generation.tokens(), &a2[..], "block drafting over images, round {round}");
-        let summary = summary.unwrap();
+        let (answer, summary) = run_to_end(&blocks, req);
+        assert_eq!(answer, a2, "block drafting over images, round {round}");
         let spec = summary.speculative.expect("block drafting");
         assert!(spec.cycles > 0 && spec.drafted[0] > 0, "{spec:?}");
         assert_eq!(summary.usage.cached_tokens > 0, round == 1, "{:?}", summary.usage);

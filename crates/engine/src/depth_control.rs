@@ -8,8 +8,9 @@
 //! decoding (depth 0) when acceptance falls below break-even, back up when a probe shows it
 //! recovered. It never goes past the tuned depth + 1, nor past what the drafter drafts. Where
 //! the costs say that no depth would pay even with every draft accepted (a small model on a GPU,
-//! whose verify passes cost several plain steps), it does not draft at all, not even to probe:
-//! such a request decodes as plain decoding does.
+//! whose verify passes cost several plain steps), it does not probe once plain: a probe could
+//! only lose there. (It still drafts until its first decision: the costs are one measurement,
+//! and a busy moment may have inflated them.)
 //!
 //! Only the amount of drafting changes: every cycle is still exact (greedy output is plain
 //! decoding's, sampled output keeps its distribution).
@@ -141,18 +142,19 @@ pub struct DepthController {
     probe_evidence: (f64, f64),
     /// While plain: plain cycles between probes now ([`MAX_PROBE_EVERY`]).
     probe_every: usize,
+    /// Whether probes can pay at all ([`CostModel::ceiling`] above 1).
+    probes: bool,
     pub changes: DepthChanges,
 }
 
 impl DepthController {
     /// Starts at `tuned` drafts by `with` and may go up to `tuned + 1` (within what the cost
-    /// model covers); never drafts where no depth would pay with every draft accepted.
+    /// model covers); once plain, probes only where some depth would pay with every draft
+    /// accepted.
     pub fn new(costs: CostModel, with: DraftWith, tuned: usize) -> Self {
-        let mut max_depth = (tuned + 1).min(costs.deepest(with));
+        let max_depth = (tuned + 1).min(costs.deepest(with));
         // Not even a perfect drafter beats plain decoding here: probes would only cost.
-        if costs.ceiling(with, max_depth) <= 1.0 {
-            max_depth = 0;
-        }
+        let probes = costs.ceiling(with, max_depth) > 1.0;
         // Tuned to plain decoding: the tuner found no drafts paying, evidence like a request's.
         let probe_evidence = if tuned == 0 { (0.0, PLAIN_PRIOR) } else { (0.0, 0.0) };
         DepthController {
@@ -167,13 +169,9 @@ impl DepthController {
             probing: false,
             probe_evidence,
             probe_every: PROBE_EVERY,
+            probes,
             changes: DepthChanges::default(),
         }
-    }
-
-    /// Whether it will never draft, not even to probe (see [`CostModel::ceiling`]).
-    pub fn never_drafts(&self) -> bool {
-        self.max_depth == 0
     }
 
     /// The depth decided on (a probe's one cycle aside).
@@ -183,7 +181,7 @@ impl DepthController {
 
     /// The depth for the next cycle.
     pub fn next_depth(&mut self) -> usize {
-        if self.depth == 0 && self.max_depth > 0 {
+        if self.depth == 0 && self.max_depth > 0 && self.probes {
             self.cycles_plain += 1;
             if self.cycles_plain >= self.probe_every {
                 self.cycles_plain = 0;
@@ -418,10 +416,10 @@ mod tests {
 
     /// The H200's costs for the embedded model (2026-12-05): a verify pass of two positions
     /// three plain steps, of more four. No MTP depth pays even with every draft accepted, so
-    /// the controller never drafts, not even a probe, however well drafts would be accepted;
-    /// the block drafter's one pass could, so it drafts and goes plain only on the evidence.
+    /// once the controller is plain it never probes, however well drafts would be accepted;
+    /// the block drafter's one pass could pay, so it probes as usual.
     #[test]
-    fn where_no_depth_could_pay_nothing_is_drafted() {
+    fn where_no_depth_could_pay_plain_is_never_probed() {
         let h200 = CostModel {
             draft: Some(0.29),
             block: vec![0.8; 7],
@@ -430,17 +428,22 @@ mod tests {
         };
         assert!(h200.ceiling(DraftWith::Mtp, 4) <= 1.0 && h200.ceiling(DraftWith::Block, 7) > 1.0);
         let mut c = mtp(h200.clone(), 2);
-        assert!(c.depth() == 0 && c.never_drafts());
         let depths = run(&mut c, 1.0, 4 * MAX_PROBE_EVERY);
-        assert!(depths.iter().all(|&d| d == 0), "not a probe: {depths:?}");
-        assert_eq!(c.changes, DepthChanges::default());
+        assert!(depths[..EVERY].iter().all(|&d| d == 2), "the tuned depth until the first decision: {depths:?}");
+        assert!(depths[EVERY..].iter().all(|&d| d == 0), "plain, and not a probe: {depths:?}");
+        assert_eq!(c.changes, DepthChanges { to_plain: 1, ..Default::default() });
         let mut block = DepthController::new(h200, DraftWith::Block, 4);
-        assert!(!block.never_drafts() && block.next_depth() == 4);
+        run(&mut block, 0.0, EVERY);
+        assert_eq!(block.depth(), 0);
+        let depths = run(&mut block, 0.0, 2 * MAX_PROBE_EVERY);
+        assert!(depths.contains(&1), "the block drafter probes: {depths:?}");
         // A drafter that is barely better than nothing: even its ceiling allows drafting.
         let mut costs = costs();
         costs.verify = vec![1.75; 7];
         assert!(costs.ceiling(DraftWith::Mtp, 1) > 1.0);
-        assert_eq!(mtp(costs, 1).next_depth(), 1);
+        let mut c = mtp(costs, 1);
+        run(&mut c, 0.0, EVERY);
+        assert!(run(&mut c, 0.0, 2 * MAX_PROBE_EVERY).contains(&1), "probes while a perfect drafter could pay");
     }
 
     /// The controller went plain at a first-position rate below break-even; a few accepted

@@ -97,9 +97,7 @@ impl Engine {
                 if spec.is_none() {
                     tracing::warn!("{}: no MTP head and no drafter, decoding without speculation", self.dir.display());
                 }
-                // The controller would never draft (no depth pays here even with every draft
-                // accepted): the request decodes exactly as one without speculation.
-                spec.filter(|s| !s.never_drafts())
+                spec
             }
         };
         Ok(Generation {

@@ -267,12 +267,6 @@ impl<'m> Speculator<'m> {
         self.draft_cache.set_rope_shift(shift);
     }
 
-    /// Whether the depth controller has ruled drafting out for good (the costs say no depth
-    /// could pay): the request is better off without a speculator.
-    pub fn never_drafts(&self) -> bool {
-        self.control.as_ref().is_some_and(|c| c.never_drafts())
-    }
-
     /// Penalises drafts and verification alike: each position's window holds the tokens
     /// before it, drafted ones included, so the output is what plain penalised decoding gives.
     pub fn penalise(&mut self, penalties: Penalties, prompt: &[u32]) {

@@ -6,7 +6,7 @@ mod common;
 
 use engine::cache::Cache;
 use engine::checkpoint::{Architecture, Dtype, MakeOptions};
-use engine::{DraftWith, Engine, GenerateRequest, SamplingParams};
+use engine::{Engine, GenerateRequest, SamplingParams};
 use mlx_rs::{ops, Array};
 
 fn with_mtp(arch: Architecture, dtype: Dtype) -> (tempfile::TempDir, Engine) {
@@ -286,9 +286,7 @@ fn the_depth_controller_goes_plain_when_drafts_fail_and_the_output_stays_exact()
     for (arch, dtype) in [(Architecture::Qwen3Next, Dtype::Float32), (Architecture::Qwen35, Dtype::Bfloat16)] {
         let (_d, mut e) = with_mtp(arch, dtype);
         e.set_depth_control(true).unwrap();
-        // Costs measured on a busy machine may rule drafting out altogether (no depth would
-        // pay with every draft accepted): then no request drafts.
-        let could_pay = e.depth_costs().unwrap().ceiling(DraftWith::Mtp, 3) > 1.0;
+        assert!(e.depth_costs().is_some());
         let mut went_plain = 0;
         for prompt in prompts() {
             let plain = GenerateRequest { ignore_eos: true, ..GenerateRequest::greedy(prompt.clone(), 60) };
@@ -296,12 +294,7 @@ fn the_depth_controller_goes_plain_when_drafts_fail_and_the_output_stays_exact()
             let (text, s) = e.generate_text(GenerateRequest { draft_depth: 2, ..plain.clone() }).unwrap();
             assert_eq!(text, expected, "{arch:?} prompt of {}", prompt.len());
             assert_eq!(s.usage.completion_tokens, 60);
-            let Some(spec) = s.speculative else {
-                assert!(!could_pay, "{arch:?}: only costs no acceptance pays for drop the speculator");
-                went_plain += 1;
-                continue;
-            };
-            assert!(could_pay, "{arch:?}: drafted although no depth could pay: {spec:?}");
+            let spec = s.speculative.unwrap();
             assert_eq!(spec.drafted.len(), 3, "positions up to the requested depth + 1");
             let accepted: usize = spec.accepted.iter().sum();
             if accepted * 10 < spec.drafted.iter().sum::<usize>() {
@@ -384,7 +377,8 @@ fn a_forced_answer_speculates_and_stays_the_script() {
 
 /// Sampled output keeps the plain distribution while the depth controller changes the depth:
 /// with costs that a random head's acceptance does not pay for, its first decision (after 4
-/// cycles, at most 12 tokens) is plain decoding; the tokens after that switch have the plain tokens' distribution.
+/// cycles, at most 12 tokens) is plain decoding; the tokens after that switch have the plain
+/// tokens' distribution.
 #[test]
 fn sampled_output_keeps_its_distribution_through_the_controllers_changes() {
     let (_d, mut e) = with_mtp(Architecture::Qwen3Next, Dtype::Float32);

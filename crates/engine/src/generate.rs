@@ -288,7 +288,7 @@ impl Generation<'_> {
         let size = size.max(1);
         let end = ((prefill.at / size + 1) * size).min(head.len());
         let part = &head[prefill.at..end];
-        let ids = Array::from_slice(part, &[1, part.len() as i32]);
+        let ids = || Array::from_slice(part, &[1, part.len() as i32]);
         // Only the cache is evaluated: the logits of these positions are never computed.
         match (&self.images, &mut self.spec) {
             (Some(images), spec) => {
@@ -299,10 +299,10 @@ impl Generation<'_> {
                 }
             }
             (None, Some(spec)) => {
-                let (_, features) = spec.trunk(&ids, &mut self.cache)?;
+                let (_, features) = spec.trunk(&ids(), &mut self.cache)?;
                 spec.observe(part, &features)?;
             }
-            (None, None) => drop(model.hidden(&ids, &mut self.cache)?),
+            (None, None) => drop(model.hidden(&ids(), &mut self.cache)?),
         }
         eval(self.cache.arrays())?;
         prefill.at = end;

@@ -1,8 +1,8 @@
 //! A request with images: made ready when its generation starts (each image token repeated
 //! for its image's size), looked up in the prompt cache by its images' content
 //! ([`ImagePrompt::cache_key`]), and prefilled a chunk a pass from where the cached prefix
-//! ends, with the images' features in place of their tokens at their MRoPE positions. It
-//! stays out of batches (a batch knows a sequence by consecutive positions). It speculates
+//! ends, with the images' features in place of their tokens at their MRoPE positions. In a
+//! batch its row keeps its rotary shift (`BatchCache`). It speculates
 //! with the MTP head, exactly: the verify passes run at the trunk's shifted positions; the
 //! head reads the prompt's hidden states (at image positions too) and its positions after
 //! the prompt are shifted as the trunk's (inside the prompt they are not: that only changes
@@ -21,7 +21,7 @@ use crate::vision::{ImagePrefill, ImagePrompt, Vision};
 /// once the prefill starts, what it needs from there on.
 pub(crate) struct Images {
     prompt: ImagePrompt,
-    pub(super) key: Vec<u32>,
+    key: Vec<u32>,
     prefill: Option<ImagePrefill>,
 }
 

@@ -91,22 +91,11 @@ pub fn decode(bytes: &[u8], media_type: Option<&str>, limits: &ImageLimits) -> R
 /// clips a 16-bit grey PNG to 255 when converting it to RGB (all but the darkest pixels
 /// white); its high byte is kept here instead, and mlx-vlm sees another image there.
 fn to_rgb8(image: DynamicImage) -> RgbImage {
-    let high = |v: u16| (v >> 8) as u8;
-    match image {
-        DynamicImage::ImageRgb16(i) => RgbImage::from_fn(i.width(), i.height(), |x, y| {
-            let p = i.get_pixel(x, y).0;
-            Rgb([high(p[0]), high(p[1]), high(p[2])])
-        }),
-        DynamicImage::ImageRgba16(i) => RgbImage::from_fn(i.width(), i.height(), |x, y| {
-            let p = i.get_pixel(x, y).0;
-            Rgb([high(p[0]), high(p[1]), high(p[2])])
-        }),
-        DynamicImage::ImageLuma16(i) => {
-            RgbImage::from_fn(i.width(), i.height(), |x, y| Rgb([high(i.get_pixel(x, y).0[0]); 3]))
-        }
-        DynamicImage::ImageLumaA16(i) => {
-            RgbImage::from_fn(i.width(), i.height(), |x, y| Rgb([high(i.get_pixel(x, y).0[0]); 3]))
-        }
-        other => other.to_rgb8(),
+    use DynamicImage::{ImageLuma16, ImageLumaA16, ImageRgb16, ImageRgba16};
+    if !matches!(image, ImageRgb16(_) | ImageRgba16(_) | ImageLuma16(_) | ImageLumaA16(_)) {
+        return image.to_rgb8();
     }
+    // At 16 bits the conversion only drops alpha and repeats grey: the values stay exact.
+    let wide = image.to_rgb16();
+    RgbImage::from_fn(wide.width(), wide.height(), |x, y| Rgb(wide.get_pixel(x, y).0.map(|v| (v >> 8) as u8)))
 }

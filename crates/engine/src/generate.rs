@@ -240,7 +240,7 @@ impl Generation<'_> {
         mlx_rs::memory::reset_peak_memory()?;
         let head = self.request.prompt.len() - 1;
         let hit = match self.engine.prompt_cache.lock() {
-            Ok(mut cache) => cache.lookup(self.prompt_key(), head, self.spec.is_some())?,
+            Ok(mut cache) => cache.lookup(self.prompt_key(), head, self.spec.as_ref().map(|s| s.draft_with()))?,
             _ => None,
         };
         let mut prefill = Prefill { at: 0, checkpoints: Vec::new() };
@@ -325,7 +325,11 @@ impl Generation<'_> {
         let (head, last) = prompt.split_at(prompt.len() - 1);
         if prefill.at == head.len() && !head.is_empty() && !self.cancelled()? {
             // The drafter's cache is kept only when it saw the whole head (one position fewer).
-            let mtp = self.spec.as_ref().map(|s| s.draft_cache()).filter(|m| m.offset() as usize + 1 == head.len());
+            let mtp = self
+                .spec
+                .as_ref()
+                .map(|s| (s.draft_with(), s.draft_cache()))
+                .filter(|(_, m)| m.offset() as usize + 1 == head.len());
             self.checkpoints = prefill.checkpoints.clone();
             if let Ok(mut cache) = self.engine.prompt_cache.lock() {
                 cache.insert(&self.prompt_key()[..head.len()], &self.cache, mtp, prefill.checkpoints)?;
@@ -526,7 +530,7 @@ impl Generation<'_> {
         // an entry without it would change how a speculating request drafts.
         let mtp = match &self.spec {
             Some(s) if s.draft_cache().offset() as usize + 1 != fed => return,
-            Some(s) => Some(s.draft_cache()),
+            Some(s) => Some((s.draft_with(), s.draft_cache())),
             None => None,
         };
         let mut checkpoints = self.checkpoints.clone();

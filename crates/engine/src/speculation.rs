@@ -23,6 +23,20 @@ pub struct Speculation {
     pub depth: usize,
 }
 
+impl DraftWith {
+    /// Its name in files and reports ("mtp", "block").
+    pub fn name(self) -> &'static str {
+        match self {
+            DraftWith::Mtp => "mtp",
+            DraftWith::Block => "block",
+        }
+    }
+
+    pub fn parse(name: &str) -> Option<Self> {
+        [DraftWith::Mtp, DraftWith::Block].into_iter().find(|d| d.name() == name)
+    }
+}
+
 impl Speculation {
     pub const PLAIN: Speculation = Speculation { drafter: DraftWith::Mtp, depth: 0 };
 

@@ -386,3 +386,31 @@ fn the_shipped_drafter_drafts_the_embedded_model_exactly() {
     let per_cycle = 1.0 + accepted as f64 / cycles.max(1) as f64;
     assert!(per_cycle > 1.8, "{per_cycle:.2} tokens a cycle");
 }
+
+/// The prompt cache keeps the drafter's state of the request that stored it: a request that
+/// drafts with the other drafter (the MTP head after a block drafter, and back) still finds
+/// the trunk's state there and drafts from its own.
+#[test]
+fn a_prompt_cached_by_one_drafter_serves_the_other() {
+    let assets = common::repo_root().join("assets/models");
+    let options = EngineOptions { drafter: Some(assets.join("ferrite-code-20m-dflash")), ..Default::default() };
+    let e = Engine::load_with(&assets.join("ferrite-code-20m"), &options).unwrap();
+    let windows: Vec<Vec<u32>> = serde_json::from_str(
+        &std::fs::read_to_string(common::repo_root().join("bench/prompts/heldout-code.json")).unwrap(),
+    )
+    .unwrap();
+    let prompt = windows[0].clone();
+    let plain = GenerateRequest { ignore_eos: true, ..GenerateRequest::greedy(prompt.clone(), 24) };
+    let (expected, _) = e.generate_text(plain.clone()).unwrap();
+    e.clear_prompt_cache();
+    for (i, (with, depth)) in
+        [(DraftWith::Mtp, 2), (DraftWith::Block, 3), (DraftWith::Mtp, 2), (DraftWith::Block, 5)].into_iter().enumerate()
+    {
+        let (text, s) =
+            e.generate_text(GenerateRequest { draft_depth: depth, draft_with: with, ..plain.clone() }).unwrap();
+        assert_eq!(text, expected, "{with:?} after the other drafter cached the prompt");
+        assert_eq!(s.usage.cached_tokens > 0, i > 0, "{with:?}: the trunk's state is shared");
+        let spec = s.speculative.unwrap();
+        assert!(spec.accepted.iter().sum::<usize>() > 0, "{with:?}: nothing accepted");
+    }
+}

@@ -12,7 +12,7 @@ use std::path::Path;
 use engine::checkpoint::{Architecture, Dtype};
 use engine::prompt_cache::disk::BLOCK;
 use engine::prompt_cache::DiskSettings;
-use engine::{Engine, GenerateRequest};
+use engine::{DraftWith, Engine, EngineOptions, GenerateRequest};
 
 const CHUNK: usize = 1024;
 
@@ -79,7 +79,16 @@ fn ids(seed: u32, n: usize) -> Vec<u32> {
 
 /// Greedy tokens and the cached-token count; the request then ends as the server ends it.
 fn generate(e: &Engine, prompt: &[u32], depth: usize) -> (Vec<u32>, usize) {
-    let req = GenerateRequest { ignore_eos: true, draft_depth: depth, ..GenerateRequest::greedy(prompt.to_vec(), 8) };
+    generate_with(e, prompt, depth, DraftWith::Mtp)
+}
+
+fn generate_with(e: &Engine, prompt: &[u32], depth: usize, draft_with: DraftWith) -> (Vec<u32>, usize) {
+    let req = GenerateRequest {
+        ignore_eos: true,
+        draft_depth: depth,
+        draft_with,
+        ..GenerateRequest::greedy(prompt.to_vec(), 8)
+    };
     let mut generation = e.generate(req, Default::default()).unwrap();
     let mut cached = 0;
     for event in generation.by_ref() {
@@ -267,4 +276,34 @@ fn a_block_that_cannot_be_written_is_dropped_and_the_request_answers() {
     let (tokens, _) = generate(&e, &ids(4, 600), 0);
     assert_eq!(tokens.len(), 8);
     assert!(blocks(small.path()).is_empty());
+}
+
+/// A block names the drafter whose state it keeps: a restarted engine restores it for requests
+/// that draft with that drafter, and only the trunk's state for the others (the MTP head's
+/// cache and a block drafter's differ in layers and shapes).
+#[test]
+fn a_drafters_state_on_disk_serves_that_drafter_only() {
+    let assets = common::repo_root().join("assets/models");
+    let options = EngineOptions { drafter: Some(assets.join("ferrite-code-20m-dflash")), ..Default::default() };
+    let root = tempfile::tempdir().unwrap();
+    let fresh = || {
+        let mut e = Engine::load_with(&assets.join("ferrite-code-20m"), &options).unwrap();
+        e.set_prefill_chunk(CHUNK);
+        e.set_prompt_cache_budget(256 << 20);
+        e.set_prompt_disk(&settings(root.path(), 1 << 30)).unwrap();
+        e
+    };
+    let prompt = ids(4, BLOCK + 10);
+    let (cold, _) = generate_with(&fresh(), &prompt, 3, DraftWith::Block);
+    for block in blocks(root.path()) {
+        let bytes = std::fs::read(&block).unwrap();
+        let (_, header) = safetensors::SafeTensors::read_metadata(&bytes).unwrap();
+        let drafter = header.metadata().as_ref().and_then(|m| m.get("drafter").cloned());
+        assert_eq!(drafter.as_deref(), Some("block"), "{}", block.display());
+    }
+    for (with, depth) in [(DraftWith::Mtp, 2), (DraftWith::Block, 3)] {
+        let (tokens, cached) = generate_with(&fresh(), &prompt, depth, with);
+        assert_eq!(tokens, cold, "{with:?} from the disk tier");
+        assert!(cached >= BLOCK, "{with:?}: {cached} tokens from the disk tier");
+    }
 }

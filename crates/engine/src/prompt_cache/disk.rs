@@ -35,6 +35,7 @@ use serde::Serialize;
 use sha2::{Digest, Sha256};
 
 use super::entry::{Checkpoint, Entry};
+use crate::speculation::DraftWith;
 use folder::{all_blocks, blocks_in, hex, mac, parse_name, LOCK};
 use writer::{evaluated, Counters, Folder, Pending, Writer};
 
@@ -232,11 +233,16 @@ impl DiskTier {
         if layers != self.layers {
             return Err(format!("it says {layers} layers where the model has {}", self.layers));
         }
-        let mtp_layers = count("mtp_layers");
+        // A drafter's state is kept only with the name of the drafter it belongs to.
+        let drafter = match field("drafter") {
+            Some(name) => Some(DraftWith::parse(name).ok_or_else(|| format!("it names an unknown drafter {name:?}"))?),
+            None => None,
+        };
+        let mtp_layers = count("mtp_layers").filter(|_| drafter.is_some());
         if mtp_layers.is_some_and(|n| n > layers) {
-            return Err("it says more MTP layers than the model has layers".into());
+            return Err("it says more drafter layers than the model has layers".into());
         }
-        let block = Block { end: start + tokens.len(), layers, mtp_layers, arrays };
+        let block = Block { end: start + tokens.len(), layers, drafter, mtp_layers, arrays };
         block.check_shapes(tokens.len())?;
         self.counters.loaded.fetch_add(1, Ordering::Relaxed);
         Ok(block)
@@ -255,7 +261,7 @@ fn block_of(entry: &Entry, start: usize, end: usize, len: usize, chain: String) 
     }
     // The MTP head has seen one position fewer than the trunk.
     let mtp_end = end.min(len - 1);
-    if entry.with_mtp && start < mtp_end {
+    if entry.drafter.is_some() && start < mtp_end {
         for (i, kv) in entry.kv_range(start, mtp_end, true).into_iter().enumerate() {
             if let Some((k, v)) = kv {
                 arrays.push((format!("mtp_k.{i}"), k));
@@ -280,8 +286,9 @@ fn block_of(entry: &Entry, start: usize, end: usize, len: usize, chain: String) 
         ("start".to_string(), start.to_string()),
         ("layers".to_string(), entry.layers.to_string()),
     ]);
-    if let Some(n) = entry.mtp_layers().filter(|_| entry.with_mtp) {
+    if let (Some(n), Some(drafter)) = (entry.mtp_layers(), entry.drafter) {
         metadata.insert("mtp_layers".into(), n.to_string());
+        metadata.insert("drafter".into(), drafter.name().into());
     }
     Ok(Pending { chain, arrays: evaluated(arrays)?, metadata })
 }
@@ -289,8 +296,9 @@ fn block_of(entry: &Entry, start: usize, end: usize, len: usize, chain: String) 
 /// One block read back: where it ends, and its arrays by name.
 struct Block {
     end: usize,
-    /// The trunk's layers, and the MTP head's when the entry kept its cache.
+    /// The trunk's layers, and the drafter's when the entry kept its cache (and which drafter).
     layers: usize,
+    drafter: Option<DraftWith>,
     mtp_layers: Option<usize>,
     arrays: HashMap<String, Array>,
 }
@@ -367,8 +375,9 @@ fn parse_block(bytes: &[u8]) -> Result<Parsed, String> {
 /// The entry the loaded blocks make, up to the last one it can be restored from (a hybrid's
 /// last checkpoint); `None` when they make nothing usable or do not fit together.
 fn assemble(prompt: &[u32], mut blocks: Vec<Block>) -> Option<Entry> {
-    let (layers, mtp_layers) = (blocks.first()?.layers, blocks.first()?.mtp_layers);
-    if blocks.iter().any(|b| b.layers != layers || b.mtp_layers != mtp_layers) {
+    let first = blocks.first()?;
+    let (layers, drafter, mtp_layers) = (first.layers, first.drafter, first.mtp_layers);
+    if blocks.iter().any(|b| b.layers != layers || b.drafter != drafter || b.mtp_layers != mtp_layers) {
         return None;
     }
     let hybrid = blocks.iter().any(|b| b.arrays.keys().any(|k| k.starts_with("conv.")));
@@ -409,7 +418,7 @@ fn assemble(prompt: &[u32], mut blocks: Vec<Block>) -> Option<Entry> {
     let mut arrays: Vec<&Array> = kv.iter().flatten().flat_map(|(k, v)| [k, v]).collect();
     arrays.extend(mtp_kv.iter().flatten().flatten().flat_map(|(k, v)| [k, v]));
     mlx_rs::transforms::eval(arrays).ok()?;
-    Some(Entry::new(prompt[..end].to_vec(), kv, mtp_kv, checkpoints, 0))
+    Some(Entry::new(prompt[..end].to_vec(), kv, drafter.zip(mtp_kv), checkpoints, 0))
 }
 
 /// The chain hash after `tokens`, from `parent`'s.
@@ -522,7 +531,7 @@ mod fuzz {
         fn any_block_parses_or_is_refused(bytes in prop_oneof![block_bytes(), prop::collection::vec(any::<u8>(), 0..64)]) {
             if let Ok((arrays, metadata)) = parse_block(&bytes) {
                 let layers = metadata.get("layers").and_then(|l| l.parse::<usize>().ok()).unwrap_or(0).min(4);
-                let block = Block { end: 2, layers, mtp_layers: Some(layers), arrays };
+                let block = Block { end: 2, layers, drafter: Some(DraftWith::Mtp), mtp_layers: Some(layers), arrays };
                 let _ = block.check_shapes(2);
             }
         }

@@ -7,6 +7,7 @@ use mlx_rs::ops::indexing::{Ellipsis, IndexOp};
 use mlx_rs::Array;
 
 use crate::cache::{Cache, KvCache, LayerCache, LinearState};
+use crate::speculation::DraftWith;
 
 /// Positions per piece of an entry's keys and values (pieces start at multiples of it).
 pub const PIECE: usize = 1024;
@@ -117,8 +118,9 @@ pub struct Hit {
 }
 
 impl Hit {
-    /// Puts the trunk's state into `cache`; returns the MTP head's (its cache's layers and the
-    /// trunk's hidden state at the last position), when the entry had one.
+    /// Puts the trunk's state into `cache`; returns the drafter's (its cache's layers and the
+    /// trunk's features it reads at the last position), when the entry kept the state of the
+    /// drafter the request drafts with.
     pub fn restore(self, cache: &mut Cache) -> Option<(Vec<LayerCache>, Option<Array>)> {
         cache.layers = self.layers;
         self.mtp
@@ -132,9 +134,11 @@ pub(super) struct Entry {
     pub(super) pieces: Vec<Rc<Piece>>,
     /// Whether every layer is attention (any prefix can be restored).
     pub(super) attention_only: bool,
-    /// The trunk's layers, and whether the MTP head's keys and values were kept.
+    /// The trunk's layers, and whose keys and values `Piece::mtp_kv` keeps: the MTP head's or
+    /// a block drafter's (they differ in layers and shapes, and a drafter's last hidden state in
+    /// the checkpoints is what that drafter reads), or none.
     pub(super) layers: usize,
-    pub(super) with_mtp: bool,
+    pub(super) drafter: Option<DraftWith>,
     /// Hybrids: the linear-attention state at chunk boundaries and at the end, by position.
     pub(super) checkpoints: Vec<Checkpoint>,
     pub(super) last_used: u64,
@@ -146,10 +150,11 @@ impl Entry {
     pub(super) fn new(
         tokens: Vec<u32>,
         kv: Vec<Option<(Array, Array)>>,
-        mtp_kv: Option<Vec<Option<(Array, Array)>>>,
+        drafter: Option<(DraftWith, Vec<Option<(Array, Array)>>)>,
         checkpoints: Vec<Checkpoint>,
         last_used: u64,
     ) -> Self {
+        let (drafter, mtp_kv) = drafter.unzip();
         let len = tokens.len();
         let cut = |kv: &[Option<(Array, Array)>], from: usize, to: usize| -> Vec<Option<(Array, Array)>> {
             kv.iter().map(|p| p.as_ref().map(|p| positions(p, from, to))).collect()
@@ -166,7 +171,7 @@ impl Entry {
             pieces,
             attention_only: kv.iter().all(Option::is_some),
             layers: kv.len(),
-            with_mtp: mtp_kv.is_some(),
+            drafter,
             checkpoints,
             last_used,
         }
@@ -192,7 +197,7 @@ impl Entry {
     }
 
     /// The state after this entry's first `len` tokens (`usable` said they can be restored).
-    pub(super) fn hit(&self, len: usize, with_mtp: bool) -> Option<Hit> {
+    pub(super) fn hit(&self, len: usize, drafter: Option<DraftWith>) -> Option<Hit> {
         let checkpoint = self.checkpoints.iter().find(|c| c.position == len);
         let kv = self.kv_range(0, len, false);
         let mut layers = Vec::with_capacity(kv.len());
@@ -208,7 +213,7 @@ impl Entry {
                 (None, None) => return None,
             });
         }
-        let mtp = match self.with_mtp && with_mtp {
+        let mtp = match drafter.is_some() && self.drafter == drafter {
             true => {
                 let layers = self
                     .kv_range(0, len - 1, true)
@@ -237,8 +242,8 @@ impl Entry {
 
     /// The whole pieces of this entry a new entry starting with `tokens` can hold as they are:
     /// those inside the common start, before this entry's end (whose MTP part is complete).
-    pub(super) fn shareable(&self, tokens: &[u32], with_mtp: bool) -> Vec<Rc<Piece>> {
-        if with_mtp && !self.with_mtp {
+    pub(super) fn shareable(&self, tokens: &[u32], drafter: Option<DraftWith>) -> Vec<Rc<Piece>> {
+        if drafter.is_some() && self.drafter != drafter {
             return Vec::new();
         }
         let common = self.tokens.iter().zip(tokens).take_while(|(a, b)| a == b).count();

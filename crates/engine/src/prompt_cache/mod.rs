@@ -25,6 +25,7 @@ use serde::Serialize;
 
 use crate::cache::{Cache, LayerCache};
 use crate::error::Result;
+use crate::speculation::DraftWith;
 
 pub mod disk;
 mod entry;
@@ -110,8 +111,10 @@ impl PromptCache {
 
     /// The state after the longest cached prefix of `prompt`'s first `limit` tokens, if any:
     /// from memory, or from the disk tier when it holds a longer one (which then stays in
-    /// memory too). `with_mtp`: the request speculates, so the head's state is wanted too.
-    pub fn lookup(&mut self, prompt: &[u32], limit: usize, with_mtp: bool) -> Result<Option<Hit>> {
+    /// memory too). `drafter`: what the request drafts with; the drafter's state is restored too
+    /// when the entry kept that drafter's (a request drafting with another starts its drafter
+    /// afresh at the prefix's end).
+    pub fn lookup(&mut self, prompt: &[u32], limit: usize, drafter: Option<DraftWith>) -> Result<Option<Hit>> {
         if self.budget == 0 {
             return Ok(None);
         }
@@ -126,7 +129,7 @@ impl PromptCache {
                 entry.last_used = self.clock;
                 let len = entry.usable(prompt, limit);
                 if len > 0 {
-                    entry.hit(len, with_mtp)
+                    entry.hit(len, drafter)
                 } else {
                     None
                 }
@@ -140,7 +143,7 @@ impl PromptCache {
                     Some((len, i)) => {
                         let entry = &mut self.entries[i];
                         entry.last_used = self.clock;
-                        entry.hit(len, with_mtp)
+                        entry.hit(len, drafter)
                     }
                     None => None,
                 }
@@ -190,7 +193,7 @@ impl PromptCache {
         &mut self,
         tokens: &[u32],
         cache: &Cache,
-        mtp: Option<&Cache>,
+        drafter: Option<(DraftWith, &Cache)>,
         mut checkpoints: Vec<Checkpoint>,
     ) -> Result<()> {
         if self.budget == 0 || tokens.is_empty() || cache.offset() as usize != tokens.len() {
@@ -199,7 +202,10 @@ impl PromptCache {
         // An entry that already restores all of these tokens (the state after an earlier
         // answer that began with this prompt) is used again rather than copied.
         let len = tokens.len();
-        if let Some(e) = self.entries.iter_mut().find(|e| e.usable(tokens, len) == len && (mtp.is_none() || e.with_mtp))
+        if let Some(e) = self
+            .entries
+            .iter_mut()
+            .find(|e| e.usable(tokens, len) == len && (drafter.is_none() || e.drafter == drafter.map(|d| d.0)))
         {
             self.clock += 1;
             e.last_used = self.clock;
@@ -212,13 +218,17 @@ impl PromptCache {
         }
         // The whole pieces of the entry that shares the most are held as they are; the rest
         // is copied out of the request's cache (whose buffers its next updates overwrite).
-        let mut pieces =
-            self.entries.iter().map(|e| e.shareable(tokens, mtp.is_some())).max_by_key(Vec::len).unwrap_or_default();
+        let mut pieces = self
+            .entries
+            .iter()
+            .map(|e| e.shareable(tokens, drafter.map(|d| d.0)))
+            .max_by_key(Vec::len)
+            .unwrap_or_default();
         let shared_end = pieces.last().map_or(0, |p| p.end);
         let mut arrays = Vec::new();
         for (start, end) in piece_bounds(shared_end, len) {
             let kv = copies(cache, start, end)?;
-            let mtp_kv = match mtp {
+            let mtp_kv = match drafter.map(|d| d.1) {
                 Some(m) => Some(copies(m, start.min(len - 1), end.min(len - 1))?),
                 None => None,
             };
@@ -232,7 +242,7 @@ impl PromptCache {
             pieces,
             attention_only: !hybrid,
             layers: cache.layers.len(),
-            with_mtp: mtp.is_some(),
+            drafter: drafter.map(|d| d.0),
             checkpoints,
             last_used: self.clock,
         };

@@ -178,16 +178,18 @@ function showStreams(streams, batching) {
   el.textContent = parts.join(" · ");
 }
 
-// The runtime depth controller: the depth it runs at now, what that promises over plain
-// decoding and what the request's cycles achieved, and how often it changed its mind.
+// The runtime depth controller: the drafter and depth it runs at now, what that promises over
+// plain decoding and what the request's cycles achieved, and how often it changed its mind
+// (switches: between the MTP head and the block drafter, where the model has both).
 function showDepthControl(c) {
   const el = $("depth-control");
   el.hidden = !c;
   if (!c) return;
-  const depth = c.depth_now === 0 ? "plain (drafts do not pay now)" : `depth ${c.depth_now}`;
+  const depth = c.depth_now === 0 ? "plain (drafts do not pay now)" : choiceName(c.drafter_now, c.depth_now);
   const ch = c.changes;
+  const switches = c.switches ? `, ${c.switches} drafter switch${c.switches === 1 ? "" : "es"}` : "";
   el.textContent = `Drafting: ${depth} · expected ${c.expected_speedup.toFixed(2)}x, measured ${c.measured_speedup.toFixed(2)}x over plain · ` +
-    `changes: ${ch.deeper} deeper, ${ch.shallower} shallower, ${ch.to_plain} to plain, ${ch.from_plain} back`;
+    `changes: ${ch.deeper} deeper, ${ch.shallower} shallower, ${ch.to_plain} to plain, ${ch.from_plain} back${switches}`;
 }
 
 // A model split across ranks (`--hosts`): each rank's host and the memory it holds, or why the

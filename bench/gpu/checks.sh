@@ -27,6 +27,10 @@
 #                   TRAIN_LR its rate) into ~/gpu-out/drafter
 #   drafter-bench   bench/acceptance.sh with that drafter (or DRAFTER_DIR's): plain, MTP depths
 #                   and block depths, one run
+#   verify-8b       a z-lab-shaped block drafter (5 layers, blocks of 16, `ferrite dev
+#                   make-drafter`) beside the dense 8B shape: `ferrite bench --spec` times its
+#                   block passes and the verify passes against plain steps (random weights:
+#                   nothing is accepted; the costs are the point)
 #   vision          bench/vision.sh: Ferrite's vision tower against mlx-vlm's on the same patches
 #                   (WIDTH, HEIGHT, ROUNDS, RUNS as it reads them; default 1024x768, 3, 3)
 #   ops-35b         `ferrite dev ops` on the 35B-A3B shape, on each delta path, and mlx-lm's count
@@ -107,6 +111,13 @@ for check in "$@"; do
       timeout $(( ${minutes%.*} * 60 + 150 )) python3 train/drafter.py --data $data --out "$res/drafter" --minutes "$minutes" \
         --batch ${TRAIN_BATCH:-32} --steps ${TRAIN_STEPS:-20000} --eval-every ${TRAIN_EVAL:-500} ${TRAIN_INIT:+--init "$TRAIN_INIT"} ${TRAIN_LR:+--lr $TRAIN_LR} \
         > "$res/drafter-train.txt" 2>&1 ;;
+    verify-8b)
+      target=$(checkpoint 8b-4bit); drafter=$BENCH_DIR/8b-dflash-b16
+      [ -f "$drafter/config.json" ] || "$FERRITE" dev make-drafter --target "$target" --layers 5 --block-size 16 \
+        --intermediate-size 12288 --bits 4 --out "$drafter" > "$res/verify-8b-make.txt" 2>&1
+      ids=$(PROMPT_TOKENS=512 prompt_ids)
+      timeout ${VERIFY_TIMEOUT:-300} "$FERRITE" bench --spec --model "$target" --drafter "$drafter" --prompt-ids "$ids" \
+        --gen-tokens 48 --runs 1 > "$res/verify-8b.txt" 2>&1 ;;
     drafter-bench)
       DRAFTER="${DRAFTER_DIR:-$res/drafter}" BENCH_DIR="$res" timeout 200 bench/acceptance.sh > "$res/drafter-acceptance.txt" 2>&1 ;;
     vision)

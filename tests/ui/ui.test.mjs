@@ -230,16 +230,19 @@ test("the depth controller's state is shown while a request speculates", async (
   // that carries the controller's figures (the server test depth_control.rs checks the real ones).
   const text = await page.evaluate(() => {
     const u = window.__lastStatus;
-    const control = { depth_now: 0, expected_speedup: 1, measured_speedup: 0.97, changes: { deeper: 1, shallower: 0, to_plain: 2, from_plain: 1 } };
+    const control = { drafter_now: "mtp", switches: 0, depth_now: 0, expected_speedup: 1, measured_speedup: 0.97, changes: { deeper: 1, shallower: 0, to_plain: 2, from_plain: 1 } };
     window.__showStatus({ ...u, last: { ...u.last, depth_control: control } });
     const plain = document.getElementById("depth-control").textContent;
     window.__showStatus({ ...u, last: { ...u.last, depth_control: { ...control, depth_now: 3, expected_speedup: 1.84 } } });
+    const mtp = document.getElementById("depth-control").textContent;
+    window.__showStatus({ ...u, last: { ...u.last, depth_control: { ...control, drafter_now: "block", switches: 2, depth_now: 7 } } });
     const el = document.getElementById("depth-control");
-    return [plain, el.textContent, el.hidden];
+    return [plain, mtp, el.textContent, el.hidden];
   });
-  assert.match(text[0], /Drafting: plain .* expected 1\.00x, measured 0\.97x .* 1 deeper, 0 shallower, 2 to plain, 1 back/);
-  assert.match(text[1], /Drafting: depth 3 · expected 1\.84x/);
-  assert.equal(text[2], false, "shown");
+  assert.match(text[0], /Drafting: plain .* expected 1\.00x, measured 0\.97x .* 1 deeper, 0 shallower, 2 to plain, 1 back$/);
+  assert.match(text[1], /Drafting: MTP depth 3 · expected 1\.84x/);
+  assert.match(text[2], /Drafting: block depth 7 · .* 1 back, 2 drafter switches$/);
+  assert.equal(text[3], false, "shown");
 });
 
 test("a model split across ranks shows each rank's host and memory, and a lost one", async () => {

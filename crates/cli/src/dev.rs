@@ -1,12 +1,42 @@
 use std::path::PathBuf;
 
 use anyhow::{bail, Result};
+use engine::checkpoint::drafter::{make_drafter, spread_taps, DrafterOptions};
 use engine::checkpoint::{self, Architecture, Dtype, Layout, MakeOptions};
 
 #[derive(clap::Subcommand)]
 pub enum Command {
     /// Write a random-initialised checkpoint in the MLX layout, with a trained tokenizer.
     MakeCheckpoint(MakeArgs),
+    /// Write a random-initialised DFlash block drafter in z-lab's format for the checkpoint in
+    /// --target (what `--drafter` loads): a real drafter's shape beside a made target, whose
+    /// verify passes and block passes can then be timed (acceptance is not the point).
+    MakeDrafter {
+        #[arg(long)]
+        target: PathBuf,
+        #[arg(long, default_value_t = 1)]
+        layers: i32,
+        #[arg(long, default_value_t = 8)]
+        block_size: usize,
+        /// Target layers it reads (comma-separated); default: spread as z-lab spreads them.
+        #[arg(long, value_delimiter = ',')]
+        taps: Vec<usize>,
+        /// The MLPs' width (default: twice the hidden size).
+        #[arg(long)]
+        intermediate_size: Option<i32>,
+        /// Quantize matrices to this many bits; omit for floating point.
+        #[arg(long)]
+        bits: Option<i32>,
+        #[arg(long, default_value_t = 64)]
+        group_size: i32,
+        /// f32, bf16, f16.
+        #[arg(long, default_value = "bf16")]
+        dtype: String,
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        #[arg(long)]
+        out: PathBuf,
+    },
     /// Train a byte-level BPE tokenizer (Ferrite's special tokens and chat template) on the
     /// documents of a JSONL file (`{"text": ...}` per line); writes tokenizer.json and
     /// tokenizer_config.json into OUT.
@@ -278,6 +308,37 @@ pub struct MakeArgs {
 pub fn run(cmd: Command) -> Result<()> {
     let a = match cmd {
         Command::MakeCheckpoint(a) => a,
+        Command::MakeDrafter {
+            target,
+            layers,
+            block_size,
+            taps,
+            intermediate_size,
+            bits,
+            group_size,
+            dtype,
+            seed,
+            out,
+        } => {
+            let config = engine::ModelConfig::load(&target)?;
+            let mut tensors = MakeOptions::new(Architecture::Qwen3, "tiny");
+            (tensors.bits, tensors.group_size, tensors.dtype, tensors.seed) =
+                (bits, group_size, parse_dtype(&dtype)?, seed);
+            let mut opts = DrafterOptions::new(&config, tensors);
+            opts.target_layers = match taps.is_empty() {
+                true => spread_taps(config.num_hidden_layers.max(1) as usize, layers.max(1) as usize),
+                false => taps,
+            };
+            (opts.layers, opts.block_size, opts.intermediate_size) = (layers, block_size, intermediate_size);
+            let made = make_drafter(&config, &opts, &out)?;
+            println!(
+                "wrote {}: {} parameters, blocks of {block_size}, reading target layers {:?}",
+                made.dir.display(),
+                made.parameters,
+                opts.target_layers
+            );
+            return Ok(());
+        }
         Command::TrainTokenizer { docs, vocab, out } => return train_tokenizer(&docs, vocab, &out),
         Command::Tokenize { tokenizer, docs, out } => return tokenize(&tokenizer, &docs, &out),
         Command::Ops { model, context, prefill, json } => return ops(&model, &context, prefill, json),
@@ -310,12 +371,7 @@ pub fn run(cmd: Command) -> Result<()> {
             return perplexity(&model, &text, tokens, skip, window, chunk)
         }
     };
-    let dtype = match a.dtype.as_str() {
-        "f32" | "float32" => Dtype::Float32,
-        "bf16" | "bfloat16" => Dtype::Bfloat16,
-        "f16" | "float16" => Dtype::Float16,
-        other => bail!("--dtype: unknown type `{other}` (f32, bf16, f16)"),
-    };
+    let dtype = parse_dtype(&a.dtype)?;
     let mut opts = MakeOptions::new(Architecture::parse(&a.arch)?, &a.preset);
     opts.bits = a.bits;
     opts.group_size = a.group_size;
@@ -339,6 +395,15 @@ pub fn run(cmd: Command) -> Result<()> {
         made.files.len()
     );
     Ok(())
+}
+
+fn parse_dtype(name: &str) -> Result<Dtype> {
+    Ok(match name {
+        "f32" | "float32" => Dtype::Float32,
+        "bf16" | "bfloat16" => Dtype::Bfloat16,
+        "f16" | "float16" => Dtype::Float16,
+        other => bail!("--dtype: unknown type `{other}` (f32, bf16, f16)"),
+    })
 }
 
 fn perplexity(

@@ -31,8 +31,14 @@ const PROBE_EVERY: usize = 16;
 const MAX_PROBE_EVERY: usize = 128;
 /// Weight of the newest cycle in the running acceptance figures.
 const WEIGHT: f64 = 0.25;
-/// A depth must promise this much more than the current one to replace it.
+/// A depth must promise this much more than the current one to replace it (and a drafter
+/// the one in use).
 const HYSTERESIS: f64 = 0.03;
+/// With two drafters, one cycle with the one standing by this often...
+const TRY_STANDBY_EVERY: usize = 32;
+/// ...twice as long after each try that did not switch, up to this: a try costs about a
+/// cycle's drafting, and the drafter standing by takes in what it missed first.
+const MAX_TRY_STANDBY_EVERY: usize = 256;
 /// While plain, the first position's figure is a count: what the running figure held when the
 /// request went plain, worth this many cycles (the running figure's own memory, 1 / WEIGHT)...
 const PLAIN_PRIOR: f64 = 1.0 / WEIGHT;
@@ -174,6 +180,23 @@ impl DepthController {
         }
     }
 
+    /// A drafter no tuning chose for the request, standing by beside the one in use: it
+    /// starts at depth 1 and may go as deep as the cost model covers.
+    pub fn untuned(costs: CostModel, with: DraftWith) -> Self {
+        let deepest = costs.deepest(with);
+        let mut control = DepthController::new(costs, with, 1.min(deepest));
+        control.max_depth = deepest;
+        control.reach = vec![0.0; deepest];
+        control.seen = vec![0; deepest];
+        control.probes = control.costs.ceiling(with, deepest) > 1.0;
+        control
+    }
+
+    /// Whether some depth would pay with every draft accepted.
+    pub fn can_pay(&self) -> bool {
+        self.probes
+    }
+
     /// The depth decided on (a probe's one cycle aside).
     pub fn depth(&self) -> usize {
         self.depth
@@ -190,6 +213,13 @@ impl DepthController {
             }
         }
         self.depth
+    }
+
+    /// A cycle the request ran with this drafter while it stood by: counted as a probe (a
+    /// decision follows at once).
+    pub fn record_probe(&mut self, drafted: usize, accepted: usize) {
+        self.probing = true;
+        self.record(drafted, accepted);
     }
 
     /// A cycle that drafted `drafted` tokens of which the first `accepted` were accepted.
@@ -276,6 +306,49 @@ impl DepthController {
         }
         self.depth = best;
         self.cycles_plain = 0;
+    }
+}
+
+/// With two drafters (the MTP head and a block drafter): when to try the one standing by, and
+/// whether a try puts it in use.
+#[derive(Debug, Clone)]
+pub struct DrafterChoice {
+    wait: usize,
+    every: usize,
+    pub switches: usize,
+}
+
+impl Default for DrafterChoice {
+    fn default() -> Self {
+        DrafterChoice::new()
+    }
+}
+
+impl DrafterChoice {
+    pub fn new() -> Self {
+        DrafterChoice { wait: 0, every: TRY_STANDBY_EVERY, switches: 0 }
+    }
+
+    /// Counts a cycle or plain step; whether the next one tries the drafter standing by.
+    pub fn try_standby(&mut self) -> bool {
+        self.wait += 1;
+        if self.wait < self.every {
+            return false;
+        }
+        self.wait = 0;
+        true
+    }
+
+    /// After a try: whether `tried` (its figures now include the try) takes over from
+    /// `current`. A try that does not switch makes the next one wait twice as long.
+    pub fn keep_tried(&mut self, tried: &DepthController, current: &DepthController) -> bool {
+        if tried.depth() > 0 && tried.expected_speedup() > current.expected_speedup() * (1.0 + HYSTERESIS) {
+            self.switches += 1;
+            self.every = TRY_STANDBY_EVERY;
+            return true;
+        }
+        self.every = (2 * self.every).min(MAX_TRY_STANDBY_EVERY);
+        false
     }
 }
 

@@ -80,9 +80,10 @@ impl Engine {
                             "block drafting was asked, but no block drafter is loaded beside the model".into(),
                         )
                     })?),
-                    DraftWith::Mtp => None,
+                    // The MTP head drafts; a block drafter may stand by (depth control).
+                    DraftWith::Mtp => self.drafter.as_ref(),
                 };
-                let mut spec = Speculator::new(self.model.as_ref(), block, depth, seed)?;
+                let mut spec = Speculator::new(self.model.as_ref(), block, request.draft_with, depth, seed)?;
                 if let Some(s) = &mut spec {
                     s.draft_script = request.draft_script.clone();
                     if let (Some(tokens), Some(&end)) = (&request.forced_tokens, self.tokenizer.eos_ids.first()) {
@@ -293,8 +294,9 @@ impl Generation<'_> {
         match (&self.images, &mut self.spec) {
             (Some(images), spec) => {
                 let taps = spec.as_ref().and_then(|s| s.taps());
-                let features = images.feed(model, head, prefill.at..end, &mut self.cache, taps)?;
+                let (hidden, tapped) = images.feed(model, head, prefill.at..end, &mut self.cache, taps)?;
                 if let Some(spec) = spec {
+                    let features = spec.features(&hidden, tapped)?;
                     spec.observe(part, &features)?;
                 }
             }

@@ -13,6 +13,10 @@
 //! its final hidden state, a block drafter the outputs of its tapped layers — called
 //! `features` here; the bookkeeping of which positions a drafter has seen is the same.
 //!
+//! With depth control, a model that has both drafters keeps the other one standing by: it is
+//! told every position as well (the trunk's pass gives both drafters' features), tried for a
+//! cycle now and then, and put in use when its figures promise more ([`DrafterChoice`]).
+//!
 //! Rollback is exact for every kind of state: attention KV caches (trunk and head) are
 //! trimmed; Gated DeltaNet conv and recurrent states are restored from the per-position
 //! states the verify pass recorded.
@@ -28,7 +32,7 @@ use serde::Serialize;
 
 use crate::cache::Cache;
 use crate::costs::MAX_DRAFT_DEPTH;
-use crate::depth_control::{CostModel, DepthChanges, DepthController};
+use crate::depth_control::{CostModel, DepthChanges, DepthController, DrafterChoice};
 use crate::error::{Error, Result};
 use crate::grammar::Constraint;
 use crate::logits::{self, Chain, GrammarMask, LogitsProcessor};
@@ -36,6 +40,10 @@ use crate::models::{BlockDrafter, LanguageModel, MtpHead};
 use crate::penalties::{window_of, Penalties, Recent};
 use crate::sampling::Sampler;
 use crate::speculation::DraftWith;
+
+mod slot;
+pub use slot::Drafter;
+use slot::Slot;
 
 /// Per-request statistics of speculative decoding.
 #[derive(Debug, Clone, Default, Serialize)]
@@ -55,6 +63,9 @@ pub struct SpecStats {
 /// The depth controller's state for a request (or its decisions summed, in totals).
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct ControlStats {
+    /// The drafter in use now, and how often the request switched to the other one.
+    pub drafter_now: DraftWith,
+    pub switches: usize,
     /// The depth it runs at now (0: plain decoding).
     pub depth_now: usize,
     /// What that depth promises over plain decoding, from the live acceptance.
@@ -89,8 +100,9 @@ impl SpecStats {
         if let Some(other) = &other.control {
             let mine = self.control.get_or_insert_with(Default::default);
             mine.changes.merge(&other.changes);
-            (mine.depth_now, mine.expected_speedup, mine.measured_speedup) =
-                (other.depth_now, other.expected_speedup, other.measured_speedup);
+            mine.switches += other.switches;
+            (mine.depth_now, mine.expected_speedup, mine.measured_speedup, mine.drafter_now) =
+                (other.depth_now, other.expected_speedup, other.measured_speedup, other.drafter_now);
         }
     }
 
@@ -102,15 +114,6 @@ impl SpecStats {
             self.committed as f64 / self.cycles as f64
         }
     }
-}
-
-/// What writes the drafts.
-#[derive(Clone, Copy)]
-pub enum Drafter<'m> {
-    /// The model's multi-token-prediction head, one draft per step.
-    Mtp(&'m MtpHead),
-    /// A DFlash drafter: a block of drafts in one pass.
-    Block(&'m BlockDrafter),
 }
 
 /// The drafted tokens (each a one-element u32 array, evaluated) on the host.
@@ -128,16 +131,22 @@ enum DraftRows<'m> {
 
 pub struct Speculator<'m> {
     model: &'m dyn LanguageModel,
-    drafter: Drafter<'m>,
+    /// The drafter in use.
+    active: Slot<'m>,
+    /// With depth control, where the model has both an MTP head and a block drafter: the
+    /// other one, told every position too, tried now and then ([`DrafterChoice`]) and put in
+    /// use when it promises more.
+    standby: Option<Slot<'m>>,
+    /// Whether `active` is the drafter the request started with: the one whose state the
+    /// prompt cache keeps and restores (its checkpoints hold that drafter's features).
+    home_active: bool,
+    /// The other drafter, until depth control decides whether it stands by.
+    other: Option<Drafter<'m>>,
+    choice: DrafterChoice,
+    /// This cycle tries the drafter that stood by (it is `active` for the cycle).
+    trying: bool,
+    /// The depth when no controller chooses it.
     depth: usize,
-    /// The drafter's own cache: the MTP head's layers, or a block drafter's context.
-    draft_cache: Cache,
-    /// Trunk features [1, L, F] whose next tokens (`pending_tokens`) are known but which
-    /// the drafter has not seen yet.
-    pending_hidden: Option<Array>,
-    pending_tokens: Vec<u32>,
-    /// The trunk's features at the last position it processed.
-    last_hidden: Option<Array>,
     rng: StdRng,
     pub stats: SpecStats,
     /// Replaces the drafts with these tokens (indexed by output position), so tests can drive
@@ -150,121 +159,158 @@ pub struct Speculator<'m> {
     pub forced_answer: Option<(Vec<u32>, u32)>,
     /// The request's penalties and the latest committed tokens they look at (prompt first).
     penalties: Option<(Penalties, Vec<u32>)>,
-    /// Chooses each cycle's depth from live acceptance, when on.
-    control: Option<DepthController>,
     /// The next cycle's depth, once decided ([`Speculator::next_depth`]).
     decided: Option<usize>,
-    /// While the generation decodes plainly (depth 0): the trunk's hidden state at the token
-    /// it fed last, whose next token is not read yet, and when it was fed.
+    /// While the generation decodes plainly (depth 0): the trunk's features at the token it
+    /// fed last, whose next token is not read yet, and when it was fed.
     fed: Option<(Array, Instant)>,
 }
 
 impl<'m> Speculator<'m> {
-    /// Drafts with `block` when given, else with the model's MTP head; `None` when it has
-    /// neither.
+    /// Drafts with `with`: the model's MTP head, or `block` (which must then be given);
+    /// `None` when that drafter is missing. Depth control ([`Speculator::control_depth`]) may
+    /// switch to the other one where the model has both.
     pub fn new(
         model: &'m dyn LanguageModel,
         block: Option<&'m BlockDrafter>,
+        with: DraftWith,
         depth: usize,
         seed: u64,
     ) -> Result<Option<Self>> {
-        let Some(drafter) = block.map(Drafter::Block).or(model.mtp().map(Drafter::Mtp)) else {
-            return Ok(None);
+        let (mtp, block) = (model.mtp().map(Drafter::Mtp), block.map(Drafter::Block));
+        let (drafter, other) = match with {
+            DraftWith::Mtp => (mtp, block),
+            DraftWith::Block => (block, mtp),
         };
-        let (deepest, draft_cache) = match drafter {
-            Drafter::Mtp(head) => (MAX_DRAFT_DEPTH, head.new_cache()),
-            Drafter::Block(block) => (block.max_drafts(), block.new_cache()),
+        let Some(drafter) = drafter else { return Ok(None) };
+        let deepest = match drafter {
+            Drafter::Mtp(_) => MAX_DRAFT_DEPTH,
+            Drafter::Block(block) => block.max_drafts(),
         };
         if depth > deepest {
             return Err(Error::Request(format!("draft depth must be in 0..={deepest}, got {depth}")));
         }
         Ok(Some(Speculator {
             model,
-            drafter,
+            active: Slot::new(drafter),
+            standby: None,
+            home_active: true,
+            other,
+            choice: DrafterChoice::new(),
+            trying: false,
             depth,
-            draft_cache,
-            pending_hidden: None,
-            pending_tokens: Vec::new(),
-            last_hidden: None,
             rng: StdRng::seed_from_u64(seed ^ 0x9e37_79b9_7f4a_7c15),
             stats: SpecStats { depth, drafted: vec![0; depth], accepted: vec![0; depth], ..Default::default() },
             draft_script: None,
             forced_answer: None,
             penalties: None,
-            control: None,
             decided: None,
             fed: None,
         }))
     }
 
     /// The trunk's pass over `tokens` [1, L]: its final hidden states and the features this
-    /// speculator's drafter reads at them.
+    /// speculator's drafters read at them ([`Speculator::features`]).
     pub fn trunk(&self, tokens: &Array, cache: &mut Cache) -> Result<(Array, Array)> {
-        match self.drafter {
-            Drafter::Mtp(_) => {
+        match self.taps() {
+            None => {
                 let hidden = self.model.hidden(tokens, cache)?;
                 Ok((hidden.clone(), hidden))
             }
-            Drafter::Block(block) => self.model.hidden_tapped(tokens, cache, &block.spec.target_layers),
-        }
-    }
-
-    /// The trunk layers whose outputs the drafter reads (a block drafter's), or `None` (the
-    /// MTP head reads the final hidden states).
-    pub fn taps(&self) -> Option<&[usize]> {
-        match self.drafter {
-            Drafter::Mtp(_) => None,
-            Drafter::Block(block) => Some(&block.spec.target_layers),
-        }
-    }
-
-    /// Shows the drafter trunk positions it has not seen: their `features` [1, L, F] and the
-    /// tokens after them (`next_tokens`, L of them).
-    fn show(&mut self, features: &Array, next_tokens: &[u32]) -> Result<()> {
-        match self.drafter {
-            Drafter::Mtp(head) => {
-                let ids = Array::from_slice(next_tokens, &[1, next_tokens.len() as i32]);
-                let _ = head.forward(self.model, features, &ids, &mut self.draft_cache)?;
+            Some(taps) => {
+                let (hidden, tapped) = self.model.hidden_tapped(tokens, cache, taps)?;
+                let features = self.features(&hidden, tapped)?;
+                Ok((hidden, features))
             }
-            Drafter::Block(block) => block.extend(features, &mut self.draft_cache)?,
         }
-        eval(self.draft_cache.arrays())?;
-        Ok(())
     }
 
-    /// What drafts: the MTP head or a block drafter.
-    pub fn draft_with(&self) -> DraftWith {
-        match self.drafter {
-            Drafter::Mtp(_) => DraftWith::Mtp,
-            Drafter::Block(_) => DraftWith::Block,
+    /// The trunk layers whose outputs a drafter reads (a block drafter's), or `None` (the MTP
+    /// head reads the final hidden states).
+    pub fn taps(&self) -> Option<&[usize]> {
+        self.slots().find_map(|s| match s.drafter {
+            Drafter::Block(block) => Some(&block.spec.target_layers[..]),
+            Drafter::Mtp(_) => None,
+        })
+    }
+
+    /// What the drafters read from a trunk pass that gave `hidden` and `tapped` (the tapped
+    /// layers' outputs where [`Speculator::taps`] names some, else the hidden states again):
+    /// one drafter's, or with two the hidden states and the taps side by side.
+    pub fn features(&self, hidden: &Array, tapped: Array) -> Result<Array> {
+        Ok(match self.standby {
+            Some(_) => ops::concatenate(&[hidden, &tapped], -1)?,
+            None => tapped,
+        })
+    }
+
+    /// Each drafter's part of `features`: the in-use one's, the standby's.
+    fn split(&self, features: &Array) -> (Array, Option<Array>) {
+        let Some(standby) = &self.standby else { return (features.clone(), None) };
+        let taps = self.taps().map_or(0, <[usize]>::len) as i32;
+        let width = features.dim(-1) / (1 + taps);
+        let part = |slot: &Slot| match slot.drafter {
+            Drafter::Mtp(_) => features.index((.., .., ..width)),
+            Drafter::Block(_) => features.index((.., .., width..)),
+        };
+        (part(&self.active), Some(part(standby)))
+    }
+
+    fn slots(&self) -> impl Iterator<Item = &Slot<'m>> {
+        std::iter::once(&self.active).chain(&self.standby)
+    }
+
+    /// The drafter the request started with (the prompt cache's).
+    fn home(&self) -> &Slot<'m> {
+        match (&self.standby, self.home_active) {
+            (Some(standby), false) => standby,
+            _ => &self.active,
         }
+    }
+
+    /// What the request started drafting with: whose state the prompt cache keeps for it.
+    pub fn draft_with(&self) -> DraftWith {
+        self.home().drafter.draft_with()
     }
 
     /// Lets the depth follow the request's acceptance ([`DepthController`]), from the depth
     /// given (the tuned one) up to one more; the depth stays fixed where the cost model has
-    /// nothing for this drafter.
+    /// nothing for this drafter. Where the model has another drafter that could pay here, it
+    /// stands by.
     pub fn control_depth(&mut self, costs: CostModel) {
-        let with = self.draft_with();
-        let deepest = costs.deepest(with);
-        if deepest == 0 {
+        let with = self.active.drafter.draft_with();
+        if costs.deepest(with) == 0 {
             return;
         }
-        let control = DepthController::new(costs, with, self.depth);
-        let positions = self.stats.drafted.len().max(self.depth + 1).min(deepest);
-        self.stats.drafted.resize(positions, 0);
-        self.stats.accepted.resize(positions, 0);
+        let control = DepthController::new(costs.clone(), with, self.depth);
+        let mut positions = self.stats.drafted.len().max(self.depth + 1).min(costs.deepest(with));
         self.stats.control = Some(Box::new(ControlStats {
             depth_now: control.depth(),
             expected_speedup: control.expected_speedup(),
+            drafter_now: with,
             ..Default::default()
         }));
-        self.control = Some(control);
+        self.active.control = Some(control);
+        if let Some(other) = self.other.take() {
+            let control = DepthController::untuned(costs.clone(), other.draft_with());
+            if control.can_pay() {
+                positions = positions.max(costs.deepest(other.draft_with()));
+                let mut slot = Slot::new(other);
+                slot.control = Some(control);
+                self.standby = Some(slot);
+            }
+        }
+        self.stats.drafted.resize(positions, 0);
+        self.stats.accepted.resize(positions, 0);
     }
 
-    /// Runs the drafter's own attention positions `shift` from their index, as the trunk's
+    /// Runs the drafters' own attention positions `shift` from their index, as the trunk's
     /// after a prompt with images ([`crate::vision::ImagePrefill::shift_at`]).
     pub(crate) fn shift_positions(&mut self, shift: i32) {
-        self.draft_cache.set_rope_shift(shift);
+        self.active.cache.set_rope_shift(shift);
+        if let Some(standby) = &mut self.standby {
+            standby.cache.set_rope_shift(shift);
+        }
     }
 
     /// Penalises drafts and verification alike: each position's window holds the tokens
@@ -283,111 +329,125 @@ impl<'m> Speculator<'m> {
         }
     }
 
-    /// Feeds the drafter what a prefill chunk taught: `tokens` were just processed by the
-    /// trunk, giving `hidden` [1, L, F] ([`Speculator::trunk`]'s features). Each trunk position
-    /// is paired with the token after it.
-    pub fn observe(&mut self, tokens: &[u32], hidden: &Array) -> Result<()> {
-        let n = tokens.len() as i32;
-        let mut parts = Vec::new();
-        parts.extend(self.last_hidden.take());
-        let next_tokens = if parts.is_empty() { &tokens[1..] } else { tokens };
-        if n > 1 {
-            parts.push(hidden.index((.., ..n - 1, ..)));
+    /// Feeds the drafters what a prefill chunk taught: `tokens` were just processed by the
+    /// trunk, giving `features` [1, L, F] ([`Speculator::trunk`]'s). Each trunk position is
+    /// paired with the token after it.
+    pub fn observe(&mut self, tokens: &[u32], features: &Array) -> Result<()> {
+        let (mine, standby_part) = self.split(features);
+        self.active.observe(self.model, tokens, &mine)?;
+        if let (Some(standby), Some(part)) = (&mut self.standby, standby_part) {
+            standby.observe(self.model, tokens, &part)?;
         }
-        if !next_tokens.is_empty() {
-            self.show(&ops::concatenate(&parts, 1)?, next_tokens)?;
-        }
-        self.last_hidden = Some(hidden.index((.., n - 1.., ..)));
         Ok(())
     }
 
-    /// Feeds the drafter every pending position but the last, so its cache ends one position
-    /// before the trunk's (what the prompt cache keeps with an answer's state). Cycles that
-    /// accepted drafts, and plain cycles, leave several positions pending.
-    /// After plain steps (`fed` set) the trunk has also seen the last pending token: the head
-    /// takes every pending position, and the fed one's hidden state becomes the last.
+    /// Feeds the drafters every pending position but the last, so their caches end one
+    /// position before the trunk's (what the prompt cache keeps with an answer's state).
+    /// Cycles that accepted drafts, and plain cycles, leave several positions pending.
+    /// After plain steps (`fed` set) the trunk has also seen the last pending token: the
+    /// drafters take every pending position, and the fed one's features become the last.
     pub(crate) fn catch_up(&mut self) -> Result<()> {
-        let n = self.pending_tokens.len();
         let fed = self.fed.take();
-        let keep = if fed.is_some() { 0 } else { 1 };
-        if n <= keep {
+        if fed.is_some() && self.active.pending_tokens.is_empty() {
             self.fed = fed;
             return Ok(());
         }
-        let Some(hidden) = self.pending_hidden.take() else { return Ok(()) };
-        let k = (n - keep) as i32;
-        let tokens: Vec<u32> = self.pending_tokens.drain(..n - keep).collect();
-        self.show(&hidden.index((.., ..k, ..)), &tokens)?;
-        match fed {
-            Some((last, _)) => self.last_hidden = Some(last),
-            None => self.pending_hidden = Some(hidden.index((.., k.., ..))),
+        let (mine, standby_part) = match &fed {
+            Some((features, _)) => {
+                let (mine, standby) = self.split(features);
+                (Some(mine), standby)
+            }
+            None => (None, None),
+        };
+        self.active.catch_up(self.model, mine.as_ref())?;
+        if let Some(standby) = &mut self.standby {
+            standby.catch_up(self.model, standby_part.as_ref())?;
         }
         Ok(())
     }
 
     /// The depth of the next cycle, decided once until a cycle or a plain step uses it: the
-    /// controller's (a probe's now and then) or the fixed one. At 0 the generation decodes
-    /// plainly on its own pipelined path and tells the speculator each step
-    /// ([`Speculator::fed_plain`], [`Speculator::took_plain`]), so a request sent back to
-    /// plain decoding runs at plain speed and drafting resumes where it is.
+    /// controller's (a probe's now and then) or the fixed one; now and then a cycle with the
+    /// drafter standing by. At 0 the generation decodes plainly on its own pipelined path and
+    /// tells the speculator each step ([`Speculator::fed_plain`], [`Speculator::took_plain`]),
+    /// so a request sent back to plain decoding runs at plain speed and drafting resumes
+    /// where it is.
     pub fn next_depth(&mut self) -> usize {
         if let Some(depth) = self.decided {
             return depth;
         }
-        let depth = self.control.as_mut().map_or(self.depth, |c| c.next_depth());
+        let depth = if self.standby.is_some() && self.choice.try_standby() {
+            self.swap();
+            self.trying = true;
+            self.active.control.as_ref().map_or(1, |c| c.depth().max(1))
+        } else {
+            self.active.control.as_mut().map_or(self.depth, |c| c.next_depth())
+        };
         self.decided = Some(depth);
         depth
     }
 
-    /// A plain step fed the trunk a token and got `hidden` [1, 1, H] at it (the step's depth,
-    /// 0, is used up).
-    pub fn fed_plain(&mut self, hidden: Array) {
-        self.decided = None;
-        self.fed = Some((hidden, Instant::now()));
+    /// Puts the drafter standing by in use, and the one in use on standby.
+    fn swap(&mut self) {
+        if let Some(standby) = &mut self.standby {
+            std::mem::swap(&mut self.active, standby);
+            self.home_active = !self.home_active;
+        }
     }
 
-    /// The token the last plain step chose, read back: paired with the hidden state it
-    /// followed, for the head to catch up on when drafting resumes; counted as a plain cycle.
+    /// A plain step fed the trunk a token and got `features` [1, 1, F] at it (the step's
+    /// depth, 0, is used up).
+    pub fn fed_plain(&mut self, features: Array) {
+        self.decided = None;
+        self.fed = Some((features, Instant::now()));
+    }
+
+    /// The token the last plain step chose, read back: paired with the features it
+    /// followed, for the drafters to catch up on when drafting resumes; counted as a plain
+    /// cycle.
     pub fn took_plain(&mut self, token: u32) -> Result<()> {
-        let (hidden, fed_at) =
+        let (features, fed_at) =
             self.fed.take().ok_or_else(|| Error::Request("a plain step's token without its hidden state".into()))?;
-        self.pending_hidden = Some(match self.pending_hidden.take() {
-            Some(before) => ops::concatenate(&[before, hidden], 1)?,
-            None => hidden,
-        });
-        self.pending_tokens.push(token);
+        let (mine, standby_part) = self.split(&features);
+        self.active.push(mine, &[token]);
+        if let (Some(standby), Some(part)) = (&mut self.standby, standby_part) {
+            standby.push(part, &[token]);
+            standby.keep_near(self.model)?;
+        }
         self.remember(&[token]);
         self.account(0, 0, 1, Duration::ZERO, fed_at.elapsed());
         Ok(())
     }
 
-    /// The trunk's hidden state at the last position the head was told of.
+    /// The trunk's features, as the request's first drafter reads them, at the last position
+    /// it was told of.
     pub(crate) fn last_hidden(&self) -> Option<&Array> {
+        let home = self.home();
         // While decoding it is the one pending position's (after a cycle, or `catch_up`).
-        let pending = self.pending_hidden.as_ref().filter(|_| self.pending_tokens.len() == 1);
-        self.last_hidden.as_ref().or(pending)
+        home.last_hidden.as_ref().or(home.last_pending())
     }
 
-    /// The drafter's own cache (what the prompt cache keeps of it).
+    /// The request's first drafter's own cache (what the prompt cache keeps of it).
     pub(crate) fn draft_cache(&self) -> &Cache {
-        &self.draft_cache
+        &self.home().cache
     }
 
     /// Continues from a cached prompt prefix: the drafter's cache then, and the trunk's
-    /// features at its last position.
+    /// features at its last position (the drafter standing by has not seen the prefix).
     pub(crate) fn restore(&mut self, layers: Vec<crate::cache::LayerCache>, last_hidden: Option<Array>) {
-        self.draft_cache.layers = layers;
-        self.last_hidden = last_hidden;
+        self.active.cache.layers = layers;
+        self.active.last_hidden = last_hidden;
     }
 
     /// Starts decoding: `first` is the token sampled after the prompt.
     pub fn start(&mut self, first: u32, trunk_cache: &mut Cache) {
-        self.pending_hidden = self.last_hidden.take();
-        self.pending_tokens = vec![first];
+        self.active.start(first);
+        if let Some(standby) = &mut self.standby {
+            standby.start(first);
+        }
         self.remember(&[first]);
         trunk_cache.set_record(true);
     }
-
     /// One draft-verify cycle; returns the committed tokens (1 to depth + 1).
     ///
     /// Under a grammar (`constraint`, whose state must have a mask: the caller checked) each
@@ -405,9 +465,10 @@ impl<'m> Speculator<'m> {
     ) -> Result<Vec<u32>> {
         let depth = self.next_depth();
         self.decided = None;
-        let hidden = self.pending_hidden.take().ok_or_else(|| Error::Request("speculator used before start".into()))?;
+        let hidden =
+            self.active.take_pending()?.ok_or_else(|| Error::Request("speculator used before start".into()))?;
         let last_token =
-            *self.pending_tokens.last().ok_or_else(|| Error::Request("speculator used before start".into()))?;
+            *self.active.pending_tokens.last().ok_or_else(|| Error::Request("speculator used before start".into()))?;
 
         // Draft: the MTP head first catches up on the pending positions, then runs on its own
         // output; a block drafter takes them into its context and drafts the whole block at
@@ -416,15 +477,17 @@ impl<'m> Speculator<'m> {
         let started = Instant::now();
         // `draft_steps`: positions of the drafter's cache the drafts add, rolled back after the
         // verify pass (the head's steps on its own drafts; the block).
-        let (mut rows, mut draft_steps) = match (self.drafter, depth) {
+        let drafter = self.active.drafter;
+        let (mut rows, mut draft_steps) = match (drafter, depth) {
             (_, 0) => (DraftRows::None, 0),
             (Drafter::Mtp(head), _) => {
-                let ids = Array::from_slice(&self.pending_tokens, &[1, self.pending_tokens.len() as i32]);
-                let x = head.forward(self.model, &hidden, &ids, &mut self.draft_cache)?;
+                let pending = &self.active.pending_tokens;
+                let ids = Array::from_slice(pending, &[1, pending.len() as i32]);
+                let x = head.forward(self.model, &hidden, &ids, &mut self.active.cache)?;
                 (DraftRows::Mtp(head, x.index((.., -1.., ..))), 0)
             }
             (Drafter::Block(block), _) => {
-                let logits = block.draft(self.model, Some(&hidden), last_token, depth, &mut self.draft_cache)?;
+                let logits = block.draft(self.model, Some(&hidden), last_token, depth, &mut self.active.cache)?;
                 (DraftRows::Block(logits), block.spec.block_size as i32)
             }
         };
@@ -454,7 +517,7 @@ impl<'m> Speculator<'m> {
                 t
             };
             if let (DraftRows::Mtp(head, g), true) = (&mut rows, i + 1 < depth) {
-                *g = head.forward(self.model, g, &token.reshape(&[1, 1])?, &mut self.draft_cache)?;
+                *g = head.forward(self.model, g, &token.reshape(&[1, 1])?, &mut self.active.cache)?;
                 draft_steps += 1;
                 if constraint.is_some() {
                     // The head's next step runs while the host masks the grammar's next state.
@@ -501,7 +564,7 @@ impl<'m> Speculator<'m> {
             eval(drafts.iter().chain(draft_scaled.iter()))?;
             draft_ids = read_ids(&drafts)?;
             // A block's drafts are point masses under sampling too: a script may replace them.
-            let scripted = sampler.is_greedy() || matches!(self.drafter, Drafter::Block(_));
+            let scripted = sampler.is_greedy() || matches!(drafter, Drafter::Block(_));
             if let (Some(script), true, None) = (&self.draft_script, scripted, &constraint) {
                 let at = 1 + self.stats.committed;
                 for (i, id) in draft_ids.iter_mut().enumerate() {
@@ -554,7 +617,7 @@ impl<'m> Speculator<'m> {
                 draft_ids = read_ids(&drafts)?;
             }
             // A block's drafts carry no distribution of their own: point masses.
-            let q = matches!(self.drafter, Drafter::Mtp(_)).then_some(&q[..]);
+            let q = matches!(drafter, Drafter::Mtp(_)).then_some(&q[..]);
             self.rejection_sample(&draft_ids, &p, q)?
         };
         let now = Instant::now();
@@ -562,20 +625,24 @@ impl<'m> Speculator<'m> {
         // Keep the accepted prefix: the trunk drops the rejected drafts, the head the
         // positions it drafted on its own hidden states.
         cache.rollback((d - accepted) as i32)?;
-        self.draft_cache.rollback(draft_steps)?;
+        self.active.cache.rollback(draft_steps)?;
         if let Some(c) = constraint {
             c.rollback(d - accepted)?;
             c.accept(next)?;
         }
         let mut committed = draft_ids[..accepted].to_vec();
         committed.push(next);
-        let new_hidden = features.index((.., ..accepted as i32 + 1, ..));
+        let (mine, standby_part) = self.split(&features.index((.., ..accepted as i32 + 1, ..)));
         if depth > 0 {
-            self.pending_hidden = Some(new_hidden);
-            self.pending_tokens = committed.clone();
+            self.active.replace(mine, committed.clone());
         } else {
-            self.pending_hidden = Some(ops::concatenate(&[hidden, new_hidden], 1)?);
-            self.pending_tokens.extend(&committed);
+            // Nothing drafted: what was pending still is.
+            self.active.push(hidden, &[]);
+            self.active.push(mine, &committed);
+        }
+        if let (Some(standby), Some(part)) = (&mut self.standby, standby_part) {
+            standby.push(part, &committed);
+            standby.keep_near(self.model)?;
         }
         self.remember(&committed);
         self.account(d, accepted, committed.len(), verified_at - started, now - verified_at);
@@ -594,16 +661,46 @@ impl<'m> Speculator<'m> {
         }
         s.draft_time += draft;
         s.verify_time += verify;
-        if let Some(control) = &mut self.control {
-            control.record(drafted, accepted);
-            let cycles_s = (s.draft_time + s.verify_time).as_secs_f64();
-            let measured = if cycles_s > 0.0 { s.committed as f64 * control.plain_step_s() / cycles_s } else { 0.0 };
-            s.control = Some(Box::new(ControlStats {
-                depth_now: control.depth(),
-                expected_speedup: control.expected_speedup(),
-                measured_speedup: measured,
-                changes: control.changes.clone(),
-            }));
+        let Some(control) = &mut self.active.control else { return };
+        match (self.trying, drafted) {
+            // The plain step before a try (or a try whose grammar let nothing be drafted).
+            (true, 0) => {}
+            (true, _) => control.record_probe(drafted, accepted),
+            (false, _) => control.record(drafted, accepted),
+        }
+        if self.trying && drafted > 0 {
+            self.settle_try();
+        }
+        let Some(control) = &self.active.control else { return };
+        let s = &mut self.stats;
+        let cycles_s = (s.draft_time + s.verify_time).as_secs_f64();
+        let measured = if cycles_s > 0.0 { s.committed as f64 * control.plain_step_s() / cycles_s } else { 0.0 };
+        let mut changes = control.changes.clone();
+        if let Some(other) = self.standby.as_ref().and_then(|s| s.control.as_ref()) {
+            changes.merge(&other.changes);
+        }
+        s.control = Some(Box::new(ControlStats {
+            depth_now: control.depth(),
+            expected_speedup: control.expected_speedup(),
+            measured_speedup: measured,
+            drafter_now: self.active.drafter.draft_with(),
+            switches: self.choice.switches,
+            changes,
+        }));
+    }
+
+    /// After a cycle that tried the drafter standing by: it stays in use if it now promises
+    /// more than the one it replaced, else that one comes back.
+    fn settle_try(&mut self) {
+        self.trying = false;
+        let tried = self.active.control.as_ref();
+        let other = self.standby.as_ref().and_then(|s| s.control.as_ref());
+        let keep = match (tried, other) {
+            (Some(tried), Some(other)) => self.choice.keep_tried(tried, other),
+            _ => false,
+        };
+        if !keep {
+            self.swap();
         }
     }
 

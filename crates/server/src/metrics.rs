@@ -160,7 +160,7 @@ impl Metrics {
         r.register("mtp_accepted", "MTP drafts accepted, by draft position", m.accepted.clone());
         r.register(
             "draft_depth_changes",
-            "The runtime depth controller's changes, by kind (deeper, shallower, to_plain, from_plain)",
+            "The runtime depth controller's changes, by kind (deeper, shallower, to_plain, from_plain; drafter_switch: between the MTP head and the block drafter)",
             m.depth_changes.clone(),
         );
         r.register("draft_depth", "The draft depth the depth controller runs at now (0: plain)", m.depth_now.clone());
@@ -258,6 +258,7 @@ impl Metrics {
                 ("shallower", c.shallower),
                 ("to_plain", c.to_plain),
                 ("from_plain", c.from_plain),
+                ("drafter_switch", control.switches),
             ] {
                 self.depth_changes.get_or_create(&vec![("change".to_string(), kind.to_string())]).inc_by(n as u64);
             }

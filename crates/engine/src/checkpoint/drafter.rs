@@ -24,6 +24,8 @@ pub struct DrafterOptions {
     pub causal: bool,
     /// Every layer a sliding-attention layer of this window (`None`: full attention).
     pub sliding_window: Option<i32>,
+    /// The MLPs' width (`None`: twice the hidden size).
+    pub intermediate_size: Option<i32>,
 }
 
 impl DrafterOptions {
@@ -32,8 +34,28 @@ impl DrafterOptions {
         let last = (target.num_hidden_layers.max(1) - 1) as usize;
         let mut target_layers = vec![1.min(last), last];
         target_layers.dedup();
-        DrafterOptions { tensors, layers: 1, block_size: 8, target_layers, causal: false, sliding_window: None }
+        DrafterOptions {
+            tensors,
+            layers: 1,
+            block_size: 8,
+            target_layers,
+            causal: false,
+            sliding_window: None,
+            intermediate_size: None,
+        }
     }
+}
+
+/// The target layers a z-lab drafter of `draft_layers` layers reads from a target of
+/// `target_layers`: its middle one for a single layer, else from the second layer to the
+/// fourth from last, evenly spread.
+pub fn spread_taps(target_layers: usize, draft_layers: usize) -> Vec<usize> {
+    if draft_layers <= 1 || target_layers < 5 {
+        return vec![target_layers / 2];
+    }
+    let (start, end) = (1.0, (target_layers - 3) as f64);
+    let step = (end - start) / (draft_layers - 1) as f64;
+    (0..draft_layers).map(|i| (start + i as f64 * step).round() as usize).collect()
 }
 
 /// Writes a drafter for the target whose config is `target` into `out`.
@@ -51,7 +73,7 @@ pub fn make_drafter(target: &ModelConfig, opts: &DrafterOptions, out: &Path) -> 
         "num_attention_heads": target.num_attention_heads,
         "num_key_value_heads": target.num_key_value_heads,
         "head_dim": hd,
-        "intermediate_size": 2 * h,
+        "intermediate_size": opts.intermediate_size.unwrap_or(2 * h),
         "hidden_act": "silu",
         "rms_norm_eps": target.rms_norm_eps,
         "rope_theta": target.rope_theta(),

@@ -64,7 +64,8 @@ impl Images {
         Ok(shift)
     }
 
-    /// Feeds `head[range]`; what the drafter reads at them ([`ImagePrefill::pass`], lazy).
+    /// Feeds `head[range]`: the final hidden states and the tapped layers' outputs, or the
+    /// hidden states again without `taps` ([`ImagePrefill::pass`], lazy).
     pub(super) fn feed(
         &self,
         model: &dyn LanguageModel,
@@ -72,12 +73,12 @@ impl Images {
         range: std::ops::Range<usize>,
         cache: &mut Cache,
         taps: Option<&[usize]>,
-    ) -> Result<mlx_rs::Array> {
+    ) -> Result<(mlx_rs::Array, mlx_rs::Array)> {
         let prefill = self
             .prefill
             .as_ref()
             .ok_or_else(|| Error::Request("a prompt with images fed before its prefill".into()))?;
-        Ok(prefill.pass(model, head, range, cache, taps)?.1)
+        prefill.pass(model, head, range, cache, taps)
     }
 
     /// How far the positions after the whole prompt run from their index.

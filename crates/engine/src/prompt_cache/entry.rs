@@ -108,6 +108,9 @@ pub(super) fn joined(pieces: &[Rc<Piece>], layer: usize, from: usize, to: usize,
     }
 }
 
+/// Keys and values per layer (`None`: a layer that keeps none, linear attention).
+pub(super) type LayerPairs = Vec<Option<(Array, Array)>>;
+
 /// What a request restores: the state after `len` prompt tokens.
 pub struct Hit {
     pub len: usize,
@@ -150,7 +153,7 @@ impl Entry {
     pub(super) fn new(
         tokens: Vec<u32>,
         kv: Vec<Option<(Array, Array)>>,
-        drafter: Option<(DraftWith, Vec<Option<(Array, Array)>>)>,
+        drafter: Option<(DraftWith, LayerPairs)>,
         checkpoints: Vec<Checkpoint>,
         last_used: u64,
     ) -> Self {

@@ -1,0 +1,159 @@
+//! One drafter's side of a speculating request: its own cache, the trunk positions it has not
+//! seen yet, and the controller of its depth. A request that may switch drafters holds two
+//! (the one in use and the one standing by); both are told every position the trunk
+//! processes, and each takes them in when it next drafts.
+
+use mlx_rs::ops::indexing::IndexOp;
+use mlx_rs::transforms::eval;
+use mlx_rs::{ops, Array};
+
+use crate::cache::Cache;
+use crate::depth_control::DepthController;
+use crate::error::Result;
+use crate::models::{BlockDrafter, LanguageModel, MtpHead};
+use crate::speculation::DraftWith;
+
+/// What writes the drafts.
+#[derive(Clone, Copy)]
+pub enum Drafter<'m> {
+    /// The model's multi-token-prediction head, one draft per step.
+    Mtp(&'m MtpHead),
+    /// A DFlash drafter: a block of drafts in one pass.
+    Block(&'m BlockDrafter),
+}
+
+impl Drafter<'_> {
+    pub fn draft_with(self) -> DraftWith {
+        match self {
+            Drafter::Mtp(_) => DraftWith::Mtp,
+            Drafter::Block(_) => DraftWith::Block,
+        }
+    }
+}
+
+/// Positions the drafter standing by may fall behind before it takes them in: it holds their
+/// features meanwhile, and a drafter that is never used again must not hold a whole answer's.
+const MOST_BEHIND: usize = 256;
+
+pub(super) struct Slot<'m> {
+    pub(super) drafter: Drafter<'m>,
+    /// The drafter's own cache: the MTP head's layers, or a block drafter's context.
+    pub(super) cache: Cache,
+    /// Trunk features whose next tokens (`pending_tokens`) are known but which the drafter
+    /// has not seen yet, in parts joined when used (a part a cycle or a plain step: joining
+    /// them one by one would copy a long plain stretch's features again at every step).
+    pending: Vec<Array>,
+    pub(super) pending_tokens: Vec<u32>,
+    /// The trunk's features at the last position the drafter was told of.
+    pub(super) last_hidden: Option<Array>,
+    /// Chooses this drafter's depth from its live acceptance, when on.
+    pub(super) control: Option<DepthController>,
+}
+
+impl<'m> Slot<'m> {
+    pub(super) fn new(drafter: Drafter<'m>) -> Self {
+        let cache = match drafter {
+            Drafter::Mtp(head) => head.new_cache(),
+            Drafter::Block(block) => block.new_cache(),
+        };
+        Slot { drafter, cache, pending: Vec::new(), pending_tokens: Vec::new(), last_hidden: None, control: None }
+    }
+
+    /// Shows the drafter trunk positions it has not seen: their `features` [1, L, F] and the
+    /// tokens after them (`next_tokens`, L of them).
+    fn show(&mut self, model: &dyn LanguageModel, features: &Array, next_tokens: &[u32]) -> Result<()> {
+        match self.drafter {
+            Drafter::Mtp(head) => {
+                let ids = Array::from_slice(next_tokens, &[1, next_tokens.len() as i32]);
+                let _ = head.forward(model, features, &ids, &mut self.cache)?;
+            }
+            Drafter::Block(block) => block.extend(features, &mut self.cache)?,
+        }
+        eval(self.cache.arrays())?;
+        Ok(())
+    }
+
+    /// A prefill chunk: `tokens` were just processed by the trunk, giving `features`
+    /// [1, L, F]. Each trunk position is paired with the token after it.
+    pub(super) fn observe(&mut self, model: &dyn LanguageModel, tokens: &[u32], features: &Array) -> Result<()> {
+        let n = tokens.len() as i32;
+        let mut parts = Vec::new();
+        parts.extend(self.last_hidden.take());
+        let next_tokens = if parts.is_empty() { &tokens[1..] } else { tokens };
+        if n > 1 {
+            parts.push(features.index((.., ..n - 1, ..)));
+        }
+        if !next_tokens.is_empty() {
+            self.show(model, &ops::concatenate(&parts, 1)?, next_tokens)?;
+        }
+        self.last_hidden = Some(features.index((.., n - 1.., ..)));
+        Ok(())
+    }
+
+    /// Decoding starts: `first` is the token sampled after the prompt.
+    pub(super) fn start(&mut self, first: u32) {
+        self.pending = self.last_hidden.take().into_iter().collect();
+        self.pending_tokens = vec![first];
+    }
+
+    /// Positions whose features and next tokens are now known.
+    pub(super) fn push(&mut self, features: Array, tokens: &[u32]) {
+        self.pending.push(features);
+        self.pending_tokens.extend(tokens);
+    }
+
+    /// Replaces what is pending (after a cycle that drafted from it).
+    pub(super) fn replace(&mut self, features: Array, tokens: Vec<u32>) {
+        self.pending = vec![features];
+        self.pending_tokens = tokens;
+    }
+
+    /// The pending features joined [1, L, F], taken (`None` before decoding started).
+    pub(super) fn take_pending(&mut self) -> Result<Option<Array>> {
+        Ok(match std::mem::take(&mut self.pending).as_slice() {
+            [] => None,
+            [one] => Some(one.clone()),
+            parts => Some(ops::concatenate(parts, 1)?),
+        })
+    }
+
+    /// The features at the one pending position, while decoding (after a cycle, or
+    /// [`Slot::catch_up`]).
+    pub(super) fn last_pending(&self) -> Option<&Array> {
+        match (self.pending.as_slice(), self.pending_tokens.len()) {
+            ([one], 1) => Some(one),
+            _ => None,
+        }
+    }
+
+    /// Shows the drafter every pending position but the last (all of them when `fed` holds
+    /// the features at a position the trunk has seen after them, whose next token is not
+    /// known: it becomes the last), so its cache ends one position before the trunk's.
+    pub(super) fn catch_up(&mut self, model: &dyn LanguageModel, fed: Option<&Array>) -> Result<()> {
+        let n = self.pending_tokens.len();
+        let keep = if fed.is_some() { 0 } else { 1 };
+        if n <= keep {
+            if let Some(fed) = fed {
+                self.last_hidden = Some(fed.clone());
+            }
+            return Ok(());
+        }
+        let Some(features) = self.take_pending()? else { return Ok(()) };
+        let k = (n - keep) as i32;
+        let tokens: Vec<u32> = self.pending_tokens.drain(..n - keep).collect();
+        self.show(model, &features.index((.., ..k, ..)), &tokens)?;
+        match fed {
+            Some(fed) => self.last_hidden = Some(fed.clone()),
+            None => self.pending = vec![features.index((.., k.., ..))],
+        }
+        Ok(())
+    }
+
+    /// The drafter standing by takes in what it fell behind by once that is many positions.
+    pub(super) fn keep_near(&mut self, model: &dyn LanguageModel) -> Result<()> {
+        if self.pending_tokens.len() > MOST_BEHIND {
+            self.catch_up(model, None)?;
+        }
+        Ok(())
+    }
+}

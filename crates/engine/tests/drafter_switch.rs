@@ -74,6 +74,16 @@ fn a_request_leaves_a_useless_drafter_for_the_one_standing_by() {
         assert!(control.depth_now > 0, "the useful drafter drafts: {spec:?}");
         assert!(spec.tokens_per_cycle() > 1.5, "{:.2} tokens a cycle: {spec:?}", spec.tokens_per_cycle());
 
+        // Penalties look at drafted and verified positions alike, whichever drafter drafts.
+        let penalties = engine::Penalties { repetition: 1.1, presence: 0.5, frequency: 0.2 };
+        let penalised =
+            GenerateRequest { sampling: SamplingParams { penalties, ..Default::default() }, ..plain.clone() };
+        let (expected, _) = e.generate_text(penalised.clone()).unwrap();
+        let (text, s) = e.generate_text(GenerateRequest { draft_depth: 2, ..penalised }).unwrap();
+        assert_eq!(text, expected, "asked {asked:?}, penalised: the answer changed");
+        let control = s.speculative.unwrap().control.unwrap();
+        assert!(control.switches >= 1, "penalised, asked {asked:?}: {control:?}");
+
         // Sampled, the switch happens too, and the answer is one plain sampling could give
         // (each cycle is exact whichever drafter wrote its drafts: the distribution tests of
         // both drafters hold it).

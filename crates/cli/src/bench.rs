@@ -57,7 +57,7 @@ pub fn run(args: Args) -> Result<()> {
         let mut request = request;
         request.sampling.temperature = args.temp;
         request.sampling.seed = Some(0);
-        return speculative(&engine, &request, &prompts, args.runs);
+        return speculative(&mut engine, &request, &prompts, args.runs);
     }
     let mut decode = Vec::new();
     let mut prefill = Vec::new();
@@ -114,7 +114,37 @@ fn cpu_seconds() -> f64 {
     secs(usage.ru_utime) + secs(usage.ru_stime)
 }
 
-fn speculative(engine: &Engine, request: &GenerateRequest, prompts: &[Vec<u32>], runs: usize) -> Result<()> {
+type Pooled = (f64, Option<engine::speculative::SpecStats>);
+
+/// Every prompt at `depth` drafted by `draft_with` (after one warm-up on the first): pooled
+/// statistics, and tokens over decode time.
+fn decode_all(
+    engine: &Engine,
+    request: &GenerateRequest,
+    prompts: &[Vec<u32>],
+    depth: usize,
+    draft_with: DraftWith,
+) -> Result<Pooled> {
+    let warm = GenerateRequest { draft_depth: depth, draft_with, ..request.clone() };
+    engine.generate_text(warm)?;
+    let (mut tokens, mut seconds, mut pooled) = (0usize, 0f64, None::<engine::speculative::SpecStats>);
+    for prompt in prompts {
+        let req = GenerateRequest { draft_depth: depth, draft_with, prompt: prompt.clone(), ..request.clone() };
+        let (_, s) = engine.generate_text(req)?;
+        let decoded = s.usage.completion_tokens.saturating_sub(1);
+        tokens += decoded;
+        seconds += if s.timings.decode_tps > 0.0 { decoded as f64 / s.timings.decode_tps } else { 0.0 };
+        if let Some(stats) = s.speculative {
+            match &mut pooled {
+                Some(p) => p.merge(&stats),
+                None => pooled = Some(stats),
+            }
+        }
+    }
+    Ok((if seconds > 0.0 { tokens as f64 / seconds } else { 0.0 }, pooled))
+}
+
+fn speculative(engine: &mut Engine, request: &GenerateRequest, prompts: &[Vec<u32>], runs: usize) -> Result<()> {
     // What the MTP head's steps and the block drafter's passes cost (when there are any).
     let costs = match engine.can_draft() {
         true => {
@@ -122,27 +152,8 @@ fn speculative(engine: &Engine, request: &GenerateRequest, prompts: &[Vec<u32>],
         }
         false => None,
     };
-    // Every prompt at this depth: pooled acceptance, and tokens over decode time.
-    let decode = |depth: usize, draft_with: DraftWith| -> Result<(f64, Option<engine::speculative::SpecStats>)> {
-        let warm = GenerateRequest { draft_depth: depth, draft_with, ..request.clone() };
-        engine.generate_text(warm)?;
-        let (mut tokens, mut seconds, mut pooled) = (0usize, 0f64, None::<engine::speculative::SpecStats>);
-        for prompt in prompts {
-            let req = GenerateRequest { draft_depth: depth, draft_with, prompt: prompt.clone(), ..request.clone() };
-            let (_, s) = engine.generate_text(req)?;
-            let decoded = s.usage.completion_tokens.saturating_sub(1);
-            tokens += decoded;
-            seconds += if s.timings.decode_tps > 0.0 { decoded as f64 / s.timings.decode_tps } else { 0.0 };
-            if let Some(stats) = s.speculative {
-                match &mut pooled {
-                    Some(p) => p.merge(&stats),
-                    None => pooled = Some(stats),
-                }
-            }
-        }
-        Ok((if seconds > 0.0 { tokens as f64 / seconds } else { 0.0 }, pooled))
-    };
-    let (plain_tps, _) = decode(0, DraftWith::Mtp)?;
+    let decode = |engine: &Engine, depth, draft_with| decode_all(engine, request, prompts, depth, draft_with);
+    let (plain_tps, _) = decode(engine, 0, DraftWith::Mtp)?;
     if let Some(costs) = &costs {
         let head = match (costs.draft_step_s, costs.draft_ratio()) {
             (Some(s), Some(r)) => format!(", MTP draft step {:.3} ms ({r:.2}x)", s * 1e3),
@@ -174,7 +185,7 @@ fn speculative(engine: &Engine, request: &GenerateRequest, prompts: &[Vec<u32>],
     let shown = |x: Option<f64>| x.map_or("-".to_string(), |x| format!("{x:.2}"));
     for (depth, draft_with) in runs {
         let drafter = if draft_with == DraftWith::Mtp { "mtp" } else { "block" };
-        let (tps, stats) = decode(depth, draft_with)?;
+        let (tps, stats) = decode(engine, depth, draft_with)?;
         let stats = stats.unwrap_or_default();
         let acceptance = stats.acceptance();
         let acc_text: Vec<String> = acceptance.iter().map(|a| format!("{:.0}%", a * 100.0)).collect();
@@ -194,6 +205,31 @@ fn speculative(engine: &Engine, request: &GenerateRequest, prompts: &[Vec<u32>],
             "tokens_per_cycle": stats.tokens_per_cycle(), "decode_tps": tps,
             "speedup_bound": bound, "speedup_bound_full_acceptance": best,
         }));
+    }
+    // The runtime controller with the costs measured above, from MTP depth 2 and from block
+    // depth 3: where the model has both drafters the other stands by and may take over.
+    if let Some(c) = &costs {
+        engine.set_depth_costs(Some(engine::depth_control::CostModel::from(c)));
+        let starts = [(2, DraftWith::Mtp, mtp_depths > 0), (3, DraftWith::Block, block_depths >= 3)];
+        for (depth, draft_with, _) in starts.into_iter().filter(|s| s.2) {
+            let (tps, stats) = decode(engine, depth, draft_with)?;
+            let stats = stats.unwrap_or_default();
+            let control = stats.control.clone().unwrap_or_default();
+            eprintln!(
+                "controller from {} depth {depth}: {tps:.1} tok/s, {:.2} tokens a cycle; at the end {} depth {}, \
+                 {} drafter switch(es), {:?}",
+                draft_with.name(),
+                stats.tokens_per_cycle(),
+                control.drafter_now.name(),
+                control.depth_now,
+                control.switches,
+                control.changes
+            );
+            rows.push(serde_json::json!({
+                "drafter": draft_with.name(), "depth": depth, "controller": true, "acceptance": stats.acceptance(),
+                "tokens_per_cycle": stats.tokens_per_cycle(), "decode_tps": tps, "control": control,
+            }));
+        }
     }
     println!(
         "{}",

@@ -197,6 +197,12 @@ impl DepthController {
         self.probes
     }
 
+    /// While plain: the other drafter, tried in this one's probe turn, did not take over;
+    /// this one's probes grow rarer as after a failed probe of its own.
+    pub fn probe_elsewhere_failed(&mut self) {
+        self.probe_every = (2 * self.probe_every).min(MAX_PROBE_EVERY);
+    }
+
     /// The depth decided on (a probe's one cycle aside).
     pub fn depth(&self) -> usize {
         self.depth
@@ -315,6 +321,8 @@ impl DepthController {
 pub struct DrafterChoice {
     wait: usize,
     every: usize,
+    /// While the drafter in use is plain: whether the next probe is the other one's.
+    others_turn: bool,
     pub switches: usize,
 }
 
@@ -326,7 +334,14 @@ impl Default for DrafterChoice {
 
 impl DrafterChoice {
     pub fn new() -> Self {
-        DrafterChoice { wait: 0, every: TRY_STANDBY_EVERY, switches: 0 }
+        DrafterChoice { wait: 0, every: TRY_STANDBY_EVERY, others_turn: true, switches: 0 }
+    }
+
+    /// A plain drafter's probe is due: whether it goes to the drafter standing by (every
+    /// other one does, so two drafters probe no more often than one).
+    pub fn take_turn(&mut self) -> bool {
+        self.others_turn = !self.others_turn;
+        !self.others_turn
     }
 
     /// Counts a cycle or plain step; whether the next one tries the drafter standing by.

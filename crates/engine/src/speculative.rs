@@ -376,13 +376,20 @@ impl<'m> Speculator<'m> {
         if let Some(depth) = self.decided {
             return depth;
         }
-        let depth = if self.standby.is_some() && self.choice.try_standby() {
+        // While plain with probes, the probes alternate between the drafters (trying the one
+        // standing by in their turn); otherwise it is tried on its own schedule.
+        let plain_probing = self.active.control.as_ref().is_some_and(|c| c.depth() == 0 && c.can_pay());
+        let scheduled = self.standby.is_some() && !plain_probing && self.choice.try_standby();
+        let mut depth = match scheduled {
+            true => 0,
+            false => self.active.control.as_mut().map_or(self.depth, |c| c.next_depth()),
+        };
+        let its_turn = plain_probing && depth > 0 && self.standby.is_some() && self.choice.take_turn();
+        if scheduled || its_turn {
             self.swap();
             self.trying = true;
-            self.active.control.as_ref().map_or(1, |c| c.depth().max(1))
-        } else {
-            self.active.control.as_mut().map_or(self.depth, |c| c.next_depth())
-        };
+            depth = self.active.control.as_ref().map_or(1, |c| c.depth().max(1));
+        }
         self.decided = Some(depth);
         depth
     }
@@ -701,6 +708,11 @@ impl<'m> Speculator<'m> {
         };
         if !keep {
             self.swap();
+            // A try in a plain drafter's probe turn failed as its own probe would have: its
+            // probes grow rarer alike.
+            if let Some(control) = self.active.control.as_mut().filter(|c| c.depth() == 0) {
+                control.probe_elsewhere_failed();
+            }
         }
     }
 

@@ -555,4 +555,34 @@ mod tests {
         run(&mut c, 1.0, 8 * MAX_PROBE_EVERY);
         assert!(c.depth() > 0, "{:?}", c.reach);
     }
+
+    /// Two drafters: a plain drafter's probe turns alternate with tries of the other; a try
+    /// that takes over resets the schedule, one that does not makes tries (and, in a plain
+    /// drafter's turn, its probes) rarer; an untuned drafter may go as deep as its costs.
+    #[test]
+    fn two_drafters_take_turns_and_a_better_one_takes_over() {
+        let mut choice = DrafterChoice::new();
+        let turns: Vec<bool> = (0..4).map(|_| choice.take_turn()).collect();
+        assert_eq!(turns, [true, false, true, false]);
+        let tries = |choice: &mut DrafterChoice, n| (0..n).filter(|_| choice.try_standby()).count();
+        assert_eq!(tries(&mut choice, TRY_STANDBY_EVERY), 1);
+
+        let block = DepthController::untuned(costs(), DraftWith::Block);
+        assert_eq!((block.depth(), block.max_depth), (1, 7));
+        let mut good = DepthController::untuned(costs(), DraftWith::Block);
+        good.record_probe(1, 1);
+        let mut plain = mtp(costs(), 1);
+        run(&mut plain, 0.0, EVERY);
+        assert_eq!(plain.depth(), 0);
+        assert!(choice.keep_tried(&good, &plain), "{:?}", good.reach);
+        assert_eq!(choice.switches, 1);
+        let mut bad = DepthController::untuned(costs(), DraftWith::Block);
+        bad.record_probe(1, 0);
+        assert!(!choice.keep_tried(&bad, &good));
+        assert_eq!(tries(&mut choice, 2 * TRY_STANDBY_EVERY), 1, "twice as long after a try that failed");
+
+        let every = plain.probe_every;
+        plain.probe_elsewhere_failed();
+        assert_eq!(plain.probe_every, (2 * every).min(MAX_PROBE_EVERY));
+    }
 }

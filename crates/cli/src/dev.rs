@@ -24,16 +24,8 @@ pub enum Command {
         /// The MLPs' width (default: twice the hidden size).
         #[arg(long)]
         intermediate_size: Option<i32>,
-        /// Quantize matrices to this many bits; omit for floating point.
-        #[arg(long)]
-        bits: Option<i32>,
-        #[arg(long, default_value_t = 64)]
-        group_size: i32,
-        /// f32, bf16, f16.
-        #[arg(long, default_value = "bf16")]
-        dtype: String,
-        #[arg(long, default_value_t = 0)]
-        seed: u64,
+        #[command(flatten)]
+        tensors: TensorArgs,
         #[arg(long)]
         out: PathBuf,
     },
@@ -268,14 +260,9 @@ fn ops(model: &std::path::Path, contexts: &[usize], prefill: Option<usize>, json
     Ok(())
 }
 
+/// How made tensors are stored (checkpoints and drafters alike).
 #[derive(clap::Args)]
-pub struct MakeArgs {
-    /// qwen3, qwen3_moe, qwen3_next, qwen3_5 or qwen3_5_moe.
-    #[arg(long, default_value = "qwen3")]
-    arch: String,
-    /// tiny, small, 0.6b, 8b, 32b (qwen3); tiny, small, 30b-a3b (qwen3_moe); tiny, small (hybrids).
-    #[arg(long, default_value = "tiny")]
-    preset: String,
+pub struct TensorArgs {
     /// Quantize matrices to this many bits (2, 3, 4, 5, 6, 8); omit for floating point.
     #[arg(long)]
     bits: Option<i32>,
@@ -284,14 +271,34 @@ pub struct MakeArgs {
     /// Floating-point type of unquantized weights and of scales: f32, bf16, f16.
     #[arg(long, default_value = "bf16")]
     dtype: String,
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+}
+
+impl TensorArgs {
+    fn apply(&self, opts: &mut MakeOptions) -> Result<()> {
+        (opts.bits, opts.group_size, opts.dtype, opts.seed) =
+            (self.bits, self.group_size, parse_dtype(&self.dtype)?, self.seed);
+        Ok(())
+    }
+}
+
+#[derive(clap::Args)]
+pub struct MakeArgs {
+    /// qwen3, qwen3_moe, qwen3_next, qwen3_5 or qwen3_5_moe.
+    #[arg(long, default_value = "qwen3")]
+    arch: String,
+    /// tiny, small, 0.6b, 8b, 32b (qwen3); tiny, small, 30b-a3b (qwen3_moe); tiny, small (hybrids).
+    #[arg(long, default_value = "tiny")]
+    preset: String,
+    #[command(flatten)]
+    tensors: TensorArgs,
     /// Tie (true) or untie (false) input and output embeddings, overriding the preset.
     #[arg(long)]
     tie: Option<bool>,
     /// Decoder layers, overriding the preset's.
     #[arg(long)]
     layers: Option<i32>,
-    #[arg(long, default_value_t = 0)]
-    seed: u64,
     /// Hybrid models: also write a multi-token-prediction head (mtp.*).
     #[arg(long)]
     mtp: bool,
@@ -308,22 +315,10 @@ pub struct MakeArgs {
 pub fn run(cmd: Command) -> Result<()> {
     let a = match cmd {
         Command::MakeCheckpoint(a) => a,
-        Command::MakeDrafter {
-            target,
-            layers,
-            block_size,
-            taps,
-            intermediate_size,
-            bits,
-            group_size,
-            dtype,
-            seed,
-            out,
-        } => {
+        Command::MakeDrafter { target, layers, block_size, taps, intermediate_size, tensors: tensor_args, out } => {
             let config = engine::ModelConfig::load(&target)?;
             let mut tensors = MakeOptions::new(Architecture::Qwen3, "tiny");
-            (tensors.bits, tensors.group_size, tensors.dtype, tensors.seed) =
-                (bits, group_size, parse_dtype(&dtype)?, seed);
+            tensor_args.apply(&mut tensors)?;
             let mut opts = DrafterOptions::new(&config, tensors);
             opts.target_layers = match taps.is_empty() {
                 true => spread_taps(config.num_hidden_layers.max(1) as usize, layers.max(1) as usize),
@@ -371,14 +366,10 @@ pub fn run(cmd: Command) -> Result<()> {
             return perplexity(&model, &text, tokens, skip, window, chunk)
         }
     };
-    let dtype = parse_dtype(&a.dtype)?;
     let mut opts = MakeOptions::new(Architecture::parse(&a.arch)?, &a.preset);
-    opts.bits = a.bits;
-    opts.group_size = a.group_size;
-    opts.dtype = dtype;
+    a.tensors.apply(&mut opts)?;
     opts.tie_embeddings = a.tie;
     opts.layers = a.layers;
-    opts.seed = a.seed;
     opts.shard_bytes = a.shard_mib.max(1) << 20;
     opts.mtp = a.mtp;
     opts.layout = match a.layout.as_str() {

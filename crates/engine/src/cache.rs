@@ -138,6 +138,8 @@ impl LinearState {
         self.recurrent = Some(self.steps[(keep - 1) as usize].clone());
         self.offset -= n;
         self.steps.truncate(keep as usize);
+        // What is left can be rolled back further (an answer that ended inside the cycle).
+        self.conv_window = Some(window.index((.., ..tail + keep, ..)));
         Ok(())
     }
 

@@ -446,6 +446,23 @@ impl<'m> Speculator<'m> {
         self.active.last_hidden = last_hidden;
     }
 
+    /// The answer ended before the last `n` positions the trunk verified (their tokens are
+    /// not the answer's): the drafters forget them as the trunk rolls them back.
+    pub(crate) fn forget_last(&mut self, mut n: usize) -> Result<()> {
+        // After plain steps the last position fed is `fed`'s (its next token is not known).
+        if n > 0 && self.fed.take().is_some() {
+            n -= 1;
+        }
+        if n == 0 {
+            return Ok(());
+        }
+        self.active.forget_last(n)?;
+        if let Some(standby) = &mut self.standby {
+            standby.forget_last(n)?;
+        }
+        Ok(())
+    }
+
     /// Starts decoding: `first` is the token sampled after the prompt.
     pub fn start(&mut self, first: u32, trunk_cache: &mut Cache) {
         self.active.start(first);

@@ -48,6 +48,20 @@ fn engine_with_useless(useless: DraftWith, scratch: &Path) -> Engine {
     e
 }
 
+/// A request's tokens, and how many prompt tokens came from the prompt cache.
+fn tokens_of(e: &Engine, request: GenerateRequest) -> (Vec<u32>, usize) {
+    let mut generation = e.generate(request, Default::default()).unwrap();
+    let mut cached = None;
+    for event in generation.by_ref() {
+        if let engine::Event::Finished(s) = event.unwrap() {
+            cached = Some(s.usage.cached_tokens);
+        }
+    }
+    let tokens = generation.tokens().to_vec();
+    drop(generation);
+    (tokens, cached.unwrap())
+}
+
 fn heldout_prompt() -> Vec<u32> {
     let windows: Vec<Vec<u32>> = serde_json::from_str(
         &std::fs::read_to_string(common::repo_root().join("bench/prompts/heldout-code.json")).unwrap(),
@@ -83,6 +97,18 @@ fn a_request_leaves_a_useless_drafter_for_the_one_standing_by() {
         assert_eq!(text, expected, "asked {asked:?}, penalised: the answer changed");
         let control = s.speculative.unwrap().control.unwrap();
         assert!(control.switches >= 1, "penalised, asked {asked:?}: {control:?}");
+
+        // The next turn (the answer and more) restores the state the switching request kept:
+        // its first drafter's, caught up to the answer's end, and stays exact.
+        let (answer, _) = tokens_of(&e, GenerateRequest { draft_depth: 2, ..plain.clone() });
+        let next: Vec<u32> = [plain.prompt.clone(), answer, vec![11, 12, 13]].concat();
+        let next_plain = GenerateRequest { prompt: next.clone(), max_tokens: 40, ..plain.clone() };
+        let (expected_next, _) = tokens_of(&e, next_plain.clone());
+        e.clear_prompt_cache();
+        let _ = tokens_of(&e, GenerateRequest { draft_depth: 2, ..plain.clone() });
+        let (tokens, cached) = tokens_of(&e, GenerateRequest { draft_depth: 2, ..next_plain });
+        assert_eq!(tokens, expected_next, "asked {asked:?}: the next turn changed");
+        assert!(cached > plain.prompt.len(), "asked {asked:?}: {cached} cached");
 
         // Sampled, the switch happens too, and the answer is one plain sampling could give
         // (each cycle is exact whichever drafter wrote its drafts: the distribution tests of

@@ -117,6 +117,20 @@ impl<'m> Slot<'m> {
         })
     }
 
+    /// Drops the last `n` pending positions (at least one stays).
+    pub(super) fn forget_last(&mut self, n: usize) -> Result<()> {
+        let keep = self.pending_tokens.len().checked_sub(n).filter(|&k| k > 0).ok_or_else(|| {
+            crate::error::Error::Request(format!(
+                "cannot forget {n} of {} pending positions",
+                self.pending_tokens.len()
+            ))
+        })?;
+        let Some(features) = self.take_pending()? else { return Ok(()) };
+        self.pending = vec![features.index((.., ..keep as i32, ..))];
+        self.pending_tokens.truncate(keep);
+        Ok(())
+    }
+
     /// The features at the one pending position, while decoding (after a cycle, or
     /// [`Slot::catch_up`]).
     pub(super) fn last_pending(&self) -> Option<&Array> {

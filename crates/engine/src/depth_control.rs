@@ -159,15 +159,27 @@ impl DepthController {
     /// accepted.
     pub fn new(costs: CostModel, with: DraftWith, tuned: usize) -> Self {
         let max_depth = (tuned + 1).min(costs.deepest(with));
+        DepthController::ranging(costs, with, tuned, max_depth)
+    }
+
+    /// A drafter no tuning chose for the request, standing by beside the one in use: it
+    /// starts at depth 1 and may go as deep as the cost model covers.
+    pub fn untuned(costs: CostModel, with: DraftWith) -> Self {
+        let deepest = costs.deepest(with);
+        DepthController::ranging(costs, with, 1, deepest)
+    }
+
+    /// Starts at `start` drafts (within `max_depth`).
+    fn ranging(costs: CostModel, with: DraftWith, start: usize, max_depth: usize) -> Self {
         // Not even a perfect drafter beats plain decoding here: probes would only cost.
         let probes = costs.ceiling(with, max_depth) > 1.0;
         // Tuned to plain decoding: the tuner found no drafts paying, evidence like a request's.
-        let probe_evidence = if tuned == 0 { (0.0, PLAIN_PRIOR) } else { (0.0, 0.0) };
+        let probe_evidence = if start == 0 { (0.0, PLAIN_PRIOR) } else { (0.0, 0.0) };
         DepthController {
             costs,
             with,
             max_depth,
-            depth: tuned.min(max_depth),
+            depth: start.min(max_depth),
             reach: vec![0.0; max_depth],
             seen: vec![0; max_depth],
             cycles_since_decision: 0,
@@ -178,18 +190,6 @@ impl DepthController {
             probes,
             changes: DepthChanges::default(),
         }
-    }
-
-    /// A drafter no tuning chose for the request, standing by beside the one in use: it
-    /// starts at depth 1 and may go as deep as the cost model covers.
-    pub fn untuned(costs: CostModel, with: DraftWith) -> Self {
-        let deepest = costs.deepest(with);
-        let mut control = DepthController::new(costs, with, 1.min(deepest));
-        control.max_depth = deepest;
-        control.reach = vec![0.0; deepest];
-        control.seen = vec![0; deepest];
-        control.probes = control.costs.ceiling(with, deepest) > 1.0;
-        control
     }
 
     /// Whether some depth would pay with every draft accepted.

@@ -515,11 +515,11 @@ impl Generation<'_> {
     /// every token fed to the model: the prompt, then the answer but its last token.
     fn keep_answer_state(&mut self) {
         let mut fed = self.cache.offset() as usize;
-        let prompt = &self.request.prompt;
+        let prompt = self.request.prompt.len();
         // A speculative answer that ended inside a cycle (its end token or its last allowed
         // one among accepted drafts) left the trunk past its last token: the positions after
         // it are rolled back as rejected drafts are, so the state after the answer is kept.
-        let answered = prompt.len() + self.tokens.len();
+        let answered = prompt + self.tokens.len();
         if let (Some(spec), true) = (&mut self.spec, fed >= answered && !self.tokens.is_empty()) {
             let excess = fed + 1 - answered;
             if self.cache.rollback(excess as i32).is_err() || spec.forget_last(excess).is_err() {
@@ -527,8 +527,7 @@ impl Generation<'_> {
             }
             fed = answered - 1;
         }
-        let prompt = &self.request.prompt;
-        let out = fed <= prompt.len() || fed > prompt.len() + self.tokens.len();
+        let out = fed <= prompt || fed > answered;
         if out || self.cancelled().unwrap_or(true) {
             return;
         }

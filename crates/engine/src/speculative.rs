@@ -137,9 +137,9 @@ pub struct Speculator<'m> {
     /// other one, told every position too, tried now and then ([`DrafterChoice`]) and put in
     /// use when it promises more.
     standby: Option<Slot<'m>>,
-    /// Whether `active` is the drafter the request started with: the one whose state the
-    /// prompt cache keeps and restores (its checkpoints hold that drafter's features).
-    home_active: bool,
+    /// The drafter the request started with: the one whose state the prompt cache keeps and
+    /// restores (its checkpoints hold that drafter's features).
+    home: DraftWith,
     /// The other drafter, until depth control decides whether it stands by.
     other: Option<Drafter<'m>>,
     choice: DrafterChoice,
@@ -194,7 +194,7 @@ impl<'m> Speculator<'m> {
             model,
             active: Slot::new(drafter),
             standby: None,
-            home_active: true,
+            home: with,
             other,
             choice: DrafterChoice::new(),
             trying: false,
@@ -260,17 +260,28 @@ impl<'m> Speculator<'m> {
         std::iter::once(&self.active).chain(&self.standby)
     }
 
+    fn slots_mut(&mut self) -> impl Iterator<Item = &mut Slot<'m>> {
+        std::iter::once(&mut self.active).chain(&mut self.standby)
+    }
+
     /// The drafter the request started with (the prompt cache's).
     fn home(&self) -> &Slot<'m> {
-        match (&self.standby, self.home_active) {
-            (Some(standby), false) => standby,
-            _ => &self.active,
-        }
+        self.slots().find(|s| s.drafter.draft_with() == self.home).unwrap_or(&self.active)
     }
 
     /// What the request started drafting with: whose state the prompt cache keeps for it.
     pub fn draft_with(&self) -> DraftWith {
-        self.home().drafter.draft_with()
+        self.home
+    }
+
+    /// The drafter standing by is told positions whose next tokens are now known (its part
+    /// of their features), and takes them in once it has fallen far behind.
+    fn tell_standby(&mut self, part: Option<Array>, tokens: &[u32]) -> Result<()> {
+        if let (Some(standby), Some(part)) = (&mut self.standby, part) {
+            standby.push(part, tokens);
+            standby.keep_near(self.model)?;
+        }
+        Ok(())
     }
 
     /// Lets the depth follow the request's acceptance ([`DepthController`]), from the depth
@@ -292,9 +303,10 @@ impl<'m> Speculator<'m> {
         }));
         self.active.control = Some(control);
         if let Some(other) = self.other.take() {
-            let control = DepthController::untuned(costs.clone(), other.draft_with());
+            let deepest = costs.deepest(other.draft_with());
+            let control = DepthController::untuned(costs, other.draft_with());
             if control.can_pay() {
-                positions = positions.max(costs.deepest(other.draft_with()));
+                positions = positions.max(deepest);
                 let mut slot = Slot::new(other);
                 slot.control = Some(control);
                 self.standby = Some(slot);
@@ -307,9 +319,8 @@ impl<'m> Speculator<'m> {
     /// Runs the drafters' own attention positions `shift` from their index, as the trunk's
     /// after a prompt with images ([`crate::vision::ImagePrefill::shift_at`]).
     pub(crate) fn shift_positions(&mut self, shift: i32) {
-        self.active.cache.set_rope_shift(shift);
-        if let Some(standby) = &mut self.standby {
-            standby.cache.set_rope_shift(shift);
+        for slot in self.slots_mut() {
+            slot.cache.set_rope_shift(shift);
         }
     }
 
@@ -398,7 +409,6 @@ impl<'m> Speculator<'m> {
     fn swap(&mut self) {
         if let Some(standby) = &mut self.standby {
             std::mem::swap(&mut self.active, standby);
-            self.home_active = !self.home_active;
         }
     }
 
@@ -417,10 +427,7 @@ impl<'m> Speculator<'m> {
             self.fed.take().ok_or_else(|| Error::Request("a plain step's token without its hidden state".into()))?;
         let (mine, standby_part) = self.split(&features);
         self.active.push(mine, &[token]);
-        if let (Some(standby), Some(part)) = (&mut self.standby, standby_part) {
-            standby.push(part, &[token]);
-            standby.keep_near(self.model)?;
-        }
+        self.tell_standby(standby_part, &[token])?;
         self.remember(&[token]);
         self.account(0, 0, 1, Duration::ZERO, fed_at.elapsed());
         Ok(())
@@ -456,22 +463,18 @@ impl<'m> Speculator<'m> {
         if n == 0 {
             return Ok(());
         }
-        self.active.forget_last(n)?;
-        if let Some(standby) = &mut self.standby {
-            standby.forget_last(n)?;
-        }
-        Ok(())
+        self.slots_mut().try_for_each(|slot| slot.forget_last(n))
     }
 
     /// Starts decoding: `first` is the token sampled after the prompt.
     pub fn start(&mut self, first: u32, trunk_cache: &mut Cache) {
-        self.active.start(first);
-        if let Some(standby) = &mut self.standby {
-            standby.start(first);
+        for slot in self.slots_mut() {
+            slot.start(first);
         }
         self.remember(&[first]);
         trunk_cache.set_record(true);
     }
+
     /// One draft-verify cycle; returns the committed tokens (1 to depth + 1).
     ///
     /// Under a grammar (`constraint`, whose state must have a mask: the caller checked) each
@@ -664,10 +667,7 @@ impl<'m> Speculator<'m> {
             self.active.push(hidden, &[]);
             self.active.push(mine, &committed);
         }
-        if let (Some(standby), Some(part)) = (&mut self.standby, standby_part) {
-            standby.push(part, &committed);
-            standby.keep_near(self.model)?;
-        }
+        self.tell_standby(standby_part, &committed)?;
         self.remember(&committed);
         self.account(d, accepted, committed.len(), verified_at - started, now - verified_at);
         Ok(committed)

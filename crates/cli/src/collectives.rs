@@ -34,9 +34,7 @@ pub fn run(backend: &str, rounds: usize, failure: Failure) -> Result<()> {
             die();
         }
         if rank > 0 && failure.stall_after == Some(round) {
-            loop {
-                std::thread::park();
-            }
+            stay_silent(rank, round_done);
         }
         println!("{}", serde_json::to_string(&group.check()?)?);
         let _ = round_done.send(());
@@ -67,6 +65,16 @@ fn watch_rounds(rank: usize) -> mpsc::Sender<()> {
         }
     });
     round_done
+}
+
+/// Answers nothing for twice [`ROUND_LIMIT`], then ends this process with an error. Its own
+/// watch stops first: were it to fire at the same limit as the peers' watches, this rank could
+/// end first and its peers would see a lost connection instead of a silent peer.
+fn stay_silent(rank: usize, round_done: mpsc::Sender<()>) -> ! {
+    drop(round_done);
+    std::thread::sleep(2 * ROUND_LIMIT);
+    eprintln!("error: rank {rank}: stayed silent for {} s on purpose", (2 * ROUND_LIMIT).as_secs());
+    std::process::exit(1)
 }
 
 /// Ends this process the way a crash or `kill -9` does: no destructors run. (A clean exit would

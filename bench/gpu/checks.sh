@@ -31,6 +31,9 @@
 #                   make-drafter`) beside the dense 8B shape: `ferrite bench --spec` times its
 #                   block passes and the verify passes against plain steps (random weights:
 #                   nothing is accepted; the costs are the point)
+#                   (MATMUL_PATHS: one run each, e.g. "cuda-rows mlx"; default auto)
+#   qmm             bench/qmm_small_m.py: MLX's quantized matmul and the engine's few-rows kernel
+#                   for 1 to 16 rows on the 8B shape's projections, checked against float32
 #   vision          bench/vision.sh: Ferrite's vision tower against mlx-vlm's on the same patches
 #                   (WIDTH, HEIGHT, ROUNDS, RUNS as it reads them; default 1024x768, 3, 3)
 #   ops-35b         `ferrite dev ops` on the 35B-A3B shape, on each delta path, and mlx-lm's count
@@ -116,8 +119,14 @@ for check in "$@"; do
       [ -f "$drafter/config.json" ] || "$FERRITE" dev make-drafter --target "$target" --layers 5 --block-size 16 \
         --intermediate-size 12288 --bits 4 --out "$drafter" > "$res/verify-8b-make.txt" 2>&1
       ids=$(PROMPT_TOKENS=512 prompt_ids)
-      timeout ${VERIFY_TIMEOUT:-300} "$FERRITE" bench --spec --model "$target" --drafter "$drafter" --prompt-ids "$ids" \
-        --gen-tokens 48 --runs 1 > "$res/verify-8b.txt" 2>&1 ;;
+      timeout 60 "$FERRITE" inspect "$target" > "$res/inspect-8b.txt" 2>&1
+      for path in ${MATMUL_PATHS:-auto}; do
+        timeout ${VERIFY_TIMEOUT:-300} "$FERRITE" bench --spec --model "$target" --drafter "$drafter" --prompt-ids "$ids" \
+          --gen-tokens 48 --runs 1 --matmul-path $path > "$res/verify-8b-$path.txt" 2>&1
+        tar -C "$res" -cf "$OUT/results.tar" .
+      done ;;
+    qmm)
+      timeout ${QMM_TIMEOUT:-150} python3 bench/qmm_small_m.py > "$res/qmm.jsonl" 2>&1 ;;
     drafter-bench)
       DRAFTER="${DRAFTER_DIR:-$res/drafter}" BENCH_DIR="$res" timeout 200 bench/acceptance.sh > "$res/drafter-acceptance.txt" 2>&1 ;;
     vision)

@@ -4,7 +4,11 @@
 #   .gpu-carry/run1   the first runtime part
 #   .gpu-carry/runN   one more runtime part each; the last also has the peer's wheels and the
 #                     release `ferrite` (stripped, xz)
-# The runtime's parts come from ../shared/gpu-runtime/pack.sh (made here once, into .gpu).
+# The runtime's parts come from ../shared/gpu-runtime/pack.sh (made here once, into .gpu), cut
+# again here at PART_SIZE (default 30M: three runs, the tree may keep the embedded model's
+# weights, ~23 MB). PART_SIZE=40M packs two runs, one start fewer; then keep
+# assets/models/ferrite-code-20m/model.safetensors out of the tree for both, so only checks
+# that do not load the embedded model fit (qmm, verify-8b, compare-*, ops-35b, delta, batch-8b).
 # Then, back to back (the machine goes back after 30 s idle):
 #   run(carry [".gpu-carry/run1"]): bash .gpu-carry/run1/install.sh .gpu-carry/run1; bench/gpu/checks.sh --binary .gpu-carry/run1
 #   ... one run per part, the same with runN ...; the last one's install prints env.sh, then
@@ -24,10 +28,12 @@ grep -qx '/.gpu-carry/' .git/info/exclude 2>/dev/null || echo /.gpu-carry/ >> .g
 grep -qx '/.gpu/' .git/info/exclude 2>/dev/null || echo /.gpu/ >> .git/info/exclude
 cargo build --release -p ferrite-cli
 rm -rf .gpu-carry && mkdir -p .gpu-carry
+cat .gpu/mlx-cuda.part.* | split -b "${PART_SIZE:-30M}" -a 2 - .gpu-carry/mlx-cuda.part.
+parts=$(ls .gpu-carry/mlx-cuda.part.* | wc -l)
 i=0
-for part in .gpu/mlx-cuda.part.*; do
+for part in .gpu-carry/mlx-cuda.part.*; do
   i=$((i + 1)); dir=.gpu-carry/run$i
-  mkdir -p "$dir"; cp "$part" .gpu/PARTS .gpu/VERSION "$runtime/install.sh" "$dir/"
+  mkdir -p "$dir"; mv "$part" "$dir/"; echo "$parts" > "$dir/PARTS"; cp .gpu/VERSION "$runtime/install.sh" "$dir/"
 done
 objcopy --strip-debug target/release/ferrite .gpu-carry/ferrite
 # The binary rides with the last (smallest) part.

@@ -91,6 +91,7 @@ pub fn run(args: Args) -> Result<()> {
         "backend": engine.backend().to_string(),
         "profile": args.profile.to_string(),
         "delta_path": engine::delta_path::current().name(),
+        "matmul_path": engine::matmul_path::current().name(),
         "cpu_seconds_per_token": cpu_per_token,
         "prompt_tokens": request.prompt.len(),
         "gen_tokens": args.gen_tokens,
@@ -235,6 +236,7 @@ fn speculative(engine: &mut Engine, request: &GenerateRequest, prompts: &[Vec<u3
         "{}",
         serde_json::json!({
             "engine": "ferrite", "backend": engine.backend().to_string(), "temperature": request.sampling.temperature,
+            "matmul_path": engine::matmul_path::current().name(),
             "prompts": prompts.len(), "gen_tokens": request.max_tokens, "plain_decode_tps": plain_tps,
             "plain_step_s": costs.as_ref().map(|c| c.plain_step_s),
             "draft_step_s": costs.as_ref().and_then(|c| c.draft_step_s),

@@ -25,6 +25,24 @@ struct Cli {
     /// operations on the CPU), `ops`, `mlx-native`, `cuda-kernel` or `cuda-fused` (still self-checked).
     #[arg(long, global = true, default_value = "auto", value_parser = delta_path)]
     delta_path: DeltaPathArg,
+    /// Which implementation multiplies a few rows (decode steps, verify passes) by quantized
+    /// weights: `auto` (Ferrite's CUDA kernel after its self-check at load on a CUDA machine,
+    /// MLX's elsewhere), `mlx` or `cuda-rows` (still self-checked).
+    #[arg(long, global = true, default_value = "auto", value_parser = matmul_path)]
+    matmul_path: MatmulPathArg,
+}
+
+/// `--matmul-path`: `None` for auto.
+#[derive(Clone, Copy)]
+struct MatmulPathArg(Option<engine::matmul_path::MatmulPath>);
+
+fn matmul_path(name: &str) -> Result<MatmulPathArg, String> {
+    if name == "auto" {
+        return Ok(MatmulPathArg(None));
+    }
+    engine::matmul_path::MatmulPath::parse(name)
+        .map(|p| MatmulPathArg(Some(p)))
+        .ok_or_else(|| format!("`{name}` is not one of auto, mlx, cuda-rows"))
 }
 
 /// `--delta-path`: `None` for auto.
@@ -112,6 +130,9 @@ fn main() {
     let cli = Cli::parse();
     if let DeltaPathArg(Some(path)) = cli.delta_path {
         engine::delta_path::choose(Some(path));
+    }
+    if let MatmulPathArg(Some(path)) = cli.matmul_path {
+        engine::matmul_path::choose(Some(path));
     }
     let result = match cli.command {
         Command::Generate(args) => generate::run(args),

@@ -33,6 +33,8 @@ pub struct Report {
     pub device: String,
     /// A hybrid's gated delta rule: the path that runs here and why (its self-check).
     pub delta_rule: Option<String>,
+    /// Which implementation multiplies a few rows by quantized weights, and why.
+    pub matmul: Option<String>,
     pub blas: String,
     pub weights: String,
 }
@@ -142,6 +144,10 @@ pub fn inspect(dir: &Path, options: &crate::EngineOptions) -> Result<Report> {
             let r = crate::layers::delta_check::choose(None);
             format!("{} ({})", r.path, r.why)
         }),
+        matmul: config.quant.is_some().then(|| {
+            let r = crate::layers::matmul_path::choose(None);
+            format!("{} ({})", r.path, r.why)
+        }),
         blas: crate::blas::describe(),
         weights: crate::weight_form::for_checkpoint(dir, options.weights)?.to_string(),
     })
@@ -190,6 +196,9 @@ impl fmt::Display for Report {
         writeln!(f, "device         {}", self.device)?;
         if let Some(delta) = &self.delta_rule {
             writeln!(f, "delta rule     {delta}")?;
+        }
+        if let Some(matmul) = &self.matmul {
+            writeln!(f, "few-row qmm    {matmul}")?;
         }
         writeln!(f, "BLAS           {}", self.blas)?;
         write!(f, "weights        {}", self.weights)

@@ -81,6 +81,10 @@ pub mod delta_path {
     pub use crate::layers::delta_check::{choose, self_check, Tolerance};
     pub use crate::layers::delta_path::{current, report, DeltaPath, DeltaReport};
 }
+/// Which implementation runs quantized matmuls of a few rows, and its self-check.
+pub mod matmul_path {
+    pub use crate::layers::matmul_path::{choose, current, report, self_check, MatmulPath, MatmulReport};
+}
 pub use penalties::Penalties;
 pub use profile::{Profile, ProfileName};
 pub use sampling::SamplingParams;

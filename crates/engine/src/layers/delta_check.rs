@@ -8,21 +8,10 @@ use mlx_rs::{ops, random, Array, Dtype};
 use mlx_rs::ops::indexing::{take_along_axis, IndexOp};
 
 use super::delta_path::{self, DeltaPath, DeltaReport};
+pub use super::kernel_check::Tolerance;
+use super::kernel_check::{mismatch, relative_difference};
 use super::moe_cuda::{self, Routing};
 use crate::device;
-
-/// How far a kernel's outputs may be from the operations': |a - b| <= tol * (1 + max |b|), per
-/// output. With float32 inputs only the order of the sums differs. With bfloat16 inputs the
-/// outputs are rounded to 8 bits of mantissa (a step of 2^-8 relative), and an implementation
-/// may round an intermediate to the inputs' dtype (MLX's own op does): the f32 states may then
-/// differ by about two such steps.
-pub struct Tolerance;
-
-impl Tolerance {
-    pub const F32: f32 = 1e-4;
-    pub const BF16_OUTPUT: f32 = 2e-2;
-    pub const BF16_STATE: f32 = 8e-3;
-}
 
 /// Settles the path once per process: `wanted` (or the first of the backend's kernel paths)
 /// whose self-check passes, else `ops`. Later calls return the first decision.
@@ -199,25 +188,6 @@ fn moe_by_operations(logits: &Array, table: &Array, residual: &Array, routing: &
         super::moe::combine_graph::<false>(&args)
     };
     combined?.pop().ok_or_else(|| Exception::custom("the MoE combine returned nothing"))
-}
-
-/// max |expected - got| / (1 + max |expected|); an error naming `what` past `tol` (a NaN is
-/// past every tolerance) or when the shapes differ.
-fn relative_difference(what: &str, expected: &Array, got: &Array, tol: f32) -> crate::error::Result<f32> {
-    if expected.shape() != got.shape() {
-        return Err(mismatch(format!("{what} has shape {:?}, the operations' {:?}", got.shape(), expected.shape())));
-    }
-    let (e, g) = (expected.as_dtype(Dtype::Float32)?, got.as_dtype(Dtype::Float32)?);
-    let scale = 1.0 + ops::abs(&e)?.max(None)?.try_item_cast::<f32>()?;
-    let relative = ops::abs(&e.subtract(&g)?)?.max(None)?.try_item_cast::<f32>()? / scale;
-    if relative.is_nan() || relative > tol {
-        return Err(mismatch(format!("{what} differs by {relative:.2e} relative (allowed {tol:.0e})")));
-    }
-    Ok(relative)
-}
-
-fn mismatch(why: String) -> crate::error::Error {
-    crate::error::Error::from(Exception::custom(why))
 }
 
 /// Random arguments of the short step (see `gated_delta::short_core_on`): two sequences, 2 key

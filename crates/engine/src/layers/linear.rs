@@ -2,18 +2,9 @@
 
 use mlx_rs::{ops, Array};
 
-use crate::config::QuantSpec;
 use crate::error::Result;
 
-/// Packed weights of a quantized matrix: `weight` is uint32 with `32 / bits` values per word,
-/// `scales` and `biases` have one value per group of `group_size` inputs.
-#[derive(Debug, Clone)]
-pub struct Packed {
-    pub weight: Array,
-    pub scales: Array,
-    pub biases: Array,
-    pub spec: QuantSpec,
-}
+pub use super::packed::Packed;
 
 #[derive(Debug, Clone)]
 pub enum Linear {
@@ -69,27 +60,16 @@ impl Linear {
     }
 }
 
-impl Packed {
-    /// The matrices joined along `axis` (an output or expert axis, never the packed input
-    /// axis), in order; all share the first one's spec.
-    pub fn concat(parts: &[&Packed], axis: i32) -> Result<Packed> {
-        let all =
-            |pick: fn(&Packed) -> &Array| ops::concatenate(&parts.iter().map(|p| pick(p)).collect::<Vec<_>>(), axis);
-        Ok(Packed {
-            weight: all(|p| &p.weight)?,
-            scales: all(|p| &p.scales)?,
-            biases: all(|p| &p.biases)?,
-            spec: parts[0].spec,
-        })
-    }
-
-    pub fn eval(&self) -> Result<()> {
-        mlx_rs::transforms::eval([&self.weight, &self.scales, &self.biases])?;
-        Ok(())
-    }
-}
-
+/// A few rows go to the engine's CUDA kernel once it has passed its self-check
+/// (`matmul_path.rs`), where it was measured faster; the rest, and every other backend, to MLX.
 fn quantized_matmul(x: &Array, p: &Packed) -> Result<Array> {
+    if super::matmul_path::current() == super::matmul_path::MatmulPath::CudaRows {
+        let (k, n) = (x.dim(-1), p.weight.dim(-2));
+        let rows = if k > 0 { x.size() as i32 / k } else { 0 };
+        if super::qmm_rows::pays(rows, n) && super::qmm_rows::fits(rows, k, x.dtype(), p) {
+            return Ok(super::qmm_rows::run(x, p)?);
+        }
+    }
     Ok(ops::quantized_matmul(x, &p.weight, &p.scales, &p.biases, true, p.spec.group_size, p.spec.bits)?)
 }
 

@@ -2,7 +2,7 @@
 //! is quantized when its `.scales` tensor is present (as mlx-lm decides), with the bits and
 //! group size of the config's `quantization` block or its per-layer override.
 
-use super::linear::Packed;
+use super::packed::Packed;
 use super::parallel::{split_error, AllSum, Shard, Split};
 use super::switch::{LongPromptGather, SwitchLinear};
 use super::{Embedding, Linear, Projections, RmsNorm};

@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use mlx_rs::Array;
 
-use super::linear::Packed;
+use super::packed::Packed;
 use crate::distributed::Group;
 use crate::error::{Error, Result};
 

@@ -6,7 +6,7 @@
 
 use mlx_rs::{ops, Array};
 
-use super::linear::Packed;
+use super::packed::Packed;
 use super::Linear;
 use crate::error::Result;
 

@@ -4,9 +4,9 @@
 
 use mlx_rs::{ops, Array};
 
-use super::linear::Packed;
 use super::measured::{Form, Measured};
 use super::mlp::swiglu;
+use super::packed::Packed;
 use super::Linear;
 use crate::error::Result;
 

@@ -1,0 +1,139 @@
+//! Which implementation runs quantized matmuls over a few rows (decode steps, verify passes,
+//! drafters' blocks) in this process, chosen once and checked before it is trusted:
+//!
+//! - `mlx`: MLX's `quantized_matmul`, on every backend; the reference.
+//! - `cuda-rows`: the engine's few-rows CUDA kernel (`qmm_rows.rs`) where it was measured
+//!   faster than MLX's (`qmm_rows::pays`: up to 7 rows into 2048 or more outputs); everything
+//!   else stays with MLX. Plain steps and verify passes up to 7 positions then give a row the
+//!   same bits; longer passes go to MLX's GEMM, as they do on the `mlx` path.
+//!
+//! A CUDA kernel compiles at run time, so it is trusted only after `choose` has run it against
+//! float32 products on small inputs (4 and 8 bits, 1 to 32 rows) and seen every row agree
+//! within `delta_check::Tolerance::BF16_OUTPUT`, and a row give the same bits alone and among
+//! others. On a mismatch or an error it logs why and MLX's runs.
+
+use std::fmt;
+use std::sync::OnceLock;
+
+use mlx_rs::ops::indexing::IndexOp;
+use mlx_rs::{ops, random, Array, Dtype};
+
+use super::kernel_check::{mismatch, relative_difference, Tolerance};
+use super::packed::Packed;
+use super::qmm_rows;
+use crate::config::QuantSpec;
+use crate::device::{self, Backend};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum MatmulPath {
+    Mlx,
+    CudaRows,
+}
+
+impl MatmulPath {
+    pub fn name(self) -> &'static str {
+        match self {
+            MatmulPath::Mlx => "mlx",
+            MatmulPath::CudaRows => "cuda-rows",
+        }
+    }
+
+    pub fn parse(name: &str) -> Option<Self> {
+        [MatmulPath::Mlx, MatmulPath::CudaRows].into_iter().find(|p| p.name() == name)
+    }
+}
+
+impl fmt::Display for MatmulPath {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// What was chosen and why: the kernel's largest difference from float32, or why it was
+/// turned down.
+#[derive(Debug, Clone)]
+pub struct MatmulReport {
+    pub path: MatmulPath,
+    pub why: String,
+}
+
+static CHOSEN: OnceLock<MatmulReport> = OnceLock::new();
+
+/// The path this process runs: the one `choose` settled on, `mlx` before that.
+pub fn current() -> MatmulPath {
+    CHOSEN.get().map_or(MatmulPath::Mlx, |r| r.path)
+}
+
+/// What `choose` decided, if it ran.
+pub fn report() -> Option<&'static MatmulReport> {
+    CHOSEN.get()
+}
+
+/// Settles the path once per process: `wanted`, or `cuda-rows` on a CUDA machine, when its
+/// self-check passes; else `mlx`. Later calls return the first decision.
+pub fn choose(wanted: Option<MatmulPath>) -> &'static MatmulReport {
+    CHOSEN.get_or_init(|| {
+        let candidate = match wanted {
+            Some(path) => path,
+            None if device::backend() == Backend::Cuda => MatmulPath::CudaRows,
+            None => MatmulPath::Mlx,
+        };
+        let report = match candidate {
+            MatmulPath::Mlx if wanted.is_some() => MatmulReport { path: MatmulPath::Mlx, why: "asked for".into() },
+            MatmulPath::Mlx => {
+                MatmulReport { path: MatmulPath::Mlx, why: format!("no kernel path on {}", device::backend()) }
+            }
+            MatmulPath::CudaRows => match self_check() {
+                Ok(why) => MatmulReport { path: candidate, why },
+                Err(e) => {
+                    tracing::warn!("the cuda-rows matmul path failed its self-check: {e}");
+                    MatmulReport { path: MatmulPath::Mlx, why: format!("cuda-rows failed its self-check: {e}") }
+                }
+            },
+        };
+        tracing::info!("quantized matmuls of a few rows: {} ({})", report.path, report.why);
+        report
+    })
+}
+
+/// The kernel against float32 products (dequantized weights times x) for 4- and 8-bit
+/// weights and 1 to 32 rows of bfloat16, and each row's bits against the same row alone.
+/// Returns the largest difference seen.
+pub fn self_check() -> crate::error::Result<String> {
+    let (n, k) = (256, 1024);
+    let mut largest = 0f32;
+    for (i, bits) in [4, 8].into_iter().enumerate() {
+        let key = random::key(4000 + i as u64)?;
+        let w = random::normal::<f32>(&[n, k], None, None, Some(&key))?.multiply(Array::from_f32(0.02))?;
+        let (weight, scales, biases) = ops::quantize(&w, 64, bits)?;
+        let packed = Packed { weight, scales, biases, spec: QuantSpec { group_size: 64, bits } };
+        let dequantized = ops::dequantize(&packed.weight, &packed.scales, &packed.biases, 64, bits)?;
+        let key = random::key(4100 + i as u64)?;
+        let x = random::normal::<f32>(&[qmm_rows::MAX_ROWS, k], None, None, Some(&key))?.as_dtype(Dtype::Bfloat16)?;
+        let alone = qmm_rows::run(&x.index(..1), &packed)?;
+        for rows in [1, 3, 8, 13, qmm_rows::MAX_ROWS] {
+            let x = x.index(..rows);
+            let expected = ops::matmul(&x.as_dtype(Dtype::Float32)?, dequantized.t())?;
+            let got = qmm_rows::run(&x, &packed)?;
+            let what = format!("{bits}-bit weights, {rows} rows");
+            largest = largest.max(relative_difference(&what, &expected, &got, Tolerance::BF16_OUTPUT)?);
+            if !got.index(..1).eq_values(&alone)? {
+                return Err(mismatch(format!("{what}: the first row differs from the same row alone")));
+            }
+        }
+    }
+    Ok(format!("largest difference from float32 {largest:.1e}; a row alone and among others agree bit for bit"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paths_are_named_as_the_flag_takes_them() {
+        for path in [MatmulPath::Mlx, MatmulPath::CudaRows] {
+            assert_eq!(MatmulPath::parse(path.name()), Some(path));
+        }
+        assert_eq!(MatmulPath::parse("cuda"), None);
+    }
+}

@@ -1,0 +1,37 @@
+//! A matrix's affine-quantized form as `mx.quantize` packs it: what linear layers, embeddings,
+//! stacked experts and the few-rows kernel share.
+
+use mlx_rs::{ops, Array};
+
+use crate::config::QuantSpec;
+use crate::error::Result;
+
+/// Packed weights of a quantized matrix: `weight` is uint32 with `32 / bits` values per word,
+/// `scales` and `biases` have one value per group of `group_size` inputs.
+#[derive(Debug, Clone)]
+pub struct Packed {
+    pub weight: Array,
+    pub scales: Array,
+    pub biases: Array,
+    pub spec: QuantSpec,
+}
+
+impl Packed {
+    /// The matrices joined along `axis` (an output or expert axis, never the packed input
+    /// axis), in order; all share the first one's spec.
+    pub fn concat(parts: &[&Packed], axis: i32) -> Result<Packed> {
+        let all =
+            |pick: fn(&Packed) -> &Array| ops::concatenate(&parts.iter().map(|p| pick(p)).collect::<Vec<_>>(), axis);
+        Ok(Packed {
+            weight: all(|p| &p.weight)?,
+            scales: all(|p| &p.scales)?,
+            biases: all(|p| &p.biases)?,
+            spec: parts[0].spec,
+        })
+    }
+
+    pub fn eval(&self) -> Result<()> {
+        mlx_rs::transforms::eval([&self.weight, &self.scales, &self.biases])?;
+        Ok(())
+    }
+}

@@ -4,6 +4,7 @@ groups of 64:
   - `mlx_ms`: MLX's `quantized_matmul` (its own choice of kernel for each row count);
   - `rows_c4_ms`, `rows_c8_ms`: the engine's few-rows kernel (crates/engine/src/layers/
     qmm_rows.cu, the text the engine launches) with 4 or 8 output columns a warp;
+  - `mma_ms`: the engine's tensor-core kernel (qmm_mma.cu), all 16 rows in one `mma`;
   - `bf16_ms`: the same product on bfloat16 weights.
 Each time is milliseconds a call, 20 calls evaluated together (launch overhead amortised as
 in a model's graph). Also checks MLX's and the kernel's outputs against float32 (`mlx_err`,
@@ -18,7 +19,9 @@ import time
 
 import mlx.core as mx
 
-SOURCE = (pathlib.Path(__file__).resolve().parent.parent / "crates/engine/src/layers/qmm_rows.cu").read_text()
+LAYERS = pathlib.Path(__file__).resolve().parent.parent / "crates/engine/src/layers"
+SOURCE = (LAYERS / "qmm_rows.cu").read_text()
+MMA_SOURCE = (LAYERS / "qmm_mma.cu").read_text()
 BATCH = 20
 
 
@@ -50,30 +53,45 @@ def rows_kernel():
     return run
 
 
+def mma_kernel():
+    kernel = mx.fast.cuda_kernel(name="ferrite_qmm_mma", input_names=["x", "w", "scales", "biases"],
+                                 output_names=["y"], source=MMA_SOURCE)
+
+    def run(x2, wq, scales, biases):
+        n = wq.shape[0]
+        return kernel(inputs=[x2, wq, scales, biases],
+                      template=[("InT", x2.dtype), ("Bits", 4), ("GroupSize", 64)],
+                      grid=(32, 4 * (n // 8), 1), threadgroup=(32, 4, 1),
+                      output_shapes=[(x2.shape[0], n)], output_dtypes=[x2.dtype])[0]
+    return run
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--rounds", type=int, default=10)
     args = p.parse_args()
     mx.random.seed(0)
     rows = rows_kernel()
+    mma = mma_kernel()
     for out_dim, in_dim in [(4096, 4096), (1024, 4096), (12288, 4096), (4096, 12288)]:
         w = (mx.random.normal((out_dim, in_dim)) * 0.02).astype(mx.bfloat16)
         wq, scales, biases = mx.quantize(w, group_size=64, bits=4)
         mx.eval(w, wq, scales, biases)
         xs = mx.random.normal((16, in_dim)).astype(mx.bfloat16)
         one_row = rows(xs[:1], wq, scales, biases, 4)
+        mma_one_row = mma(xs[:1], wq, scales, biases)  # lazy: a failure shows in the rows below
         for m in [1, 2, 3, 4, 5, 6, 7, 8, 12, 16]:
             x = xs[:m]
             mx.eval(x)
             line = {"shape": [out_dim, in_dim], "m": m}
             mlx = lambda: mx.quantized_matmul(x, wq, scales, biases, transpose=True, group_size=64, bits=4)
             line["mlx_ms"] = timed(mlx, args.rounds) * 1e3
+            # The reference in float32: the dequantized weights times x.
+            deq = mx.dequantize(wq, scales, biases, group_size=64, bits=4).astype(mx.float32)
+            expected = x.astype(mx.float32) @ deq.T
+            rel = lambda got: (mx.max(mx.abs(got.astype(mx.float32) - expected)) / (1 + mx.max(mx.abs(expected)))).item()
+            line["mlx_err"] = rel(mlx())
             try:
-                # The reference in float32: the dequantized weights times x.
-                deq = mx.dequantize(wq, scales, biases, group_size=64, bits=4).astype(mx.float32)
-                expected = x.astype(mx.float32) @ deq.T
-                rel = lambda got: (mx.max(mx.abs(got.astype(mx.float32) - expected)) / (1 + mx.max(mx.abs(expected)))).item()
-                line["mlx_err"] = rel(mlx())
                 for columns in (4, 8):
                     got = rows(x, wq, scales, biases, columns)
                     line[f"rows_c{columns}_err"] = rel(got)
@@ -81,6 +99,12 @@ def main():
                 line["rows_same_as_one_row"] = mx.array_equal(rows(x, wq, scales, biases, 8)[:1], one_row).item()
             except Exception as e:  # a compile error or a refused launch: say it, keep measuring MLX
                 line["rows_error"] = str(e)[:2000]
+            try:
+                line["mma_err"] = rel(mma(x, wq, scales, biases))
+                line["mma_ms"] = timed(lambda: mma(x, wq, scales, biases), args.rounds) * 1e3
+                line["mma_same_as_one_row"] = mx.array_equal(mma(x, wq, scales, biases)[:1], mma_one_row).item()
+            except Exception as e:
+                line["mma_error"] = str(e)[:2000]
             line["bf16_ms"] = timed(lambda: x @ w.T, args.rounds) * 1e3
             line.update(device=str(mx.default_device()), mlx=mx.__version__)
             print(json.dumps(line), flush=True)

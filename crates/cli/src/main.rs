@@ -26,8 +26,9 @@ struct Cli {
     #[arg(long, global = true, default_value = "auto", value_parser = delta_path)]
     delta_path: DeltaPathArg,
     /// Which implementation multiplies a few rows (decode steps, verify passes) by quantized
-    /// weights: `auto` (Ferrite's CUDA kernel after its self-check at load on a CUDA machine,
-    /// MLX's elsewhere), `mlx` or `cuda-rows` (still self-checked).
+    /// weights: `auto` (Ferrite's few-rows CUDA kernel after its self-check at load on a CUDA
+    /// machine, MLX's elsewhere), `mlx`, `cuda-rows` or `cuda-mma` (the tensor-core kernel;
+    /// both still self-checked).
     #[arg(long, global = true, default_value = "auto", value_parser = matmul_path)]
     matmul_path: MatmulPathArg,
 }
@@ -42,7 +43,7 @@ fn matmul_path(name: &str) -> Result<MatmulPathArg, String> {
     }
     engine::matmul_path::MatmulPath::parse(name)
         .map(|p| MatmulPathArg(Some(p)))
-        .ok_or_else(|| format!("`{name}` is not one of auto, mlx, cuda-rows"))
+        .ok_or_else(|| format!("`{name}` is not one of auto, mlx, cuda-rows, cuda-mma"))
 }
 
 /// `--delta-path`: `None` for auto.

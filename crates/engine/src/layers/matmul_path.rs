@@ -6,6 +6,8 @@
 //!   faster than MLX's (`qmm_rows::pays`: up to 7 rows into 2048 or more outputs); everything
 //!   else stays with MLX. Plain steps and verify passes up to 7 positions then give a row the
 //!   same bits; longer passes go to MLX's GEMM, as they do on the `mlx` path.
+//! - `cuda-mma`: the engine's tensor-core kernel (`qmm_mma.rs`) for every product of up to 16
+//!   bfloat16 rows; only when asked for until it is measured on a GPU.
 //!
 //! A CUDA kernel compiles at run time, so it is trusted only after `choose` has run it against
 //! float32 products on small inputs (4 and 8 bits, 1 to 32 rows) and seen every row agree
@@ -20,7 +22,7 @@ use mlx_rs::{ops, random, Array, Dtype};
 
 use super::kernel_check::{mismatch, relative_difference, Tolerance};
 use super::packed::Packed;
-use super::qmm_rows;
+use super::{qmm_mma, qmm_rows};
 use crate::config::QuantSpec;
 use crate::device::{self, Backend};
 
@@ -28,6 +30,7 @@ use crate::device::{self, Backend};
 pub enum MatmulPath {
     Mlx,
     CudaRows,
+    CudaMma,
 }
 
 impl MatmulPath {
@@ -35,11 +38,12 @@ impl MatmulPath {
         match self {
             MatmulPath::Mlx => "mlx",
             MatmulPath::CudaRows => "cuda-rows",
+            MatmulPath::CudaMma => "cuda-mma",
         }
     }
 
     pub fn parse(name: &str) -> Option<Self> {
-        [MatmulPath::Mlx, MatmulPath::CudaRows].into_iter().find(|p| p.name() == name)
+        [MatmulPath::Mlx, MatmulPath::CudaRows, MatmulPath::CudaMma].into_iter().find(|p| p.name() == name)
     }
 }
 
@@ -83,11 +87,11 @@ pub fn choose(wanted: Option<MatmulPath>) -> &'static MatmulReport {
             MatmulPath::Mlx => {
                 MatmulReport { path: MatmulPath::Mlx, why: format!("no kernel path on {}", device::backend()) }
             }
-            MatmulPath::CudaRows => match self_check() {
-                Ok(why) => MatmulReport { path: candidate, why },
+            kernel => match self_check(kernel) {
+                Ok(why) => MatmulReport { path: kernel, why },
                 Err(e) => {
-                    tracing::warn!("the cuda-rows matmul path failed its self-check: {e}");
-                    MatmulReport { path: MatmulPath::Mlx, why: format!("cuda-rows failed its self-check: {e}") }
+                    tracing::warn!("the {kernel} matmul path failed its self-check: {e}");
+                    MatmulReport { path: MatmulPath::Mlx, why: format!("{kernel} failed its self-check: {e}") }
                 }
             },
         };
@@ -96,10 +100,18 @@ pub fn choose(wanted: Option<MatmulPath>) -> &'static MatmulReport {
     })
 }
 
-/// The kernel against float32 products (dequantized weights times x) for 4- and 8-bit
-/// weights and 1 to 32 rows of bfloat16, and each row's bits against the same row alone.
-/// Returns the largest difference seen.
-pub fn self_check() -> crate::error::Result<String> {
+/// A kernel's product of x and packed weights.
+type KernelRun = fn(&Array, &Packed) -> Result<Array, mlx_rs::error::Exception>;
+
+/// `kernel`'s products against float32 ones (dequantized weights times x) for 4- and 8-bit
+/// weights and every row count it takes of bfloat16, and each row's bits against the same
+/// row alone. Returns the largest difference seen.
+pub fn self_check(kernel: MatmulPath) -> crate::error::Result<String> {
+    let (run, max_rows): (KernelRun, i32) = match kernel {
+        MatmulPath::CudaRows => (qmm_rows::run, qmm_rows::MAX_ROWS),
+        MatmulPath::CudaMma => (qmm_mma::run, qmm_mma::MAX_ROWS),
+        MatmulPath::Mlx => return Ok("the reference".into()),
+    };
     let (n, k) = (256, 1024);
     let mut largest = 0f32;
     for (i, bits) in [4, 8].into_iter().enumerate() {
@@ -109,12 +121,12 @@ pub fn self_check() -> crate::error::Result<String> {
         let packed = Packed { weight, scales, biases, spec: QuantSpec { group_size: 64, bits } };
         let dequantized = ops::dequantize(&packed.weight, &packed.scales, &packed.biases, 64, bits)?;
         let key = random::key(4100 + i as u64)?;
-        let x = random::normal::<f32>(&[qmm_rows::MAX_ROWS, k], None, None, Some(&key))?.as_dtype(Dtype::Bfloat16)?;
-        let alone = qmm_rows::run(&x.index(..1), &packed)?;
-        for rows in [1, 3, 8, 13, qmm_rows::MAX_ROWS] {
+        let x = random::normal::<f32>(&[max_rows, k], None, None, Some(&key))?.as_dtype(Dtype::Bfloat16)?;
+        let alone = run(&x.index(..1), &packed)?;
+        for rows in [1, 3, 8, 13, max_rows] {
             let x = x.index(..rows);
             let expected = ops::matmul(&x.as_dtype(Dtype::Float32)?, dequantized.t())?;
-            let got = qmm_rows::run(&x, &packed)?;
+            let got = run(&x, &packed)?;
             let what = format!("{bits}-bit weights, {rows} rows");
             largest = largest.max(relative_difference(&what, &expected, &got, Tolerance::BF16_OUTPUT)?);
             if !got.index(..1).eq_values(&alone)? {
@@ -131,7 +143,7 @@ mod tests {
 
     #[test]
     fn paths_are_named_as_the_flag_takes_them() {
-        for path in [MatmulPath::Mlx, MatmulPath::CudaRows] {
+        for path in [MatmulPath::Mlx, MatmulPath::CudaRows, MatmulPath::CudaMma] {
             assert_eq!(MatmulPath::parse(path.name()), Some(path));
         }
         assert_eq!(MatmulPath::parse("cuda"), None);

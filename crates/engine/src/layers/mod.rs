@@ -22,6 +22,7 @@ pub mod norm;
 pub mod packed;
 pub mod parallel;
 pub mod projections;
+mod qmm_mma;
 mod qmm_rows;
 pub mod sdpa;
 pub mod switch;

@@ -23,7 +23,6 @@ use mlx_rs::{ops, random, Array, Dtype};
 use super::kernel_check::{mismatch, relative_difference, Tolerance};
 use super::packed::Packed;
 use super::{qmm_mma, qmm_rows};
-use crate::config::QuantSpec;
 use crate::device::{self, Backend};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -115,10 +114,7 @@ pub fn self_check(kernel: MatmulPath) -> crate::error::Result<String> {
     let (n, k) = (256, 1024);
     let mut largest = 0f32;
     for (i, bits) in [4, 8].into_iter().enumerate() {
-        let key = random::key(4000 + i as u64)?;
-        let w = random::normal::<f32>(&[n, k], None, None, Some(&key))?.multiply(Array::from_f32(0.02))?;
-        let (weight, scales, biases) = ops::quantize(&w, 64, bits)?;
-        let packed = Packed { weight, scales, biases, spec: QuantSpec { group_size: 64, bits } };
+        let packed = Packed::random(n, k, bits, 64, Some(&random::key(4000 + i as u64)?))?;
         let dequantized = ops::dequantize(&packed.weight, &packed.scales, &packed.biases, 64, bits)?;
         let key = random::key(4100 + i as u64)?;
         let x = random::normal::<f32>(&[max_rows, k], None, None, Some(&key))?.as_dtype(Dtype::Bfloat16)?;

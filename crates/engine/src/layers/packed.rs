@@ -30,6 +30,15 @@ impl Packed {
         })
     }
 
+    /// A random [n, k] matrix (normal, scaled as a model's weights; from `key` when given)
+    /// packed at `bits` in groups of `group_size`: what the kernels' self-checks and tests
+    /// multiply.
+    pub fn random(n: i32, k: i32, bits: i32, group_size: i32, key: Option<&Array>) -> Result<Packed> {
+        let w = mlx_rs::random::normal::<f32>(&[n, k], None, None, key)?.multiply(Array::from_f32(0.02))?;
+        let (weight, scales, biases) = ops::quantize(&w, group_size, bits)?;
+        Ok(Packed { weight, scales, biases, spec: QuantSpec { group_size, bits } })
+    }
+
     pub fn eval(&self) -> Result<()> {
         mlx_rs::transforms::eval([&self.weight, &self.scales, &self.biases])?;
         Ok(())

@@ -17,6 +17,7 @@ use mlx_rs::error::Exception;
 use mlx_rs::{Array, Dtype};
 
 use super::packed::Packed;
+use super::qmm_rows::{refusal, rows_of, run_on_rows};
 use crate::ffi::{CudaKernel, KernelSource, Launch, TemplateArg};
 
 /// The kernel's body, shared with `bench/qmm_small_m.py`.
@@ -52,16 +53,9 @@ pub fn fits(rows: i32, k: i32, dtype: Dtype, p: &Packed) -> bool {
 /// `x @ dequantize(p).T` for x [..., K] whose leading dimensions hold at most [`MAX_ROWS`]
 /// rows (check [`fits`] first).
 pub fn run(x: &Array, p: &Packed) -> Result<Array, Exception> {
-    let shape = x.shape().to_vec();
-    let k = x.dim(-1);
-    let rows = (x.size() as i32) / k.max(1);
+    let (rows, k) = rows_of(x);
     if !fits(rows, k, x.dtype(), p) {
-        return Err(Exception::custom(format!(
-            "the tensor-core matmul kernel does not take {rows} rows of {k} ({:?}) at {} bits in groups of {}",
-            x.dtype(),
-            p.spec.bits,
-            p.spec.group_size
-        )));
+        return Err(refusal("tensor-core matmul", x, p));
     }
     let n = p.weight.dim(-2);
     let template = [
@@ -76,26 +70,15 @@ pub fn run(x: &Array, p: &Packed) -> Result<Array, Exception> {
         block: (32, 4, 1),
         template: &template,
     };
-    let x2 = x.reshape(&[rows, k])?;
-    let out = KERNEL_SOURCE.apply(&KERNEL, &[&x2, &p.weight, &p.scales, &p.biases], &launch)?;
-    let y =
-        out.into_iter().next().ok_or_else(|| Exception::custom("the tensor-core matmul kernel returned nothing"))?;
-    let mut out_shape = shape;
-    if let Some(last) = out_shape.last_mut() {
-        *last = n;
-    }
-    y.reshape(&out_shape)
+    run_on_rows(&KERNEL_SOURCE, &KERNEL, x, p, &launch)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::QuantSpec;
 
     fn packed(n: i32, k: i32, bits: i32, group_size: i32) -> Packed {
-        let w = mlx_rs::random::normal::<f32>(&[n, k], None, None, None).unwrap();
-        let (weight, scales, biases) = mlx_rs::ops::quantize(&w, group_size, bits).unwrap();
-        Packed { weight, scales, biases, spec: QuantSpec { group_size, bits } }
+        Packed::random(n, k, bits, group_size, None).unwrap()
     }
 
     #[test]

@@ -18,7 +18,7 @@ use mlx_rs::error::Exception;
 use mlx_rs::{Array, Dtype};
 
 use super::packed::Packed;
-use crate::ffi::{CudaKernel, KernelSource, Launch, TemplateArg};
+use crate::ffi::{CudaKernel, KernelSlot, KernelSource, Launch, TemplateArg};
 
 /// The kernel's body, shared with `bench/qmm_small_m.py`.
 const SOURCE: &str = include_str!("qmm_rows.cu");
@@ -78,16 +78,9 @@ fn rows_bucket(rows: i32) -> i32 {
 /// `x @ dequantize(p).T` for x [..., K] whose leading dimensions hold at most [`MAX_ROWS`]
 /// rows (check [`fits`] first).
 pub fn run(x: &Array, p: &Packed) -> Result<Array, Exception> {
-    let shape = x.shape().to_vec();
-    let k = x.dim(-1);
-    let rows = (x.size() as i32) / k.max(1);
+    let (rows, k) = rows_of(x);
     if !fits(rows, k, x.dtype(), p) {
-        return Err(Exception::custom(format!(
-            "the few-rows matmul kernel does not take {rows} rows of {k} ({:?}) at {} bits in groups of {}",
-            x.dtype(),
-            p.spec.bits,
-            p.spec.group_size
-        )));
+        return Err(refusal("few-rows matmul", x, p));
     }
     let n = p.weight.dim(-2);
     let columns = columns_for(rows);
@@ -106,25 +99,52 @@ pub fn run(x: &Array, p: &Packed) -> Result<Array, Exception> {
         block: (32, per_block, 1),
         template: &template,
     };
+    run_on_rows(&KERNEL_SOURCE, &KERNEL, x, p, &launch)
+}
+
+/// x [..., K] as a matrix: its rows (every leading dimension) and K.
+pub(super) fn rows_of(x: &Array) -> (i32, i32) {
+    let k = x.dim(-1);
+    ((x.size() as i32) / k.max(1), k)
+}
+
+/// Why a few-rows kernel (`what`) does not take x against `p`.
+pub(super) fn refusal(what: &str, x: &Array, p: &Packed) -> Exception {
+    let (rows, k) = rows_of(x);
+    Exception::custom(format!(
+        "the {what} kernel does not take {rows} rows of {k} ({:?}) at {} bits in groups of {}",
+        x.dtype(),
+        p.spec.bits,
+        p.spec.group_size
+    ))
+}
+
+/// Runs a few-rows kernel (inputs x, w, scales, biases; output y [rows, N]) on x's rows as a
+/// [rows, K] matrix and gives its output x's leading shape.
+pub(super) fn run_on_rows(
+    kernel: &KernelSource,
+    slot: &'static KernelSlot,
+    x: &Array,
+    p: &Packed,
+    launch: &Launch,
+) -> Result<Array, Exception> {
+    let (rows, k) = rows_of(x);
     let x2 = x.reshape(&[rows, k])?;
-    let out = KERNEL_SOURCE.apply(&KERNEL, &[&x2, &p.weight, &p.scales, &p.biases], &launch)?;
-    let y = out.into_iter().next().ok_or_else(|| Exception::custom("the few-rows matmul kernel returned nothing"))?;
-    let mut out_shape = shape;
-    if let Some(last) = out_shape.last_mut() {
-        *last = n;
+    let out = kernel.apply(slot, &[&x2, &p.weight, &p.scales, &p.biases], launch)?;
+    let y = out.into_iter().next().ok_or_else(|| Exception::custom(format!("{} returned nothing", kernel.name)))?;
+    let mut shape = x.shape().to_vec();
+    if let Some(last) = shape.last_mut() {
+        *last = p.weight.dim(-2);
     }
-    y.reshape(&out_shape)
+    y.reshape(&shape)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::QuantSpec;
 
     fn packed(n: i32, k: i32, bits: i32, group_size: i32) -> Packed {
-        let w = mlx_rs::random::normal::<f32>(&[n, k], None, None, None).unwrap();
-        let (weight, scales, biases) = mlx_rs::ops::quantize(&w, group_size, bits).unwrap();
-        Packed { weight, scales, biases, spec: QuantSpec { group_size, bits } }
+        Packed::random(n, k, bits, group_size, None).unwrap()
     }
 
     #[test]

@@ -168,10 +168,11 @@ fn speculative(engine: &mut Engine, request: &GenerateRequest, prompts: &[Vec<u3
         eprintln!("plain decode {plain_tps:.1} tok/s; plain step {:.3} ms{head}{block}", costs.plain_step_s * 1e3);
     }
     eprintln!(
-        "{:>5} {:>5} {:>12} {:>22} {:>10} {:>10} {:>16} {:>14}",
+        "{:>5} {:>5} {:>12} {:>10} {:>22} {:>10} {:>10} {:>16} {:>14}",
         "draft",
         "depth",
         "verify cost",
+        "graph ms",
         "acceptance by position",
         "tok/cycle",
         "tok/s",
@@ -191,18 +192,22 @@ fn speculative(engine: &mut Engine, request: &GenerateRequest, prompts: &[Vec<u3
         let acceptance = stats.acceptance();
         let acc_text: Vec<String> = acceptance.iter().map(|a| format!("{:.0}%", a * 100.0)).collect();
         let verify = costs.as_ref().filter(|c| depth <= c.verify_s.len()).map(|c| c.verify_ratio(depth));
+        // Of the verify pass, the host's graph building (milliseconds).
+        let graph = costs.as_ref().and_then(|c| c.verify_build_s.get(depth - 1)).map(|s| s * 1e3);
         let bound = costs.as_ref().and_then(|c| c.speedup_bound(draft_with, depth, &acceptance));
         let best = costs.as_ref().and_then(|c| c.speedup_bound(draft_with, depth, &vec![1.0; depth]));
         eprintln!(
-            "{drafter:>5} {depth:>5} {:>12} {:>22} {:>10.2} {tps:>10.1} {:>16} {:>14}",
+            "{drafter:>5} {depth:>5} {:>12} {:>10} {:>22} {:>10.2} {tps:>10.1} {:>16} {:>14}",
             shown(verify),
+            shown(graph),
             acc_text.join(" "),
             stats.tokens_per_cycle(),
             shown(bound),
             shown(best),
         );
         rows.push(serde_json::json!({
-            "drafter": drafter, "depth": depth, "verify_cost": verify, "acceptance": acceptance,
+            "drafter": drafter, "depth": depth, "verify_cost": verify, "verify_graph_s": graph.map(|ms| ms / 1e3),
+            "acceptance": acceptance,
             "tokens_per_cycle": stats.tokens_per_cycle(), "decode_tps": tps,
             "speedup_bound": bound, "speedup_bound_full_acceptance": best,
         }));

@@ -389,6 +389,7 @@ mod tests {
             draft_step_s: Some(0.004),
             block_draft_s: vec![0.006, 0.005, 0.007],
             verify_s: vec![0.024, 0.047, 0.034, 0.034],
+            verify_build_s: vec![0.002; 4],
         };
         let model = CostModel::from(&noisy);
         assert_eq!(model.verify[0], 1.0);

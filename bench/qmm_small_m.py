@@ -5,6 +5,7 @@ groups of 64:
   - `rows_c4_ms`, `rows_c8_ms`: the engine's few-rows kernel (crates/engine/src/layers/
     qmm_rows.cu, the text the engine launches) with 4 or 8 output columns a warp;
   - `mma_ms`: the engine's tensor-core kernel (qmm_mma.cu), all 16 rows in one `mma`;
+  - `mlx_pad16_ms`: MLX's on the rows padded with zeros to 16 (its GEMM for every row count);
   - `bf16_ms`: the same product on bfloat16 weights.
 Each time is milliseconds a call, 20 calls evaluated together (launch overhead amortised as
 in a model's graph). Also checks MLX's and the kernel's outputs against float32 (`mlx_err`,
@@ -80,6 +81,8 @@ def main():
         xs = mx.random.normal((16, in_dim)).astype(mx.bfloat16)
         one_row = rows(xs[:1], wq, scales, biases, 4)
         mma_one_row = mma(xs[:1], wq, scales, biases)  # lazy: a failure shows in the rows below
+        pad16_one_row = mx.quantized_matmul(mx.pad(xs[:1], [(0, 15), (0, 0)]), wq, scales, biases, transpose=True,
+                                            group_size=64, bits=4)[:1]
         for m in [1, 2, 3, 4, 5, 6, 7, 8, 12, 16]:
             x = xs[:m]
             mx.eval(x)
@@ -91,6 +94,12 @@ def main():
             expected = x.astype(mx.float32) @ deq.T
             rel = lambda got: (mx.max(mx.abs(got.astype(mx.float32) - expected)) / (1 + mx.max(mx.abs(expected)))).item()
             line["mlx_err"] = rel(mlx())
+            # MLX's GEMM on the rows padded with zeros to 16: one kernel for every row count, so
+            # a row would give the same bits in a plain step and in any verify pass (checked).
+            padded = lambda: mx.quantized_matmul(mx.pad(x, [(0, 16 - m), (0, 0)]), wq, scales, biases, transpose=True,
+                                                 group_size=64, bits=4)[:m]
+            line["mlx_pad16_ms"] = timed(padded, args.rounds) * 1e3
+            line["mlx_pad16_same_as_one_row"] = mx.array_equal(padded()[:1], pad16_one_row).item()
             try:
                 for columns in (4, 8):
                     got = rows(x, wq, scales, biases, columns)

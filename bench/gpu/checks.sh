@@ -32,8 +32,9 @@
 #                   block passes and the verify passes against plain steps (random weights:
 #                   nothing is accepted; the costs are the point)
 #                   (MATMUL_PATHS: one run each, e.g. "cuda-rows mlx"; default auto)
-#   qmm             bench/qmm_small_m.py: MLX's quantized matmul and the engine's few-rows kernel
-#                   for 1 to 16 rows on the 8B shape's projections, checked against float32
+#   qmm             bench/qmm_small_m.py: MLX's quantized matmul (also on rows padded to 16) and
+#                   the engine's few-rows and tensor-core kernels for 1 to 16 rows on the 8B
+#                   shape's projections, checked against float32
 #   vision          bench/vision.sh: Ferrite's vision tower against mlx-vlm's on the same patches
 #                   (WIDTH, HEIGHT, ROUNDS, RUNS as it reads them; default 1024x768, 3, 3)
 #   ops-35b         `ferrite dev ops` on the 35B-A3B shape, on each delta path, and mlx-lm's count

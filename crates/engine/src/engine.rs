@@ -343,7 +343,9 @@ impl Engine {
         if model.config().is_hybrid() {
             crate::layers::delta_check::choose(None);
         }
-        crate::layers::matmul_path::choose(None);
+        if model.config().quant.is_some() {
+            crate::layers::matmul_path::choose(None);
+        }
         profile.apply_memory_settings(crate::weights::weight_bytes(dir)? as usize);
         // Split, each rank holds its share of the key/value heads.
         let ranks = group.as_ref().map_or(1, |g| g.size() as u64);

@@ -63,18 +63,8 @@ impl Linear {
 /// A few rows go to the engine's CUDA kernel once it has passed its self-check
 /// (`matmul_path.rs`), where it was measured faster; the rest, and every other backend, to MLX.
 fn quantized_matmul(x: &Array, p: &Packed) -> Result<Array> {
-    use super::matmul_path::{current, MatmulPath};
-    use super::{qmm_mma, qmm_rows};
-    let path = current();
-    if path != MatmulPath::Mlx {
-        let (k, n) = (x.dim(-1), p.weight.dim(-2));
-        let rows = if k > 0 { x.size() as i32 / k } else { 0 };
-        if path == MatmulPath::CudaRows && qmm_rows::pays(rows, n) && qmm_rows::fits(rows, k, x.dtype(), p) {
-            return Ok(qmm_rows::run(x, p)?);
-        }
-        if path == MatmulPath::CudaMma && qmm_mma::fits(rows, k, x.dtype(), p) {
-            return Ok(qmm_mma::run(x, p)?);
-        }
+    if let Some(kernel) = super::matmul_path::kernel_for(x, p) {
+        return Ok(kernel(x, p)?);
     }
     Ok(ops::quantized_matmul(x, &p.weight, &p.scales, &p.biases, true, p.spec.group_size, p.spec.bits)?)
 }

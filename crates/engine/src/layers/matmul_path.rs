@@ -102,14 +102,37 @@ pub fn choose(wanted: Option<MatmulPath>) -> &'static MatmulReport {
 /// A kernel's product of x and packed weights.
 type KernelRun = fn(&Array, &Packed) -> Result<Array, mlx_rs::error::Exception>;
 
+/// The kernel this process multiplies x [..., K] by `p` with: the chosen path's, where it
+/// takes the product (and `cuda-rows` where it was measured faster); `None` for MLX's.
+pub(super) fn kernel_for(x: &Array, p: &Packed) -> Option<KernelRun> {
+    let path = current();
+    if path == MatmulPath::Mlx {
+        return None;
+    }
+    let (rows, k) = qmm_rows::rows_of(x);
+    let takes = match path {
+        MatmulPath::CudaRows => qmm_rows::pays(rows, p.weight.dim(-2)) && qmm_rows::fits(rows, k, x.dtype(), p),
+        MatmulPath::CudaMma => qmm_mma::fits(rows, k, x.dtype(), p),
+        MatmulPath::Mlx => false,
+    };
+    takes.then(|| kernel(path)).flatten().map(|(run, _)| run)
+}
+
+/// The kernel a path runs and the most rows it takes (`None` for MLX's).
+fn kernel(path: MatmulPath) -> Option<(KernelRun, i32)> {
+    match path {
+        MatmulPath::CudaRows => Some((qmm_rows::run, qmm_rows::MAX_ROWS)),
+        MatmulPath::CudaMma => Some((qmm_mma::run, qmm_mma::MAX_ROWS)),
+        MatmulPath::Mlx => None,
+    }
+}
+
 /// `kernel`'s products against float32 ones (dequantized weights times x) for 4- and 8-bit
 /// weights and every row count it takes of bfloat16, and each row's bits against the same
 /// row alone. Returns the largest difference seen.
 pub fn self_check(kernel: MatmulPath) -> crate::error::Result<String> {
-    let (run, max_rows): (KernelRun, i32) = match kernel {
-        MatmulPath::CudaRows => (qmm_rows::run, qmm_rows::MAX_ROWS),
-        MatmulPath::CudaMma => (qmm_mma::run, qmm_mma::MAX_ROWS),
-        MatmulPath::Mlx => return Ok("the reference".into()),
+    let Some((run, max_rows)) = self::kernel(kernel) else {
+        return Ok("the reference".into());
     };
     let (n, k) = (256, 1024);
     let mut largest = 0f32;

@@ -39,6 +39,22 @@ impl Packed {
         Ok(Packed { weight, scales, biases, spec: QuantSpec { group_size, bits } })
     }
 
+    /// Whether this is one 2-D matrix packed over `k` inputs: words, scales and biases sized
+    /// for them and for the same rows. A kernel that indexes the buffers itself checks this
+    /// first (MLX's own op checks shapes; a kernel would read past them).
+    pub fn is_matrix_over(&self, k: i32) -> bool {
+        let (bits, group) = (self.spec.bits, self.spec.group_size);
+        let n = self.weight.dim(0);
+        bits > 0
+            && 32 % bits == 0
+            && group > 0
+            && k % group == 0
+            && [&self.weight, &self.scales, &self.biases].iter().all(|a| a.ndim() == 2 && a.dim(0) == n)
+            && self.weight.dim(1) * (32 / bits) == k
+            && self.scales.dim(1) == k / group
+            && self.biases.dim(1) == k / group
+    }
+
     pub fn eval(&self) -> Result<()> {
         mlx_rs::transforms::eval([&self.weight, &self.scales, &self.biases])?;
         Ok(())

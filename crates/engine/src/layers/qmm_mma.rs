@@ -42,11 +42,9 @@ pub fn fits(rows: i32, k: i32, dtype: Dtype, p: &Packed) -> bool {
     (1..=MAX_ROWS).contains(&rows)
         && dtype == Dtype::Bfloat16
         && matches!(bits, 2 | 4 | 8)
-        && group > 0
+        && p.is_matrix_over(k)
         && group % 16 == 0
-        && k % group == 0
         && k % 64 == 0
-        && p.weight.ndim() == 2
         && p.weight.dim(-2) % 8 == 0
 }
 

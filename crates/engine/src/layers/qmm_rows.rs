@@ -47,10 +47,8 @@ pub fn fits(rows: i32, k: i32, dtype: Dtype, p: &Packed) -> bool {
     (1..=MAX_ROWS).contains(&rows)
         && matches!(dtype, Dtype::Bfloat16 | Dtype::Float16)
         && matches!(bits, 2 | 4 | 8)
-        && group > 0
+        && p.is_matrix_over(k)
         && (group * bits) % 128 == 0
-        && k % group == 0
-        && p.weight.ndim() == 2
         && n % columns_for(rows) == 0
 }
 
@@ -157,6 +155,7 @@ mod tests {
         assert!(fits(4, 256, Dtype::Bfloat16, &packed(64, 256, 8, 64)));
         assert!(!fits(4, 256, Dtype::Bfloat16, &packed(64, 256, 2, 32)), "a group of 2-bit weights in 2 words");
         assert!(!fits(2, 256, Dtype::Bfloat16, &packed(60, 256, 4, 64)), "60 columns do not split into warps of 8");
+        assert!(!fits(1, 512, Dtype::Bfloat16, &p), "x of 512 inputs against weights packed over 256: read past them");
     }
 
     #[test]

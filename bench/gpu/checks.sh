@@ -32,6 +32,10 @@
 #                   block passes and the verify passes against plain steps (random weights:
 #                   nothing is accepted; the costs are the point)
 #                   (MATMUL_PATHS: one run each, e.g. "cuda-rows mlx"; default auto)
+#   passes          what a verify pass of N positions costs against a decode step, built and run
+#                   alone: `ferrite dev ops --positions` and bench/mlx_lm_ops.py's on the 8B shape
+#                   after 512 tokens (N = 1 2 4 8 16, the two engines alternating, twice; Ferrite
+#                   once more with --matmul-path cuda-rows), and Ferrite's on the embedded model
 #   qmm             bench/qmm_small_m.py: MLX's quantized matmul (also on rows padded to 16) and
 #                   the engine's few-rows and tensor-core kernels for 1 to 16 rows on the 8B
 #                   shape's projections, checked against float32
@@ -126,6 +130,16 @@ for check in "$@"; do
           --gen-tokens 48 --runs 1 --matmul-path $path > "$res/verify-8b-$path.txt" 2>&1
         tar -C "$res" -cf "$OUT/results.tar" .
       done ;;
+    passes)
+      target=$(checkpoint 8b-4bit); at="--context 512 --positions 1 --positions 2 --positions 4 --positions 8 --positions 16"
+      for round in 1 2; do
+        timeout 150 "$FERRITE" dev ops --model "$target" $at --json >> "$res/passes-8b.jsonl" 2>> "$res/passes-8b.err"
+        timeout 150 python3 bench/mlx_lm_ops.py --model "$target" $at >> "$res/passes-8b.jsonl" 2>> "$res/passes-8b.err"
+        tar -C "$res" -cf "$OUT/results.tar" .
+      done
+      timeout 150 "$FERRITE" dev ops --model "$target" $at --json --matmul-path cuda-rows > "$res/passes-8b-cuda-rows.jsonl" 2>&1
+      timeout 150 "$FERRITE" dev ops --model "$embedded" --context 512 --positions 1 --positions 2 --positions 3 \
+        --positions 8 --json > "$res/passes-embedded.jsonl" 2>&1 ;;
     qmm)
       timeout ${QMM_TIMEOUT:-150} python3 bench/qmm_small_m.py > "$res/qmm.jsonl" 2>&1 ;;
     drafter-bench)

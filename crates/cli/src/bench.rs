@@ -165,7 +165,12 @@ fn speculative(engine: &mut Engine, request: &GenerateRequest, prompts: &[Vec<u3
                 (Some(s), Some(r)) => format!(", block pass {:.3} ms ({r:.2}x)", s * 1e3),
                 _ => String::new(),
             };
-        eprintln!("plain decode {plain_tps:.1} tok/s; plain step {:.3} ms{head}{block}", costs.plain_step_s * 1e3);
+        eprintln!(
+            "plain decode {plain_tps:.1} tok/s; plain step {:.3} ms (waited for {:.3} ms, graph {:.3} ms){head}{block}",
+            costs.plain_step_s * 1e3,
+            costs.plain_waited_s * 1e3,
+            costs.plain_build_s * 1e3
+        );
     }
     eprintln!(
         "{:>5} {:>5} {:>12} {:>10} {:>22} {:>10} {:>10} {:>16} {:>14}",

@@ -82,6 +82,9 @@ pub enum Command {
         /// Also time a prompt of this many tokens in one pass, layer part by layer part.
         #[arg(long)]
         prefill: Option<usize>,
+        /// Positions a step takes: 1 is a decode step, more a verify pass's (repeatable).
+        #[arg(long, default_values_t = [1usize])]
+        positions: Vec<usize>,
         /// One JSON object per context instead of a table.
         #[arg(long)]
         json: bool,
@@ -207,7 +210,13 @@ fn tokenize(tokenizer: &std::path::Path, docs: &std::path::Path, out: &std::path
     Ok(())
 }
 
-fn ops(model: &std::path::Path, contexts: &[usize], prefill: Option<usize>, json: bool) -> Result<()> {
+fn ops(
+    model: &std::path::Path,
+    contexts: &[usize],
+    positions: &[usize],
+    prefill: Option<usize>,
+    json: bool,
+) -> Result<()> {
     use anyhow::Context;
     let engine = engine::Engine::load_with(model, &server::engine_options::from_env(engine::Profile::default(), None)?)
         .with_context(|| format!("loading {}", model.display()))?;
@@ -235,17 +244,21 @@ fn ops(model: &std::path::Path, contexts: &[usize], prefill: Option<usize>, json
             }
         }
     }
-    for &context in contexts {
-        let ops = engine::graph::decode_step_ops(&engine, context)?;
+    for (&context, &positions) in contexts.iter().flat_map(|c| positions.iter().map(move |p| (c, p))) {
+        let ops = engine::graph::decode_step_ops(&engine, context, positions)?;
         if json {
             println!(
                 "{}",
-                serde_json::json!({"engine": "ferrite", "context": context, "total": ops.total, "by_kind": ops.by_kind, "build_ms": ops.build_ms, "step_ms": ops.step_ms})
+                serde_json::json!({"engine": "ferrite", "context": context, "positions": positions, "total": ops.total, "by_kind": ops.by_kind, "build_ms": ops.build_ms, "step_ms": ops.step_ms})
             );
             continue;
         }
+        let what = match positions {
+            1 => "one decode step".to_string(),
+            n => format!("one verify pass of {n} positions"),
+        };
         println!(
-            "{}: one decode step after {context} tokens: {} operations; built in {:.2} ms, {:.2} ms built and run alone",
+            "{}: {what} after {context} tokens: {} operations; built in {:.2} ms, {:.2} ms built and run alone",
             model.display(),
             ops.total,
             ops.build_ms,
@@ -336,7 +349,9 @@ pub fn run(cmd: Command) -> Result<()> {
         }
         Command::TrainTokenizer { docs, vocab, out } => return train_tokenizer(&docs, vocab, &out),
         Command::Tokenize { tokenizer, docs, out } => return tokenize(&tokenizer, &docs, &out),
-        Command::Ops { model, context, prefill, json } => return ops(&model, &context, prefill, json),
+        Command::Ops { model, context, positions, prefill, json } => {
+            return ops(&model, &context, &positions, prefill, json)
+        }
         Command::Batch { model, rounds, join_prompt: Some(prompt), interleave, .. } => {
             return crate::batch::interleave(&model, prompt, &interleave, rounds.max(1))
         }

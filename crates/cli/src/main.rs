@@ -26,9 +26,8 @@ struct Cli {
     #[arg(long, global = true, default_value = "auto", value_parser = delta_path)]
     delta_path: DeltaPathArg,
     /// Which implementation multiplies a few rows (decode steps, verify passes) by quantized
-    /// weights: `auto` (Ferrite's few-rows CUDA kernel after its self-check at load on a CUDA
-    /// machine, MLX's elsewhere), `mlx`, `cuda-rows` or `cuda-mma` (the tensor-core kernel;
-    /// both still self-checked).
+    /// weights: `auto` (MLX's, as `mlx`), `cuda-rows` (Ferrite's few-rows CUDA kernel) or
+    /// `cuda-mma` (its tensor-core kernel); a kernel asked for runs after its self-check at load.
     #[arg(long, global = true, default_value = "auto", value_parser = matmul_path)]
     matmul_path: MatmulPathArg,
 }

@@ -123,15 +123,10 @@ impl LinearState {
         if n == 0 {
             return Ok(());
         }
-        let (Some(window), false) = (&self.conv_window, self.steps.is_empty()) else {
-            return Err(crate::error::Error::Request(
-                "rollback of a linear-attention state that was not recorded".into(),
-            ));
+        self.check_rollback(n)?;
+        let (Some(window), len) = (&self.conv_window, self.steps.len() as i32) else {
+            return Ok(());
         };
-        let len = self.steps.len() as i32;
-        if n > len {
-            return Err(crate::error::Error::Request(format!("cannot roll back {n} of {len} recorded positions")));
-        }
         let keep = len - n;
         let tail = window.dim(1) - len; // kernel - 1
         self.conv = Some(window.index((.., keep..keep + tail, ..)).contiguous()?);
@@ -140,6 +135,26 @@ impl LinearState {
         self.steps.truncate(keep as usize);
         // What is left can be rolled back further (an answer that ended inside the cycle).
         self.conv_window = Some(window.index((.., ..tail + keep, ..)));
+        Ok(())
+    }
+
+    /// Whether [`LinearState::rollback`] of `n` positions can be done: the last forward was
+    /// recorded and had more than `n` positions (the state before its first is not kept).
+    pub fn check_rollback(&self, n: i32) -> Result<()> {
+        let len = self.steps.len() as i32;
+        if n <= 0 {
+            return Ok(());
+        }
+        if self.conv_window.is_none() || len == 0 {
+            return Err(crate::error::Error::Request(
+                "rollback of a linear-attention state that was not recorded".into(),
+            ));
+        }
+        if n >= len {
+            return Err(crate::error::Error::Request(format!(
+                "cannot roll back {n} of {len} recorded positions (the state before the first is not kept)"
+            )));
+        }
         Ok(())
     }
 
@@ -205,6 +220,12 @@ impl Cache {
     /// Forgets the last `n` positions of every layer (attention: trimmed; linear attention:
     /// restored from the states recorded during the last forward).
     pub fn rollback(&mut self, n: i32) -> Result<()> {
+        // Checked first, so a refused rollback leaves every layer as it was.
+        for layer in &self.layers {
+            if let LayerCache::Linear(l) = layer {
+                l.check_rollback(n)?;
+            }
+        }
         for layer in &mut self.layers {
             match layer {
                 LayerCache::Kv(kv) => kv.trim(n),

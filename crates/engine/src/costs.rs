@@ -20,8 +20,15 @@ pub const MAX_DRAFT_DEPTH: usize = 4;
 /// What one speculative cycle costs relative to a plain decode step, measured on a model.
 #[derive(Debug, Clone, Serialize)]
 pub struct Costs {
-    /// Seconds per plain decode step (one token through the trunk, argmax read back).
+    /// Seconds per plain decode step (one token through the trunk, argmax read back), timed
+    /// pipelined as decoding runs it.
     pub plain_step_s: f64,
+    /// Seconds per plain step timed as a verify pass is, one at a time: its graph built, then
+    /// waited for. Against `plain_step_s` it shows what the host's work and the round trip add
+    /// to any pass a cycle waits for.
+    pub plain_waited_s: f64,
+    /// Of `plain_waited_s`, the seconds spent making the step's graph on the host.
+    pub plain_build_s: f64,
     /// Seconds per MTP draft step (one position through the head, argmax read back); `None`
     /// for a model without a head.
     pub draft_step_s: Option<f64>,
@@ -70,7 +77,7 @@ impl Costs {
 }
 
 /// Times plain steps, the drafters' work (the model's MTP head, `block` when given) and verify
-/// passes after a `prompt` prefill (`iters` of each, after one warm-up).
+/// passes after a `prompt` prefill (`iters` of each, after two warm-ups).
 pub fn measure_costs(
     model: &dyn LanguageModel,
     block: Option<&BlockDrafter>,
@@ -94,7 +101,11 @@ pub fn measure_costs(
     eval(cache.arrays().into_iter().chain([&h]).chain(taps.as_ref()))?;
     let token = |i: usize| prompt[i % prompt.len()];
     let argmax = |logits: &Array| ops::indexing::argmax_axis(logits.index((.., -1, ..)), -1, None);
+    // Two untimed calls: on a GPU the first of a new shape compiles kernels, and after one
+    // the first verify depth timed still read high (the embedded model's 2-position pass at
+    // 1.4 times its 3-position one on an H100, where `ferrite dev ops` found it cheaper).
     let time = |f: &mut dyn FnMut(usize) -> Result<()>| -> Result<f64> {
+        f(0)?;
         f(0)?;
         let t = Instant::now();
         for i in 1..=iters {
@@ -124,6 +135,21 @@ pub fn measure_costs(
         }
         y.eval()?;
         t.elapsed().as_secs_f64() / steps as f64
+    };
+
+    // The same step waited for, as a verify pass is (its graph building timed apart).
+    let (plain_waited_s, plain_build_s) = {
+        let mut building = 0.0;
+        let waited = time(&mut |i| {
+            let began = Instant::now();
+            let y = argmax(&model.forward(&Array::from_slice(&[token(i)], &[1, 1]), &mut cache)?)?;
+            if i > 0 {
+                building += began.elapsed().as_secs_f64();
+            }
+            y.eval()?;
+            Ok(())
+        })?;
+        (waited, building / iters.max(1) as f64)
     };
 
     let draft_step_s = match model.mtp() {
@@ -181,5 +207,5 @@ pub fn measure_costs(
         })?);
         verify_build_s.push(building / iters.max(1) as f64);
     }
-    Ok(Costs { plain_step_s, draft_step_s, block_draft_s, verify_s, verify_build_s })
+    Ok(Costs { plain_step_s, plain_waited_s, plain_build_s, draft_step_s, block_draft_s, verify_s, verify_build_s })
 }

@@ -8,7 +8,6 @@
 use std::collections::BTreeMap;
 use std::time::Instant;
 
-use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::transforms::eval;
 use mlx_rs::Array;
 
@@ -40,8 +39,10 @@ impl StepOps {
 
 /// The operations of one greedy decode step after `context` prompt tokens (prefilled and
 /// evaluated first, so only the step itself is counted): the model's forward pass for one
-/// token, its cache updates and the argmax.
-pub fn decode_step_ops(engine: &Engine, context: usize) -> Result<StepOps> {
+/// token, its cache updates and the argmax. With `positions` > 1, a verify pass's step instead:
+/// that many positions at once, the cache recording what a rollback needs (as speculation
+/// runs it), rolled back after each step so every one sees the same context.
+pub fn decode_step_ops(engine: &Engine, context: usize, positions: usize) -> Result<StepOps> {
     let model = engine.model();
     let prompt = synthetic_prompt(model.config().vocab_size.max(2) as u32, context.max(1));
     let mut cache = model.new_cache();
@@ -50,16 +51,30 @@ pub fn decode_step_ops(engine: &Engine, context: usize) -> Result<StepOps> {
         eval([&hidden])?;
         eval(cache.arrays())?;
     }
+    let positions = positions.max(1);
+    let verify = positions > 1;
+    cache.set_record(verify);
+    let ids = vec![1u32; positions];
     let step = |cache: &mut crate::cache::Cache| -> Result<Array> {
-        let logits = model.forward(&Array::from_slice(&[1u32], &[1, 1]), cache)?;
-        Ok(mlx_rs::ops::indexing::argmax_axis(logits.index((.., -1, ..)), -1, None)?)
+        let logits = model.forward(&Array::from_slice(&ids, &[1, positions as i32]), cache)?;
+        Ok(mlx_rs::ops::indexing::argmax_axis(&logits, -1, None)?)
+    };
+    // A verify pass whose drafts were all rejected: only its first position stays (the state
+    // before it is not recorded), so the context grows by one a step, as plain decoding's.
+    let rewind = |cache: &mut crate::cache::Cache| -> Result<()> {
+        if verify {
+            cache.rollback(positions as i32 - 1)?;
+        }
+        Ok(())
     };
     // One step first: weights only the output side reads (lm_head) are still lazy after the
     // prefill, and their loading is not part of a step.
     step(&mut cache)?.eval()?;
+    rewind(&mut cache)?;
     let token = step(&mut cache)?;
     let mut ops = StepOps::from_names(ffi::pending_primitives(std::slice::from_ref(&token))?);
     eval([&token])?;
+    rewind(&mut cache)?;
     // Timed steps after two untimed ones (kernels compiled, buffers cached).
     const WARM: usize = 2;
     const TIMED: usize = 16;
@@ -68,7 +83,8 @@ pub fn decode_step_ops(engine: &Engine, context: usize) -> Result<StepOps> {
         let started = Instant::now();
         let token = step(&mut cache)?;
         let built = started.elapsed().as_secs_f64();
-        token.try_item_cast::<u32>()?;
+        token.eval()?;
+        rewind(&mut cache)?;
         if i >= WARM {
             build += built;
             total += started.elapsed().as_secs_f64();

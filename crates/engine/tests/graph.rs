@@ -15,7 +15,7 @@ fn step_ops(arch: Architecture, bits: Option<i32>) -> engine::graph::StepOps {
 fn step_ops_as(arch: Architecture, bits: Option<i32>, weights: Override) -> engine::graph::StepOps {
     let dir = common::make(&common::options(arch, "tiny", bits, 32, Dtype::Float32));
     let engine = Engine::load_with(dir.path(), &EngineOptions { weights, ..Default::default() }).unwrap();
-    engine::graph::decode_step_ops(&engine, 20).unwrap()
+    engine::graph::decode_step_ops(&engine, 20, 1).unwrap()
 }
 
 #[test]

@@ -205,6 +205,28 @@ fn rollback_restores_linear_attention_and_kv_state_exactly() {
     assert!(diff <= 1e-5, "logits after rollback differ by {diff}");
 }
 
+/// The state before a recorded pass's first position is not kept: rolling all of them back
+/// is refused by name, and the refusal leaves every layer (attention too) as it was.
+#[test]
+fn a_rollback_past_the_recorded_positions_is_refused_and_changes_nothing() {
+    let (_d, e) = with_mtp(Architecture::Qwen3Next, Dtype::Float32);
+    let m = e.model();
+    let run =
+        |cache: &mut Cache, ids: &[u32]| m.forward(&Array::from_slice(ids, &[1, ids.len() as i32]), cache).unwrap();
+    let mut a = m.new_cache();
+    run(&mut a, &[5, 17, 230]);
+    a.set_record(true);
+    run(&mut a, &[8, 9]);
+    let offset = a.offset();
+    for n in [2, 3] {
+        let err = a.rollback(n).unwrap_err().to_string();
+        assert!(err.contains(&format!("cannot roll back {n} of 2 recorded positions")), "{err}");
+        assert_eq!(a.offset(), offset, "a refused rollback of {n} moved the cache");
+    }
+    a.rollback(1).unwrap();
+    assert_eq!(a.offset(), offset - 1);
+}
+
 #[test]
 fn depth_limits_and_checkpoints_without_a_head() {
     let (_d, e) = with_mtp(Architecture::Qwen3Next, Dtype::Float32);

@@ -4,7 +4,9 @@
 //! state after each position, which a verify pass keeps for an exact rollback.
 //!
 //! Layout: one warp per (sequence, value head, value row); each lane keeps Dk / 32 elements of
-//! that state row in registers, strided by 32 so the warp reads and writes whole lines. Per
+//! that state row in registers (rounded up: a key size that is not whole warps, such as the
+//! embedded model's 48, leaves the last lanes' extra elements at zero, which add nothing to
+//! a sum), strided by 32 so the warp reads and writes whole lines. Per
 //! position: decay the row, `kv = row · k` (a warp sum), `delta = (v - kv) β`, `row += k delta`,
 //! `y = row · q` (a warp sum). The arithmetic is f32 whatever the inputs' dtype, as the
 //! operations path's: q, k, v in their dtype, decay and β as f32, the state f32.
@@ -22,7 +24,7 @@ use mlx_rs::{Array, Dtype};
 use crate::ffi::{CudaKernel, KernelSource, Launch, TemplateArg};
 
 const SOURCE: &str = r#"
-    constexpr int per_lane = Dk / 32;
+    constexpr int per_lane = (Dk + 31) / 32;  // the last element may lie past Dk: kept at zero
     const int T = q_shape[1];            // read at run time: one kernel for every length
     const int lane = threadIdx.x;
     const int dv = blockIdx.y * blockDim.y + threadIdx.y;
@@ -36,7 +38,7 @@ const SOURCE: &str = r#"
     const float* row_in = state_in + ((size_t)n * Dv + dv) * Dk;
     float row[per_lane];
     #pragma unroll
-    for (int i = 0; i < per_lane; ++i) row[i] = row_in[i * 32 + lane];
+    for (int i = 0; i < per_lane; ++i) row[i] = i * 32 + lane < Dk ? row_in[i * 32 + lane] : 0.0f;
 
     for (int t = 0; t < T; ++t) {
       const size_t bt = (size_t)b * T + t;
@@ -47,8 +49,9 @@ const SOURCE: &str = r#"
       float kv = 0.0f;
       #pragma unroll
       for (int i = 0; i < per_lane; ++i) {
+        const float kj = i * 32 + lane < Dk ? static_cast<float>(k_t[i * 32 + lane]) : 0.0f;
         row[i] *= decay;
-        kv += row[i] * static_cast<float>(k_t[i * 32 + lane]);
+        kv += row[i] * kj;
       }
       #pragma unroll
       for (int o = 16; o > 0; o >>= 1) kv += __shfl_xor_sync(0xffffffffu, kv, o);
@@ -56,8 +59,9 @@ const SOURCE: &str = r#"
       float out = 0.0f;
       #pragma unroll
       for (int i = 0; i < per_lane; ++i) {
-        row[i] += static_cast<float>(k_t[i * 32 + lane]) * delta;
-        out += row[i] * static_cast<float>(q_t[i * 32 + lane]);
+        const bool in = i * 32 + lane < Dk;
+        row[i] += (in ? static_cast<float>(k_t[i * 32 + lane]) : 0.0f) * delta;
+        out += row[i] * (in ? static_cast<float>(q_t[i * 32 + lane]) : 0.0f);
       }
       #pragma unroll
       for (int o = 16; o > 0; o >>= 1) out += __shfl_xor_sync(0xffffffffu, out, o);
@@ -65,13 +69,13 @@ const SOURCE: &str = r#"
       if (Capture) {
         float* row_t = state_out + (((size_t)t * heads + n) * Dv + dv) * Dk;
         #pragma unroll
-        for (int i = 0; i < per_lane; ++i) row_t[i * 32 + lane] = row[i];
+        for (int i = 0; i < per_lane; ++i) if (i * 32 + lane < Dk) row_t[i * 32 + lane] = row[i];
       }
     }
     if (!Capture) {
       float* row_out = state_out + ((size_t)n * Dv + dv) * Dk;
       #pragma unroll
-      for (int i = 0; i < per_lane; ++i) row_out[i * 32 + lane] = row[i];
+      for (int i = 0; i < per_lane; ++i) if (i * 32 + lane < Dk) row_out[i * 32 + lane] = row[i];
     }
 "#;
 
@@ -87,9 +91,14 @@ const KERNEL_SOURCE: KernelSource = KernelSource {
     body: SOURCE,
 };
 
-/// Whether the kernel takes these shapes: whole warps over the key dimension.
+/// The largest key size a warp's registers hold (8 elements a lane).
+const MAX_DK: i32 = 256;
+
+/// Whether a layer's recurrence runs here: key heads of whole warps, or of any size up to
+/// `MAX_DK` once the self-check has seen the kernel agree on such heads
+/// (`delta_path::takes_odd_heads`).
 pub fn fits(head_k_dim: i32) -> bool {
-    head_k_dim > 0 && head_k_dim % 32 == 0 && head_k_dim <= 256
+    head_k_dim > 0 && head_k_dim <= MAX_DK && (head_k_dim % 32 == 0 || super::delta_path::takes_odd_heads())
 }
 
 /// q, k [B, T, Hk, Dk]; v [B, T, Hv, Dv]; g, beta [B, T, Hv]; state [B, Hv, Dv, Dk] f32.
@@ -106,8 +115,10 @@ pub fn run(
 ) -> Result<(Array, Vec<Array>), Exception> {
     let (b, t, hk, dk) = (q.dim(0), q.dim(1), q.dim(2), q.dim(3));
     let (hv, dv) = (v.dim(2), v.dim(3));
-    if !fits(dk) || hv % hk != 0 {
-        return Err(Exception::custom(format!("the CUDA delta kernel takes Dk a multiple of 32 up to 256, not {dk}")));
+    if dk <= 0 || dk > MAX_DK || hv % hk != 0 {
+        return Err(Exception::custom(format!(
+            "the CUDA delta kernel takes Dk up to 256 and value heads a multiple of the key heads, not Dk {dk}, {hv} value and {hk} key heads"
+        )));
     }
     let (g, beta) = (g.as_dtype(Dtype::Float32)?, beta.as_dtype(Dtype::Float32)?);
     let state = state.as_dtype(Dtype::Float32)?;
@@ -139,5 +150,19 @@ pub fn run(
         Ok((y, states))
     } else {
         Ok((y, vec![states]))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Key heads of whole warps always fit; others only once the self-check on a CUDA machine
+    /// saw the kernel agree on them (never here, on the CPU).
+    #[test]
+    fn key_heads_that_are_not_whole_warps_wait_for_their_check() {
+        assert!(fits(128) && fits(64) && fits(256));
+        assert!(!fits(48), "checked on a CUDA machine only");
+        assert!(!fits(512) && !fits(0));
     }
 }

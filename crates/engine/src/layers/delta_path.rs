@@ -70,6 +70,10 @@ impl fmt::Display for DeltaPath {
 pub struct DeltaReport {
     pub path: DeltaPath,
     pub why: String,
+    /// Whether the CUDA recurrence kernel agreed with the operations on heads whose key size
+    /// is not whole warps (checked apart: a failure there keeps such models on the
+    /// operations, not every model).
+    pub odd_heads: bool,
 }
 
 static CHOSEN: OnceLock<DeltaReport> = OnceLock::new();
@@ -82,6 +86,11 @@ pub fn current() -> DeltaPath {
 /// What `delta_check::choose` decided, if it ran.
 pub fn report() -> Option<&'static DeltaReport> {
     CHOSEN.get()
+}
+
+/// Whether layers with key heads that are not whole warps may run the CUDA recurrence kernel.
+pub fn takes_odd_heads() -> bool {
+    CHOSEN.get().is_some_and(|r| r.odd_heads)
 }
 
 /// Settles the path once per process with `decide` (the first call's; later calls return it).

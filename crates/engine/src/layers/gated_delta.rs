@@ -176,7 +176,8 @@ impl GatedDeltaNet {
         ];
         let path = match delta_path::current() {
             DeltaPath::Cuda | DeltaPath::CudaFused if !delta_cuda::fits(self.head_k_dim) => DeltaPath::Ops,
-            // Head sizes the fused step does not take: the recurrence alone as a kernel.
+            // Head sizes the fused step does not take (the embedded model's 48, once checked):
+            // the recurrence alone as a kernel.
             DeltaPath::CudaFused => DeltaPath::Cuda,
             path => path,
         };

@@ -1,13 +1,18 @@
 //! Which implementation runs quantized matmuls over a few rows (decode steps, verify passes,
 //! drafters' blocks) in this process, chosen once and checked before it is trusted:
 //!
-//! - `mlx`: MLX's `quantized_matmul`, on every backend; the reference.
+//! - `mlx`: MLX's `quantized_matmul`, on every backend; the reference, and what runs unless
+//!   another path is asked for.
 //! - `cuda-rows`: the engine's few-rows CUDA kernel (`qmm_rows.rs`) where it was measured
-//!   faster than MLX's (`qmm_rows::pays`: up to 7 rows into 2048 or more outputs); everything
-//!   else stays with MLX. Plain steps and verify passes up to 7 positions then give a row the
-//!   same bits; longer passes go to MLX's GEMM, as they do on the `mlx` path.
+//!   faster than MLX's in isolation (`qmm_rows::pays`: up to 7 rows into 2048 or more
+//!   outputs); everything else stays with MLX. Plain steps and verify passes up to 7
+//!   positions then give a row the same bits; longer passes go to MLX's GEMM.
 //! - `cuda-mma`: the engine's tensor-core kernel (`qmm_mma.rs`) for every product of up to 16
-//!   bfloat16 rows; only when asked for until it is measured on a GPU.
+//!   bfloat16 rows.
+//!
+//! Both kernels win over MLX's product alone but lose inside a whole decode step (the 8B
+//! shape's plain step and its graph building were slower with either on an H100:
+//! bench/results/qmm-rows.md), so neither is chosen unless asked for.
 //!
 //! A CUDA kernel compiles at run time, so it is trusted only after `choose` has run it against
 //! float32 products on small inputs (4 and 8 bits, 1 to 32 rows) and seen every row agree
@@ -72,21 +77,18 @@ pub fn report() -> Option<&'static MatmulReport> {
     CHOSEN.get()
 }
 
-/// Settles the path once per process: `wanted`, or `cuda-rows` on a CUDA machine, when its
-/// self-check passes; else `mlx`. Later calls return the first decision.
+/// Settles the path once per process: `wanted` when its self-check passes, else `mlx`. Later
+/// calls return the first decision.
 pub fn choose(wanted: Option<MatmulPath>) -> &'static MatmulReport {
     CHOSEN.get_or_init(|| {
-        let candidate = match wanted {
-            Some(path) => path,
-            None if device::backend() == Backend::Cuda => MatmulPath::CudaRows,
-            None => MatmulPath::Mlx,
-        };
-        let report = match candidate {
-            MatmulPath::Mlx if wanted.is_some() => MatmulReport { path: MatmulPath::Mlx, why: "asked for".into() },
-            MatmulPath::Mlx => {
-                MatmulReport { path: MatmulPath::Mlx, why: format!("no kernel path on {}", device::backend()) }
-            }
-            kernel => match self_check(kernel) {
+        let report = match wanted {
+            Some(MatmulPath::Mlx) => MatmulReport { path: MatmulPath::Mlx, why: "asked for".into() },
+            None if device::backend() == Backend::Cuda => MatmulReport {
+                path: MatmulPath::Mlx,
+                why: "the engine's kernels slow a whole decode step on CUDA; --matmul-path asks for one".into(),
+            },
+            None => MatmulReport { path: MatmulPath::Mlx, why: format!("no kernel path on {}", device::backend()) },
+            Some(kernel) => match self_check(kernel) {
                 Ok(why) => MatmulReport { path: kernel, why },
                 Err(e) => {
                     tracing::warn!("the {kernel} matmul path failed its self-check: {e}");

@@ -50,34 +50,39 @@ fn on_cuda() -> bool {
 
 /// The same attention as matmuls and a softmax (in float32, as MLX's fused kernels and its
 /// fallback compute it), query heads grouped over their key/value head.
+///
+/// Each key/value head's query heads and positions are the rows of one matrix, so the
+/// matmuls' batch is [batch, kv_heads] alone: MLX's CUDA matmul runs that as one strided
+/// batched GEMM, where a broadcast group axis (keys expanded over their query heads) makes it
+/// launch a GEMM per key/value head, twice a layer.
 pub fn written_out(q: &Array, k: &Array, v: &Array, scale: f32, mask: Mask<'_>) -> Result<Array> {
     let (batch, heads, queries, dim) = (q.dim(0), q.dim(1), q.dim(2), q.dim(3));
     let (kv_heads, keys) = (k.dim(1), k.dim(2));
     let group = heads / kv_heads;
-    let q =
-        q.multiply(Array::from_f32(scale).as_dtype(q.dtype())?)?.reshape(&[batch, kv_heads, group, queries, dim])?;
-    let k = k.expand_dims(2)?;
-    let v = v.expand_dims(2)?;
-    let scores = q.matmul(&k.swap_axes(-1, -2)?)?; // [batch, kv_heads, group, queries, keys]
+    let rows = group * queries;
+    let q = q.multiply(Array::from_f32(scale).as_dtype(q.dtype())?)?.reshape(&[batch, kv_heads, rows, dim])?;
+    let scores = q.matmul(&k.swap_axes(-1, -2)?)?; // [batch, kv_heads, group * queries, keys]
     let keep = match mask {
         Mask::None => None,
         Mask::Causal => {
             // Query i sits at key position keys - queries + i.
-            let rows = ops::arange::<_, i32>(keys - queries, keys, None)?.reshape(&[queries, 1])?;
+            let at = ops::arange::<_, i32>(keys - queries, keys, None)?.reshape(&[queries, 1])?;
             let columns = ops::arange::<_, i32>(0, keys, None)?;
-            Some(columns.le(&rows)?)
+            Some(columns.le(&at)?)
         }
         Mask::Keep(keep) => Some(keep.expand_dims(2)?),
     };
     let scores = match keep {
         Some(keep) => {
+            // The masks speak of [batch, heads, queries, keys]: seen with the group apart.
+            let grouped = scores.reshape(&[batch, kv_heads, group, queries, keys])?;
             let hidden = Array::from_f32(f32::NEG_INFINITY).as_dtype(scores.dtype())?;
-            ops::select(&keep, &scores, &hidden)?
+            ops::select(&keep, &grouped, &hidden)?.reshape(&[batch, kv_heads, rows, keys])?
         }
         None => scores,
     };
     let weights = ops::softmax_axis(&scores, -1, true)?;
-    let out = weights.matmul(&v)?;
+    let out = weights.matmul(v)?; // [batch, kv_heads, group * queries, dim]
     Ok(out.reshape(&[batch, heads, queries, dim])?)
 }
 

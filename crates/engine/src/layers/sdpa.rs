@@ -9,8 +9,10 @@
 //! matmuls and softmax MLX's own fallback uses, on CUDA only (Metal's vector kernels take
 //! them as they are).
 
+use std::cell::RefCell;
+
 use mlx_rs::fast::{self, ScaledDotProductAttentionMask};
-use mlx_rs::{ops, Array};
+use mlx_rs::{ops, Array, Dtype};
 
 use crate::device::{backend, Backend};
 use crate::error::Result;
@@ -60,23 +62,18 @@ pub fn written_out(q: &Array, k: &Array, v: &Array, scale: f32, mask: Mask<'_>) 
     let (kv_heads, keys) = (k.dim(1), k.dim(2));
     let group = heads / kv_heads;
     let rows = group * queries;
-    let q = q.multiply(Array::from_f32(scale).as_dtype(q.dtype())?)?.reshape(&[batch, kv_heads, rows, dim])?;
+    let q = q.multiply(constant(scale, q.dtype())?)?.reshape(&[batch, kv_heads, rows, dim])?;
     let scores = q.matmul(&k.swap_axes(-1, -2)?)?; // [batch, kv_heads, group * queries, keys]
     let keep = match mask {
         Mask::None => None,
-        Mask::Causal => {
-            // Query i sits at key position keys - queries + i.
-            let at = ops::arange::<_, i32>(keys - queries, keys, None)?.reshape(&[queries, 1])?;
-            let columns = ops::arange::<_, i32>(0, keys, None)?;
-            Some(columns.le(&at)?)
-        }
+        Mask::Causal => Some(causal(queries, keys)?),
         Mask::Keep(keep) => Some(keep.expand_dims(2)?),
     };
     let scores = match keep {
         Some(keep) => {
             // The masks speak of [batch, heads, queries, keys]: seen with the group apart.
             let grouped = scores.reshape(&[batch, kv_heads, group, queries, keys])?;
-            let hidden = Array::from_f32(f32::NEG_INFINITY).as_dtype(scores.dtype())?;
+            let hidden = constant(f32::NEG_INFINITY, scores.dtype())?;
             ops::select(&keep, &grouped, &hidden)?.reshape(&[batch, kv_heads, rows, keys])?
         }
         None => scores,
@@ -84,6 +81,42 @@ pub fn written_out(q: &Array, k: &Array, v: &Array, scale: f32, mask: Mask<'_>) 
     let weights = ops::softmax_axis(&scores, -1, true)?;
     let out = weights.matmul(v)?; // [batch, kv_heads, group * queries, dim]
     Ok(out.reshape(&[batch, heads, queries, dim])?)
+}
+
+thread_local! {
+    /// The last causal mask built, by (queries, keys): every attention layer of a pass asks
+    /// for the same one, so a pass builds it once, not once a layer.
+    static CAUSAL: RefCell<Option<((i32, i32), Array)>> = const { RefCell::new(None) };
+    /// Scalars in the dtypes asked for (the scale, minus infinity), made once per thread: each
+    /// conversion would otherwise be an operation of its own in every layer of every pass.
+    static CONSTANTS: RefCell<Vec<(u32, Dtype, Array)>> = const { RefCell::new(Vec::new()) };
+}
+
+/// True where query i (at key position keys - queries + i) may see key j: [queries, keys].
+fn causal(queries: i32, keys: i32) -> Result<Array> {
+    CAUSAL.with_borrow_mut(|last| {
+        if let Some((shape, keep)) = last.as_ref() {
+            if *shape == (queries, keys) {
+                return Ok(keep.clone());
+            }
+        }
+        let at = ops::arange::<_, i32>(keys - queries, keys, None)?.reshape(&[queries, 1])?;
+        let keep = ops::arange::<_, i32>(0, keys, None)?.le(&at)?;
+        *last = Some(((queries, keys), keep.clone()));
+        Ok(keep)
+    })
+}
+
+/// `value` as a 0-d array of `dtype`.
+fn constant(value: f32, dtype: Dtype) -> Result<Array> {
+    CONSTANTS.with_borrow_mut(|made| {
+        if let Some((_, _, c)) = made.iter().find(|(bits, d, _)| *bits == value.to_bits() && *d == dtype) {
+            return Ok(c.clone());
+        }
+        let c = Array::from_f32(value).as_dtype(dtype)?;
+        made.push((value.to_bits(), dtype, c.clone()));
+        Ok(c)
+    })
 }
 
 #[cfg(test)]

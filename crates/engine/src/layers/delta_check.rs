@@ -78,7 +78,6 @@ pub fn self_check(candidate: DeltaPath) -> crate::error::Result<String> {
             let largest = check_short(candidate, dtype, FULL_HEAD, positions, record)?;
             worst.push(format!("{dtype:?} x{positions}: {largest:.1e}"));
         }
-
         if candidate == DeltaPath::Native {
             worst.push(format!("{dtype:?} prefill x{PREFILL_CHECKED}: {:.1e}", check_native_prefill(dtype)?));
         }
@@ -229,7 +228,7 @@ fn moe_by_operations(logits: &Array, table: &Array, residual: &Array, routing: &
 }
 
 /// Random arguments of the short step (see `gated_delta::short_core_on`): two sequences, 2 key
-/// heads and 4 value heads of 128, conv kernel 4; values of a model's scale.
+/// heads and 4 value heads of `head` keys and values, conv kernel 4; values of a model's scale.
 fn check_inputs(dtype: Dtype, s: i32, head: i32) -> Result<Vec<Array>, Exception> {
     let (b, nk, nv, dk, dv, kernel) = (2, 2, 4, head, head, 4);
     let channels = 2 * nk * dk + nv * dv;

@@ -233,6 +233,48 @@ mod tests {
         }
     }
 
+    /// A few rows (a verify pass's) take the forwarder's gemv path a row at a time on Linux:
+    /// each row of the product equals the plain loop's, in both layouts of the rows, and bit
+    /// for bit the product of that row alone (what a decode step computes for it).
+    #[test]
+    fn a_few_rows_match_a_plain_loop_and_each_row_alone() {
+        use mlx_rs::ops::indexing::IndexOp;
+        use mlx_rs::{ops, Array};
+        // Wide enough rows that OpenBLAS's sgemm sums them in another order than its gemv.
+        let (k, n) = (384usize, 96usize);
+        // Values that are not short binary fractions, so the order of a sum shows in its bits.
+        let weights: Vec<f32> = (0..n * k).map(|i| (i as f32 * 0.618_034).fract() - 0.5).collect();
+        let w = Array::from_slice(&weights, &[n as i32, k as i32]);
+        for m in [2usize, 3, 5, 8] {
+            let rows: Vec<f32> = (0..m * k).map(|i| ((i * 7 % 11) as f32 - 5.0) / 4.0).collect();
+            let x = Array::from_slice(&rows, &[m as i32, k as i32]);
+            // The same rows stored k x m, read through a transpose.
+            let stored_km: Vec<f32> = (0..k * m).map(|at| rows[(at % m) * k + at / m]).collect();
+            let x_km = Array::from_slice(&stored_km, &[k as i32, m as i32]);
+            for (what, product) in [("x @ w.T", ops::matmul(&x, w.t())), ("x_km.T @ w.T", ops::matmul(x_km.t(), w.t()))]
+            {
+                let product = product.unwrap();
+                product.eval().unwrap();
+                let got = product.as_slice::<f32>();
+                for r in 0..m {
+                    for j in 0..n {
+                        let want: f32 = (0..k).map(|i| rows[r * k + i] * weights[j * k + i]).sum();
+                        let g = got[r * n + j];
+                        assert!(
+                            (g - want).abs() <= 1e-4 * (1.0 + want.abs()),
+                            "{what}, {m} rows: [{r}][{j}] {g} vs {want}"
+                        );
+                    }
+                    if cfg!(target_os = "linux") && forwards_one_row() {
+                        let alone = ops::matmul(x.index(r as i32..r as i32 + 1), w.t()).unwrap();
+                        alone.eval().unwrap();
+                        assert_eq!(&got[r * n..(r + 1) * n], alone.as_slice::<f32>(), "{what}, {m} rows: row {r}");
+                    }
+                }
+            }
+        }
+    }
+
     /// The constructor ran in this test program too, so on a CPU that OpenBLAS 0.3.21 does
     /// not know, it runs the kernels for the CPU's features instead of the generic fallback.
     #[test]

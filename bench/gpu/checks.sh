@@ -11,6 +11,9 @@
 #                   default 150 s; TUNE_RUNS numbers the runs, default "1 2 3 4 5")
 #   tune-next       the same on a Qwen3-Next-shaped checkpoint with an MTP head (next-small-4bit)
 #   depth           bench/depth.sh on the embedded model (DEPTH_ARGS adds arguments)
+#   spec-embedded   `ferrite bench --spec` on the embedded model with its block drafter (held-out
+#                   code, 64 tokens, temperature 0): plain, MTP and block depths with their
+#                   verify costs, and the controller from each (SPEC_TIMEOUT, default 300 s)
 #   depth-block     the same with its block drafter, from block depth 4
 #   batch-8b        `ferrite dev batch` on the 8B shape (engine only, no HTTP)
 #   clients-8b      bench/clients.sh on the 8B shape against mlx_lm.server
@@ -89,6 +92,10 @@ for check in "$@"; do
     tune-embedded) tune_runs "$embedded" embedded ;;
     tune-next) tune_runs "$(checkpoint next-small-4bit)" next-small ;;
     depth) timeout ${DEPTH_TIMEOUT:-180} bench/depth.sh "$embedded" --rounds 3 ${DEPTH_ARGS:-} > "$res/depth.txt" 2>&1 ;;
+    spec-embedded)
+      timeout ${SPEC_TIMEOUT:-300} "$FERRITE" bench --spec --model "$embedded" --drafter assets/models/ferrite-code-20m-dflash \
+        --prompt-ids bench/prompts/heldout-code.json --gen-tokens 64 --runs 1 --temp 0 \
+        > "$res/spec-embedded.json" 2> "$res/spec-embedded.txt" ;;
     depth-block) timeout ${DEPTH_TIMEOUT:-180} bench/depth.sh "$embedded" --rounds 3 --depth 4 \
       --drafter assets/models/ferrite-code-20m-dflash > "$res/depth-block.txt" 2>&1 ;;
     batch-8b) timeout 240 "$FERRITE" dev batch --model "$(checkpoint 8b-4bit)" --streams 2,4,8 --tokens 48 --rounds 3 \

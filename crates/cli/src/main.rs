@@ -26,8 +26,9 @@ struct Cli {
     #[arg(long, global = true, default_value = "auto", value_parser = delta_path)]
     delta_path: DeltaPathArg,
     /// Which implementation multiplies a few rows (decode steps, verify passes) by quantized
-    /// weights: `auto` (MLX's, as `mlx`), `cuda-rows` (Ferrite's few-rows CUDA kernel) or
-    /// `cuda-mma` (its tensor-core kernel); a kernel asked for runs after its self-check at load.
+    /// weights: `auto` (MLX's, as `mlx`), `cuda-rows` (Ferrite's few-rows CUDA kernel),
+    /// `cuda-mma` (its tensor-core kernel) or `mlx-pad8` (MLX's, fewer than 8 rows padded to 8);
+    /// a path asked for runs after its self-check at load.
     #[arg(long, global = true, default_value = "auto", value_parser = matmul_path)]
     matmul_path: MatmulPathArg,
 }
@@ -42,7 +43,7 @@ fn matmul_path(name: &str) -> Result<MatmulPathArg, String> {
     }
     engine::matmul_path::MatmulPath::parse(name)
         .map(|p| MatmulPathArg(Some(p)))
-        .ok_or_else(|| format!("`{name}` is not one of auto, mlx, cuda-rows, cuda-mma"))
+        .ok_or_else(|| format!("`{name}` is not one of auto, mlx, cuda-rows, cuda-mma, mlx-pad8"))
 }
 
 /// `--delta-path`: `None` for auto.

@@ -56,5 +56,5 @@ fn an_unknown_matmul_path_is_refused_by_name() {
     let out = Command::new(env!("CARGO_BIN_EXE_ferrite")).args(["profiles", "--matmul-path", "cuda"]).output().unwrap();
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("`cuda` is not one of auto, mlx, cuda-rows, cuda-mma"), "{err}");
+    assert!(err.contains("`cuda` is not one of auto, mlx, cuda-rows, cuda-mma, mlx-pad8"), "{err}");
 }

@@ -9,6 +9,10 @@
 //!   positions then give a row the same bits; longer passes go to MLX's GEMM.
 //! - `cuda-mma`: the engine's tensor-core kernel (`qmm_mma.rs`) for every product of up to 16
 //!   bfloat16 rows.
+//! - `mlx-pad8`: MLX's product, with fewer than 8 rows padded with zeros to 8. On CUDA MLX runs
+//!   its one-row kernel once per row below 8 rows and a GEMM from 8, which costs about one
+//!   row's time (bench/results/qmm-rows.md): a verify pass's 2-7 rows then cost one GEMM, and
+//!   a decode step's row goes through the same GEMM shape as theirs, so it gets their bits.
 //!
 //! Both kernels win over MLX's product alone but lose inside a whole decode step (the 8B
 //! shape's plain step and its graph building were slower with either on an H100:
@@ -35,6 +39,7 @@ pub enum MatmulPath {
     Mlx,
     CudaRows,
     CudaMma,
+    MlxPad8,
 }
 
 impl MatmulPath {
@@ -43,11 +48,14 @@ impl MatmulPath {
             MatmulPath::Mlx => "mlx",
             MatmulPath::CudaRows => "cuda-rows",
             MatmulPath::CudaMma => "cuda-mma",
+            MatmulPath::MlxPad8 => "mlx-pad8",
         }
     }
 
     pub fn parse(name: &str) -> Option<Self> {
-        [MatmulPath::Mlx, MatmulPath::CudaRows, MatmulPath::CudaMma].into_iter().find(|p| p.name() == name)
+        [MatmulPath::Mlx, MatmulPath::CudaRows, MatmulPath::CudaMma, MatmulPath::MlxPad8]
+            .into_iter()
+            .find(|p| p.name() == name)
     }
 }
 
@@ -115,6 +123,7 @@ pub(super) fn kernel_for(x: &Array, p: &Packed) -> Option<KernelRun> {
     let takes = match path {
         MatmulPath::CudaRows => qmm_rows::pays(rows, p.weight.dim(-2)) && qmm_rows::fits(rows, k, x.dtype(), p),
         MatmulPath::CudaMma => qmm_mma::fits(rows, k, x.dtype(), p),
+        MatmulPath::MlxPad8 => rows < PADDED_ROWS,
         MatmulPath::Mlx => false,
     };
     takes.then(|| kernel(path)).flatten().map(|(run, _)| run)
@@ -125,8 +134,30 @@ fn kernel(path: MatmulPath) -> Option<(KernelRun, i32)> {
     match path {
         MatmulPath::CudaRows => Some((qmm_rows::run, qmm_rows::MAX_ROWS)),
         MatmulPath::CudaMma => Some((qmm_mma::run, qmm_mma::MAX_ROWS)),
+        MatmulPath::MlxPad8 => Some((padded_to_eight, PADDED_ROWS - 1)),
         MatmulPath::Mlx => None,
     }
+}
+
+/// The rows `mlx-pad8` pads a smaller product to: where MLX's CUDA product turns to its GEMM.
+const PADDED_ROWS: i32 = 8;
+
+/// MLX's product of x [..., K] and `p` with x's rows padded with zeros to `PADDED_ROWS` (the
+/// padding's products dropped).
+fn padded_to_eight(x: &Array, p: &Packed) -> Result<Array, mlx_rs::error::Exception> {
+    let (rows, k) = qmm_rows::rows_of(x);
+    let flat = x.reshape(&[rows, k])?;
+    let padded = match PADDED_ROWS - rows {
+        missing if missing > 0 => ops::concatenate(&[flat, ops::zeros_dtype(&[missing, k], x.dtype())?], 0)?,
+        _ => flat,
+    };
+    let (group, bits) = (p.spec.group_size, p.spec.bits);
+    let y = ops::quantized_matmul(&padded, &p.weight, &p.scales, &p.biases, true, group, bits)?;
+    let mut shape = x.shape().to_vec();
+    if let Some(last) = shape.last_mut() {
+        *last = y.dim(-1);
+    }
+    y.index(..rows).reshape(&shape)
 }
 
 /// `kernel`'s products against float32 ones (dequantized weights times x) for 4- and 8-bit
@@ -144,7 +175,7 @@ pub fn self_check(kernel: MatmulPath) -> crate::error::Result<String> {
         let key = random::key(4100 + i as u64)?;
         let x = random::normal::<f32>(&[max_rows, k], None, None, Some(&key))?.as_dtype(Dtype::Bfloat16)?;
         let alone = run(&x.index(..1), &packed)?;
-        for rows in [1, 3, 8, 13, max_rows] {
+        for rows in [1, 3, 8, 13, max_rows].into_iter().filter(|&r| r <= max_rows) {
             let x = x.index(..rows);
             let expected = ops::matmul(&x.as_dtype(Dtype::Float32)?, dequantized.t())?;
             let got = run(&x, &packed)?;
@@ -164,9 +195,25 @@ mod tests {
 
     #[test]
     fn paths_are_named_as_the_flag_takes_them() {
-        for path in [MatmulPath::Mlx, MatmulPath::CudaRows, MatmulPath::CudaMma] {
+        for path in [MatmulPath::Mlx, MatmulPath::CudaRows, MatmulPath::CudaMma, MatmulPath::MlxPad8] {
             assert_eq!(MatmulPath::parse(path.name()), Some(path));
         }
         assert_eq!(MatmulPath::parse("cuda"), None);
+    }
+
+    /// `mlx-pad8` is MLX's own product, so it runs on any backend: on this CPU its check
+    /// passes (float32 within tolerance, a row alone and among up to 7 others bit for bit), and
+    /// it keeps x's leading shape.
+    #[test]
+    fn padding_to_eight_rows_keeps_the_product_and_the_shape() {
+        let why = self_check(MatmulPath::MlxPad8).unwrap();
+        assert!(why.contains("bit for bit"), "{why}");
+        let p = Packed::random(96, 128, 4, 64, Some(&random::key(7).unwrap())).unwrap();
+        let x = random::normal::<f32>(&[1, 3, 128], None, None, Some(&random::key(8).unwrap())).unwrap();
+        let got = padded_to_eight(&x, &p).unwrap();
+        let want = ops::quantized_matmul(&x, &p.weight, &p.scales, &p.biases, true, 64, 4).unwrap();
+        assert_eq!(got.shape(), want.shape());
+        let diff = got.subtract(&want).unwrap().abs().unwrap().max(None).unwrap().item_cast::<f32>();
+        assert!(diff < 1e-4, "{diff}");
     }
 }

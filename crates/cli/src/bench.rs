@@ -149,13 +149,15 @@ fn speculative(engine: &mut Engine, request: &GenerateRequest, prompts: &[Vec<u3
     // What the MTP head's steps and the block drafter's passes cost (when there are any).
     let costs = match engine.can_draft() {
         true => {
-            Some(engine::costs::measure_costs(engine.model(), engine.drafter(), &request.prompt, 10 * runs.max(1))?)
+            let iters = 10 * runs.max(1);
+            let costs = engine::costs::measure_costs(engine.model(), engine.drafter(), &request.prompt, iters)?;
+            Some((costs, engine::costs::measure_waited_step(engine.model(), &request.prompt, iters)?))
         }
         false => None,
     };
     let decode = |engine: &Engine, depth, draft_with| decode_all(engine, request, prompts, depth, draft_with);
     let (plain_tps, _) = decode(engine, 0, DraftWith::Mtp)?;
-    if let Some(costs) = &costs {
+    if let Some((costs, waited)) = &costs {
         let head = match (costs.draft_step_s, costs.draft_ratio()) {
             (Some(s), Some(r)) => format!(", MTP draft step {:.3} ms ({r:.2}x)", s * 1e3),
             _ => String::new(),
@@ -168,10 +170,11 @@ fn speculative(engine: &mut Engine, request: &GenerateRequest, prompts: &[Vec<u3
         eprintln!(
             "plain decode {plain_tps:.1} tok/s; plain step {:.3} ms (waited for {:.3} ms, graph {:.3} ms){head}{block}",
             costs.plain_step_s * 1e3,
-            costs.plain_waited_s * 1e3,
-            costs.plain_build_s * 1e3
+            waited.waited_s * 1e3,
+            waited.build_s * 1e3
         );
     }
+    let costs = costs.map(|(costs, _)| costs);
     eprintln!(
         "{:>5} {:>5} {:>12} {:>10} {:>22} {:>10} {:>10} {:>16} {:>14}",
         "draft",

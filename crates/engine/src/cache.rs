@@ -120,13 +120,10 @@ impl LinearState {
     /// Returns to the state after the first `L - n` positions of the last (recorded) forward
     /// of `L` positions: recurrent state and conv tail exactly as they were then.
     pub fn rollback(&mut self, n: i32) -> Result<()> {
-        if n == 0 {
-            return Ok(());
-        }
-        self.check_rollback(n)?;
-        let (Some(window), len) = (&self.conv_window, self.steps.len() as i32) else {
+        let Some(window) = self.recorded_window(n)?.cloned() else {
             return Ok(());
         };
+        let len = self.steps.len() as i32;
         let keep = len - n;
         let tail = window.dim(1) - len; // kernel - 1
         self.conv = Some(window.index((.., keep..keep + tail, ..)).contiguous()?);
@@ -141,21 +138,27 @@ impl LinearState {
     /// Whether [`LinearState::rollback`] of `n` positions can be done: the last forward was
     /// recorded and had more than `n` positions (the state before its first is not kept).
     pub fn check_rollback(&self, n: i32) -> Result<()> {
+        self.recorded_window(n).map(|_| ())
+    }
+
+    /// The last forward's conv window when `n` of its recorded positions can be rolled back;
+    /// `None` for `n` = 0 (nothing to do).
+    fn recorded_window(&self, n: i32) -> Result<Option<&Array>> {
         let len = self.steps.len() as i32;
-        if n <= 0 {
-            return Ok(());
+        if n == 0 {
+            return Ok(None);
         }
-        if self.conv_window.is_none() || len == 0 {
+        let Some(window) = self.conv_window.as_ref().filter(|_| len > 0) else {
             return Err(crate::error::Error::Request(
                 "rollback of a linear-attention state that was not recorded".into(),
             ));
-        }
-        if n >= len {
+        };
+        if !(0..len).contains(&n) {
             return Err(crate::error::Error::Request(format!(
                 "cannot roll back {n} of {len} recorded positions (the state before the first is not kept)"
             )));
         }
-        Ok(())
+        Ok(Some(window))
     }
 
     pub fn nbytes(&self) -> usize {

@@ -23,12 +23,6 @@ pub struct Costs {
     /// Seconds per plain decode step (one token through the trunk, argmax read back), timed
     /// pipelined as decoding runs it.
     pub plain_step_s: f64,
-    /// Seconds per plain step timed as a verify pass is, one at a time: its graph built, then
-    /// waited for. Against `plain_step_s` it shows what the host's work and the round trip add
-    /// to any pass a cycle waits for.
-    pub plain_waited_s: f64,
-    /// Of `plain_waited_s`, the seconds spent making the step's graph on the host.
-    pub plain_build_s: f64,
     /// Seconds per MTP draft step (one position through the head, argmax read back); `None`
     /// for a model without a head.
     pub draft_step_s: Option<f64>,
@@ -137,21 +131,6 @@ pub fn measure_costs(
         t.elapsed().as_secs_f64() / steps as f64
     };
 
-    // The same step waited for, as a verify pass is (its graph building timed apart).
-    let (plain_waited_s, plain_build_s) = {
-        let mut building = 0.0;
-        let waited = time(&mut |i| {
-            let began = Instant::now();
-            let y = argmax(&model.forward(&Array::from_slice(&[token(i)], &[1, 1]), &mut cache)?)?;
-            if i > 0 {
-                building += began.elapsed().as_secs_f64();
-            }
-            y.eval()?;
-            Ok(())
-        })?;
-        (waited, building / iters.max(1) as f64)
-    };
-
     let draft_step_s = match model.mtp() {
         Some(head) => {
             let mut mtp_cache = head.new_cache();
@@ -207,5 +186,37 @@ pub fn measure_costs(
         })?);
         verify_build_s.push(building / iters.max(1) as f64);
     }
-    Ok(Costs { plain_step_s, plain_waited_s, plain_build_s, draft_step_s, block_draft_s, verify_s, verify_build_s })
+    Ok(Costs { plain_step_s, draft_step_s, block_draft_s, verify_s, verify_build_s })
+}
+
+/// A plain step timed as a verify pass is, one at a time: its graph built, then waited for.
+/// Against [`Costs::plain_step_s`] it shows what the host's work and the round trip add to any
+/// pass a cycle waits for (`ferrite bench --spec` shows it; the controller does not need it).
+#[derive(Debug, Clone, Serialize)]
+pub struct WaitedStep {
+    /// Seconds per plain step, built and waited for.
+    pub waited_s: f64,
+    /// Of `waited_s`, the seconds spent making the step's graph on the host.
+    pub build_s: f64,
+}
+
+/// Times `iters` plain steps one at a time after a `prompt` prefill (two untimed first).
+pub fn measure_waited_step(model: &dyn LanguageModel, prompt: &[u32], iters: usize) -> Result<WaitedStep> {
+    let mut cache = model.new_cache();
+    eval([&model.hidden(&Array::from_slice(prompt, &[1, prompt.len() as i32]), &mut cache)?])?;
+    eval(cache.arrays())?;
+    let iters = iters.max(1);
+    let (mut building, mut total) = (0.0, 0.0);
+    for i in 0..iters + 2 {
+        let began = Instant::now();
+        let input = Array::from_slice(&[prompt[i % prompt.len()]], &[1, 1]);
+        let y = ops::indexing::argmax_axis(model.forward(&input, &mut cache)?.index((.., -1, ..)), -1, None)?;
+        let built = began.elapsed().as_secs_f64();
+        y.eval()?;
+        if i >= 2 {
+            building += built;
+            total += began.elapsed().as_secs_f64();
+        }
+    }
+    Ok(WaitedStep { waited_s: total / iters as f64, build_s: building / iters as f64 })
 }

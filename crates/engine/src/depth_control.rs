@@ -390,8 +390,6 @@ mod tests {
             block_draft_s: vec![0.006, 0.005, 0.007],
             verify_s: vec![0.024, 0.047, 0.034, 0.034],
             verify_build_s: vec![0.002; 4],
-            plain_waited_s: 0.032,
-            plain_build_s: 0.002,
         };
         let model = CostModel::from(&noisy);
         assert_eq!(model.verify[0], 1.0);

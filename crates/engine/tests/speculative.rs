@@ -18,6 +18,11 @@ fn with_mtp(arch: Architecture, dtype: Dtype) -> (tempfile::TempDir, Engine) {
     (d, e)
 }
 
+/// `ids` through the model into `cache`: their logits.
+fn forward(e: &Engine, cache: &mut Cache, ids: &[u32]) -> Array {
+    e.model().forward(&Array::from_slice(ids, &[1, ids.len() as i32]), cache).unwrap()
+}
+
 fn prompts() -> Vec<Vec<u32>> {
     vec![
         vec![7, 300, 41],
@@ -182,8 +187,7 @@ fn accepted_and_rejected_drafts_keep_the_output_exact() {
 fn rollback_restores_linear_attention_and_kv_state_exactly() {
     let (_d, e) = with_mtp(Architecture::Qwen3Next, Dtype::Float32);
     let m = e.model();
-    let run =
-        |cache: &mut Cache, ids: &[u32]| m.forward(&Array::from_slice(ids, &[1, ids.len() as i32]), cache).unwrap();
+    let run = |cache: &mut Cache, ids: &[u32]| forward(&e, cache, ids);
     let prefix = [5u32, 17, 230, 99, 4, 61];
     // Verify-style: 5 more positions recorded, then all but 2 rolled back.
     let mut a = m.new_cache();
@@ -211,8 +215,7 @@ fn rollback_restores_linear_attention_and_kv_state_exactly() {
 fn a_rollback_past_the_recorded_positions_is_refused_and_changes_nothing() {
     let (_d, e) = with_mtp(Architecture::Qwen3Next, Dtype::Float32);
     let m = e.model();
-    let run =
-        |cache: &mut Cache, ids: &[u32]| m.forward(&Array::from_slice(ids, &[1, ids.len() as i32]), cache).unwrap();
+    let run = |cache: &mut Cache, ids: &[u32]| forward(&e, cache, ids);
     let mut a = m.new_cache();
     run(&mut a, &[5, 17, 230]);
     a.set_record(true);

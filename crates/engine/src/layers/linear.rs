@@ -60,8 +60,8 @@ impl Linear {
     }
 }
 
-/// A few rows go to the engine's CUDA kernel once it has passed its self-check
-/// (`matmul_path.rs`), where it was measured faster; the rest, and every other backend, to MLX.
+/// MLX's product, or the matmul path's asked for where it takes these rows (`matmul_path.rs`,
+/// after its self-check).
 fn quantized_matmul(x: &Array, p: &Packed) -> Result<Array> {
     if let Some(kernel) = super::matmul_path::kernel_for(x, p) {
         return Ok(kernel(x, p)?);

@@ -1,9 +1,11 @@
-"""Claude Code reads a PNG with its Read tool and the image reaches the model: on a Qwen3.5
-checkpoint that sees (Ferrite's maker writes the text model, mlx-vlm adds a random vision
-tower), the scripted model calls Read on a screenshot; Claude Code answers the call with an
-image block inside its tool_result, and the next turn's prompt holds the image's markup (the
-rule that ends the session matches only then) and is prefilled from where the last turn's
-ended (the prompt cache)."""
+"""Claude Code and qwen-code read a PNG with their file tools and the image reaches the
+model: on a Qwen3.5 checkpoint that sees (Ferrite's maker writes the text model, mlx-vlm adds
+a random vision tower), the scripted model calls the client's read tool on a screenshot; the
+client answers the call with the image (Claude Code an image block inside its tool_result,
+qwen-code an `image_url` in a user message after the tool's), and the next turn's prompt
+holds the image's markup (the rule that ends the session matches only then) and is
+prefilled from where the last turn's ended (the prompt cache). Codex and opencode attach a
+picture to their first turn."""
 
 import json
 import subprocess
@@ -13,10 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from conftest import FERRITE, ROOT, client, codex_home, opencode_config, run_client, start_server
+from conftest import FERRITE, ROOT, client, codex_home, opencode_config, qwen_args, run_client, start_server
 from test_tool_sessions import tool_call
 
 ASK = "Read shot.png and say what it shows"
+# qwen-code's turn: another question, so its rules do not answer Claude Code's.
+QWEN_ASK = "Look at shot.png with read_file and describe it"
 ATTACHED = "What does the attached picture show"
 SEEN = "I see the screenshot."
 MARKUP = "<|vision_start|><|image_pad|><|vision_end|>"
@@ -59,6 +63,9 @@ def seeing_server():
             {"when": [ATTACHED, MARKUP], "reply": SEEN},
             {"when": [ASK, MARKUP], "reply": SEEN},
             {"when": [ASK, '"name": "Read"'], "reply": tool_call("Read", {"file_path": str(root / "work" / "shot.png")})},
+            {"when": [QWEN_ASK, MARKUP], "reply": SEEN},
+            {"when": [QWEN_ASK, '"name": "read_file"'],
+             "reply": tool_call("read_file", {"file_path": str(root / "work" / "shot.png")})},
         ]
         (root / "rules.json").write_text(json.dumps(rules))
         for s in start_server(root, "--max-output-tokens", "160", "--scripted-replies", str(root / "rules.json"),
@@ -83,16 +90,20 @@ def the_model_saw_it(s, root, name: str, argv: list, env: dict) -> tuple[int, st
     return mark, out
 
 
-def test_claude_code_reads_a_png_and_the_model_gets_it(seeing_server):
-    s, root = seeing_server
-    mark, out = the_model_saw_it(s, root, "claude", [client("claude"), "-p", ASK],
-                                 {"ANTHROPIC_BASE_URL": s.base, "ANTHROPIC_API_KEY": "sk-local"})
-    # The turn with the screenshot resumes after the turn that asked for it: the prompt cache
-    # knows images by their content, and a prompt with one is no longer prefilled whole.
+def resumed_after_the_question(s, mark: int, out: str):
+    """The turn with the screenshot resumes after the turn that asked for it: the prompt cache
+    knows images by their content, and a prompt with one is not prefilled whole again."""
     big = [(prompt, cached) for prompt, cached in s.cached_since(mark) if prompt > 10000]
     assert len(big) >= 2, out
     (before, _), (with_image, cached) = big[-2], big[-1]
     assert with_image > before and cached >= before * 0.9, f"{big}\n{out}"
+
+
+def test_claude_code_reads_a_png_and_the_model_gets_it(seeing_server):
+    s, root = seeing_server
+    mark, out = the_model_saw_it(s, root, "claude", [client("claude"), "-p", ASK],
+                                 {"ANTHROPIC_BASE_URL": s.base, "ANTHROPIC_API_KEY": "sk-local"})
+    resumed_after_the_question(s, mark, out)
 
 
 def test_codex_attaches_a_png_and_the_model_gets_it(seeing_server):
@@ -112,3 +123,19 @@ def test_opencode_attaches_a_png_and_the_model_gets_it(seeing_server):
     config = opencode_config(s.base, root / "work", sees=True)
     the_model_saw_it(s, root, "opencode", [client("opencode"), "run", ATTACHED, "--file", str(root / "work" / "shot.png")],
                      {"OPENCODE_CONFIG": str(config)})
+
+
+def test_qwen_code_reads_a_png_and_the_model_gets_it(seeing_server):
+    """qwen-code's read_file answers with the picture for a model its settings say takes
+    images; its OpenAI requests move a tool's media into a user message after the tool's
+    (`splitToolMedia`, on by default), as an `image_url` data URL. Its tools are cut to
+    read_file: with all of them its first prompt is longer than this checkpoint's context in
+    the project's small tokenizer."""
+    s, root = seeing_server
+    settings = root / "home" / ".qwen" / "settings.json"
+    settings.parent.mkdir(parents=True, exist_ok=True)
+    settings.write_text(json.dumps({"model": {"generationConfig": {"modalities": {"image": True}}},
+                                    "tools": {"core": ["read_file"]}}))
+    argv = [client("qwen"), *qwen_args(s.base), "--approval-mode", "yolo", QWEN_ASK]
+    mark, out = the_model_saw_it(s, root, "qwen-code", argv, {})
+    resumed_after_the_question(s, mark, out)

@@ -256,8 +256,9 @@ impl Generation<'_> {
         if let (Some(images), Some(vision)) = (&mut self.images, &self.engine.vision) {
             let model = self.engine.model.as_ref();
             let shift = images.begin(model, vision, &self.request.prompt[..head], prefill.at, &mut self.cache)?;
-            if let Some(spec) = &mut self.spec {
+            if let (Some(spec), Some((angles, after))) = (&mut self.spec, images.placement()) {
                 spec.shift_positions(shift);
+                spec.place_prompt(angles.clone(), after);
             }
         }
         self.phase = Phase::Prefilling(prefill);
@@ -674,6 +675,12 @@ impl Generation<'_> {
     /// The depth controller's state now, for a speculating request with the controller on.
     pub fn depth_control(&self) -> Option<crate::speculative::ControlStats> {
         self.spec.as_ref().and_then(|s| s.stats.control.as_deref().cloned())
+    }
+
+    /// The request's first drafter's own cache (what it has read so far), for a speculating
+    /// request: to inspect.
+    pub fn draft_cache(&self) -> Option<&Cache> {
+        self.spec.as_ref().map(|s| s.draft_cache())
     }
 
     /// Prompt tokens restored from the prompt cache: known once the prefill has begun (the

@@ -43,7 +43,7 @@ use crate::speculation::DraftWith;
 
 mod slot;
 pub use slot::Drafter;
-use slot::Slot;
+use slot::{PromptAngles, Slot};
 
 /// Per-request statistics of speculative decoding.
 #[derive(Debug, Clone, Default, Serialize)]
@@ -164,6 +164,8 @@ pub struct Speculator<'m> {
     /// While the generation decodes plainly (depth 0): the trunk's features at the token it
     /// fed last, whose next token is not read yet, and when it was fed.
     fed: Option<(Array, Instant)>,
+    /// A prompt with images: where its positions sit for the MTP head's attention.
+    prompt_angles: Option<PromptAngles>,
 }
 
 impl<'m> Speculator<'m> {
@@ -206,6 +208,7 @@ impl<'m> Speculator<'m> {
             penalties: None,
             decided: None,
             fed: None,
+            prompt_angles: None,
         }))
     }
 
@@ -316,6 +319,13 @@ impl<'m> Speculator<'m> {
         self.stats.accepted.resize(positions, 0);
     }
 
+    /// A prompt with images: the MTP head's positions inside it are the trunk's, these
+    /// `angles` [prompt length - 1, rotary dims / 2] ([`Speculator::observe`] places each
+    /// chunk), and run `shift` from their index after it.
+    pub(crate) fn place_prompt(&mut self, angles: Array, shift: i32) {
+        self.prompt_angles = Some(PromptAngles { angles, shift });
+    }
+
     /// Runs the drafters' own attention positions `shift` from their index, as the trunk's
     /// after a prompt with images ([`crate::vision::ImagePrefill::shift_at`]).
     pub(crate) fn shift_positions(&mut self, shift: i32) {
@@ -345,9 +355,10 @@ impl<'m> Speculator<'m> {
     /// paired with the token after it.
     pub fn observe(&mut self, tokens: &[u32], features: &Array) -> Result<()> {
         let (mine, standby_part) = self.split(features);
-        self.active.observe(self.model, tokens, &mine)?;
+        let placed = self.prompt_angles.as_ref();
+        self.active.observe(self.model, tokens, &mine, placed)?;
         if let (Some(standby), Some(part)) = (&mut self.standby, standby_part) {
-            standby.observe(self.model, tokens, &part)?;
+            standby.observe(self.model, tokens, &part, placed)?;
         }
         Ok(())
     }
@@ -468,6 +479,7 @@ impl<'m> Speculator<'m> {
 
     /// Starts decoding: `first` is the token sampled after the prompt.
     pub fn start(&mut self, first: u32, trunk_cache: &mut Cache) {
+        self.prompt_angles = None;
         for slot in self.slots_mut() {
             slot.start(first);
         }

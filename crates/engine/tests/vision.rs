@@ -488,17 +488,10 @@ fn a_prompt_with_images_gives_mlx_vlms_logits() {
     assert!(err.contains("reads text only"), "{err}");
 }
 
-/// The prompt cache knows a prompt's images by their content: the same screenshot again is
-/// one cached prefix (nothing prefilled but the last token), another image of the same size
-/// misses from where it starts, and the next turn of a conversation resumes after the last
-/// answer — the positions after the images continuing where they were. All of it speculating
-/// with the MTP head: the answers equal plain decoding's on an engine without a prompt cache,
-/// token for token.
-#[test]
-fn the_prompt_cache_knows_images_by_their_content_and_speculation_stays_exact() {
+/// A Qwen3.5 checkpoint with an MTP head that sees (a one-block tower by mlx-vlm): its
+/// directory, the options it was made with, and its vision start, end and image tokens.
+fn seeing_with_mtp() -> (tempfile::TempDir, engine::checkpoint::MakeOptions, [u32; 3]) {
     use engine::checkpoint::{Architecture, Dtype, Layout};
-    use engine::{Engine, GenerateRequest, Summary};
-    use std::sync::Arc;
     let mut o = common::options(Architecture::Qwen35, "small", None, 32, Dtype::Float32);
     o.layout = Layout::Transformers;
     o.mtp = true;
@@ -510,6 +503,82 @@ fn the_prompt_cache_knows_images_by_their_content_and_speculation_stays_exact() 
     command.args(["--vision-start", &start.to_string(), "--vision-end", &end.to_string()]);
     let run = command.args(["--image-token", &image.to_string()]).output().unwrap();
     assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
+    (dir, o, [start, end, image])
+}
+
+/// Inside a prompt with images the MTP head reads each position where the trunk placed it
+/// (its slot `j` takes the trunk's features at `j`, so `j`'s MRoPE angles), also prefilled a
+/// chunk a pass: its keys after the prefill are one pass of the head over the whole prompt at
+/// those angles, and not at consecutive positions.
+#[test]
+fn the_mtp_head_reads_a_prompt_with_images_at_the_trunks_positions() {
+    use engine::cache::LayerCache;
+    use engine::vision::{angles, prefill, rope_positions, ImagePrompt, Vision};
+    use engine::{Engine, GenerateRequest};
+    use mlx_rs::{ops::indexing::IndexOp, Array};
+    let (dir, _, [start, end, image]) = seeing_with_mtp();
+    let mut e = Engine::load(dir.path()).unwrap();
+    e.set_prefill_chunk(4);
+    e.set_prompt_cache_budget(0);
+    let shot = std::sync::Arc::new(picture(100, 70, 21));
+    let prompt = vec![5, 6, 7, start, image, end, 8, 9];
+    let request = GenerateRequest {
+        ignore_eos: true,
+        images: vec![shot.clone()],
+        draft_depth: 1,
+        ..GenerateRequest::greedy(prompt.clone(), 3)
+    };
+    let mut generation = e.generate(request, Default::default()).unwrap();
+    for event in generation.by_ref() {
+        event.unwrap();
+    }
+
+    // The same prompt in one pass of the trunk, then of the head.
+    let model = e.model();
+    let vision = Vision::load(dir.path(), model.config().vocab_size as usize).unwrap().unwrap();
+    let mut tokens = prompt;
+    let images = ImagePrompt::new(&vision, &mut tokens, &[shot]).unwrap();
+    let features = vision.tower.forward(&images.patches, &images.grids).unwrap();
+    let hidden = prefill(model, &tokens, image, &features, &images.merged, &mut model.new_cache(), usize::MAX).unwrap();
+    let placed = rope_positions(&tokens, image, &images.merged).unwrap();
+    assert!(placed.delta < 0, "the image's grid takes fewer positions than its tokens");
+    let c = model.config();
+    let angles = angles(&placed.positions, c.rope_dims() as usize, c.rope_theta(), c.mrope_section()).unwrap();
+    let slots = tokens.len() as i32 - 1;
+    let keys = |cache: &engine::cache::Cache| -> Vec<f32> {
+        let LayerCache::Kv(kv) = &cache.layers[0] else { panic!("the head's layer attends") };
+        let keys = kv.state()[0].index((.., .., ..slots, ..)).contiguous().unwrap();
+        keys.as_slice::<f32>().to_vec()
+    };
+    let head = model.mtp().unwrap();
+    let one_pass = |placed_at: Option<&Array>| -> Vec<f32> {
+        let mut cache = head.new_cache();
+        if let Some(angles) = placed_at {
+            cache.place_next(&angles.index(..slots), placed.delta);
+        }
+        let next = Array::from_slice(&tokens[1..], &[1, slots]);
+        head.forward(model, &hidden.index((.., ..slots, ..)), &next, &mut cache).unwrap();
+        keys(&cache)
+    };
+    let apart = |a: &[f32], b: &[f32]| a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs()));
+    let got = keys(generation.draft_cache().expect("the request speculates"));
+    let (at_mrope, consecutive) = (one_pass(Some(&angles)), one_pass(None));
+    let scale = at_mrope.iter().fold(0f32, |m, v| m.max(v.abs()));
+    assert!(apart(&got, &at_mrope) <= 1e-4 * scale, "{} apart (largest {scale})", apart(&got, &at_mrope));
+    assert!(apart(&consecutive, &at_mrope) > 1e-2 * scale, "the test tells the two placements apart");
+}
+
+/// The prompt cache knows a prompt's images by their content: the same screenshot again is
+/// one cached prefix (nothing prefilled but the last token), another image of the same size
+/// misses from where it starts, and the next turn of a conversation resumes after the last
+/// answer — the positions after the images continuing where they were. All of it speculating
+/// with the MTP head: the answers equal plain decoding's on an engine without a prompt cache,
+/// token for token.
+#[test]
+fn the_prompt_cache_knows_images_by_their_content_and_speculation_stays_exact() {
+    use engine::{Engine, GenerateRequest, Summary};
+    use std::sync::Arc;
+    let (dir, o, [start, end, image]) = seeing_with_mtp();
 
     let load = |cache: bool| {
         let mut e = Engine::load(dir.path()).unwrap();

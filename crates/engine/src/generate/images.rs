@@ -4,10 +4,10 @@
 //! ends, with the images' features in place of their tokens at their MRoPE positions. In a
 //! batch its row keeps its rotary shift (`BatchCache`). It speculates
 //! with the MTP head, exactly: the verify passes run at the trunk's shifted positions; the
-//! head reads the prompt's hidden states (at image positions too) and its positions after
-//! the prompt are shifted as the trunk's (inside the prompt they are not: that only changes
-//! how well it drafts); a block drafter reads the trunk's layers over the images as over
-//! text (its own positions are its context's, images or not).
+//! head reads the prompt's hidden states (at image positions too) at the trunk's MRoPE
+//! positions, and its positions after the prompt are shifted as the trunk's; a block drafter
+//! reads the trunk's layers over the images as over text (its own positions are its
+//! context's, images or not).
 
 use super::Generation;
 use crate::cache::Cache;
@@ -79,6 +79,12 @@ impl Images {
             .as_ref()
             .ok_or_else(|| Error::Request("a prompt with images fed before its prefill".into()))?;
         prefill.pass(model, head, range, cache, taps)
+    }
+
+    /// Once the prefill started: the rotary angles of every position it feeds, and how far
+    /// the positions after the whole prompt run from their index.
+    pub(super) fn placement(&self) -> Option<(&mlx_rs::Array, i32)> {
+        self.prefill.as_ref().map(|p| (p.angles(), p.delta()))
     }
 
     /// How far the positions after the whole prompt run from their index.

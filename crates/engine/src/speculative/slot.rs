@@ -31,6 +31,13 @@ impl Drafter<'_> {
     }
 }
 
+/// A prompt's rotary placement where it holds images ([`crate::vision::RopePositions`]): every
+/// prompt position's angles [L, rotary dims / 2], and the shift of the positions after it.
+pub struct PromptAngles {
+    pub angles: Array,
+    pub shift: i32,
+}
+
 /// Positions the drafter standing by may fall behind before it takes them in: it holds their
 /// features meanwhile, and a drafter that is never used again must not hold a whole answer's.
 const MOST_BEHIND: usize = 256;
@@ -61,9 +68,22 @@ impl<'m> Slot<'m> {
 
     /// Shows the drafter trunk positions it has not seen: their `features` [1, L, F] and the
     /// tokens after them (`next_tokens`, L of them).
-    fn show(&mut self, model: &dyn LanguageModel, features: &Array, next_tokens: &[u32]) -> Result<()> {
+    fn show(
+        &mut self,
+        model: &dyn LanguageModel,
+        features: &Array,
+        next_tokens: &[u32],
+        placed: Option<&PromptAngles>,
+    ) -> Result<()> {
         match self.drafter {
             Drafter::Mtp(head) => {
+                // The head's slot `j` reads the trunk's features at position `j`: inside a
+                // prompt with images it takes that position's angles, as the trunk did (a block
+                // drafter's positions are its context's own).
+                let (at, n) = (self.cache.offset(), next_tokens.len() as i32);
+                if let Some(p) = placed.filter(|p| at + n <= p.angles.dim(0)) {
+                    self.cache.place_next(&p.angles.index(at..at + n), p.shift);
+                }
                 let ids = Array::from_slice(next_tokens, &[1, next_tokens.len() as i32]);
                 let _ = head.forward(model, features, &ids, &mut self.cache)?;
             }
@@ -74,8 +94,15 @@ impl<'m> Slot<'m> {
     }
 
     /// A prefill chunk: `tokens` were just processed by the trunk, giving `features`
-    /// [1, L, F]. Each trunk position is paired with the token after it.
-    pub(super) fn observe(&mut self, model: &dyn LanguageModel, tokens: &[u32], features: &Array) -> Result<()> {
+    /// [1, L, F]. Each trunk position is paired with the token after it; `placed`: the
+    /// prompt's rotary placement, where it holds images.
+    pub(super) fn observe(
+        &mut self,
+        model: &dyn LanguageModel,
+        tokens: &[u32],
+        features: &Array,
+        placed: Option<&PromptAngles>,
+    ) -> Result<()> {
         let n = tokens.len() as i32;
         let mut parts = Vec::new();
         parts.extend(self.last_hidden.take());
@@ -84,7 +111,7 @@ impl<'m> Slot<'m> {
             parts.push(features.index((.., ..n - 1, ..)));
         }
         if !next_tokens.is_empty() {
-            self.show(model, &ops::concatenate(&parts, 1)?, next_tokens)?;
+            self.show(model, &ops::concatenate(&parts, 1)?, next_tokens, placed)?;
         }
         self.last_hidden = Some(features.index((.., n - 1.., ..)));
         Ok(())
@@ -155,7 +182,7 @@ impl<'m> Slot<'m> {
         let Some(features) = self.take_pending()? else { return Ok(()) };
         let k = (n - keep) as i32;
         let tokens: Vec<u32> = self.pending_tokens.drain(..n - keep).collect();
-        self.show(model, &features.index((.., ..k, ..)), &tokens)?;
+        self.show(model, &features.index((.., ..k, ..)), &tokens, None)?;
         match fed {
             Some(fed) => self.last_hidden = Some(fed.clone()),
             None => self.pending = vec![features.index((.., k.., ..))],

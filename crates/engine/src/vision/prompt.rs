@@ -134,6 +134,11 @@ impl ImagePrefill {
         Ok(ImagePrefill { placed, angles, features, rows_before, image_token: vision.image_token })
     }
 
+    /// The rotary angles [L, rotary dims / 2] of every position of the prompt it feeds.
+    pub fn angles(&self) -> &Array {
+        &self.angles
+    }
+
     /// How far the rotary positions after the whole prompt run from their index.
     pub fn delta(&self) -> i32 {
         self.placed.delta

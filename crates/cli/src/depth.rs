@@ -70,13 +70,18 @@ pub fn run(o: Options) -> Result<()> {
         v.sort_by(f64::total_cmp);
         (v[v.len() / 2], v[0], v[v.len() - 1])
     };
+    // Each round's speed over the same round's plain decoding: paired, so a machine that slows
+    // down or speeds up between rounds moves both sides of a ratio alike.
+    let plain: Vec<f64> = runs[0].iter().map(|r| r.0).collect();
     for ((name, depth, _), runs) in settings.iter().zip(runs) {
         let (tps, low, high) = median(runs.iter().map(|r| r.0).collect());
+        let (ratio, ratio_low, ratio_high) = median(runs.iter().zip(&plain).map(|(r, p)| r.0 / p).collect());
         let spec = runs.last().and_then(|r| r.1.clone());
         println!(
             "{}",
             json!({
                 "setting": name, "drafter": draft_with, "depth": depth, "decode_tps": round1(tps), "decode_tps_range": [round1(low), round1(high)],
+                "vs_plain": round2(ratio), "vs_plain_range": [round2(ratio_low), round2(ratio_high)],
                 "rounds": runs.len(), "answer_tokens": answer.len(), "code_tokens": code_len,
                 "acceptance": spec.as_ref().map(|s| s.acceptance().iter().map(|a| round2(*a)).collect::<Vec<_>>()),
                 "tokens_per_cycle": spec.as_ref().map(|s| round2(s.tokens_per_cycle())),

@@ -342,6 +342,7 @@ impl Engine {
         }
         if model.config().is_hybrid() {
             crate::layers::delta_check::choose(None);
+            crate::layers::delta_check::check_odd_heads(model.config().linear_key_head_dim);
         }
         if model.config().quant.is_some() {
             crate::layers::matmul_path::choose(None);

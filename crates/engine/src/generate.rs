@@ -256,9 +256,9 @@ impl Generation<'_> {
         if let (Some(images), Some(vision)) = (&mut self.images, &self.engine.vision) {
             let model = self.engine.model.as_ref();
             let shift = images.begin(model, vision, &self.request.prompt[..head], prefill.at, &mut self.cache)?;
-            if let (Some(spec), Some((angles, after))) = (&mut self.spec, images.placement()) {
+            if let (Some(spec), Some(angles)) = (&mut self.spec, images.angles()) {
                 spec.shift_positions(shift);
-                spec.place_prompt(angles.clone(), after);
+                spec.place_prompt(angles.clone(), images.shift_after());
             }
         }
         self.phase = Phase::Prefilling(prefill);

@@ -81,10 +81,9 @@ impl Images {
         prefill.pass(model, head, range, cache, taps)
     }
 
-    /// Once the prefill started: the rotary angles of every position it feeds, and how far
-    /// the positions after the whole prompt run from their index.
-    pub(super) fn placement(&self) -> Option<(&mlx_rs::Array, i32)> {
-        self.prefill.as_ref().map(|p| (p.angles(), p.delta()))
+    /// Once the prefill started: the rotary angles of every position it feeds.
+    pub(super) fn angles(&self) -> Option<&mlx_rs::Array> {
+        self.prefill.as_ref().map(|p| p.angles())
     }
 
     /// How far the positions after the whole prompt run from their index.

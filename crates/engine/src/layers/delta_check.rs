@@ -26,18 +26,8 @@ pub fn choose(wanted: Option<DeltaPath>) -> &'static DeltaReport {
         let mut report = None;
         for &kernel in &candidates {
             match self_check(kernel) {
-                Ok(checked) => {
-                    let (why, odd_heads) = match kernel {
-                        DeltaPath::Cuda | DeltaPath::CudaFused => match check_odd_heads() {
-                            Ok(largest) => (format!("{checked}, {largest}"), true),
-                            Err(e) => {
-                                tracing::warn!("the CUDA delta kernel failed its check on heads of {ODD_HEAD}: {e}");
-                                (format!("{checked}; heads of {ODD_HEAD} stay on ops: {e}"), false)
-                            }
-                        },
-                        _ => (checked, false),
-                    };
-                    report = Some(DeltaReport { path: kernel, why, odd_heads });
+                Ok(why) => {
+                    report = Some(DeltaReport { path: kernel, why });
                     break;
                 }
                 Err(e) => {
@@ -47,7 +37,6 @@ pub fn choose(wanted: Option<DeltaPath>) -> &'static DeltaReport {
             }
         }
         let mut report = report.unwrap_or_else(|| DeltaReport {
-            odd_heads: false,
             path: DeltaPath::Ops,
             why: if candidates.is_empty() { ops_reason(wanted.is_some()) } else { String::new() },
         });
@@ -74,10 +63,7 @@ fn ops_reason(asked: bool) -> String {
 pub fn self_check(candidate: DeltaPath) -> crate::error::Result<String> {
     let mut worst = Vec::new();
     for dtype in [Dtype::Float32, Dtype::Bfloat16] {
-        for (positions, record) in [(1, false), (3, true)] {
-            let largest = check_short(candidate, dtype, FULL_HEAD, positions, record)?;
-            worst.push(format!("{dtype:?} x{positions}: {largest:.1e}"));
-        }
+        worst.extend(check_steps(candidate, dtype, FULL_HEAD)?);
         if candidate == DeltaPath::Native {
             worst.push(format!("{dtype:?} prefill x{PREFILL_CHECKED}: {:.1e}", check_native_prefill(dtype)?));
         }
@@ -90,21 +76,44 @@ pub fn self_check(candidate: DeltaPath) -> crate::error::Result<String> {
 
 /// The head size of the checks: the real models' key and value heads.
 const FULL_HEAD: i32 = 128;
-/// A key and value head size that is not whole warps (the embedded model's).
-const ODD_HEAD: i32 = 48;
 
-/// The CUDA recurrence kernel on heads whose key size is not whole warps (`ODD_HEAD`), for a
-/// decode step and a recorded 3-position verify pass, in float32 and bfloat16: the largest
-/// differences from the operations.
-fn check_odd_heads() -> crate::error::Result<String> {
-    let mut worst = Vec::new();
-    for dtype in [Dtype::Float32, Dtype::Bfloat16] {
-        for (positions, record) in [(1, false), (3, true)] {
-            let largest = check_short(DeltaPath::Cuda, dtype, ODD_HEAD, positions, record)?;
-            worst.push(format!("{dtype:?} x{positions}: {largest:.1e}"));
-        }
+/// For a model whose key heads, `head_k_dim`, are not whole warps (the embedded model's 48),
+/// on a process that runs a CUDA kernel path: the recurrence kernel on heads of that size, for
+/// a decode step and a recorded 3-position verify pass in float32 and bfloat16, against the
+/// operations. Once per process, at the model's load: models of whole warps never pay for it.
+pub fn check_odd_heads(head_k_dim: i32) {
+    if head_k_dim % 32 == 0 || !matches!(delta_path::current(), DeltaPath::Cuda | DeltaPath::CudaFused) {
+        return;
     }
-    Ok(format!("heads of {ODD_HEAD}: {}", worst.join(", ")))
+    delta_path::settle_odd_heads(head_k_dim, || {
+        let checked = [Dtype::Float32, Dtype::Bfloat16]
+            .into_iter()
+            .map(|dtype| check_steps(DeltaPath::Cuda, dtype, head_k_dim))
+            .collect::<crate::error::Result<Vec<_>>>();
+        match checked {
+            Ok(worst) => {
+                let worst = worst.concat().join(", ");
+                tracing::info!("gated delta rule on key heads of {head_k_dim}: the CUDA kernel ({worst})");
+                true
+            }
+            Err(e) => {
+                tracing::warn!("the CUDA delta kernel failed its check on key heads of {head_k_dim}: {e}; ops there");
+                false
+            }
+        }
+    });
+}
+
+/// A decode step and a recorded 3-position verify pass on `path` against the operations, in
+/// `dtype` with heads of `head`: the largest difference of each.
+fn check_steps(path: DeltaPath, dtype: Dtype, head: i32) -> crate::error::Result<Vec<String>> {
+    [(1, false), (3, true)]
+        .into_iter()
+        .map(|(positions, record)| {
+            let largest = check_short(path, dtype, head, positions, record)?;
+            Ok(format!("{dtype:?} x{positions}: {largest:.1e}"))
+        })
+        .collect()
 }
 
 /// One short step of `positions` on `path` against the operations, heads of `head` keys and

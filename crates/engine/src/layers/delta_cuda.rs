@@ -95,10 +95,10 @@ const KERNEL_SOURCE: KernelSource = KernelSource {
 const MAX_DK: i32 = 256;
 
 /// Whether a layer's recurrence runs here: key heads of whole warps, or of any size up to
-/// `MAX_DK` once the self-check has seen the kernel agree on such heads
-/// (`delta_path::takes_odd_heads`).
+/// `MAX_DK` once the check at the model's load has seen the kernel agree on heads of that size
+/// (`delta_check::check_odd_heads`).
 pub fn fits(head_k_dim: i32) -> bool {
-    head_k_dim > 0 && head_k_dim <= MAX_DK && (head_k_dim % 32 == 0 || super::delta_path::takes_odd_heads())
+    head_k_dim > 0 && head_k_dim <= MAX_DK && (head_k_dim % 32 == 0 || super::delta_path::takes_odd_heads(head_k_dim))
 }
 
 /// q, k [B, T, Hk, Dk]; v [B, T, Hv, Dv]; g, beta [B, T, Hv]; state [B, Hv, Dv, Dk] f32.

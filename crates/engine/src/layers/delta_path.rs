@@ -70,13 +70,14 @@ impl fmt::Display for DeltaPath {
 pub struct DeltaReport {
     pub path: DeltaPath,
     pub why: String,
-    /// Whether the CUDA recurrence kernel agreed with the operations on heads whose key size
-    /// is not whole warps (checked apart: a failure there keeps such models on the
-    /// operations, not every model).
-    pub odd_heads: bool,
 }
 
 static CHOSEN: OnceLock<DeltaReport> = OnceLock::new();
+/// The key head size that is not whole warps a model of this process asked the CUDA
+/// recurrence kernel to take, and whether the kernel agreed with the operations on it
+/// (`delta_check::check_odd_heads`; a failure keeps that model on the operations, not every
+/// model).
+static ODD_HEADS: OnceLock<(i32, bool)> = OnceLock::new();
 
 /// The path this process runs: the one `delta_check::choose` settled on, `ops` before that.
 pub fn current() -> DeltaPath {
@@ -88,9 +89,15 @@ pub fn report() -> Option<&'static DeltaReport> {
     CHOSEN.get()
 }
 
-/// Whether layers with key heads that are not whole warps may run the CUDA recurrence kernel.
-pub fn takes_odd_heads() -> bool {
-    CHOSEN.get().is_some_and(|r| r.odd_heads)
+/// Whether layers with key heads of `head_k_dim`, not whole warps, may run the CUDA recurrence
+/// kernel: its check on that size passed.
+pub fn takes_odd_heads(head_k_dim: i32) -> bool {
+    ODD_HEADS.get() == Some(&(head_k_dim, true))
+}
+
+/// Settles once per process whether heads of `head_k_dim` run the kernel, with `check`.
+pub(crate) fn settle_odd_heads(head_k_dim: i32, check: impl FnOnce() -> bool) {
+    ODD_HEADS.get_or_init(|| (head_k_dim, check()));
 }
 
 /// Settles the path once per process with `decide` (the first call's; later calls return it).

@@ -249,19 +249,34 @@ fn the_vision_tower_matches_mlx_vlms() {
             .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
             .collect();
 
-        let tower = VisionTower::load_checkpoint(out.path()).unwrap().expect("a tower");
-        let vision = tower.config.clone();
-        let input = mlx_rs::Array::from_slice(
-            &values,
-            &[values.len() as i32 / vision.patch_values() as i32, vision.patch_values() as i32],
-        );
-        let features = tower.forward(&input, &grids).unwrap().as_dtype(mlx_rs::Dtype::Float32).unwrap();
-        let tokens: usize = grids.iter().map(|g| g[1] * g[2] / 4).sum();
-        assert_eq!(features.shape(), [tokens as i32, 48], "{dtype}");
-        let got = features.as_slice::<f32>();
-        let scale = expected.iter().fold(0f32, |m, v| m.max(v.abs()));
-        let worst = got.iter().zip(&expected).fold(0f32, |m, (a, b)| m.max((a - b).abs()));
-        assert!(worst <= tolerance * scale, "{dtype}: features up to {worst} apart (largest {scale})");
+        // As this machine loads it (f32 on the CPU backend), and in the checkpoint's dtype as a
+        // GPU computes: a bf16 tower stays in bf16 throughout, as mlx-vlm's does (lifted to f32,
+        // a GPU multiplies many times slower).
+        let config: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(out.path().join("config.json")).unwrap()).unwrap();
+        let here = VisionTower::load_checkpoint(out.path()).unwrap().expect("a tower");
+        assert_eq!(here.dtype(), mlx_rs::Dtype::Float32, "the CPU backend computes in f32");
+        let as_stored = VisionTower::load_in(out.path(), &config, None).unwrap().expect("a tower");
+        for tower in [here, as_stored] {
+            let vision = tower.config.clone();
+            let input = mlx_rs::Array::from_slice(
+                &values,
+                &[values.len() as i32 / vision.patch_values() as i32, vision.patch_values() as i32],
+            );
+            let features = tower.forward(&input, &grids).unwrap();
+            assert_eq!(features.dtype(), tower.dtype(), "{dtype}: the features leave in the tower's dtype");
+            let features = features.as_dtype(mlx_rs::Dtype::Float32).unwrap();
+            let tokens: usize = grids.iter().map(|g| g[1] * g[2] / 4).sum();
+            assert_eq!(features.shape(), [tokens as i32, 48], "{dtype}");
+            let got = features.as_slice::<f32>();
+            let scale = expected.iter().fold(0f32, |m, v| m.max(v.abs()));
+            let worst = got.iter().zip(&expected).fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+            assert!(
+                worst <= tolerance * scale,
+                "{dtype} computed in {:?}: features up to {worst} apart (largest {scale})",
+                tower.dtype()
+            );
+        }
     }
 }
 

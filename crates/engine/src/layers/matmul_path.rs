@@ -16,7 +16,8 @@
 //!
 //! Both kernels win over MLX's product alone but lose inside a whole decode step (the 8B
 //! shape's plain step and its graph building were slower with either on an H100:
-//! bench/results/qmm-rows.md), so neither is chosen unless asked for.
+//! bench/results/qmm-rows.md), and so does `mlx-pad8` (a decode step's one row padded to 8
+//! costs a GEMM), so none is chosen unless asked for.
 //!
 //! A CUDA kernel compiles at run time, so it is trusted only after `choose` has run it against
 //! float32 products on small inputs (4 and 8 bits, 1 to 32 rows) and seen every row agree

@@ -13,7 +13,7 @@
 use std::path::Path;
 
 use mlx_rs::ops::indexing::IndexOp;
-use mlx_rs::{fast, nn, ops, Array};
+use mlx_rs::{fast, nn, ops, Array, Dtype};
 use serde_json::Value;
 
 use crate::error::{Error, Result};
@@ -143,12 +143,18 @@ pub struct VisionTower {
 struct TowerWeights<'a> {
     weights: &'a mut Weights,
     prefix: &'static str,
+    /// The dtype the tower computes in ([`compute_dtype`]); `None`: as stored.
+    dtype: Option<Dtype>,
 }
 
 impl TowerWeights<'_> {
     fn take(&mut self, name: &str, shape: &[usize]) -> Result<Array> {
         let shape: Vec<i32> = shape.iter().map(|&d| d as i32).collect();
-        self.weights.take(&format!("{}{name}", self.prefix), Some(&shape))
+        let array = self.weights.take(&format!("{}{name}", self.prefix), Some(&shape))?;
+        Ok(match self.dtype {
+            Some(dtype) if dtype != array.dtype() => array.as_dtype(dtype)?,
+            _ => array,
+        })
     }
 
     fn linear(&mut self, name: &str, inp: usize, out: usize) -> Result<Linear> {
@@ -182,20 +188,26 @@ impl VisionTower {
         Self::load_configured(dir, &config)
     }
 
-    /// [`VisionTower::load_checkpoint`] with the checkpoint's `config.json` already parsed.
+    /// [`VisionTower::load_checkpoint`] with the checkpoint's `config.json` already parsed,
+    /// computing in [`compute_dtype`]'s dtype for this machine.
     pub fn load_configured(dir: &Path, config: &Value) -> Result<Option<Self>> {
+        Self::load_in(dir, config, compute_dtype(crate::device::on_gpu()))
+    }
+
+    /// The tower computing in `dtype` (`None`: the checkpoint's).
+    pub fn load_in(dir: &Path, config: &Value, dtype: Option<Dtype>) -> Result<Option<Self>> {
         let Some(config) = VisionConfig::from_config(config, &dir.join("config.json"))? else { return Ok(None) };
         let mut weights = Weights::load(dir)?;
         if !Self::present(&weights) {
             return Ok(None);
         }
-        Self::load(&mut weights, &config).map(Some)
+        Self::load(&mut weights, &config, dtype).map(Some)
     }
 
-    pub(crate) fn load(weights: &mut Weights, config: &VisionConfig) -> Result<Self> {
+    fn load(weights: &mut Weights, config: &VisionConfig, dtype: Option<Dtype>) -> Result<Self> {
         let prefix =
             if weights.contains("model.visual.patch_embed.proj.weight") { "model.visual." } else { "vision_tower." };
-        let mut w = TowerWeights { weights, prefix };
+        let mut w = TowerWeights { weights, prefix, dtype };
         let c = config;
         let (h, t, p, ch) = (c.hidden_size, c.temporal_patch_size, c.patch_size, c.in_channels);
         // The convolution's kernel as one matrix over a patch row's (channel, frame, y, x)
@@ -234,6 +246,11 @@ impl VisionTower {
             fc2: w.linear("merger.linear_fc2", merged, c.out_hidden_size)?,
         };
         Ok(VisionTower { config: config.clone(), patch_embed, pos_embed, blocks, merger })
+    }
+
+    /// The dtype the tower computes in: its weights'.
+    pub fn dtype(&self) -> Dtype {
+        self.pos_embed.dtype()
     }
 
     /// Every weight, to load them now rather than at the first image.
@@ -275,18 +292,20 @@ impl VisionTower {
                 c.patch_values()
             )));
         }
-        let dtype = self.pos_embed.dtype();
+        let dtype = self.dtype();
         let mut x = self.patch_embed.forward(&patches.as_dtype(dtype)?)?;
         x = x.add(self.position_embeddings(grids)?)?;
         let (cos, sin) = self.rotary(grids)?;
         for block in &self.blocks {
             x = x.add(self.attention(block, &block.norm1.forward(&x)?, grids, &cos, &sin)?)?;
-            let y = block.fc2.forward(&nn::gelu_approximate(block.fc1.forward(&block.norm2.forward(&x)?)?)?)?;
+            let y = block
+                .fc2
+                .forward(&in_dtype_of(|h| nn::gelu_approximate(h), &block.fc1.forward(&block.norm2.forward(&x)?)?)?)?;
             x = x.add(y)?;
         }
         let merged = (c.hidden_size * ms * ms) as i32;
         let x = self.merger.norm.forward(&x)?.reshape(&[-1, merged])?;
-        self.merger.fc2.forward(&nn::gelu(self.merger.fc1.forward(&x)?)?)
+        self.merger.fc2.forward(&in_dtype_of(|h| nn::gelu(h), &self.merger.fc1.forward(&x)?)?)
     }
 
     /// Each patch's position embedding: the learned grid's four nearest entries to where the
@@ -375,6 +394,8 @@ impl VisionTower {
         let k = rotate(qkv.index((.., 1, .., ..)))?.transpose_axes(&[1, 0, 2])?;
         let v = qkv.index((.., 2, .., ..)).transpose_axes(&[1, 0, 2])?;
         let scale = (hd as f32).powf(-0.5);
+        let fused = fused_head_dim(hd);
+        let (q, k, v) = (pad_heads(q, fused)?, pad_heads(k, fused)?, pad_heads(v, fused)?);
         // Each image (each frame) attends to itself only.
         let mut outputs = Vec::new();
         let mut start = 0i32;
@@ -387,9 +408,42 @@ impl VisionTower {
                 start = end;
             }
         }
-        let o = ops::concatenate(&outputs, 1)?.transpose_axes(&[1, 0, 2])?.reshape(&[len, heads * hd])?;
+        let o = ops::concatenate(&outputs, 1)?.index((.., .., ..hd));
+        let o = o.transpose_axes(&[1, 0, 2])?.reshape(&[len, heads * hd])?;
         block.proj.forward(&o)
     }
+}
+
+/// The dtype a tower computes in (`None`: the checkpoint's): on MLX's CPU backend f32, which
+/// BLAS multiplies (it has no bf16 product, and MLX's own runs an order of magnitude slower:
+/// bench/results/vision.md), as the text model's weights are dequantized there
+/// (`weight_form`); GPUs keep the checkpoint's.
+pub fn compute_dtype(on_gpu: bool) -> Option<Dtype> {
+    (!on_gpu).then_some(Dtype::Float32)
+}
+
+/// `activation(x)` in x's dtype: mlx-rs's GELUs hold their constants as f32 arrays, which would
+/// lift a bf16 tower's activations (and every product and residual after them) to f32, where
+/// a GPU multiplies many times slower; mlx-vlm's stay in bf16.
+fn in_dtype_of(activation: impl Fn(&Array) -> mlx_rs::error::Result<Array>, x: &Array) -> Result<Array> {
+    Ok(activation(x)?.as_dtype(x.dtype())?)
+}
+
+/// The head size MLX's fused attention takes for heads of `hd`: its kernels are built for 64, 80
+/// and 128, and another size falls back to products that hold every score of a picture (Qwen3.5's
+/// tower has heads of 72). mlx-vlm pads the same way.
+fn fused_head_dim(hd: i32) -> i32 {
+    [64, 80, 128].into_iter().find(|&d| hd <= d).unwrap_or(hd)
+}
+
+/// `x` [heads, len, hd] with zero columns up to `to`: zeros add nothing to q·k, and give zero
+/// output columns (cut off after the attention) when they are v's.
+fn pad_heads(x: Array, to: i32) -> Result<Array> {
+    let hd = x.dim(-1);
+    if hd == to {
+        return Ok(x);
+    }
+    Ok(ops::pad(&x, [(0, 0), (0, 0), (0, to - hd)].as_slice(), None, None)?)
 }
 
 /// (row, column) of each patch of an h × w grid in the processor's order: merged group by

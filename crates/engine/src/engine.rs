@@ -18,6 +18,7 @@ use crate::options::EngineOptions;
 use crate::profile::Profile;
 use crate::prompt_cache::{CacheStats, PromptCache};
 use crate::request::GenerateRequest;
+use crate::speculation::DraftWith;
 use crate::speculative::SpecStats;
 use crate::tokenizer::Tokenizer;
 use crate::weight_form::WeightChoice;
@@ -389,17 +390,13 @@ impl Engine {
         Ok(engine)
     }
 
-    /// A short plain and (with an MTP head) speculative generation, so that kernels are
-    /// compiled before the first real request.
+    /// Short generations down each path a request may take ([`warm_up_requests`]), so that
+    /// kernels are compiled before the first real request.
     fn warm_up(&self) -> Result<()> {
         let started = Instant::now();
         let vocab = self.model.config().vocab_size.max(2) as u32;
-        let prompt = synthetic_prompt(vocab, 16);
-        let mut request = GenerateRequest::greedy(prompt, 4);
-        request.ignore_eos = true;
-        self.generate_text(request.clone())?;
-        if self.can_draft() {
-            request.draft_depth = 2;
+        let block_drafts = self.drafter.as_ref().map(BlockDrafter::max_drafts);
+        for request in warm_up_requests(synthetic_prompt(vocab, 16), self.model.mtp().is_some(), block_drafts) {
             self.generate_text(request)?;
         }
         if let Ok(mut totals) = self.spec_totals.lock() {
@@ -426,6 +423,25 @@ impl Engine {
     }
 }
 
+/// A warm-up's generations: plain decoding, then a short speculation with each drafter there
+/// is — the MTP head (`mtp`) at depth 2, a block drafter drafting up to `block_drafts` at up to
+/// 2. A drafter's first cycles otherwise compile its kernels inside the first request that
+/// drafts with it (on a fresh GPU machine, seconds).
+fn warm_up_requests(prompt: Vec<u32>, mtp: bool, block_drafts: Option<usize>) -> Vec<GenerateRequest> {
+    let mut plain = GenerateRequest::greedy(prompt, 4);
+    plain.ignore_eos = true;
+    let drafting =
+        |with: DraftWith, depth: usize| GenerateRequest { draft_depth: depth, draft_with: with, ..plain.clone() };
+    let mut requests = vec![plain.clone()];
+    if mtp {
+        requests.push(drafting(DraftWith::Mtp, 2));
+    }
+    if let Some(most) = block_drafts.filter(|&most| most > 0) {
+        requests.push(drafting(DraftWith::Block, most.min(2)));
+    }
+    requests
+}
+
 /// `n` token ids spread over a vocabulary of `vocab` ids: a prompt for warm-ups and probes.
 pub(crate) fn synthetic_prompt(vocab: u32, n: usize) -> Vec<u32> {
     (0..n as u32).map(|i| (i * 7919 + 1) % vocab.max(1)).collect()
@@ -450,4 +466,24 @@ fn folder_identity(dir: &Path) -> Result<Vec<u8>> {
         id.extend(format!("\n{}:{size}", file.file_name().unwrap_or_default().to_string_lossy()).bytes());
     }
     Ok(id)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A warm-up drafts with every drafter the model has, not only the MTP head: a model with
+    /// a block drafter and no head warms the drafter, one with both warms both.
+    #[test]
+    fn the_warm_up_drafts_with_each_drafter_there_is() {
+        let paths = |mtp, block| -> Vec<(usize, DraftWith)> {
+            warm_up_requests(vec![1, 2, 3], mtp, block).iter().map(|r| (r.draft_depth, r.draft_with)).collect()
+        };
+        assert_eq!(paths(false, None), [(0, DraftWith::Mtp)]);
+        assert_eq!(paths(true, None), [(0, DraftWith::Mtp), (2, DraftWith::Mtp)]);
+        assert_eq!(paths(false, Some(7)), [(0, DraftWith::Mtp), (2, DraftWith::Block)]);
+        assert_eq!(paths(true, Some(1)), [(0, DraftWith::Mtp), (2, DraftWith::Mtp), (1, DraftWith::Block)]);
+        assert_eq!(paths(false, Some(0)), [(0, DraftWith::Mtp)], "a drafter that drafts nothing is not run");
+        assert!(warm_up_requests(vec![1], true, Some(7)).iter().all(|r| r.ignore_eos && r.max_tokens == 4));
+    }
 }

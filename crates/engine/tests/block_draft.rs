@@ -31,6 +31,29 @@ fn target_and_drafter(
     (target, drafter, e)
 }
 
+/// The Turbo profile's warm-up drafts with a block drafter too, here beside a target with no
+/// MTP head: the load succeeds, leaves no figures behind, and block drafting still answers as
+/// plain decoding does.
+#[test]
+fn a_turbo_warm_up_drafts_with_the_block_drafter() {
+    let (target, drafter, sustained) = target_and_drafter(Architecture::Qwen35, Dtype::Float32, |_| {});
+    let turbo = EngineOptions {
+        drafter: Some(drafter.path().to_path_buf()),
+        profile: engine::Profile::named(engine::ProfileName::Turbo),
+        ..Default::default()
+    };
+    let turbo = Engine::load_with(target.path(), &turbo).unwrap();
+    assert_eq!(turbo.spec_totals().cycles, 0, "the warm-up leaves no figures behind");
+    let drafting = GenerateRequest {
+        ignore_eos: true,
+        draft_depth: 3,
+        draft_with: DraftWith::Block,
+        ..GenerateRequest::greedy(vec![7, 300, 41], 12)
+    };
+    let plain = GenerateRequest { draft_depth: 0, ..drafting.clone() };
+    assert_eq!(turbo.generate_text(drafting).unwrap().0, sustained.generate_text(plain).unwrap().0);
+}
+
 fn prompts() -> Vec<Vec<u32>> {
     vec![vec![7, 300, 41], (0..40u32).map(|i| (i * 37 + 11) % 490).collect()]
 }

@@ -45,6 +45,9 @@
 #                   shape's projections, checked against float32
 #   vision          bench/vision.sh: Ferrite's vision tower against mlx-vlm's on the same patches
 #                   (WIDTH, HEIGHT, ROUNDS, RUNS as it reads them; default 1024x768, 3, 3)
+#   vision-prefill  bench/vision_prefill.sh: a whole prompt with a picture to its first token,
+#                   Ferrite against mlx-vlm's model (PRESET, WIDTH, HEIGHT, TEXT, ROUNDS, RUNS;
+#                   carried like vision)
 #   ops-35b         `ferrite dev ops` on the 35B-A3B shape, on each delta path, and mlx-lm's count
 #                   (PEER_OPS=0 skips mlx-lm's)
 # PATHS (default "cuda-fused ops cuda-kernel") names the delta paths `delta` and `ops-35b` run
@@ -156,13 +159,14 @@ for check in "$@"; do
       timeout ${QMM_TIMEOUT:-150} python3 bench/qmm_small_m.py > "$res/qmm.jsonl" 2>&1 ;;
     drafter-bench)
       DRAFTER="${DRAFTER_DIR:-$res/drafter}" BENCH_DIR="$res" timeout 200 bench/acceptance.sh > "$res/drafter-acceptance.txt" 2>&1 ;;
-    vision)
+    vision | vision-prefill)
       # Carried as .gpu-carry/vision (bench/gpu/pack.sh): the mlx-vlm side's wheels.
       if ls "$carried"/wheels/*.whl >/dev/null 2>&1; then
         python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target ~/.mlx-cuda "$carried"/wheels/*.whl
       fi
-      timeout ${VISION_TIMEOUT:-400} bench/vision.sh > "$res/vision.txt" 2>&1
-      cp "$BENCH_DIR/vision.jsonl" "$res/vision.jsonl" 2>/dev/null ;;
+      script=$(echo "$check" | tr - _)
+      timeout ${VISION_TIMEOUT:-400} "bench/$script.sh" > "$res/$check.txt" 2>&1
+      cp "$BENCH_DIR/$script.jsonl" "$res/$check.jsonl" 2>/dev/null ;;
     ops-35b)
       dir=$(checkpoint next-35b-a3b-4bit)
       for path in ${PATHS:-cuda-fused ops cuda-kernel}; do

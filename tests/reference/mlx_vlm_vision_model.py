@@ -18,7 +18,7 @@ from mlx_vlm.models.qwen3_5.vision import VisionModel
 from mlx_vlm.utils import load_model
 
 
-def add_tower(directory: Path, vision: dict, tokens: dict, seed: int):
+def add_tower(directory: Path, vision: dict, tokens: dict, seed: int, dtype=mx.float32):
     mx.random.seed(seed)
     tower = VisionModel(VisionConfig(**vision))
     params = []
@@ -31,7 +31,7 @@ def add_tower(directory: Path, vision: dict, tokens: dict, seed: int):
     for name, value in tree_flatten(tower.parameters()):
         if name == "patch_embed.proj.weight":
             value = value.transpose(0, 4, 1, 2, 3)  # MLX's [H, T, P, P, C] to PyTorch's
-        weights[f"model.visual.{name}"] = value.astype(mx.float32)
+        weights[f"model.visual.{name}"] = value.astype(dtype)
     mx.save_safetensors(str(directory / "model.safetensors"), weights)
     config = json.loads((directory / "config.json").read_text())
     config["vision_config"] = dict(vision, model_type="qwen3_5")
@@ -53,6 +53,7 @@ def main():
     ap.add_argument("--greedy", type=int, default=8)
     ap.add_argument("--out", type=Path)
     ap.add_argument("--tower-only", action="store_true", help="only add the tower (a server test's model)")
+    ap.add_argument("--tower-dtype", default="float32", help="the tower's weights' dtype")
     args = ap.parse_args()
     ids = {
         "image_token_id": args.image_token,
@@ -60,7 +61,7 @@ def main():
         "vision_start_token_id": args.vision_start,
         "vision_end_token_id": args.vision_end,
     }
-    add_tower(args.dir, json.loads(args.vision), ids, seed=3)
+    add_tower(args.dir, json.loads(args.vision), ids, seed=3, dtype=getattr(mx, args.tower_dtype))
     if args.tower_only:
         return
 

@@ -1,7 +1,10 @@
 //! `ferrite dev vision-tower`: the vision tower's speed on one picture, for bench/vision.sh
-//! (mlx-vlm's tower runs the same patches there).
+//! (mlx-vlm's tower runs the same patches there); `ferrite dev vision-prefill`: a whole prompt
+//! with that picture to its first token, for bench/vision_prefill.sh (mlx-vlm's model runs the
+//! same tokens and patches).
 
 use std::path::Path;
+use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{Context, Result};
@@ -38,5 +41,62 @@ pub fn tower_times(model: &Path, width: u32, height: u32, runs: usize, patches_o
         }
     }
     println!("{}", json!({"engine": "ferrite", "grid": patches.grid, "patches": patches.rows(), "seconds": seconds}));
+    Ok(())
+}
+
+/// Where `prefill_times` writes its input for the peer.
+pub struct Written<'a> {
+    pub patches: Option<&'a Path>,
+    pub tokens: Option<&'a Path>,
+}
+
+pub fn prefill_times(model: &Path, (width, height): (u32, u32), text: usize, runs: usize, out: Written) -> Result<()> {
+    let engine = engine::Engine::load(model)?;
+    let vision = engine.vision().with_context(|| format!("{}: the model does not see", model.display()))?;
+    let picture = Arc::new(picture(width, height));
+    let patches = vision.processor.preprocess(&picture)?;
+    let [start, image, end] = vision.markup;
+    let vocab = engine.model().config().vocab_size.max(2) as u32;
+    // Text ids below the vision tokens; each run's first differs, so none resumes from the
+    // prompt cache.
+    let ordinary = vocab.min(start.min(image).min(end)).max(2) - 1;
+    let words =
+        |from: usize, n: usize| (from..from + n).map(|i| 1 + (i as u32 * 7919) % ordinary).collect::<Vec<u32>>();
+    let (before, after) = (words(0, text / 2), words(text / 2, text - text / 2));
+    let prompt =
+        |run: usize| [vec![1 + run as u32 % ordinary], before.clone(), vec![start, image, end], after.clone()].concat();
+    if let Some(path) = out.patches {
+        std::fs::write(path, patches.values.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>())?;
+    }
+    let image_tokens = patches.rows() / (vision.processor.merge_size * vision.processor.merge_size);
+    if let Some(path) = out.tokens {
+        let expanded: Vec<u32> =
+            [vec![1], before.clone(), vec![start], vec![image; image_tokens], vec![end], after.clone()].concat();
+        std::fs::write(path, serde_json::to_string(&expanded)?)?;
+    }
+    let (mut seconds, mut first) = (Vec::new(), Vec::new());
+    let mut prompt_tokens = 0;
+    for run in 0..=runs {
+        let mut request = engine::GenerateRequest::greedy(prompt(run), 1);
+        request.images = vec![picture.clone()];
+        let mut generation = engine.generate(request, engine::CancelToken::default())?;
+        let mut summary = None;
+        for event in generation.by_ref() {
+            if let engine::Event::Finished(s) = event? {
+                summary = Some(s);
+            }
+        }
+        let summary = summary.context("the generation ended without a summary")?;
+        anyhow::ensure!(summary.usage.cached_tokens == 0, "run {run} resumed from the prompt cache");
+        prompt_tokens = summary.usage.prompt_tokens;
+        // The greedy first token of each run (the peer's must be the same).
+        first.push(generation.tokens().first().copied());
+        if run > 0 {
+            seconds.push(summary.timings.ttft.as_secs_f64());
+        }
+    }
+    let line = json!({"engine": "ferrite", "grid": patches.grid, "image_tokens": image_tokens,
+        "prompt_tokens": prompt_tokens, "first": first, "seconds": seconds});
+    println!("{line}");
     Ok(())
 }

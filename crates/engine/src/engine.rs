@@ -90,6 +90,11 @@ impl Engine {
         self.vision.is_some()
     }
 
+    /// The vision tower, image processor and image markup of a model that sees.
+    pub fn vision(&self) -> Option<&crate::vision::Vision> {
+        self.vision.as_ref()
+    }
+
     /// The model (its config, MTP head, forward passes).
     pub fn model(&self) -> &dyn LanguageModel {
         self.model.as_ref()

@@ -44,8 +44,8 @@ pub struct GenerateRequest {
     /// verified positions are masked alike).
     pub grammar: Option<Grammar>,
     /// The prompt's images, one per image token in `prompt` (in order), for a model that
-    /// sees ([`crate::vision`]). Such a request decodes plainly and bypasses the prompt cache
-    /// for now; the ranks of a split model are not sent images.
+    /// sees ([`crate::vision`]); the prompt cache knows them by their content. The ranks of a
+    /// split model are not sent images.
     #[serde(skip)]
     pub images: Vec<std::sync::Arc<image::RgbImage>>,
 }

@@ -153,19 +153,10 @@ pub enum Command {
     /// to the first token (its preprocessing, tower and prefill), fresh each of --runs times
     /// after a warm-up; one JSON line (bench/vision_prefill.sh).
     VisionPrefill {
-        #[arg(long)]
-        model: PathBuf,
-        #[arg(long, default_value_t = 512)]
-        width: u32,
-        #[arg(long, default_value_t = 512)]
-        height: u32,
+        #[command(flatten)]
+        picture: crate::vision::PictureArgs,
         #[arg(long, default_value_t = 64)]
         text: usize,
-        #[arg(long, default_value_t = 3)]
-        runs: usize,
-        /// Writes the patches (little-endian f32) here, for the peer to take the same input.
-        #[arg(long)]
-        patches_out: Option<PathBuf>,
         /// Writes the prompt's token ids as the model reads them (the image token repeated
         /// for the picture's size) here, as JSON.
         #[arg(long)]
@@ -174,19 +165,7 @@ pub enum Command {
     /// Times the vision tower of the checkpoint in --model on a picture of --width x
     /// --height (as the model's processor cuts it): one JSON line with the seconds of each of
     /// --runs passes after a warm-up (bench/vision.sh).
-    VisionTower {
-        #[arg(long)]
-        model: PathBuf,
-        #[arg(long, default_value_t = 512)]
-        width: u32,
-        #[arg(long, default_value_t = 512)]
-        height: u32,
-        #[arg(long, default_value_t = 3)]
-        runs: usize,
-        /// Writes the patches (little-endian f32) here, for the peer to take the same input.
-        #[arg(long)]
-        patches_out: Option<PathBuf>,
-    },
+    VisionTower(crate::vision::PictureArgs),
 }
 
 /// The `text` of every line of a JSONL file.
@@ -385,12 +364,9 @@ pub fn run(cmd: Command) -> Result<()> {
             let failure = crate::collectives::Failure { die_after, stall_after };
             return crate::collectives::run(&backend, rounds, failure);
         }
-        Command::VisionTower { model, width, height, runs, patches_out } => {
-            return crate::vision::tower_times(&model, width, height, runs, patches_out.as_deref());
-        }
-        Command::VisionPrefill { model, width, height, text, runs, patches_out, tokens_out } => {
-            let out = crate::vision::Written { patches: patches_out.as_deref(), tokens: tokens_out.as_deref() };
-            return crate::vision::prefill_times(&model, (width, height), text, runs, out);
+        Command::VisionTower(picture) => return crate::vision::tower_times(&picture),
+        Command::VisionPrefill { picture, text, tokens_out } => {
+            return crate::vision::prefill_times(&picture, text, tokens_out.as_deref());
         }
         Command::Depth { model, code_ids, code_tokens, prose, depth, rounds, drafter } => {
             let o = crate::depth::Options {

@@ -3,12 +3,12 @@
 //! with that picture to its first token, for bench/vision_prefill.sh (mlx-vlm's model runs the
 //! same tokens and patches).
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{Context, Result};
-use engine::vision::{ImageProcessor, VisionTower};
+use engine::vision::{ImageProcessor, Patches, VisionTower};
 use serde_json::json;
 
 /// A deterministic picture with edges and gradients (what a screenshot has).
@@ -23,17 +23,43 @@ fn picture(width: u32, height: u32) -> image::RgbImage {
     })
 }
 
-pub fn tower_times(model: &Path, width: u32, height: u32, runs: usize, patches_out: Option<&Path>) -> Result<()> {
+/// The picture a vision benchmark runs, on which checkpoint, how often, and where it writes the
+/// patches for its peer.
+#[derive(clap::Args)]
+pub struct PictureArgs {
+    #[arg(long)]
+    model: PathBuf,
+    #[arg(long, default_value_t = 512)]
+    width: u32,
+    #[arg(long, default_value_t = 512)]
+    height: u32,
+    /// Timed runs after a warm-up.
+    #[arg(long, default_value_t = 3)]
+    runs: usize,
+    /// Writes the patches (little-endian f32) here, for the peer to take the same input.
+    #[arg(long)]
+    patches_out: Option<PathBuf>,
+}
+
+impl PictureArgs {
+    fn write_patches(&self, patches: &Patches) -> Result<()> {
+        if let Some(path) = &self.patches_out {
+            std::fs::write(path, patches.values.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>())?;
+        }
+        Ok(())
+    }
+}
+
+pub fn tower_times(a: &PictureArgs) -> Result<()> {
+    let model = &a.model;
     let tower =
         VisionTower::load_checkpoint(model)?.with_context(|| format!("{}: no vision tower", model.display()))?;
     let processor = ImageProcessor::load(model)?;
-    let patches = processor.preprocess(&picture(width, height))?;
-    if let Some(path) = patches_out {
-        std::fs::write(path, patches.values.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>())?;
-    }
+    let patches = processor.preprocess(&picture(a.width, a.height))?;
+    a.write_patches(&patches)?;
     let input = patches.array();
     let mut seconds = Vec::new();
-    for run in 0..=runs {
+    for run in 0..=a.runs {
         let started = Instant::now();
         tower.forward(&input, &[patches.grid])?.eval()?;
         if run > 0 {
@@ -44,16 +70,11 @@ pub fn tower_times(model: &Path, width: u32, height: u32, runs: usize, patches_o
     Ok(())
 }
 
-/// Where `prefill_times` writes its input for the peer.
-pub struct Written<'a> {
-    pub patches: Option<&'a Path>,
-    pub tokens: Option<&'a Path>,
-}
-
-pub fn prefill_times(model: &Path, (width, height): (u32, u32), text: usize, runs: usize, out: Written) -> Result<()> {
+pub fn prefill_times(a: &PictureArgs, text: usize, tokens_out: Option<&Path>) -> Result<()> {
+    let model = &a.model;
     let engine = engine::Engine::load(model)?;
     let vision = engine.vision().with_context(|| format!("{}: the model does not see", model.display()))?;
-    let picture = Arc::new(picture(width, height));
+    let picture = Arc::new(picture(a.width, a.height));
     let patches = vision.processor.preprocess(&picture)?;
     let [start, image, end] = vision.markup;
     let vocab = engine.model().config().vocab_size.max(2) as u32;
@@ -65,18 +86,16 @@ pub fn prefill_times(model: &Path, (width, height): (u32, u32), text: usize, run
     let (before, after) = (words(0, text / 2), words(text / 2, text - text / 2));
     let prompt =
         |run: usize| [vec![1 + run as u32 % ordinary], before.clone(), vec![start, image, end], after.clone()].concat();
-    if let Some(path) = out.patches {
-        std::fs::write(path, patches.values.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>())?;
-    }
+    a.write_patches(&patches)?;
     let image_tokens = patches.rows() / (vision.processor.merge_size * vision.processor.merge_size);
-    if let Some(path) = out.tokens {
+    if let Some(path) = tokens_out {
         let expanded: Vec<u32> =
             [vec![1], before.clone(), vec![start], vec![image; image_tokens], vec![end], after.clone()].concat();
         std::fs::write(path, serde_json::to_string(&expanded)?)?;
     }
     let (mut seconds, mut first) = (Vec::new(), Vec::new());
     let mut prompt_tokens = 0;
-    for run in 0..=runs {
+    for run in 0..=a.runs {
         let mut request = engine::GenerateRequest::greedy(prompt(run), 1);
         request.images = vec![picture.clone()];
         let mut generation = engine.generate(request, engine::CancelToken::default())?;

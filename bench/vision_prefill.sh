@@ -29,10 +29,9 @@ json.dump(t, open(sys.argv[1], "w"))
 print(first)
 PY
 )
-  # Qwen3.5's tower (bench/mlx_vlm_vision_tower.py's QWEN3_5) into the text model's width.
-  vision="{\"depth\": 27, \"hidden_size\": 1152, \"intermediate_size\": 4304, \"num_heads\": 16, \"in_channels\": 3,
-    \"patch_size\": 16, \"temporal_patch_size\": 2, \"spatial_merge_size\": 2, \"out_hidden_size\": $hidden,
-    \"num_position_embeddings\": 2304, \"deepstack_visual_indexes\": []}"
+  # Qwen3.5's tower (bench/mlx_vlm_vision_tower.py's) into the text model's width.
+  vision=$(cd "$root/bench" && "$PYTHON" -c "import json, sys; from mlx_vlm_vision_tower import QWEN3_5
+print(json.dumps(dict(QWEN3_5, out_hidden_size=int(sys.argv[1]))))" "$hidden")
   "$PYTHON" "$root/tests/reference/mlx_vlm_vision_model.py" --dir "$model" --vision "$vision" --tower-only \
     --tower-dtype "$TOWER_DTYPE" --vision-start "$next" --vision-end $((next + 1)) --image-token $((next + 2))
   echo '{"patch_size": 16, "merge_size": 2, "temporal_patch_size": 2, "image_mean": [0.5, 0.5, 0.5],

@@ -97,13 +97,12 @@ for check in "$@"; do
     tune-next) tune_runs "$(checkpoint next-small-4bit)" next-small ;;
     depth) timeout ${DEPTH_TIMEOUT:-180} bench/depth.sh "$embedded" --rounds 3 ${DEPTH_ARGS:-} > "$res/depth.txt" 2>&1 ;;
     spec-embedded)
+      spec() { timeout ${SPEC_TIMEOUT:-300} "$FERRITE" bench --spec --model "$embedded" \
+        --drafter assets/models/ferrite-code-20m-dflash --prompt-ids bench/prompts/heldout-code.json --runs 1 --temp 0 "$@"; }
       # A short untimed run first: on a fresh machine the controller's first cycles met shapes
       # no process had compiled yet (30 tok/s once, bench/results/dflash.md).
-      timeout ${SPEC_TIMEOUT:-300} "$FERRITE" bench --spec --model "$embedded" --drafter assets/models/ferrite-code-20m-dflash \
-        --prompt-ids bench/prompts/heldout-code.json --gen-tokens 16 --runs 1 --temp 0 > /dev/null 2>&1
-      timeout ${SPEC_TIMEOUT:-300} "$FERRITE" bench --spec --model "$embedded" --drafter assets/models/ferrite-code-20m-dflash \
-        --prompt-ids bench/prompts/heldout-code.json --gen-tokens 64 --runs 1 --temp 0 \
-        > "$res/spec-embedded.json" 2> "$res/spec-embedded.txt" ;;
+      spec --gen-tokens 16 > /dev/null 2>&1
+      spec --gen-tokens 64 > "$res/spec-embedded.json" 2> "$res/spec-embedded.txt" ;;
     depth-block) timeout ${DEPTH_TIMEOUT:-180} bench/depth.sh "$embedded" --rounds 3 --depth 4 \
       --drafter assets/models/ferrite-code-20m-dflash > "$res/depth-block.txt" 2>&1 ;;
     batch-8b) timeout 240 "$FERRITE" dev batch --model "$(checkpoint 8b-4bit)" --streams 2,4,8 --tokens 48 --rounds 3 \

@@ -87,7 +87,7 @@ pub fn prefill_times(a: &PictureArgs, text: usize, tokens_out: Option<&Path>) ->
     let prompt =
         |run: usize| [vec![1 + run as u32 % ordinary], before.clone(), vec![start, image, end], after.clone()].concat();
     a.write_patches(&patches)?;
-    let image_tokens = patches.rows() / (vision.processor.merge_size * vision.processor.merge_size);
+    let image_tokens = vision.processor.tokens(picture.height() as usize, picture.width() as usize)?;
     if let Some(path) = tokens_out {
         let expanded: Vec<u32> =
             [vec![1], before.clone(), vec![start], vec![image; image_tokens], vec![end], after.clone()].concat();

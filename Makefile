@@ -45,7 +45,7 @@ test:
 	$(CARGO) build -p ferrite-store --example test_hub
 	tests/app/window.sh
 	scripts/bundle.sh --check
-	third_party/venv/bin/python -m pytest tests/sdk tests/bench -q
+	third_party/venv/bin/python -m pytest tests/sdk tests/bench tests/train -q
 	third_party/venv/bin/python -m pytest tests/agents -q -s
 	@if [ -d tests/ui/node_modules/playwright-core ]; then cd tests/ui && node --test ui.test.mjs; \
 	else echo "tests/ui skipped: no Node.js here (scripts/setup.sh --tests installs it on Debian)"; fi

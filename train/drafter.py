@@ -174,6 +174,20 @@ def sample_batch(rng, data, n, t):
     return mx.array(np.stack([data[s : s + t] for s in starts]))
 
 
+def read_rows(path, t):
+    """train/generate.py's rows (u16 ids, `t` a row), or None where there is no such file."""
+    if not path.exists():
+        return None
+    ids = read_ids(path)
+    if len(ids) < t or len(ids) % t:
+        raise SystemExit(f"{path}: {len(ids)} ids are not rows of {t} (written with another --seq?)")
+    return ids.reshape(-1, t)
+
+
+def sample_rows(rng, rows, n):
+    return mx.array(rows[rng.integers(0, len(rows), size=n)])
+
+
 def accept_lengths(hits):
     """Accepted drafts a block (a run of hits from the first position), as numpy."""
     h = np.array(hits).reshape(-1, hits.shape[-1])
@@ -183,7 +197,11 @@ def accept_lengths(hits):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--target", type=Path, default=Path("assets/models/ferrite-code-20m"))
-    ap.add_argument("--data", type=Path, default=Path("train/data"), help="train.bin and heldout.bin (u16 ids)")
+    ap.add_argument("--data", type=Path, default=Path("train/data"),
+                    help="train.bin and heldout.bin (u16 ids); train-generated.bin and heldout-generated.bin"
+                         " (train/generate.py's rows) where present")
+    ap.add_argument("--generated-share", type=float, default=0.5,
+                    help="the share of each batch's rows taken from train-generated.bin, where it exists")
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--taps", default="1,3,5,7", help="the target's layers the drafter reads")
     ap.add_argument("--layers", type=int, default=2)
@@ -201,6 +219,7 @@ def main():
                     help="a time budget: the schedule shrinks to the steps that fit (0: --steps)")
     ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="bfloat16",
                     help="the written tensors' type (the engine computes in the target's)")
+    ap.add_argument("--eval-only", action="store_true", help="evaluate --init's drafter and stop")
     args = ap.parse_args()
 
     mx.random.seed(args.seed)
@@ -225,6 +244,10 @@ def main():
     print(f"drafter: {args.layers} layers, {params / 1e6:.2f}M parameters, blocks of {b}, taps {taps}", flush=True)
 
     train, heldout = read_ids(args.data / "train.bin"), read_ids(args.data / "heldout.bin")
+    train_rows = read_rows(args.data / "train-generated.bin", args.seq)
+    heldout_rows = read_rows(args.data / "heldout-generated.bin", args.seq)
+    generated = 0 if train_rows is None else round(args.batch * args.generated_share)
+    print(f"rows a batch: {args.batch - generated} of corpus text, {generated} the target wrote", flush=True)
     # The steps to run: --steps, or fewer once the first steps' pace shows what fits the budget.
     total = [args.steps]
 
@@ -240,44 +263,59 @@ def main():
     gamma = max(b / 2, 1.0)
     step_fn = nn.value_and_grad(drafter, lambda d, *a: loss_fn(d, head, *a, b, gamma))
 
-    def batch(data, n):
-        ids = sample_batch(rng, data, n, args.seq)
+    def batch(data, n, rows=None, from_rows=0):
+        parts = [sample_batch(rng, data, n - from_rows, args.seq)] if from_rows < n else []
+        if from_rows:
+            parts.append(sample_rows(rng, rows, from_rows))
+        ids = mx.concatenate(parts) if len(parts) > 1 else parts[0]
         t, greedy = target_pass(inner, head, ids, taps)
         anchors = blocks(rng, n, args.seq, args.blocks, b)
         return (t, *batch_inputs(ids, greedy, anchors, b, mask_token, inner.embed_tokens))
 
-    def evaluate():
+    def evaluate_on(data, rows=None):
         eval_rng_state = rng.bit_generator.state
         lengths, losses = [], []
         for _ in range(8):
-            loss, hits = loss_fn(drafter, head, *batch(heldout, args.batch), b, gamma)
+            args_ = batch(data, args.batch, rows, args.batch if rows is not None else 0)
+            loss, hits = loss_fn(drafter, head, *args_, b, gamma)
             losses.append(loss.item())
             lengths.append(accept_lengths(hits))
         rng.bit_generator.state = eval_rng_state
         accepted = np.concatenate(lengths)
         return float(np.mean(losses)), float(accepted.mean()) + 1.0
 
+    def evaluate(step):
+        held_loss, per_cycle = evaluate_on(heldout)
+        line = f"step {step}: held-out loss {held_loss:.3f}, teacher-forced tokens per block {per_cycle:.2f}"
+        if heldout_rows is not None:
+            gen_loss, gen_cycle = evaluate_on(heldout, heldout_rows)
+            line += f"; on the target's own text: loss {gen_loss:.3f}, tokens per block {gen_cycle:.2f}"
+        print(line, flush=True)
+
+    if args.eval_only:
+        evaluate(0)
+        return
+
     started = time.time()
     step = 0
     while step < total[0]:
         step += 1
-        (loss, _), grads = step_fn(drafter, *batch(train, args.batch))
+        (loss, _), grads = step_fn(drafter, *batch(train, args.batch, train_rows, generated))
         opt.update(drafter, grads)
         mx.eval(drafter.parameters(), opt.state, loss)
         if step == 25:
             warm = time.time()  # the first steps compile kernels: pace is timed after them
         if step == 75 and args.minutes > 0:
-            # Evaluations cost about 8 steps each: leave them room.
+            # Evaluations cost about 8 steps a held-out set: leave them room.
             pace = (time.time() - warm) / 50
             fits = int((args.minutes * 60 - (warm - started)) / pace) + 25
-            total[0] = max(step + 1, min(args.steps, fits - 8 * (fits // args.eval_every + 1)))
+            per_eval = 8 * (1 if heldout_rows is None else 2)
+            total[0] = max(step + 1, min(args.steps, fits - per_eval * (fits // args.eval_every + 1)))
             print(f"{pace * 1000:.0f} ms a step: {total[0]} steps fit {args.minutes} minutes", flush=True)
         if step % 25 == 0:
             print(f"step {step}: loss {loss.item():.3f} ({time.time() - started:.0f} s)", flush=True)
         if step % args.eval_every == 0 or step == total[0]:
-            held_loss, per_cycle = evaluate()
-            print(f"step {step}: held-out loss {held_loss:.3f}, teacher-forced tokens per block {per_cycle:.2f}",
-                  flush=True)
+            evaluate(step)
             # Written at every evaluation, so a run stopped early leaves its latest drafter.
             write(args.out, drafter, tc, taps, b, mask_token, args.layers, args.dtype)
 

@@ -25,12 +25,18 @@
 #                   check of the peer's port
 #   compare-dense   bench/compare.sh on the dense 8B and 32B shapes (DENSE names them) against
 #                   mlx-lm (ops), with SIZES, PROCESSES, PROFILE as compare.sh reads them
+#   drafter-data    the target's own greedy continuations of corpus text (train/generate.py:
+#                   GEN_ROWS rows of 512, default 3072, from train.bin; 256 from heldout.bin;
+#                   GEN_BATCH at once, default 32: 96 and more stopped MLX 0.32.4's CUDA build
+#                   with "cudaGraphAddKernelNode ... invalid argument") into ~/train-data, which
+#                   drafter-train then mixes in (TRAIN_SHARE, default 0.5)
 #   drafter-train   trains a DFlash block drafter for the embedded model (train/drafter.py, for
 #                   TRAIN_MINUTES, default 6, on the carried train.bin.xz and heldout.bin, made
 #                   as train/README.md says; TRAIN_INIT=DIR trains that drafter further,
 #                   TRAIN_LR its rate) into ~/gpu-out/drafter
 #   drafter-bench   bench/acceptance.sh with that drafter (or DRAFTER_DIR's): plain, MTP depths
 #                   and block depths, one run
+# DRAFTER_DIR also names the drafter spec-embedded and depth-block run (default the shipped one).
 #   verify-8b       a z-lab-shaped block drafter (5 layers, blocks of 16, `ferrite dev
 #                   make-drafter`) beside the dense 8B shape: `ferrite bench --spec` times its
 #                   block passes and the verify passes against plain steps (random weights:
@@ -89,6 +95,12 @@ tune_runs() {  # MODEL LABEL
   cp ~/tcfg-$2-ref/tuning.json "$res/tune-$2-ref.json" 2>/dev/null
 }
 embedded=assets/models/ferrite-code-20m
+drafter=${DRAFTER_DIR:-assets/models/ferrite-code-20m-dflash}
+train_data() {  # the corpus ids, from the carried train.bin.xz and heldout.bin, into ~/train-data
+  data=~/train-data; mkdir -p $data
+  [ -f $data/train.bin ] || { [ -f "$carried/train.bin.xz" ] && xz -d -c "$carried/train.bin.xz" > $data/train.bin \
+    && cp "$carried/heldout.bin" $data/; }
+}
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > "$res/gpu.txt" 2>&1
 for check in "$@"; do
   log "$check"
@@ -98,13 +110,13 @@ for check in "$@"; do
     depth) timeout ${DEPTH_TIMEOUT:-180} bench/depth.sh "$embedded" --rounds 3 ${DEPTH_ARGS:-} > "$res/depth.txt" 2>&1 ;;
     spec-embedded)
       spec() { timeout ${SPEC_TIMEOUT:-300} "$FERRITE" bench --spec --model "$embedded" \
-        --drafter assets/models/ferrite-code-20m-dflash --prompt-ids bench/prompts/heldout-code.json --runs 1 --temp 0 "$@"; }
+        --drafter "$drafter" --prompt-ids bench/prompts/heldout-code.json --runs 1 --temp 0 "$@"; }
       # A short untimed run first: on a fresh machine the controller's first cycles met shapes
       # no process had compiled yet (30 tok/s once, bench/results/dflash.md).
       spec --gen-tokens 16 > /dev/null 2>&1
       spec --gen-tokens 64 > "$res/spec-embedded.json" 2> "$res/spec-embedded.txt" ;;
     depth-block) timeout ${DEPTH_TIMEOUT:-180} bench/depth.sh "$embedded" --rounds 3 --depth 4 \
-      --drafter assets/models/ferrite-code-20m-dflash > "$res/depth-block.txt" 2>&1 ;;
+      --drafter "$drafter" > "$res/depth-block.txt" 2>&1 ;;
     batch-8b) timeout 240 "$FERRITE" dev batch --model "$(checkpoint 8b-4bit)" --streams 2,4,8 --tokens 48 --rounds 3 \
       > "$res/batch-8b.jsonl" 2> "$res/batch-8b.err" ;;
     clients-8b | clients-35b)
@@ -126,21 +138,28 @@ for check in "$@"; do
         done
       done
       timeout 120 python3 bench/mlx_lm_mac_like.py > "$res/mac-like-check.json" 2>&1 ;;
+    drafter-data)
+      train_data
+      for split in train heldout; do
+        rows=${GEN_ROWS:-3072}; [ $split = heldout ] && rows=256
+        timeout 300 python3 train/generate.py --target "$embedded" --source $data/$split.bin --rows $rows --batch ${GEN_BATCH:-32} \
+          --out $data/$split-generated.bin > "$res/drafter-data-$split.txt" 2>&1
+        log "drafter-data $split: exit $?, $(tail -1 "$res/drafter-data-$split.txt")"
+      done ;;
     drafter-train)
-      data=~/train-data; mkdir -p $data
-      [ -f "$carried/train.bin.xz" ] && xz -d -c "$carried/train.bin.xz" > $data/train.bin && cp "$carried/heldout.bin" $data/
+      train_data
       minutes=${TRAIN_MINUTES:-6}
       timeout $(( ${minutes%.*} * 60 + 150 )) python3 train/drafter.py --data $data --out "$res/drafter" --minutes "$minutes" \
         --batch ${TRAIN_BATCH:-32} --steps ${TRAIN_STEPS:-20000} --eval-every ${TRAIN_EVAL:-500} ${TRAIN_INIT:+--init "$TRAIN_INIT"} ${TRAIN_LR:+--lr $TRAIN_LR} \
-        > "$res/drafter-train.txt" 2>&1 ;;
+        --generated-share ${TRAIN_SHARE:-0.5} > "$res/drafter-train.txt" 2>&1 ;;
     verify-8b)
-      target=$(checkpoint 8b-4bit); drafter=$BENCH_DIR/8b-dflash-b16
-      [ -f "$drafter/config.json" ] || "$FERRITE" dev make-drafter --target "$target" --layers 5 --block-size 16 \
-        --intermediate-size 12288 --bits 4 --out "$drafter" > "$res/verify-8b-make.txt" 2>&1
+      target=$(checkpoint 8b-4bit); drafter_8b=$BENCH_DIR/8b-dflash-b16
+      [ -f "$drafter_8b/config.json" ] || "$FERRITE" dev make-drafter --target "$target" --layers 5 --block-size 16 \
+        --intermediate-size 12288 --bits 4 --out "$drafter_8b" > "$res/verify-8b-make.txt" 2>&1
       ids=$(PROMPT_TOKENS=512 prompt_ids)
       timeout 60 "$FERRITE" inspect "$target" > "$res/inspect-8b.txt" 2>&1
       for path in ${MATMUL_PATHS:-auto}; do
-        timeout ${VERIFY_TIMEOUT:-300} "$FERRITE" bench --spec --model "$target" --drafter "$drafter" --prompt-ids "$ids" \
+        timeout ${VERIFY_TIMEOUT:-300} "$FERRITE" bench --spec --model "$target" --drafter "$drafter_8b" --prompt-ids "$ids" \
           --gen-tokens 48 --runs 1 --matmul-path $path > "$res/verify-8b-$path.txt" 2>&1
         tar -C "$res" -cf "$OUT/results.tar" .
       done ;;

@@ -7,7 +7,10 @@
 //! step's worth of host time on the build and, once a process has met 512 key lengths,
 //! stopping with "Cache thrashing is happening". Those shapes are written here as the
 //! matmuls and softmax MLX's own fallback uses, on CUDA only (Metal's vector kernels take
-//! them as they are).
+//! them as they are). So are the passes a little longer whose scores stay small: a drafter
+//! catching up on the tokens a plain stretch decoded (17 to a few hundred positions, a new
+//! key length each time), a short prompt's prefill — each would otherwise build a graph of
+//! its own. Only long passes over long contexts, where the scores would not fit, go to cuDNN.
 
 use std::cell::RefCell;
 
@@ -27,14 +30,15 @@ pub enum Mask<'a> {
     Keep(&'a Array),
 }
 
-/// The most queries the written-out form takes on CUDA (a verify pass's or a decode step's;
-/// a prompt's chunks go to cuDNN, one graph per chunk shape).
+/// Passes of up to this many queries take the written-out form on CUDA whatever their
+/// context (a verify pass's, a batch's masked decode step).
 const FEW_QUERIES: i32 = 16;
+/// Longer passes take it while their scores (batch x heads x queries x keys, float32) stay
+/// within this many: 64 MiB, a transient beside any model's weights.
+const WRITTEN_OUT_SCORES: i64 = 1 << 24;
 
 pub fn attention(q: &Array, k: &Array, v: &Array, scale: f32, mask: Mask<'_>) -> Result<Array> {
-    let queries = q.dim(2);
-    let few = queries <= FEW_QUERIES && (queries > 1 || matches!(mask, Mask::Keep(_)));
-    if few && on_cuda() {
+    if on_cuda() && writes_out(q.shape(), k.dim(2), &mask) {
         return written_out(q, k, v, scale, mask);
     }
     let mask = match mask {
@@ -43,6 +47,17 @@ pub fn attention(q: &Array, k: &Array, v: &Array, scale: f32, mask: Mask<'_>) ->
         Mask::Keep(keep) => Some(ScaledDotProductAttentionMask::Array(keep)),
     };
     Ok(fast::scaled_dot_product_attention(q, k, v, scale, mask, None)?)
+}
+
+/// Whether a pass of queries `q_shape` [batch, heads, queries, dim] over `keys` keys takes the
+/// written-out form on CUDA. One query with no mask array is MLX's vector kernel's (no graph).
+fn writes_out(q_shape: &[i32], keys: i32, mask: &Mask<'_>) -> bool {
+    let queries = q_shape[2];
+    if queries == 1 && !matches!(mask, Mask::Keep(_)) {
+        return false;
+    }
+    let scores = i64::from(q_shape[0]) * i64::from(q_shape[1]) * i64::from(queries) * i64::from(keys);
+    queries <= FEW_QUERIES || scores <= WRITTEN_OUT_SCORES
 }
 
 fn on_cuda() -> bool {
@@ -151,6 +166,24 @@ mod tests {
         // One position, nothing masked.
         let fused = fast::scaled_dot_product_attention(&q, &k, &v, scale, None, None);
         assert!(close(&written_out(&q, &k, &v, scale, Mask::None).unwrap(), &fused.unwrap()) < 1e-5);
+    }
+
+    /// A drafter's catch-up after a plain stretch (40 positions after 90 cached ones) and a
+    /// short prompt take the written-out form on CUDA, and agree with the fused kernel; a
+    /// long pass over a long context goes to the fused kernel, one query without a mask to
+    /// MLX's vector kernel.
+    #[test]
+    fn passes_whose_scores_are_small_are_written_out() {
+        let (q, k, v) = qkv(40, 130);
+        let fused = fast::scaled_dot_product_attention(&q, &k, &v, 0.125, ScaledDotProductAttentionMask::Causal, None);
+        assert!(close(&written_out(&q, &k, &v, 0.125, Mask::Causal).unwrap(), &fused.unwrap()) < 1e-5);
+        assert!(writes_out(&[1, 16, 40, 64], 130, &Mask::Causal));
+        assert!(writes_out(&[1, 32, 256, 128], 2048, &Mask::Causal));
+        assert!(writes_out(&[1, 32, 4, 128], 1 << 20, &Mask::Causal));
+        assert!(!writes_out(&[1, 32, 2048, 128], 8192, &Mask::Causal));
+        assert!(!writes_out(&[1, 32, 1, 128], 8192, &Mask::None));
+        let keep = Array::from_bool(true);
+        assert!(writes_out(&[1, 32, 1, 128], 8192, &Mask::Keep(&keep)));
     }
 
     /// The GPU runs bf16 checkpoints: the masked scores and the softmax keep that dtype's

@@ -29,8 +29,13 @@ const PROBE_EVERY: usize = 16;
 /// pay that every 16 tokens. One accepted draft keeps the interval; a return to drafting, or
 /// a new fall to plain, starts it again.
 const MAX_PROBE_EVERY: usize = 128;
-/// Weight of the newest cycle in the running acceptance figures.
+/// Weight of the newest cycle in the running acceptance figures (and timings).
 const WEIGHT: f64 = 0.25;
+/// A timed step counts for at most this many times, and at least this fraction of, what the
+/// cost model says it costs: one stalled step (the machine busy for a moment) moves the
+/// running figure by a bounded amount, and a cost model far off (a test's made-up one) by at
+/// most this much either way.
+const MOST_OFF: f64 = 2.0;
 /// A depth must promise this much more than the current one to replace it (and a drafter
 /// the one in use)...
 const HYSTERESIS: f64 = 0.03;
@@ -106,13 +111,19 @@ impl CostModel {
         if depth == 0 {
             return 1.0;
         }
+        let Some(cycle) = self.cycle_cost(with, depth) else { return 0.0 };
+        let tokens = 1.0 + reach.iter().take(depth).sum::<f64>();
+        tokens / cycle
+    }
+
+    /// A cycle drafting `depth` tokens with `with`, in plain steps: the drafting and the
+    /// verify pass (`None` where the model has no figure for it).
+    pub fn cycle_cost(&self, with: DraftWith, depth: usize) -> Option<f64> {
         let drafting = match with {
             DraftWith::Mtp => self.draft.map(|d| depth as f64 * d),
-            DraftWith::Block => self.block.get(depth - 1).copied(),
-        };
-        let (Some(verify), Some(drafting)) = (self.verify.get(depth - 1), drafting) else { return 0.0 };
-        let tokens = 1.0 + reach.iter().take(depth).sum::<f64>();
-        tokens / (verify + drafting)
+            DraftWith::Block => self.block.get(depth.checked_sub(1)?).copied(),
+        }?;
+        Some(self.verify.get(depth.checked_sub(1)?)? + drafting)
     }
 }
 
@@ -154,6 +165,11 @@ pub struct DepthController {
     probe_every: usize,
     /// Whether probes can pay at all ([`CostModel::ceiling`] above 1).
     probes: bool,
+    /// The request's own plain steps against the cost model's plain step, running (`None`
+    /// until two came in a row).
+    plain_scale: Option<f64>,
+    /// The request's own cycles against what the cost model says they cost, running.
+    cycle_scale: Option<f64>,
     pub changes: DepthChanges,
 }
 
@@ -192,6 +208,8 @@ impl DepthController {
             probe_evidence,
             probe_every: PROBE_EVERY,
             probes,
+            plain_scale: None,
+            cycle_scale: None,
             changes: DepthChanges::default(),
         }
     }
@@ -287,19 +305,48 @@ impl DepthController {
         self.costs.plain_step_s
     }
 
+    /// A plain step of the request took `seconds` (from the end of the one before).
+    pub fn timed_plain_step(&mut self, seconds: f64) {
+        let ratio = (seconds / self.costs.plain_step_s).clamp(1.0 / MOST_OFF, MOST_OFF);
+        self.plain_scale = Some(running(self.plain_scale, ratio));
+    }
+
+    /// A cycle of the request drafting `depth` tokens took `seconds` (from the end of the one
+    /// before).
+    pub fn timed_cycle(&mut self, depth: usize, seconds: f64) {
+        let Some(cycle) = self.costs.cycle_cost(self.with, depth) else { return };
+        let ratio = (seconds / (cycle * self.costs.plain_step_s)).clamp(1.0 / MOST_OFF, MOST_OFF);
+        self.cycle_scale = Some(running(self.cycle_scale, ratio));
+    }
+
+    /// What drafting `depth` tokens promises over plain decoding with `reach`: the cost
+    /// model's figure, its costs scaled by what the request's own steps took once it has timed
+    /// both plain steps and cycles — where plain steps ran slower than measured, or cycles
+    /// faster, drafting pays more than the model says.
+    fn promise(&self, depth: usize, reach: &[f64]) -> f64 {
+        let in_loop = match (self.plain_scale, self.cycle_scale) {
+            (Some(plain), Some(cycle)) => plain / cycle,
+            _ => 1.0,
+        };
+        match depth {
+            0 => 1.0,
+            _ => self.costs.speedup(self.with, depth, reach) * in_loop,
+        }
+    }
+
     /// The speed-up over plain decoding the current figures promise at the current depth.
     pub fn expected_speedup(&self) -> f64 {
-        self.costs.speedup(self.with, self.depth, &self.estimated_reach())
+        self.promise(self.depth, &self.estimated_reach())
     }
 
     fn decide(&mut self) {
         let reach = self.estimated_reach();
-        let now = self.costs.speedup(self.with, self.depth, &reach);
+        let now = self.promise(self.depth, &reach);
         let to_or_from_plain = HYSTERESIS * (1 << self.changes.to_plain.min(MAX_PLAIN_DOUBLINGS)) as f64;
         let margin = |to: usize| if (self.depth == 0) != (to == 0) { to_or_from_plain } else { HYSTERESIS };
         let best = (0..=self.max_depth)
             .filter(|&d| d != self.depth)
-            .map(|d| (d, self.costs.speedup(self.with, d, &reach)))
+            .map(|d| (d, self.promise(d, &reach)))
             .filter(|&(d, promise)| promise >= now * (1.0 + margin(d)))
             .max_by(|a, b| a.1.total_cmp(&b.1));
         let Some((best, _)) = best else {
@@ -321,6 +368,11 @@ impl DepthController {
         self.depth = best;
         self.cycles_plain = 0;
     }
+}
+
+/// A running figure moved by one more sample (the first sample sets it).
+fn running(figure: Option<f64>, sample: f64) -> f64 {
+    figure.map_or(sample, |f| f + WEIGHT * (sample - f))
 }
 
 /// With two drafters (the MTP head and a block drafter): when to try the one standing by, and
@@ -576,6 +628,45 @@ mod tests {
         // A lasting recovery brings it back.
         run(&mut c, 1.0, 8 * MAX_PROBE_EVERY);
         assert!(c.depth() > 0, "{:?}", c.reach);
+    }
+
+    /// The request's own steps scale the costs: where its plain steps take longer than the
+    /// cost model's (the loop's own work, a busy machine), drafts the model puts below
+    /// break-even pay, and where its cycles take far longer than the model says, drafts it
+    /// puts above break-even do not.
+    #[test]
+    fn the_requests_own_step_times_scale_the_costs() {
+        // Depth 1 costs 1.3 plain steps: at 20% acceptance 0.92x by the model alone.
+        let mut untimed = mtp(costs(), 1);
+        run(&mut untimed, 0.2, 40);
+        assert_eq!(untimed.depth(), 0, "{:?}", untimed.changes);
+        let mut slow_plain = mtp(costs(), 1);
+        let cycle_s = slow_plain.costs.cycle_cost(DraftWith::Mtp, 1).unwrap() * slow_plain.plain_step_s();
+        for _ in 0..8 {
+            slow_plain.timed_plain_step(1.5 * slow_plain.plain_step_s());
+            slow_plain.timed_cycle(1, cycle_s);
+        }
+        run(&mut slow_plain, 0.2, 40);
+        assert!(slow_plain.depth() > 0 && slow_plain.changes.to_plain == 0, "{:?}", slow_plain.changes);
+        assert!(slow_plain.expected_speedup() > 1.0);
+
+        // At 90% the model promises 1.46x at depth 1 and more deeper; cycles taking three
+        // times their cost (counted as twice: `MOST_OFF`) send the request plain.
+        let mut slow_cycles = mtp(costs(), 1);
+        for _ in 0..8 {
+            slow_cycles.timed_plain_step(slow_cycles.plain_step_s());
+            slow_cycles.timed_cycle(1, 3.0 * cycle_s);
+        }
+        run(&mut slow_cycles, 0.9, 8);
+        assert_eq!(slow_cycles.depth(), 0, "{:?}", slow_cycles.changes);
+        // One stalled step moves the figures by a bounded amount.
+        let mut stalled = mtp(costs(), 1);
+        stalled.timed_cycle(1, 1000.0);
+        assert_eq!(stalled.cycle_scale, Some(MOST_OFF));
+        // Timed one way only, the model stands as it is.
+        let mut half = mtp(costs(), 1);
+        half.timed_plain_step(1.5 * half.plain_step_s());
+        assert_eq!(half.expected_speedup(), mtp(costs(), 1).expected_speedup());
     }
 
     /// Two drafters: a plain drafter's probe turns alternate with tries of the other; a try

@@ -41,6 +41,7 @@ use crate::penalties::{window_of, Penalties, Recent};
 use crate::sampling::Sampler;
 use crate::speculation::DraftWith;
 
+mod accounting;
 mod slot;
 pub use slot::Drafter;
 use slot::{PromptAngles, Slot};
@@ -129,6 +130,14 @@ enum DraftRows<'m> {
     Block(Array),
 }
 
+/// When the request's last token-producing step ended, and whether it was a plain step
+/// (`accounting` times the next one from it).
+#[derive(Debug, Clone, Copy)]
+struct LastStep {
+    at: Instant,
+    plain: bool,
+}
+
 pub struct Speculator<'m> {
     model: &'m dyn LanguageModel,
     /// The drafter in use.
@@ -166,6 +175,8 @@ pub struct Speculator<'m> {
     fed: Option<(Array, Instant)>,
     /// A prompt with images: where its positions sit for the MTP head's attention.
     prompt_angles: Option<PromptAngles>,
+    /// The request's last step, for timing the next one (`accounting`).
+    last_step: Option<LastStep>,
 }
 
 impl<'m> Speculator<'m> {
@@ -209,6 +220,7 @@ impl<'m> Speculator<'m> {
             decided: None,
             fed: None,
             prompt_angles: None,
+            last_step: None,
         }))
     }
 
@@ -441,6 +453,7 @@ impl<'m> Speculator<'m> {
         self.tell_standby(standby_part, &[token])?;
         self.remember(&[token]);
         self.account(0, 0, 1, Duration::ZERO, fed_at.elapsed());
+        self.timed_plain_step();
         Ok(())
     }
 
@@ -681,68 +694,9 @@ impl<'m> Speculator<'m> {
         }
         self.tell_standby(standby_part, &committed)?;
         self.remember(&committed);
+        self.timed_cycle(d);
         self.account(d, accepted, committed.len(), verified_at - started, now - verified_at);
         Ok(committed)
-    }
-
-    /// A cycle's figures into the statistics and the controller: `drafted` drafts of which
-    /// the first `accepted` were kept, `committed` tokens.
-    fn account(&mut self, drafted: usize, accepted: usize, committed: usize, draft: Duration, verify: Duration) {
-        let s = &mut self.stats;
-        s.cycles += 1;
-        s.committed += committed;
-        for i in 0..drafted {
-            s.drafted[i] += 1;
-            s.accepted[i] += usize::from(i < accepted);
-        }
-        s.draft_time += draft;
-        s.verify_time += verify;
-        let Some(control) = &mut self.active.control else { return };
-        match (self.trying, drafted) {
-            // The plain step before a try (or a try whose grammar let nothing be drafted).
-            (true, 0) => {}
-            (true, _) => control.record_probe(drafted, accepted),
-            (false, _) => control.record(drafted, accepted),
-        }
-        if self.trying && drafted > 0 {
-            self.settle_try();
-        }
-        let Some(control) = &self.active.control else { return };
-        let s = &mut self.stats;
-        let cycles_s = (s.draft_time + s.verify_time).as_secs_f64();
-        let measured = if cycles_s > 0.0 { s.committed as f64 * control.plain_step_s() / cycles_s } else { 0.0 };
-        let mut changes = control.changes.clone();
-        if let Some(other) = self.standby.as_ref().and_then(|s| s.control.as_ref()) {
-            changes.merge(&other.changes);
-        }
-        s.control = Some(Box::new(ControlStats {
-            depth_now: control.depth(),
-            expected_speedup: control.expected_speedup(),
-            measured_speedup: measured,
-            drafter_now: self.active.drafter.draft_with(),
-            switches: self.choice.switches,
-            changes,
-        }));
-    }
-
-    /// After a cycle that tried the drafter standing by: it stays in use if it now promises
-    /// more than the one it replaced, else that one comes back.
-    fn settle_try(&mut self) {
-        self.trying = false;
-        let tried = self.active.control.as_ref();
-        let other = self.standby.as_ref().and_then(|s| s.control.as_ref());
-        let keep = match (tried, other) {
-            (Some(tried), Some(other)) => self.choice.keep_tried(tried, other),
-            _ => false,
-        };
-        if !keep {
-            self.swap();
-            // A try in a plain drafter's probe turn failed as its own probe would have: its
-            // probes grow rarer alike.
-            if let Some(control) = self.active.control.as_mut().filter(|c| c.depth() == 0) {
-                control.probe_elsewhere_failed();
-            }
-        }
     }
 
     /// Accepts draft i with probability min(1, p_i(d) / q_i(d)); the first rejection draws

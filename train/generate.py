@@ -65,14 +65,15 @@ def main():
         raise SystemExit(f"{args.source}: {len(data)} tokens, fewer than a prompt of {args.prompt}")
     rng = np.random.default_rng(args.seed)
     key = mx.random.key(args.seed)
-    rows, started = [], time.time()
-    while sum(len(r) for r in rows) < args.rows:
-        n = min(args.batch, args.rows - sum(len(r) for r in rows))
+    rows, made_rows, started = [], 0, time.time()
+    while made_rows < args.rows:
+        n = min(args.batch, args.rows - made_rows)
         starts = rng.integers(0, len(data) - args.prompt, size=n)
         prompts = mx.array(np.stack([data[s : s + args.prompt] for s in starts]).astype(np.int32))
         key, sub = mx.random.split(key)
         rows.append(np.array(continue_rows(model, prompts, args.seq - args.prompt, args.temp, sub)))
-        print(f"{sum(len(r) for r in rows)} rows ({time.time() - started:.0f} s)", flush=True)
+        made_rows += n
+        print(f"{made_rows} rows ({time.time() - started:.0f} s)", flush=True)
     out = np.concatenate(rows).astype("<u2")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     out.tofile(args.out)

@@ -229,19 +229,29 @@ fn speculative(engine: &mut Engine, request: &GenerateRequest, prompts: &[Vec<u3
             let (tps, stats) = decode(engine, depth, draft_with)?;
             let stats = stats.unwrap_or_default();
             let control = stats.control.clone().unwrap_or_default();
+            // The cycles after plain steps catch a drafter up: what each took, against a cycle's
+            // mean (both in plain steps of the cost model).
+            let in_steps = |s: f64, n: usize| if n > 0 { s / n as f64 / c.plain_step_s } else { 0.0 };
+            let crossings = &control.after_plain;
+            let after_plain = in_steps(crossings.time.as_secs_f64(), crossings.cycles);
+            let catch_up = in_steps(crossings.catch_up_time.as_secs_f64(), crossings.cycles);
+            let cycle = in_steps((stats.draft_time + stats.verify_time).as_secs_f64(), stats.cycles);
             eprintln!(
                 "controller from {} depth {depth}: {tps:.1} tok/s, {:.2} tokens a cycle; at the end {} depth {}, \
-                 {} drafter switch(es), {:?}",
+                 {} drafter switch(es), {:?}; {} cycles after plain steps at {after_plain:.2} plain steps each, \
+                 {catch_up:.2} of it catching up (a cycle or plain step: {cycle:.2})",
                 draft_with.name(),
                 stats.tokens_per_cycle(),
                 control.drafter_now.name(),
                 control.depth_now,
                 control.switches,
-                control.changes
+                control.changes,
+                crossings.cycles,
             );
             rows.push(serde_json::json!({
                 "drafter": draft_with.name(), "depth": depth, "controller": true, "acceptance": stats.acceptance(),
                 "tokens_per_cycle": stats.tokens_per_cycle(), "decode_tps": tps, "control": control,
+                "after_plain_cost": after_plain, "catch_up_cost": catch_up, "mean_cycle_cost": cycle,
             }));
         }
     }

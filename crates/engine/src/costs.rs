@@ -131,9 +131,24 @@ pub fn measure_costs(
         t.elapsed().as_secs_f64() / steps as f64
     };
 
+    // The lengths a drafter's catch-ups run (a power of two: `speculative::slot`), met once
+    // here: on a GPU the first pass of each length costs several milliseconds, which would
+    // otherwise fall on a request's first returns to drafting.
+    let catch_ups = || (4..=8).map(|p| 1 << p);
     let draft_step_s = match model.mtp() {
         Some(head) => {
             let mut mtp_cache = head.new_cache();
+            for p in catch_ups() {
+                let features = ops::broadcast_to(&h, &[1, p, h.dim(2)])?;
+                let _ = head.forward(
+                    model,
+                    &features,
+                    &Array::from_slice(&vec![token(0); p as usize], &[1, p]),
+                    &mut mtp_cache,
+                )?;
+                eval(mtp_cache.arrays())?;
+                mtp_cache.rollback(p)?;
+            }
             Some(time(&mut |i| {
                 let x = head.forward(model, &h, &Array::from_slice(&[token(i)], &[1, 1]), &mut mtp_cache)?;
                 let y = argmax(&head.logits(model, &x)?)?;
@@ -156,6 +171,11 @@ pub fn measure_costs(
         block.extend(&taps.index((.., ..n - joins, ..)), &mut draft_cache)?;
         eval(draft_cache.arrays())?;
         let joining = (joins > 0).then(|| taps.index((.., n - joins.., ..)));
+        for p in catch_ups() {
+            block.extend(&ops::broadcast_to(taps.index((.., -1.., ..)), &[1, p, taps.dim(2)])?, &mut draft_cache)?;
+            eval(draft_cache.arrays())?;
+            draft_cache.rollback(p)?;
+        }
         for depth in 1..=block.max_drafts() {
             block_draft_s.push(time(&mut |i| {
                 let logits = block.draft(model, joining.as_ref(), token(i), depth, &mut draft_cache)?;

@@ -24,10 +24,12 @@ use crate::speculation::DraftWith;
 const EVERY: usize = 4;
 /// While plain, one depth-1 cycle this often measures whether drafts would pay again...
 const PROBE_EVERY: usize = 16;
-/// ...twice as long after each probe whose draft failed, up to this: a probe costs about two
-/// plain steps for little more than one token, and a request whose drafts keep failing would
-/// pay that every 16 tokens. One accepted draft keeps the interval; a return to drafting, or
-/// a new fall to plain, starts it again.
+/// ...twice as long after each probe that leaves the evidence short of break-even, up to this:
+/// a probe costs a few plain steps (its drafter catches up, a verify pass) for little more than
+/// one token, and a request whose drafts seldom pay would spend that every 16 tokens. A probe
+/// whose evidence could reach break-even keeps the interval (its hit or miss alone says little
+/// where break-even asks most drafts to be accepted); a return to drafting, or a new fall to
+/// plain, starts it again.
 const MAX_PROBE_EVERY: usize = 128;
 /// Weight of the newest cycle in the running acceptance figures (and timings).
 const WEIGHT: f64 = 0.25;
@@ -48,6 +50,10 @@ const TRY_STANDBY_EVERY: usize = 32;
 /// ...twice as long after each try that did not switch, up to this: a try costs about a
 /// cycle's drafting, and the drafter standing by takes in what it missed first.
 const MAX_TRY_STANDBY_EVERY: usize = 256;
+/// A try that promises more is tried again this many cycles later, and the drafter switches
+/// only if that one promises more too: one cycle's acceptance is mostly luck (a request that
+/// began on the better drafter would otherwise leave it on one lucky try).
+const TRY_AGAIN_AFTER: usize = 4;
 /// While plain, the first position's figure is a count: what the running figure held when the
 /// request went plain, worth this many cycles (the running figure's own memory, 1 / WEIGHT)...
 const PLAIN_PRIOR: f64 = 1.0 / WEIGHT;
@@ -261,17 +267,21 @@ impl DepthController {
             }
             *hits += if accepted > 0 { 1.0 } else { 0.0 };
             *trials += 1.0;
-            if accepted == 0 {
+            // Leaning up by two more hits: a short string of evidence may still be unlucky.
+            let optimistic = (*hits + 2.0) / (*trials + 2.0);
+            let estimate = *hits / *trials;
+            if optimistic < self.break_even() {
                 self.probe_every = (2 * self.probe_every).min(MAX_PROBE_EVERY);
             }
-            self.reach[0] = *hits / *trials;
+            self.reach[0] = estimate;
             self.seen[0] += 1;
         }
         let running = if self.depth == 0 { 0 } else { drafted.min(self.max_depth) };
         for i in 0..running {
             let hit = if i < accepted { 1.0 } else { 0.0 };
-            // The first figure at a position replaces the guess; later ones move it.
-            let w = if self.seen[i] == 0 { 1.0 } else { WEIGHT };
+            // The first few figures at a position are averaged (the first replaces the
+            // guess), later ones move it: one lucky or unlucky cycle is not the figure.
+            let w = (1.0 / (self.seen[i] + 1) as f64).max(WEIGHT);
             self.reach[i] += w * (hit - self.reach[i]);
             self.seen[i] += 1;
         }
@@ -298,6 +308,30 @@ impl DepthController {
             }
         }
         reach
+    }
+
+    /// The first position's acceptance from which some depth pays, the deeper positions going
+    /// on at the same rate (as [`DepthController::estimated_reach`] extends a probe's figure).
+    fn break_even(&self) -> f64 {
+        let pays = |a: f64| {
+            (1..=self.max_depth).any(|d| {
+                let reach: Vec<f64> = (1..=d).map(|i| a.powi(i as i32)).collect();
+                self.promise(d, &reach) >= 1.0
+            })
+        };
+        if !pays(1.0) {
+            return f64::INFINITY;
+        }
+        let (mut low, mut high) = (0.0, 1.0);
+        for _ in 0..20 {
+            let mid = (low + high) / 2.0;
+            if pays(mid) {
+                high = mid;
+            } else {
+                low = mid;
+            }
+        }
+        high
     }
 
     /// The plain step time the cost model was measured with.
@@ -383,7 +417,20 @@ pub struct DrafterChoice {
     every: usize,
     /// While the drafter in use is plain: whether the next probe is the other one's.
     others_turn: bool,
+    /// The last try promised more: the next one comes soon and decides.
+    promising: bool,
     pub switches: usize,
+}
+
+/// What a try of the drafter standing by settles.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TryVerdict {
+    /// It takes over.
+    Switch,
+    /// It promised more once: back to the one in use, and tried again soon.
+    Again,
+    /// Back to the one in use; the next try waits twice as long.
+    Back,
 }
 
 impl Default for DrafterChoice {
@@ -394,12 +441,16 @@ impl Default for DrafterChoice {
 
 impl DrafterChoice {
     pub fn new() -> Self {
-        DrafterChoice { wait: 0, every: TRY_STANDBY_EVERY, others_turn: true, switches: 0 }
+        DrafterChoice { wait: 0, every: TRY_STANDBY_EVERY, others_turn: true, promising: false, switches: 0 }
     }
 
     /// A plain drafter's probe is due: whether it goes to the drafter standing by (every
-    /// other one does, so two drafters probe no more often than one).
+    /// other one does, so two drafters probe no more often than one; a promising try's
+    /// second look comes at the next).
     pub fn take_turn(&mut self) -> bool {
+        if self.promising {
+            return true;
+        }
         self.others_turn = !self.others_turn;
         !self.others_turn
     }
@@ -415,15 +466,26 @@ impl DrafterChoice {
     }
 
     /// After a try: whether `tried` (its figures now include the try) takes over from
-    /// `current`. A try that does not switch makes the next one wait twice as long.
-    pub fn keep_tried(&mut self, tried: &DepthController, current: &DepthController) -> bool {
-        if tried.depth() > 0 && tried.expected_speedup() > current.expected_speedup() * (1.0 + HYSTERESIS) {
-            self.switches += 1;
-            self.every = TRY_STANDBY_EVERY;
-            return true;
+    /// `current` — on the second try in a row that promises more than `current`. A try that
+    /// promises less makes the next one wait twice as long.
+    pub fn settle(&mut self, tried: &DepthController, current: &DepthController) -> TryVerdict {
+        let better = tried.depth() > 0 && tried.expected_speedup() > current.expected_speedup() * (1.0 + HYSTERESIS);
+        match (better, std::mem::take(&mut self.promising)) {
+            (true, true) => {
+                self.switches += 1;
+                self.every = TRY_STANDBY_EVERY;
+                TryVerdict::Switch
+            }
+            (true, false) => {
+                self.promising = true;
+                self.wait = self.every.saturating_sub(TRY_AGAIN_AFTER);
+                TryVerdict::Again
+            }
+            (false, _) => {
+                self.every = (2 * self.every).min(MAX_TRY_STANDBY_EVERY);
+                TryVerdict::Back
+            }
         }
-        self.every = (2 * self.every).min(MAX_TRY_STANDBY_EVERY);
-        false
     }
 }
 
@@ -608,6 +670,26 @@ mod tests {
         assert!(run(&mut c, 0.0, 2 * MAX_PROBE_EVERY).contains(&1), "probes while a perfect drafter could pay");
     }
 
+    /// The H100's costs for the embedded model (2026-12-06): a verify pass of two positions 1.75
+    /// plain steps, so drafting pays only where most drafts are accepted (about 3 in 4 at the
+    /// first position). Probes accepted half the time leave the evidence far short of that:
+    /// each makes the next wait twice as long, hit or miss, where a hit kept the interval.
+    #[test]
+    fn probes_far_below_break_even_grow_rarer_hit_or_miss() {
+        let h100 =
+            CostModel { draft: Some(0.27), block: vec![], verify: vec![1.75, 1.75, 1.76, 1.87], plain_step_s: 0.00093 };
+        let mut c = mtp(h100, 2);
+        run(&mut c, 0.0, EVERY);
+        assert_eq!(c.depth(), 0);
+        assert!((0.6..0.9).contains(&c.break_even()), "{}", c.break_even());
+        let depths = run(&mut c, 0.5, 16 * MAX_PROBE_EVERY);
+        let probes: Vec<usize> = (0..depths.len()).filter(|&i| depths[i] > 0).collect();
+        let gaps: Vec<usize> = probes.windows(2).map(|w| w[1] - w[0]).collect();
+        assert_eq!(&gaps[..3], [32, 64, 128], "probes at {probes:?}");
+        assert!(gaps.iter().all(|&g| g <= MAX_PROBE_EVERY), "{gaps:?}");
+        assert_eq!(c.changes.from_plain, 0, "{:?}", c.reach);
+    }
+
     /// The controller went plain at a first-position rate below break-even; a few accepted
     /// probes in a row (each would have moved a running figure a quarter of the way to 1) are
     /// weighed against all the evidence, and drafting does not resume for them.
@@ -687,12 +769,27 @@ mod tests {
         let mut plain = mtp(costs(), 1);
         run(&mut plain, 0.0, EVERY);
         assert_eq!(plain.depth(), 0);
-        assert!(choice.keep_tried(&good, &plain), "{:?}", good.reach);
+        // One try that promises more is looked at again soon, in the next probe turn too; the
+        // second such try switches.
+        assert_eq!(choice.settle(&good, &plain), TryVerdict::Again, "{:?}", good.reach);
+        assert_eq!(choice.switches, 0);
+        assert!(choice.take_turn() && choice.take_turn(), "a promising try's second look is due");
+        assert_eq!(tries(&mut choice, TRY_AGAIN_AFTER), 1, "tried again soon");
+        good.record_probe(1, 1);
+        assert_eq!(choice.settle(&good, &plain), TryVerdict::Switch);
         assert_eq!(choice.switches, 1);
         let mut bad = DepthController::untuned(costs(), DraftWith::Block);
         bad.record_probe(1, 0);
-        assert!(!choice.keep_tried(&bad, &good));
+        assert_eq!(choice.settle(&bad, &good), TryVerdict::Back);
         assert_eq!(tries(&mut choice, 2 * TRY_STANDBY_EVERY), 1, "twice as long after a try that failed");
+        // A promising try followed by a failed one does not switch.
+        let mut lucky = DepthController::untuned(costs(), DraftWith::Block);
+        lucky.record_probe(1, 1);
+        assert_eq!(choice.settle(&lucky, &plain), TryVerdict::Again);
+        lucky.record_probe(1, 0);
+        lucky.record_probe(1, 0);
+        assert_eq!(choice.settle(&lucky, &plain), TryVerdict::Back, "{:?}", lucky.reach);
+        assert_eq!(choice.switches, 1);
 
         let every = plain.probe_every;
         plain.probe_elsewhere_failed();

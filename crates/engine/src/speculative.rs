@@ -75,6 +75,26 @@ pub struct ControlStats {
     /// rate when the cost model was measured.
     pub measured_speedup: f64,
     pub changes: DepthChanges,
+    pub after_plain: AfterPlain,
+}
+
+/// The cycles that came after plain steps (probes, returns to drafting, tries), each first
+/// catching its drafter up on them.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct AfterPlain {
+    pub cycles: usize,
+    /// Their time (within the request's draft and verify time).
+    pub time: Duration,
+    /// Of `time`, the drafters' catching up (and a block drafter's pass with it).
+    pub catch_up_time: Duration,
+}
+
+impl AfterPlain {
+    fn merge(&mut self, other: &AfterPlain) {
+        self.cycles += other.cycles;
+        self.time += other.time;
+        self.catch_up_time += other.catch_up_time;
+    }
 }
 
 impl SpecStats {
@@ -102,6 +122,7 @@ impl SpecStats {
             let mine = self.control.get_or_insert_with(Default::default);
             mine.changes.merge(&other.changes);
             mine.switches += other.switches;
+            mine.after_plain.merge(&other.after_plain);
             (mine.depth_now, mine.expected_speedup, mine.measured_speedup, mine.drafter_now) =
                 (other.depth_now, other.expected_speedup, other.measured_speedup, other.drafter_now);
         }
@@ -517,6 +538,15 @@ impl<'m> Speculator<'m> {
     ) -> Result<Vec<u32>> {
         let depth = self.next_depth();
         self.decided = None;
+        let started = Instant::now();
+        // The first cycle after plain steps catches its drafter up on them: timed apart (one
+        // wait more), for the statistics.
+        let caught_up = self.last_step.is_some_and(|last| last.plain).then_some(self.active.pending_tokens.len());
+        // After plain steps the drafter first takes in all but the last of them, as a catch-up
+        // of a padded length: the draft then runs on a cycle's usual shapes.
+        if depth > 0 && self.active.pending_tokens.len() > slot::CYCLE_PENDING {
+            self.active.catch_up(self.model, None)?;
+        }
         let hidden =
             self.active.take_pending()?.ok_or_else(|| Error::Request("speculator used before start".into()))?;
         let last_token =
@@ -526,7 +556,6 @@ impl<'m> Speculator<'m> {
         // output; a block drafter takes them into its context and drafts the whole block at
         // once. A plain cycle (the controller's depth 0) leaves the drafter behind: the
         // positions wait for the next cycle that drafts.
-        let started = Instant::now();
         // `draft_steps`: positions of the drafter's cache the drafts add, rolled back after the
         // verify pass (the head's steps on its own drafts; the block).
         let drafter = self.active.drafter;
@@ -543,6 +572,20 @@ impl<'m> Speculator<'m> {
                 (DraftRows::Block(logits), block.spec.block_size as i32)
             }
         };
+        if let (Some(positions), true) = (caught_up, depth > 0) {
+            match &rows {
+                DraftRows::Mtp(_, x) | DraftRows::Block(x) => eval([x])?,
+                DraftRows::None => {}
+            }
+            if let Some(control) = &mut self.stats.control {
+                control.after_plain.catch_up_time += started.elapsed();
+            }
+            tracing::debug!(
+                "{} caught up on {positions} positions in {:.2} ms",
+                drafter.draft_with().name(),
+                started.elapsed().as_secs_f64() * 1e3
+            );
+        }
         let (mut drafts, mut draft_scaled) = (Vec::with_capacity(depth), Vec::with_capacity(depth));
         let mut draft_window = self.penalties.as_ref().map(|(p, recent)| Recent::new(*p, recent));
         // The grammar's masks: before the first draft, then after each kept draft.
@@ -694,7 +737,7 @@ impl<'m> Speculator<'m> {
         }
         self.tell_standby(standby_part, &committed)?;
         self.remember(&committed);
-        self.timed_cycle(d);
+        self.timed_cycle(d, now - started);
         self.account(d, accepted, committed.len(), verified_at - started, now - verified_at);
         Ok(committed)
     }

@@ -8,6 +8,7 @@
 use std::time::{Duration, Instant};
 
 use super::{ControlStats, LastStep, Speculator};
+use crate::depth_control::TryVerdict;
 
 impl Speculator<'_> {
     /// A cycle's figures into the statistics and the controller: `drafted` drafts of which
@@ -43,6 +44,7 @@ impl Speculator<'_> {
         let s = &mut self.stats;
         let cycles_s = (s.draft_time + s.verify_time).as_secs_f64();
         let measured = if cycles_s > 0.0 { s.committed as f64 * control.plain_step_s() / cycles_s } else { 0.0 };
+        let after_plain = s.control.as_ref().map(|c| c.after_plain.clone()).unwrap_or_default();
         let mut changes = control.changes.clone();
         if let Some(other) = self.standby.as_ref().and_then(|s| s.control.as_ref()) {
             changes.merge(&other.changes);
@@ -54,6 +56,7 @@ impl Speculator<'_> {
             drafter_now: self.active.drafter.draft_with(),
             switches: self.choice.switches,
             changes,
+            after_plain,
         }));
     }
 
@@ -63,17 +66,17 @@ impl Speculator<'_> {
         self.trying = false;
         let tried = self.active.control.as_ref();
         let other = self.standby.as_ref().and_then(|s| s.control.as_ref());
-        let keep = match (tried, other) {
-            (Some(tried), Some(other)) => self.choice.keep_tried(tried, other),
-            _ => false,
+        let verdict = match (tried, other) {
+            (Some(tried), Some(other)) => self.choice.settle(tried, other),
+            _ => TryVerdict::Back,
         };
-        if !keep {
+        if verdict != TryVerdict::Switch {
             self.swap();
-            // A try in a plain drafter's probe turn failed as its own probe would have: its
-            // probes grow rarer alike.
-            if let Some(control) = self.active.control.as_mut().filter(|c| c.depth() == 0) {
-                control.probe_elsewhere_failed();
-            }
+        }
+        // A try in a plain drafter's probe turn that failed did as its own probe would have:
+        // its probes grow rarer alike.
+        if let (TryVerdict::Back, Some(control)) = (verdict, self.active.control.as_mut().filter(|c| c.depth() == 0)) {
+            control.probe_elsewhere_failed();
         }
     }
 
@@ -90,12 +93,19 @@ impl Speculator<'_> {
         self.last_step = Some(LastStep { at: now, plain: true });
     }
 
-    /// A cycle drafting `depth` tokens just committed its tokens: after another cycle, its
-    /// wall time goes to the controller of the drafter that drafted it. Not a try of the
-    /// drafter standing by, nor the first cycle after plain steps: each first catches its
-    /// drafter up on what it missed, which is not a cycle's usual cost.
-    pub(super) fn timed_cycle(&mut self, depth: usize) {
+    /// A cycle drafting `depth` tokens just committed its tokens (`took` from its drafting to
+    /// its verdict): after another cycle, its wall time goes to the controller of the drafter
+    /// that drafted it. Not a try of the drafter standing by, nor the first cycle after plain
+    /// steps: each first catches its drafter up on what it missed, which is not a cycle's
+    /// usual cost (the statistics count those apart).
+    pub(super) fn timed_cycle(&mut self, depth: usize, took: Duration) {
         let now = Instant::now();
+        if depth > 0 && self.last_step.is_some_and(|last| last.plain) {
+            if let Some(control) = &mut self.stats.control {
+                control.after_plain.cycles += 1;
+                control.after_plain.time += took;
+            }
+        }
         let control = self.active.control.as_mut().filter(|_| !self.trying);
         if let (Some(LastStep { at, plain: false }), Some(control)) = (self.last_step, control) {
             control.timed_cycle(depth, (now - at).as_secs_f64());

@@ -41,6 +41,22 @@ pub struct PromptAngles {
 /// Positions the drafter standing by may fall behind before it takes them in: it holds their
 /// features meanwhile, and a drafter that is never used again must not hold a whole answer's.
 const MOST_BEHIND: usize = 256;
+/// A cycle's own pending positions (its committed tokens) are at most a block's: more come from
+/// plain steps, and are taken in first ([`Slot::catch_up`]), padded to a power of two.
+pub(super) const CYCLE_PENDING: usize = 8;
+
+/// How many positions a catch-up of `n` runs: a power of two past a cycle's own. On a GPU each
+/// new length of a pass costs MLX's CUDA backend several milliseconds the first time it meets it
+/// (once a process) and far more the first time on a machine, and a plain stretch's length is
+/// new almost every time; padded, a request meets a handful of lengths. The padding follows the
+/// real positions, which never attend to it, and is rolled back.
+fn padded(n: usize) -> usize {
+    if n <= CYCLE_PENDING {
+        n
+    } else {
+        n.next_power_of_two()
+    }
+}
 
 pub(super) struct Slot<'m> {
     pub(super) drafter: Drafter<'m>,
@@ -67,14 +83,28 @@ impl<'m> Slot<'m> {
     }
 
     /// Shows the drafter trunk positions it has not seen: their `features` [1, L, F] and the
-    /// tokens after them (`next_tokens`, L of them).
+    /// tokens after them (`next_tokens`, L of them). A catch-up (`placed` is then `None`) runs
+    /// a padded length ([`padded`]).
     fn show(
         &mut self,
         model: &dyn LanguageModel,
         features: &Array,
         next_tokens: &[u32],
         placed: Option<&PromptAngles>,
+        catching_up: bool,
     ) -> Result<()> {
+        let n = next_tokens.len();
+        let pad = if catching_up { padded(n) - n } else { 0 };
+        let (features, mut next_tokens) = (features.clone(), next_tokens.to_vec());
+        let features = match pad {
+            0 => features,
+            _ => {
+                let zeros = ops::zeros_dtype(&[1, pad as i32, features.dim(2)], features.dtype())?;
+                next_tokens.resize(n + pad, 0);
+                ops::concatenate(&[features, zeros], 1)?
+            }
+        };
+        let (features, next_tokens) = (&features, next_tokens.as_slice());
         match self.drafter {
             Drafter::Mtp(head) => {
                 // The head's slot `j` reads the trunk's features at position `j`: inside a
@@ -88,6 +118,9 @@ impl<'m> Slot<'m> {
                 let _ = head.forward(model, features, &ids, &mut self.cache)?;
             }
             Drafter::Block(block) => block.extend(features, &mut self.cache)?,
+        }
+        if pad > 0 {
+            self.cache.rollback(pad as i32)?;
         }
         eval(self.cache.arrays())?;
         Ok(())
@@ -111,7 +144,7 @@ impl<'m> Slot<'m> {
             parts.push(features.index((.., ..n - 1, ..)));
         }
         if !next_tokens.is_empty() {
-            self.show(model, &ops::concatenate(&parts, 1)?, next_tokens, placed)?;
+            self.show(model, &ops::concatenate(&parts, 1)?, next_tokens, placed, false)?;
         }
         self.last_hidden = Some(features.index((.., n - 1.., ..)));
         Ok(())
@@ -182,7 +215,7 @@ impl<'m> Slot<'m> {
         let Some(features) = self.take_pending()? else { return Ok(()) };
         let k = (n - keep) as i32;
         let tokens: Vec<u32> = self.pending_tokens.drain(..n - keep).collect();
-        self.show(model, &features.index((.., ..k, ..)), &tokens, None)?;
+        self.show(model, &features.index((.., ..k, ..)), &tokens, None, true)?;
         match fed {
             Some(fed) => self.last_hidden = Some(fed.clone()),
             None => self.pending = vec![features.index((.., k.., ..))],
@@ -196,5 +229,18 @@ impl<'m> Slot<'m> {
             self.catch_up(model, None)?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A cycle's own pending positions run as they are; a plain stretch's catch-up runs the
+    /// next power of two.
+    #[test]
+    fn catch_ups_run_a_few_lengths() {
+        let runs: Vec<usize> = [1, 5, 8, 9, 16, 17, 100, 129].into_iter().map(padded).collect();
+        assert_eq!(runs, [1, 5, 8, 16, 16, 32, 128, 256]);
     }
 }

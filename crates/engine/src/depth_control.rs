@@ -47,7 +47,7 @@ const HYSTERESIS: f64 = 0.03;
 const MAX_PLAIN_DOUBLINGS: usize = 3;
 /// With two drafters, one cycle with the one standing by this often...
 const TRY_STANDBY_EVERY: usize = 32;
-/// ...twice as long after each try that did not switch, up to this: a try costs about a
+/// ...twice as long after each try that promised less, up to this: a try costs about a
 /// cycle's drafting, and the drafter standing by takes in what it missed first.
 const MAX_TRY_STANDBY_EVERY: usize = 256;
 /// A try that promises more is tried again this many cycles later, and the drafter switches

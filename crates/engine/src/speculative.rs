@@ -85,7 +85,8 @@ pub struct AfterPlain {
     pub cycles: usize,
     /// Their time (within the request's draft and verify time).
     pub time: Duration,
-    /// Of `time`, the drafters' catching up (and a block drafter's pass with it).
+    /// Of `time`, the drafter's catch-up pass over the plain steps' positions (where they are
+    /// more than a cycle's own).
     pub catch_up_time: Duration,
 }
 
@@ -539,13 +540,21 @@ impl<'m> Speculator<'m> {
         let depth = self.next_depth();
         self.decided = None;
         let started = Instant::now();
-        // The first cycle after plain steps catches its drafter up on them: timed apart (one
-        // wait more), for the statistics.
-        let caught_up = self.last_step.is_some_and(|last| last.plain).then_some(self.active.pending_tokens.len());
         // After plain steps the drafter first takes in all but the last of them, as a catch-up
-        // of a padded length: the draft then runs on a cycle's usual shapes.
-        if depth > 0 && self.active.pending_tokens.len() > slot::CYCLE_PENDING {
+        // of a padded length: the draft then runs on a cycle's usual shapes. The catch-up waits
+        // for the drafter's cache, so its time is known for the statistics.
+        let pending = self.active.pending_tokens.len();
+        if depth > 0 && pending > slot::CYCLE_PENDING {
             self.active.catch_up(self.model, None)?;
+            let took = started.elapsed();
+            if let (Some(control), true) = (&mut self.stats.control, self.last_step.is_some_and(|last| last.plain)) {
+                control.after_plain.catch_up_time += took;
+            }
+            tracing::debug!(
+                "{} caught up on {pending} positions in {:.2} ms",
+                self.active.drafter.draft_with().name(),
+                took.as_secs_f64() * 1e3
+            );
         }
         let hidden =
             self.active.take_pending()?.ok_or_else(|| Error::Request("speculator used before start".into()))?;
@@ -572,20 +581,6 @@ impl<'m> Speculator<'m> {
                 (DraftRows::Block(logits), block.spec.block_size as i32)
             }
         };
-        if let (Some(positions), true) = (caught_up, depth > 0) {
-            match &rows {
-                DraftRows::Mtp(_, x) | DraftRows::Block(x) => eval([x])?,
-                DraftRows::None => {}
-            }
-            if let Some(control) = &mut self.stats.control {
-                control.after_plain.catch_up_time += started.elapsed();
-            }
-            tracing::debug!(
-                "{} caught up on {positions} positions in {:.2} ms",
-                drafter.draft_with().name(),
-                started.elapsed().as_secs_f64() * 1e3
-            );
-        }
         let (mut drafts, mut draft_scaled) = (Vec::with_capacity(depth), Vec::with_capacity(depth));
         let mut draft_window = self.penalties.as_ref().map(|(p, recent)| Recent::new(*p, recent));
         // The grammar's masks: before the first draft, then after each kept draft.

@@ -11,7 +11,9 @@ the target's own argmax at each position of the text (self-distillation: accepta
 agreement with the target, not with the text). Many blocks train at once: each sequence of
 `--seq` tokens holds `--blocks` anchors; a block attends to the context before its anchor and
 to itself (not causal), as at inference, where the drafter's cache holds the context. Loss:
-cross-entropy at each mask position, weighted exp(-(i - 1) / gamma) as the DFlash paper does
+cross-entropy at each mask position whose label is the target's own chain from the anchor
+(`chain_kept`: on corpus text a label past the first token the target would not have chosen
+answers text the drafter never sees), weighted exp(-(i - 1) / gamma) as the DFlash paper does
 (early positions decide acceptance).
 
 The target is frozen and run by mlx-lm; its embeddings and output head are the drafter's.
@@ -129,17 +131,35 @@ def blocks(rng, n, t, k, b):
     return np.stack([np.sort(rng.choice(np.arange(1, t - b + 1), size=k, replace=False)) for _ in range(n)])
 
 
+def chain_kept(ids, greedy, anchors, b):
+    """[N, K, B-1] numpy bools: where a drafted position's label is the target's own chain.
+
+    The label at block position i is the target's choice after the text up to anchor + i - 1.
+    At inference the tokens after the anchor are the target's own earlier choices, so that
+    label is the one a drafter must predict only where the text took each of them too: every
+    position of the target's own text past its prompt, about half the corpus' second
+    positions. Elsewhere the label answers text the drafter never sees (its inputs there are
+    mask tokens), and training on it teaches the corpus' continuation, not the target's.
+    """
+    n, k = anchors.shape
+    pos = (anchors[:, :, None] + np.arange(1, b - 1)).reshape(n, -1)  # anchor + 1 .. anchor + b - 2
+    took = np.take_along_axis(ids, pos, axis=1) == np.take_along_axis(greedy, pos - 1, axis=1)
+    chain = np.cumprod(took.reshape(n, k, b - 2), axis=2).astype(bool)
+    return np.concatenate([np.ones((n, k, 1), dtype=bool), chain], axis=2)
+
+
 def batch_inputs(ids, greedy, anchors, b, mask_token, embed):
-    """The blocks' embeddings, labels (the target's choice at each drafted position) and masks."""
+    """The blocks' embeddings, positions, attention mask, labels (the target's choice at each
+    drafted position) and which labels are the target's own chain (`chain_kept`)."""
     n, t = ids.shape
     k = anchors.shape[1]
     offs = np.arange(b)
     pos = anchors[:, :, None] + offs  # [N, K, B]: each block position's place in the text
     blk_ids = np.full((n, k, b), mask_token, dtype=np.int32)
-    ids_np = np.array(ids)
+    ids_np, greedy_np = np.array(ids), np.array(greedy)
     blk_ids[:, :, 0] = np.take_along_axis(ids_np, anchors, axis=1)
     # The target at position p - 1 chose the token at p.
-    labels = np.take_along_axis(np.array(greedy), (pos[:, :, 1:] - 1).reshape(n, -1), axis=1).reshape(n, k, b - 1)
+    labels = np.take_along_axis(greedy_np, (pos[:, :, 1:] - 1).reshape(n, -1), axis=1).reshape(n, k, b - 1)
     # Block rows see the context before their anchor and their own block.
     ctx_keep = np.arange(t)[None, None, :] < anchors[:, :, None]  # [N, K, T]
     ctx_keep = np.repeat(ctx_keep, b, axis=1)  # [N, K·B, T]
@@ -152,17 +172,20 @@ def batch_inputs(ids, greedy, anchors, b, mask_token, embed):
         mx.array(pos.reshape(n, k * b).astype(np.int32)),
         mx.array(keep[:, None]),
         mx.array(labels.astype(np.int32)),
+        mx.array(chain_kept(ids_np, greedy_np, anchors, b).astype(np.float32)),
     )
 
 
-def loss_fn(drafter, head, taps, x, ctx_pos, blk_pos, mask, labels, b, gamma):
+def loss_fn(drafter, head, taps, x, ctx_pos, blk_pos, mask, labels, kept, b, gamma):
+    """The weighted cross-entropy over kept labels, and the hits (a label not kept is a miss:
+    on corpus text the accepted lengths are a lower bound, on the target's own text exact)."""
     n, k = labels.shape[0], labels.shape[1]
     out = drafter(taps, x, ctx_pos, blk_pos, mask).reshape(n, k, b, -1)[:, :, 1:]
     logits = head(out).astype(mx.float32)
     ce = nn.losses.cross_entropy(logits, labels, reduction="none")  # [N, K, B-1]
-    w = mx.exp(-mx.arange(b - 1, dtype=mx.float32) / gamma)
-    hits = (mx.argmax(logits, axis=-1) == labels).astype(mx.float32)
-    return (ce * w).sum() / (w.sum() * n * k), hits
+    w = mx.exp(-mx.arange(b - 1, dtype=mx.float32) / gamma) * kept
+    hits = (mx.argmax(logits, axis=-1) == labels).astype(mx.float32) * kept
+    return (ce * w).sum() / w.sum(), hits
 
 
 def read_ids(path):

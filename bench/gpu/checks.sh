@@ -26,14 +26,17 @@
 #   compare-dense   bench/compare.sh on the dense 8B and 32B shapes (DENSE names them) against
 #                   mlx-lm (ops), with SIZES, PROCESSES, PROFILE as compare.sh reads them
 #   drafter-data    the target's own greedy continuations of corpus text (train/generate.py:
-#                   GEN_ROWS rows of 512, default 3072, from train.bin; 256 from heldout.bin;
-#                   GEN_BATCH at once, default 32: 96 and more stopped MLX 0.32.4's CUDA build
-#                   with "cudaGraphAddKernelNode ... invalid argument") into ~/train-data, which
-#                   drafter-train then mixes in (TRAIN_SHARE, default 0.5)
+#                   GEN_ROWS rows of GEN_SEQ tokens (default 3072 of 512), GEN_PROMPT of them
+#                   the corpus' (default 64), from train.bin; 256 from heldout.bin; GEN_BATCH at
+#                   once, default 32: 96 and more stopped MLX 0.32.4's CUDA build with
+#                   "cudaGraphAddKernelNode ... invalid argument"; GEN_TIMEOUT, default 300 s)
+#                   into ~/train-data, which drafter-train then mixes in (TRAIN_SHARE, default
+#                   0.5; TRAIN_SEQ must then be GEN_SEQ)
 #   drafter-train   trains a DFlash block drafter for the embedded model (train/drafter.py, for
 #                   TRAIN_MINUTES, default 6, on the carried train.bin.xz and heldout.bin, made
 #                   as train/README.md says; TRAIN_INIT=DIR trains that drafter further,
-#                   TRAIN_LR its rate) into ~/gpu-out/drafter
+#                   TRAIN_LR its rate; TRAIN_SEQ tokens a row, default 512, TRAIN_BLOCKS
+#                   anchors a row, default 32) into ~/gpu-out/drafter
 #   drafter-bench   bench/acceptance.sh with that drafter (or DRAFTER_DIR's): plain, MTP depths
 #                   and block depths, one run
 # DRAFTER_DIR also names the drafter spec-embedded and depth-block run (default the shipped one).
@@ -142,15 +145,15 @@ for check in "$@"; do
       train_data
       for split in train heldout; do
         rows=${GEN_ROWS:-3072}; [ $split = heldout ] && rows=256
-        timeout 300 python3 train/generate.py --target "$embedded" --source $data/$split.bin --rows $rows --batch ${GEN_BATCH:-32} \
-          --out $data/$split-generated.bin > "$res/drafter-data-$split.txt" 2>&1
+        timeout ${GEN_TIMEOUT:-300} python3 train/generate.py --target "$embedded" --source $data/$split.bin --rows $rows \
+          --batch ${GEN_BATCH:-32} --seq ${GEN_SEQ:-512} --prompt ${GEN_PROMPT:-64} --out $data/$split-generated.bin > "$res/drafter-data-$split.txt" 2>&1
         log "drafter-data $split: exit $?, $(tail -1 "$res/drafter-data-$split.txt")"
       done ;;
     drafter-train)
       train_data
       minutes=${TRAIN_MINUTES:-6}
       timeout $(( ${minutes%.*} * 60 + 150 )) python3 train/drafter.py --data $data --out "$res/drafter" --minutes "$minutes" \
-        --batch ${TRAIN_BATCH:-32} --steps ${TRAIN_STEPS:-20000} --eval-every ${TRAIN_EVAL:-500} ${TRAIN_INIT:+--init "$TRAIN_INIT"} ${TRAIN_LR:+--lr $TRAIN_LR} \
+        --batch ${TRAIN_BATCH:-32} --seq ${TRAIN_SEQ:-512} --blocks ${TRAIN_BLOCKS:-32} --steps ${TRAIN_STEPS:-20000} --eval-every ${TRAIN_EVAL:-500} ${TRAIN_INIT:+--init "$TRAIN_INIT"} ${TRAIN_LR:+--lr $TRAIN_LR} \
         --generated-share ${TRAIN_SHARE:-0.5} > "$res/drafter-train.txt" 2>&1 ;;
     verify-8b)
       target=$(checkpoint 8b-4bit); drafter_8b=$BENCH_DIR/8b-dflash-b16

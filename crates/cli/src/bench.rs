@@ -222,10 +222,12 @@ fn speculative(engine: &mut Engine, request: &GenerateRequest, prompts: &[Vec<u3
     }
     // The runtime controller with the costs measured above, from MTP depth 2 and from block
     // depth 3: where the model has both drafters the other stands by and may take over.
+    // Its prompts follow one another as an agent's requests do (each starts where the last one
+    // ended); each start begins afresh.
     if let Some(c) = &costs {
-        engine.set_depth_costs(Some(engine::depth_control::CostModel::from(c)));
         let starts = [(2, DraftWith::Mtp, mtp_depths > 0), (3, DraftWith::Block, block_depths >= 3)];
         for (depth, draft_with, _) in starts.into_iter().filter(|s| s.2) {
+            engine.set_depth_costs(Some(engine::depth_control::CostModel::from(c)));
             let (tps, stats) = decode(engine, depth, draft_with)?;
             let stats = stats.unwrap_or_default();
             let control = stats.control.clone().unwrap_or_default();

@@ -12,6 +12,9 @@
 //! only lose there. (It still drafts until its first decision: the costs are one measurement,
 //! and a busy moment may have inflated them.)
 //!
+//! A request starts where the last one with its drafter ended, and positions it does not draft
+//! are judged by how that drafter's drafts went on there ([`going_on`]).
+//!
 //! Only the amount of drafting changes: every cycle is still exact (greedy output is plain
 //! decoding's, sampled output keeps its distribution).
 
@@ -19,6 +22,10 @@ use serde::Serialize;
 
 use crate::costs::{Costs, MAX_DRAFT_DEPTH};
 use crate::speculation::DraftWith;
+
+pub mod choice;
+pub mod going_on;
+use going_on::{GoingOn, Remembered, WEIGHT};
 
 /// Cycles between two decisions.
 const EVERY: usize = 4;
@@ -31,8 +38,6 @@ const PROBE_EVERY: usize = 16;
 /// where break-even asks most drafts to be accepted); a return to drafting, or a new fall to
 /// plain, starts it again.
 const MAX_PROBE_EVERY: usize = 128;
-/// Weight of the newest cycle in the running acceptance figures (and timings).
-const WEIGHT: f64 = 0.25;
 /// A timed step counts for at most this many times, and at least this fraction of, what the
 /// cost model says it costs: one stalled step (the machine busy for a moment) moves the
 /// running figure by a bounded amount, and a cost model far off (a test's made-up one) by at
@@ -45,15 +50,6 @@ const HYSTERESIS: f64 = 0.03;
 /// this many doublings: near break-even the running figures cross it back and forth, and each
 /// crossing costs probes and a drafter's catching up. A request that keeps crossing settles.
 const MAX_PLAIN_DOUBLINGS: usize = 3;
-/// With two drafters, one cycle with the one standing by this often...
-const TRY_STANDBY_EVERY: usize = 32;
-/// ...twice as long after each try that promised less, up to this: a try costs about a
-/// cycle's drafting, and the drafter standing by takes in what it missed first.
-const MAX_TRY_STANDBY_EVERY: usize = 256;
-/// A try that promises more is tried again this many cycles later, and the drafter switches
-/// only if that one promises more too: one cycle's acceptance is mostly luck (a request that
-/// began on the better drafter would otherwise leave it on one lucky try).
-const TRY_AGAIN_AFTER: usize = 4;
 /// While plain, the first position's figure is a count: what the running figure held when the
 /// request went plain, worth this many cycles (the running figure's own memory, 1 / WEIGHT)...
 const PLAIN_PRIOR: f64 = 1.0 / WEIGHT;
@@ -162,6 +158,9 @@ pub struct DepthController {
     reach: Vec<f64>,
     /// Cycles that drafted at each position.
     seen: Vec<usize>,
+    /// How drafts went on past the first position, this request's cycles and what the engine
+    /// carried from earlier requests: what positions not drafted now promise.
+    going_on: GoingOn,
     cycles_since_decision: usize,
     cycles_plain: usize,
     probing: bool,
@@ -208,6 +207,7 @@ impl DepthController {
             depth: start.min(max_depth),
             reach: vec![0.0; max_depth],
             seen: vec![0; max_depth],
+            going_on: GoingOn::default(),
             cycles_since_decision: 0,
             cycles_plain: 0,
             probing: false,
@@ -218,6 +218,29 @@ impl DepthController {
             cycle_scale: None,
             changes: DepthChanges::default(),
         }
+    }
+
+    /// Starts where the last request with this drafter ended ([`going_on::AcceptanceMemory`]): its
+    /// depth (within this one's range) and first position's figure, worth a couple of cycles,
+    /// and how its drafts went on.
+    pub fn remembering(mut self, remembered: Remembered) -> Self {
+        self.going_on = remembered.going_on;
+        if let (Some((first, depth)), Some(reach), Some(seen)) =
+            (remembered.ended, self.reach.first_mut(), self.seen.first_mut())
+        {
+            (*reach, *seen) = (first, going_on::CARRIED_CYCLES);
+            self.depth = depth.min(self.max_depth);
+            if self.depth == 0 {
+                self.probe_evidence = (first * PLAIN_PRIOR, PLAIN_PRIOR);
+            }
+        }
+        self
+    }
+
+    /// What the next request with this drafter starts from.
+    pub fn remembered(&self) -> Remembered {
+        let ended = self.seen.first().filter(|&&seen| seen > 0).map(|_| (self.reach[0], self.depth));
+        Remembered { going_on: self.going_on.clone(), ended }
     }
 
     /// Whether some depth would pay with every draft accepted.
@@ -277,6 +300,7 @@ impl DepthController {
             self.seen[0] += 1;
         }
         let running = if self.depth == 0 { 0 } else { drafted.min(self.max_depth) };
+        self.going_on.record(running, accepted.min(running));
         for i in 0..running {
             let hit = if i < accepted { 1.0 } else { 0.0 };
             // The first few figures at a position are averaged (the first replaces the
@@ -293,31 +317,42 @@ impl DepthController {
     }
 
     /// The acceptance figures, the positions not drafted now (those past the current depth;
-    /// what they had is stale) filled in: each keeps the last known position's rate of going
-    /// on. The first position is always measured (while plain, by the probes).
+    /// what they had is stale) filled in by [`DepthController::carry_on`]. The first position
+    /// is always measured (while plain, by the probes).
     pub fn estimated_reach(&self) -> Vec<f64> {
         let mut reach = self.reach.clone();
-        for i in 0..reach.len() {
-            if self.seen[i] == 0 || i >= self.depth.max(1) {
-                reach[i] = match i {
-                    0 => 0.0,
-                    1 => reach[0] * reach[0],
-                    _ if reach[i - 2] > 0.0 => reach[i - 1] * (reach[i - 1] / reach[i - 2]).min(1.0),
-                    _ => 0.0,
-                };
+        let from = (0..reach.len()).find(|&i| self.seen[i] == 0 || i >= self.depth.max(1));
+        if let Some(from) = from {
+            if from == 0 {
+                reach[0] = 0.0;
             }
+            self.carry_on(&mut reach, from);
         }
         reach
     }
 
+    /// Fills `reach` in from position `from` on: each position goes on from the one before
+    /// at its own rate where cycles measured one ([`GoingOn`]), else at the last known
+    /// position's.
+    fn carry_on(&self, reach: &mut [f64], from: usize) {
+        for i in from.max(1)..reach.len() {
+            let rate = match self.going_on.rate(i) {
+                Some(rate) => rate,
+                None if i == 1 => reach[0],
+                None if reach[i - 2] > 0.0 => (reach[i - 1] / reach[i - 2]).min(1.0),
+                None => 0.0,
+            };
+            reach[i] = reach[i - 1] * rate;
+        }
+    }
+
     /// The first position's acceptance from which some depth pays, the deeper positions going
-    /// on at the same rate (as [`DepthController::estimated_reach`] extends a probe's figure).
+    /// on as [`DepthController::estimated_reach`] extends a probe's figure.
     fn break_even(&self) -> f64 {
         let pays = |a: f64| {
-            (1..=self.max_depth).any(|d| {
-                let reach: Vec<f64> = (1..=d).map(|i| a.powi(i as i32)).collect();
-                self.promise(d, &reach) >= 1.0
-            })
+            let mut reach = vec![a; self.max_depth];
+            self.carry_on(&mut reach, 1);
+            (1..=self.max_depth).any(|d| self.promise(d, &reach[..d]) >= 1.0)
         };
         if !pays(1.0) {
             return f64::INFINITY;
@@ -409,88 +444,9 @@ fn running(figure: Option<f64>, sample: f64) -> f64 {
     figure.map_or(sample, |f| f + WEIGHT * (sample - f))
 }
 
-/// With two drafters (the MTP head and a block drafter): when to try the one standing by, and
-/// whether a try puts it in use.
-#[derive(Debug, Clone)]
-pub struct DrafterChoice {
-    wait: usize,
-    every: usize,
-    /// While the drafter in use is plain: whether the next probe is the other one's.
-    others_turn: bool,
-    /// The last try promised more: the next one comes soon and decides.
-    promising: bool,
-    pub switches: usize,
-}
-
-/// What a try of the drafter standing by settles.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum TryVerdict {
-    /// It takes over.
-    Switch,
-    /// It promised more once: back to the one in use, and tried again soon.
-    Again,
-    /// Back to the one in use; the next try waits twice as long.
-    Back,
-}
-
-impl Default for DrafterChoice {
-    fn default() -> Self {
-        DrafterChoice::new()
-    }
-}
-
-impl DrafterChoice {
-    pub fn new() -> Self {
-        DrafterChoice { wait: 0, every: TRY_STANDBY_EVERY, others_turn: true, promising: false, switches: 0 }
-    }
-
-    /// A plain drafter's probe is due: whether it goes to the drafter standing by (every
-    /// other one does, so two drafters probe no more often than one; a promising try's
-    /// second look comes at the next).
-    pub fn take_turn(&mut self) -> bool {
-        if self.promising {
-            return true;
-        }
-        self.others_turn = !self.others_turn;
-        !self.others_turn
-    }
-
-    /// Counts a cycle or plain step; whether the next one tries the drafter standing by.
-    pub fn try_standby(&mut self) -> bool {
-        self.wait += 1;
-        if self.wait < self.every {
-            return false;
-        }
-        self.wait = 0;
-        true
-    }
-
-    /// After a try: whether `tried` (its figures now include the try) takes over from
-    /// `current` — on the second try in a row that promises more than `current`. A try that
-    /// promises less makes the next one wait twice as long.
-    pub fn settle(&mut self, tried: &DepthController, current: &DepthController) -> TryVerdict {
-        let better = tried.depth() > 0 && tried.expected_speedup() > current.expected_speedup() * (1.0 + HYSTERESIS);
-        match (better, std::mem::take(&mut self.promising)) {
-            (true, true) => {
-                self.switches += 1;
-                self.every = TRY_STANDBY_EVERY;
-                TryVerdict::Switch
-            }
-            (true, false) => {
-                self.promising = true;
-                self.wait = self.every.saturating_sub(TRY_AGAIN_AFTER);
-                TryVerdict::Again
-            }
-            (false, _) => {
-                self.every = (2 * self.every).min(MAX_TRY_STANDBY_EVERY);
-                TryVerdict::Back
-            }
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
+    use super::going_on::AcceptanceMemory;
     use super::*;
 
     /// A busy machine inflated the plain step (verifies measured cheaper than it, and not in
@@ -516,7 +472,7 @@ mod tests {
 
     /// A verify pass costs a little more per position; a draft a fifth of a step; a block
     /// drafter's pass, whatever it drafts, a little more than one draft step.
-    fn costs() -> CostModel {
+    pub(super) fn costs() -> CostModel {
         CostModel {
             draft: Some(0.2),
             block: vec![0.3, 0.3, 0.31, 0.31, 0.32, 0.32, 0.33],
@@ -525,13 +481,13 @@ mod tests {
         }
     }
 
-    fn mtp(costs: CostModel, tuned: usize) -> DepthController {
+    pub(super) fn mtp(costs: CostModel, tuned: usize) -> DepthController {
         DepthController::new(costs, DraftWith::Mtp, tuned)
     }
 
     /// Cycles at whatever depth the controller picks, each position accepted with `rate`
     /// (deterministically: the fraction is spread evenly over the cycles).
-    fn run(c: &mut DepthController, rate: f64, cycles: usize) -> Vec<usize> {
+    pub(super) fn run(c: &mut DepthController, rate: f64, cycles: usize) -> Vec<usize> {
         let mut depths = Vec::new();
         let mut credit = 0.0;
         for _ in 0..cycles {
@@ -550,6 +506,32 @@ mod tests {
             c.record(d, accepted);
         }
         depths
+    }
+
+    /// A request starts where the last one with its drafter ended: plain after one whose
+    /// drafts failed (probing as a plain request does), deep after one whose drafts paid.
+    #[test]
+    fn a_request_starts_where_the_last_one_ended() {
+        let mut memory = AcceptanceMemory::default();
+        let mut failing = mtp(costs(), 2);
+        run(&mut failing, 0.0, 3 * EVERY);
+        assert_eq!(failing.depth(), 0);
+        memory.keep(DraftWith::Mtp, failing.remembered());
+        let mut next = mtp(costs(), 2).remembering(memory.of(DraftWith::Mtp));
+        assert_eq!(next.depth(), 0, "the next request starts plain");
+        assert_eq!(run(&mut next, 0.0, PROBE_EVERY), [[0; PROBE_EVERY - 1].as_slice(), &[1]].concat());
+
+        let mut paying = mtp(costs(), 2);
+        run(&mut paying, 0.95, 6 * EVERY);
+        assert_eq!(paying.depth(), 3);
+        memory.keep(DraftWith::Mtp, paying.remembered());
+        let next = mtp(costs(), 2).remembering(memory.of(DraftWith::Mtp));
+        assert_eq!(next.depth(), 3, "the next request starts as deep");
+        assert!(next.expected_speedup() > 1.5, "{:?}", next.estimated_reach());
+        // The first of the next request's own cycles moves the carried figure by a third.
+        let mut next = next;
+        next.record(3, 0);
+        assert!((next.reach[0] - 2.0 / 3.0 * paying.reach[0]).abs() < 1e-9, "{:?}", next.reach);
     }
 
     #[test]
@@ -749,50 +731,5 @@ mod tests {
         let mut half = mtp(costs(), 1);
         half.timed_plain_step(1.5 * half.plain_step_s());
         assert_eq!(half.expected_speedup(), mtp(costs(), 1).expected_speedup());
-    }
-
-    /// Two drafters: a plain drafter's probe turns alternate with tries of the other; a try
-    /// that takes over resets the schedule, one that does not makes tries (and, in a plain
-    /// drafter's turn, its probes) rarer; an untuned drafter may go as deep as its costs.
-    #[test]
-    fn two_drafters_take_turns_and_a_better_one_takes_over() {
-        let mut choice = DrafterChoice::new();
-        let turns: Vec<bool> = (0..4).map(|_| choice.take_turn()).collect();
-        assert_eq!(turns, [true, false, true, false]);
-        let tries = |choice: &mut DrafterChoice, n| (0..n).filter(|_| choice.try_standby()).count();
-        assert_eq!(tries(&mut choice, TRY_STANDBY_EVERY), 1);
-
-        let block = DepthController::untuned(costs(), DraftWith::Block);
-        assert_eq!((block.depth(), block.max_depth), (1, 7));
-        let mut good = DepthController::untuned(costs(), DraftWith::Block);
-        good.record_probe(1, 1);
-        let mut plain = mtp(costs(), 1);
-        run(&mut plain, 0.0, EVERY);
-        assert_eq!(plain.depth(), 0);
-        // One try that promises more is looked at again soon, in the next probe turn too; the
-        // second such try switches.
-        assert_eq!(choice.settle(&good, &plain), TryVerdict::Again, "{:?}", good.reach);
-        assert_eq!(choice.switches, 0);
-        assert!(choice.take_turn() && choice.take_turn(), "a promising try's second look is due");
-        assert_eq!(tries(&mut choice, TRY_AGAIN_AFTER), 1, "tried again soon");
-        good.record_probe(1, 1);
-        assert_eq!(choice.settle(&good, &plain), TryVerdict::Switch);
-        assert_eq!(choice.switches, 1);
-        let mut bad = DepthController::untuned(costs(), DraftWith::Block);
-        bad.record_probe(1, 0);
-        assert_eq!(choice.settle(&bad, &good), TryVerdict::Back);
-        assert_eq!(tries(&mut choice, 2 * TRY_STANDBY_EVERY), 1, "twice as long after a try that failed");
-        // A promising try followed by a failed one does not switch.
-        let mut lucky = DepthController::untuned(costs(), DraftWith::Block);
-        lucky.record_probe(1, 1);
-        assert_eq!(choice.settle(&lucky, &plain), TryVerdict::Again);
-        lucky.record_probe(1, 0);
-        lucky.record_probe(1, 0);
-        assert_eq!(choice.settle(&lucky, &plain), TryVerdict::Back, "{:?}", lucky.reach);
-        assert_eq!(choice.switches, 1);
-
-        let every = plain.probe_every;
-        plain.probe_elsewhere_failed();
-        assert_eq!(plain.probe_every, (2 * every).min(MAX_PROBE_EVERY));
     }
 }

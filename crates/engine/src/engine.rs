@@ -8,6 +8,7 @@ use std::time::Instant;
 
 use mlx_rs::Array;
 
+use crate::depth_control::going_on::AcceptanceMemory;
 use crate::depth_control::CostModel;
 use crate::device::{self, Backend};
 use crate::distributed::Group;
@@ -48,6 +49,9 @@ pub struct Engine {
     /// When set, a speculating request's depth follows its acceptance under this cost model
     /// ([`Engine::set_depth_control`]).
     pub(crate) depth_costs: Option<CostModel>,
+    /// How each drafter's drafts went on in the requests so far: where the next request's
+    /// depth control starts ([`crate::depth_control::GoingOn`]).
+    pub(crate) acceptance_memory: std::sync::Mutex<AcceptanceMemory>,
     /// The distributed group this engine's model is split across, if it is.
     pub(crate) group: Option<Arc<Group>>,
     /// A block drafter loaded beside the model ([`EngineOptions::drafter`]): speculating
@@ -173,6 +177,8 @@ impl Engine {
     /// (a fraction of a second); a model with neither drafter has nothing to control.
     pub fn set_depth_control(&mut self, on: bool) -> Result<()> {
         self.depth_costs = None;
+        // What earlier requests left was judged under the costs being replaced.
+        self.acceptance_memory = Default::default();
         if on && self.group.is_some() {
             // Its decisions follow each rank's own timings: the ranks would part ways.
             return Err(Error::Request("the depth controller cannot run on a model split across ranks".into()));
@@ -186,9 +192,11 @@ impl Engine {
         Ok(())
     }
 
-    /// Sets the depth controller's cost model directly (`None`: off), e.g. one measured before.
+    /// Sets the depth controller's cost model directly (`None`: off), e.g. one measured before;
+    /// the next request starts afresh, not where the last one ended.
     pub fn set_depth_costs(&mut self, costs: Option<CostModel>) {
         self.depth_costs = costs;
+        self.acceptance_memory = Default::default();
     }
 
     /// The depth controller's cost model, when it is on.
@@ -383,6 +391,7 @@ impl Engine {
             kv_bytes_per_token,
             grammars: Default::default(),
             depth_costs: None,
+            acceptance_memory: Default::default(),
             group,
             dismissed: AtomicBool::new(false),
             drafter,

@@ -92,7 +92,8 @@ impl Engine {
                     s.penalise(penalties, &request.prompt);
                     if let (Some(costs), None, false) = (&self.depth_costs, &request.draft_script, request.fixed_depth)
                     {
-                        s.control_depth(costs.clone());
+                        let memory = self.acceptance_memory.lock().map(|m| m.clone()).unwrap_or_default();
+                        s.control_depth(costs.clone(), &memory);
                     }
                 }
                 if spec.is_none() {
@@ -507,6 +508,9 @@ impl Generation<'_> {
         let summary = self.summary(reason);
         if let (Some(stats), Ok(mut totals)) = (&summary.speculative, self.engine.spec_totals.lock()) {
             totals.merge(stats);
+        }
+        if let (Some(spec), Ok(mut memory)) = (&self.spec, self.engine.acceptance_memory.lock()) {
+            spec.keep_going_on(&mut memory);
         }
         Event::Finished(summary)
     }

@@ -32,7 +32,9 @@ use serde::Serialize;
 
 use crate::cache::Cache;
 use crate::costs::MAX_DRAFT_DEPTH;
-use crate::depth_control::{CostModel, DepthChanges, DepthController, DrafterChoice};
+use crate::depth_control::choice::DrafterChoice;
+use crate::depth_control::going_on::AcceptanceMemory;
+use crate::depth_control::{CostModel, DepthChanges, DepthController};
 use crate::error::{Error, Result};
 use crate::grammar::Constraint;
 use crate::logits::{self, Chain, GrammarMask, LogitsProcessor};
@@ -324,13 +326,14 @@ impl<'m> Speculator<'m> {
     /// Lets the depth follow the request's acceptance ([`DepthController`]), from the depth
     /// given (the tuned one) up to one more; the depth stays fixed where the cost model has
     /// nothing for this drafter. Where the model has another drafter that could pay here, it
-    /// stands by.
-    pub fn control_depth(&mut self, costs: CostModel) {
+    /// stands by. Each drafter's controller starts where the last request with it ended
+    /// (`memory`).
+    pub fn control_depth(&mut self, costs: CostModel, memory: &AcceptanceMemory) {
         let with = self.active.drafter.draft_with();
         if costs.deepest(with) == 0 {
             return;
         }
-        let control = DepthController::new(costs.clone(), with, self.depth);
+        let control = DepthController::new(costs.clone(), with, self.depth).remembering(memory.of(with));
         let mut positions = self.stats.drafted.len().max(self.depth + 1).min(costs.deepest(with));
         self.stats.control = Some(Box::new(ControlStats {
             depth_now: control.depth(),
@@ -341,7 +344,8 @@ impl<'m> Speculator<'m> {
         self.active.control = Some(control);
         if let Some(other) = self.other.take() {
             let deepest = costs.deepest(other.draft_with());
-            let control = DepthController::untuned(costs, other.draft_with());
+            let control =
+                DepthController::untuned(costs, other.draft_with()).remembering(memory.of(other.draft_with()));
             if control.can_pay() {
                 positions = positions.max(deepest);
                 let mut slot = Slot::new(other);
@@ -351,6 +355,16 @@ impl<'m> Speculator<'m> {
         }
         self.stats.drafted.resize(positions, 0);
         self.stats.accepted.resize(positions, 0);
+    }
+
+    /// Keeps where each controlled drafter ended and how its drafts went on, for the next
+    /// request.
+    pub fn keep_going_on(&self, memory: &mut AcceptanceMemory) {
+        for slot in self.slots() {
+            if let Some(control) = &slot.control {
+                memory.keep(slot.drafter.draft_with(), control.remembered());
+            }
+        }
     }
 
     /// A prompt with images: the MTP head's positions inside it are the trunk's, these

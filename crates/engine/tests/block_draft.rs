@@ -347,9 +347,10 @@ fn the_depth_controller_runs_block_drafting_and_sends_it_plain_when_it_does_not_
         verify: vec![3.0; 7],
         plain_step_s: 0.001,
     };
-    e.set_depth_costs(Some(paying_if_accepted.clone()));
     let penalties = engine::Penalties { repetition: 1.0, presence: -2.0, frequency: -1.0 };
     for (prompt, penalised) in prompts().into_iter().zip([false, true]) {
+        // Each request from the tuned depth, not where the last one ended.
+        e.set_depth_costs(Some(paying_if_accepted.clone()));
         let sampling =
             SamplingParams { penalties: if penalised { penalties } else { Default::default() }, ..Default::default() };
         let plain = GenerateRequest {

@@ -311,9 +311,12 @@ fn the_depth_controller_goes_plain_when_drafts_fail_and_the_output_stays_exact()
     for (arch, dtype) in [(Architecture::Qwen3Next, Dtype::Float32), (Architecture::Qwen35, Dtype::Bfloat16)] {
         let (_d, mut e) = with_mtp(arch, dtype);
         e.set_depth_control(true).unwrap();
-        assert!(e.depth_costs().is_some());
-        let mut went_plain = 0;
+        let costs = e.depth_costs().cloned();
+        assert!(costs.is_some());
+        let (mut went_plain, mut last_ended_at) = (0, None);
         for prompt in prompts() {
+            // Each request from the tuned depth, not where the last one ended (below).
+            e.set_depth_costs(costs.clone());
             let plain = GenerateRequest { ignore_eos: true, ..GenerateRequest::greedy(prompt.clone(), 60) };
             let (expected, _) = e.generate_text(plain.clone()).unwrap();
             let (text, s) = e.generate_text(GenerateRequest { draft_depth: 2, ..plain.clone() }).unwrap();
@@ -322,6 +325,7 @@ fn the_depth_controller_goes_plain_when_drafts_fail_and_the_output_stays_exact()
             let spec = s.speculative.unwrap();
             assert_eq!(spec.drafted.len(), 3, "positions up to the requested depth + 1");
             let accepted: usize = spec.accepted.iter().sum();
+            last_ended_at = spec.control.as_ref().map(|c| c.depth_now);
             if accepted * 10 < spec.drafted.iter().sum::<usize>() {
                 let control = spec.control.as_ref().unwrap();
                 assert_eq!(control.depth_now, 0, "{arch:?}: {spec:?}");
@@ -333,6 +337,20 @@ fn the_depth_controller_goes_plain_when_drafts_fail_and_the_output_stays_exact()
             }
         }
         assert!(went_plain >= 2, "{arch:?}: a random head's drafts are rarely accepted");
+        // The next request starts where the last one ended: plain, or drafting.
+        let plain = GenerateRequest { ignore_eos: true, ..GenerateRequest::greedy(prompts()[0].clone(), 60) };
+        let (expected, _) = e.generate_text(plain.clone()).unwrap();
+        let (text, s) = e.generate_text(GenerateRequest { draft_depth: 2, ..plain }).unwrap();
+        assert_eq!(text, expected, "{arch:?}: after the last request");
+        let spec = s.speculative.unwrap();
+        let control = spec.control.as_ref().unwrap();
+        match last_ended_at {
+            Some(0) => {
+                // No cycle at the tuned depth, no fall to plain: plain from its first token.
+                assert_eq!((control.changes.to_plain, spec.drafted[1]), (0, 0), "{arch:?} started plain: {spec:?}");
+            }
+            depth => assert!(depth.is_some() && spec.drafted[1] > 0, "{arch:?} started drafting: {spec:?}"),
+        }
         e.set_depth_control(false).unwrap();
         let (_, s) =
             e.generate_text(GenerateRequest { draft_depth: 2, ..GenerateRequest::greedy(vec![1, 2], 20) }).unwrap();
@@ -347,12 +365,12 @@ fn the_depth_controller_goes_plain_when_drafts_fail_and_the_output_stays_exact()
 #[test]
 fn plain_stretches_keep_penalties_and_grammars_exact() {
     let (_d, mut e) = with_mtp(Architecture::Qwen3Next, Dtype::Float32);
-    e.set_depth_costs(Some(engine::depth_control::CostModel {
+    let costs = engine::depth_control::CostModel {
         draft: Some(0.5),
         block: Vec::new(),
         verify: vec![2.0; 4],
         plain_step_s: 0.001,
-    }));
+    };
     let penalties = engine::Penalties { repetition: 1.0, presence: -2.0, frequency: -1.0 };
     let grammar = engine::Grammar::Regex("[a-z ]{0,2000}".into());
     for (penalised, constrained) in [(true, false), (false, true), (true, true)] {
@@ -368,6 +386,8 @@ fn plain_stretches_keep_penalties_and_grammars_exact() {
                 ..GenerateRequest::greedy(prompt.clone(), 70)
             };
             let (expected, _) = e.generate_text(plain.clone()).unwrap();
+            // Each request from the tuned depth, not where the last one ended.
+            e.set_depth_costs(Some(costs.clone()));
             let (text, s) = e.generate_text(GenerateRequest { draft_depth: 2, ..plain }).unwrap();
             let case = format!("penalties {penalised} grammar {constrained} prompt of {}", prompt.len());
             assert_eq!(text, expected, "{case}");
@@ -407,15 +427,15 @@ fn a_forced_answer_speculates_and_stays_the_script() {
 #[test]
 fn sampled_output_keeps_its_distribution_through_the_controllers_changes() {
     let (_d, mut e) = with_mtp(Architecture::Qwen3Next, Dtype::Float32);
-    e.set_depth_costs(Some(engine::depth_control::CostModel {
+    let costs = engine::depth_control::CostModel {
         draft: Some(0.5),
         block: Vec::new(),
         verify: vec![2.0; 4],
         plain_step_s: 0.001,
-    }));
+    };
     let prompt = prompts()[0].clone();
     let vocab = e.model().config().vocab_size as usize;
-    let histogram = |depth: usize| {
+    let mut histogram = |depth: usize| {
         let mut h = vec![vec![0usize; vocab]; 2];
         let mut went_plain = 0;
         for seed in 0..200u64 {
@@ -426,6 +446,8 @@ fn sampled_output_keeps_its_distribution_through_the_controllers_changes() {
                 draft_depth: depth,
                 ..GenerateRequest::greedy(prompt.clone(), 15)
             };
+            // Each request from the tuned depth, not where the last one ended.
+            e.set_depth_costs(Some(costs.clone()));
             let mut g = e.generate(req, Default::default()).unwrap();
             let mut spec = None;
             for event in g.by_ref() {

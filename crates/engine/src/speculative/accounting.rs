@@ -8,7 +8,7 @@
 use std::time::{Duration, Instant};
 
 use super::{ControlStats, LastStep, Speculator};
-use crate::depth_control::TryVerdict;
+use crate::depth_control::choice::TryVerdict;
 
 impl Speculator<'_> {
     /// A cycle's figures into the statistics and the controller: `drafted` drafts of which

@@ -1,0 +1,36 @@
+"""train/drafter.py: a drafted position trains only on labels of the target's own chain."""
+
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "train"))
+from drafter import chain_kept  # noqa: E402
+
+
+def test_labels_past_a_token_the_target_would_not_choose_are_dropped() -> None:
+    # greedy[p] is the target's choice after the text up to p, i.e. for the token at p + 1.
+    ids = np.array([[10, 11, 12, 13, 14, 15, 16, 17, 18, 19]])
+    greedy = np.array([[11, 12, 99, 14, 15, 16, 17, 18, 19, 20]])
+    b = 4  # an anchor and 3 drafted positions
+    kept = chain_kept(ids, greedy, np.array([[0, 1, 4]]), b)
+    assert kept.shape == (1, 3, 3)
+    # Anchor 0: the text took the target's choices at 1 and 2 (11, 12): all three labels hold.
+    assert kept[0, 0].tolist() == [True, True, True]
+    # Anchor 1: the text took 12 at 2, but 13 at 3 where the target chose 99: the third
+    # label (the target's choice after 13) answers text the drafter never sees.
+    assert kept[0, 1].tolist() == [True, True, False]
+    # Anchor 4: the target's own text from there on: every label holds.
+    assert kept[0, 2].tolist() == [True, True, True]
+
+
+def test_the_first_drafted_position_always_holds() -> None:
+    rng = np.random.default_rng(0)
+    ids = rng.integers(0, 5, size=(3, 40))
+    greedy = rng.integers(0, 5, size=(3, 40))
+    anchors = np.sort(rng.choice(np.arange(1, 32), size=(3, 6)), axis=1)
+    kept = chain_kept(ids, greedy, anchors, 8)
+    assert kept[:, :, 0].all()
+    # Once a label is dropped, every later one in its block is too.
+    assert (np.diff(kept.astype(int), axis=2) <= 0).all()

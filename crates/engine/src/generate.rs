@@ -510,7 +510,7 @@ impl Generation<'_> {
             totals.merge(stats);
         }
         if let (Some(spec), Ok(mut memory)) = (&self.spec, self.engine.acceptance_memory.lock()) {
-            spec.keep_going_on(&mut memory);
+            spec.leave_for_next(&mut memory);
         }
         Event::Finished(summary)
     }

@@ -359,7 +359,7 @@ impl<'m> Speculator<'m> {
 
     /// Keeps where each controlled drafter ended and how its drafts went on, for the next
     /// request.
-    pub fn keep_going_on(&self, memory: &mut AcceptanceMemory) {
+    pub fn leave_for_next(&self, memory: &mut AcceptanceMemory) {
         for slot in self.slots() {
             if let Some(control) = &slot.control {
                 memory.keep(slot.drafter.draft_with(), control.remembered());

@@ -303,10 +303,7 @@ impl DepthController {
         self.going_on.record(running, accepted.min(running));
         for i in 0..running {
             let hit = if i < accepted { 1.0 } else { 0.0 };
-            // The first few figures at a position are averaged (the first replaces the
-            // guess), later ones move it: one lucky or unlucky cycle is not the figure.
-            let w = (1.0 / (self.seen[i] + 1) as f64).max(WEIGHT);
-            self.reach[i] += w * (hit - self.reach[i]);
+            self.reach[i] += going_on::sample_weight(self.seen[i]) * (hit - self.reach[i]);
             self.seen[i] += 1;
         }
         self.cycles_since_decision += 1;

@@ -49,8 +49,8 @@ pub struct Engine {
     /// When set, a speculating request's depth follows its acceptance under this cost model
     /// ([`Engine::set_depth_control`]).
     pub(crate) depth_costs: Option<CostModel>,
-    /// How each drafter's drafts went on in the requests so far: where the next request's
-    /// depth control starts ([`crate::depth_control::GoingOn`]).
+    /// Where each drafter's last controlled request ended and how its drafts went on: where
+    /// the next request's depth control starts ([`crate::depth_control::going_on`]).
     pub(crate) acceptance_memory: std::sync::Mutex<AcceptanceMemory>,
     /// The distributed group this engine's model is split across, if it is.
     pub(crate) group: Option<Arc<Group>>,

@@ -20,6 +20,13 @@ use crate::speculation::DraftWith;
 /// controller's acceptance figures and timings run on it too).
 pub(super) const WEIGHT: f64 = 0.25;
 
+/// The weight of a figure's next sample after `seen` of them: the first few are averaged (the
+/// first replaces the guess), later ones move it by [`WEIGHT`] — one lucky or unlucky cycle is
+/// not the figure.
+pub(super) fn sample_weight(seen: usize) -> f64 {
+    (1.0 / (seen + 1) as f64).max(WEIGHT)
+}
+
 /// Cycles a carried figure counts for in a new request: the request's own soon outweigh it.
 pub(super) const CARRIED_CYCLES: usize = 2;
 
@@ -41,9 +48,7 @@ impl GoingOn {
             }
             let (rate, seen) = &mut self.rates[i - 1];
             let hit = if i < accepted { 1.0 } else { 0.0 };
-            // Averaged over the first few cycles, then running: one cycle is mostly luck.
-            let w = (1.0 / (*seen + 1) as f64).max(WEIGHT);
-            *rate += w * (hit - *rate);
+            *rate += sample_weight(*seen) * (hit - *rate);
             *seen += 1;
         }
     }

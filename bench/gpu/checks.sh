@@ -31,7 +31,9 @@
 #                   once, default 32: 96 and more stopped MLX 0.32.4's CUDA build with
 #                   "cudaGraphAddKernelNode ... invalid argument"; GEN_TIMEOUT, default 300 s)
 #                   into ~/train-data, which drafter-train then mixes in (TRAIN_SHARE, default
-#                   0.5; TRAIN_SEQ must then be GEN_SEQ)
+#                   0.5; TRAIN_SEQ must then be GEN_SEQ); both sets also come back xz'ed as
+#                   $OUT/{train,heldout}-generated.bin.xz, and a later session that carries
+#                   them beside train.bin.xz skips making them again
 #   drafter-train   trains a DFlash block drafter for the embedded model (train/drafter.py, for
 #                   TRAIN_MINUTES, default 6, on the carried train.bin.xz and heldout.bin, made
 #                   as train/README.md says; TRAIN_INIT=DIR trains that drafter further,
@@ -39,7 +41,8 @@
 #                   anchors a row, default 32) into ~/gpu-out/drafter
 #   drafter-bench   bench/acceptance.sh with that drafter (or DRAFTER_DIR's): plain, MTP depths
 #                   and block depths, one run
-# DRAFTER_DIR also names the drafter spec-embedded and depth-block run (default the shipped one).
+# DRAFTER_DIR also names the drafter spec-embedded and depth-block run (default the shipped one);
+# LABEL, when set, ends their results' names (two drafters in one call: spec-embedded-LABEL.json).
 #   verify-8b       a z-lab-shaped block drafter (5 layers, blocks of 16, `ferrite dev
 #                   make-drafter`) beside the dense 8B shape: `ferrite bench --spec` times its
 #                   block passes and the verify passes against plain steps (random weights:
@@ -103,7 +106,13 @@ train_data() {  # the corpus ids, from the carried train.bin.xz and heldout.bin,
   data=~/train-data; mkdir -p $data
   [ -f $data/train.bin ] || { [ -f "$carried/train.bin.xz" ] && xz -d -c "$carried/train.bin.xz" > $data/train.bin \
     && cp "$carried/heldout.bin" $data/; }
+  local split
+  for split in train heldout; do
+    [ -f $data/$split-generated.bin ] || [ ! -f "$carried/$split-generated.bin.xz" ] \
+      || xz -d -c "$carried/$split-generated.bin.xz" > $data/$split-generated.bin
+  done
 }
+tag=${LABEL:+-$LABEL}
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > "$res/gpu.txt" 2>&1
 for check in "$@"; do
   log "$check"
@@ -117,9 +126,9 @@ for check in "$@"; do
       # A short untimed run first: on a fresh machine the controller's first cycles met shapes
       # no process had compiled yet (30 tok/s once, bench/results/dflash.md).
       spec --gen-tokens 16 > /dev/null 2>&1
-      spec --gen-tokens 64 > "$res/spec-embedded.json" 2> "$res/spec-embedded.txt" ;;
+      spec --gen-tokens 64 > "$res/spec-embedded$tag.json" 2> "$res/spec-embedded$tag.txt" ;;
     depth-block) timeout ${DEPTH_TIMEOUT:-180} bench/depth.sh "$embedded" --rounds 3 --depth 4 \
-      --drafter "$drafter" > "$res/depth-block.txt" 2>&1 ;;
+      --drafter "$drafter" > "$res/depth-block$tag.txt" 2>&1 ;;
     batch-8b) timeout 240 "$FERRITE" dev batch --model "$(checkpoint 8b-4bit)" --streams 2,4,8 --tokens 48 --rounds 3 \
       > "$res/batch-8b.jsonl" 2> "$res/batch-8b.err" ;;
     clients-8b | clients-35b)
@@ -148,6 +157,8 @@ for check in "$@"; do
         timeout ${GEN_TIMEOUT:-300} python3 train/generate.py --target "$embedded" --source $data/$split.bin --rows $rows \
           --batch ${GEN_BATCH:-32} --seq ${GEN_SEQ:-512} --prompt ${GEN_PROMPT:-64} --out $data/$split-generated.bin > "$res/drafter-data-$split.txt" 2>&1
         log "drafter-data $split: exit $?, $(tail -1 "$res/drafter-data-$split.txt")"
+        cp $data/$split-generated.json "$res/" 2>/dev/null
+        xz -T0 -6 -c $data/$split-generated.bin > "$OUT/$split-generated.bin.xz"
       done ;;
     drafter-train)
       train_data

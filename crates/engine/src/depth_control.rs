@@ -25,7 +25,9 @@ use crate::speculation::DraftWith;
 
 pub mod choice;
 pub mod going_on;
+pub mod probe_budget;
 use going_on::{GoingOn, Remembered, WEIGHT};
+use probe_budget::ProbeBudget;
 
 /// Cycles between two decisions.
 const EVERY: usize = 4;
@@ -168,6 +170,8 @@ pub struct DepthController {
     probe_evidence: (f64, f64),
     /// While plain: plain cycles between probes now ([`MAX_PROBE_EVERY`]).
     probe_every: usize,
+    /// What its probes may still cost.
+    probe_budget: ProbeBudget,
     /// Whether probes can pay at all ([`CostModel::ceiling`] above 1).
     probes: bool,
     /// The request's own plain steps against the cost model's plain step, running (`None`
@@ -213,6 +217,7 @@ impl DepthController {
             probing: false,
             probe_evidence,
             probe_every: PROBE_EVERY,
+            probe_budget: ProbeBudget::default(),
             probes,
             plain_scale: None,
             cycle_scale: None,
@@ -263,6 +268,7 @@ impl DepthController {
     pub fn next_depth(&mut self) -> usize {
         if self.depth == 0 && self.max_depth > 0 && self.probes {
             self.cycles_plain += 1;
+            self.probe_budget.plain_step();
             if self.cycles_plain >= self.probe_every {
                 self.cycles_plain = 0;
                 self.probing = true;
@@ -375,6 +381,27 @@ impl DepthController {
     pub fn timed_plain_step(&mut self, seconds: f64) {
         let ratio = (seconds / self.costs.plain_step_s).clamp(1.0 / MOST_OFF, MOST_OFF);
         self.plain_scale = Some(running(self.plain_scale, ratio));
+        self.probe_budget.timed_plain_step(seconds);
+    }
+
+    /// A probe of this plain controller's (or a try in its turn) took `seconds` and committed
+    /// `committed` tokens ([`ProbeBudget::probe_took`]).
+    pub fn probe_took(&mut self, seconds: f64, committed: usize) {
+        self.probe_budget.probe_took(seconds, committed, self.costs.plain_step_s);
+    }
+
+    /// A probe [`DepthController::next_depth`] asked for, unless what probes cost already
+    /// reaches their share of the plain steps ([`probe_budget::PROBE_SHARE`]): then plain
+    /// decoding (depth 0), and the probe is due again at the next step. (A try of the other
+    /// drafter in the probe's turn is not held back: it is how a plain request finds the
+    /// drafter that pays, and it backs off on its own.)
+    pub fn afford_probe(&mut self) -> usize {
+        if self.probe_budget.affords() {
+            return 1;
+        }
+        self.probing = false;
+        self.cycles_plain = self.probe_every - 1;
+        0
     }
 
     /// A cycle of the request drafting `depth` tokens took `seconds` (from the end of the one

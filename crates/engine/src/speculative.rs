@@ -86,9 +86,11 @@ pub struct ControlStats {
 pub struct AfterPlain {
     pub cycles: usize,
     /// Their time (within the request's draft and verify time).
+    #[serde(rename = "time_ms", serialize_with = "accounting::milliseconds")]
     pub time: Duration,
     /// Of `time`, the drafter's catch-up pass over the plain steps' positions (where they are
     /// more than a cycle's own).
+    #[serde(rename = "catch_up_time_ms", serialize_with = "accounting::milliseconds")]
     pub catch_up_time: Duration,
 }
 
@@ -455,6 +457,9 @@ impl<'m> Speculator<'m> {
             false => self.active.control.as_mut().map_or(self.depth, |c| c.next_depth()),
         };
         let its_turn = plain_probing && depth > 0 && self.standby.is_some() && self.choice.take_turn();
+        if plain_probing && depth > 0 && !its_turn {
+            depth = self.active.control.as_mut().map_or(depth, |c| c.afford_probe());
+        }
         if scheduled || its_turn {
             self.swap();
             self.trying = true;
@@ -746,7 +751,7 @@ impl<'m> Speculator<'m> {
         }
         self.tell_standby(standby_part, &committed)?;
         self.remember(&committed);
-        self.timed_cycle(d, now - started);
+        self.timed_cycle(d, committed.len(), now - started);
         self.account(d, accepted, committed.len(), verified_at - started, now - verified_at);
         Ok(committed)
     }

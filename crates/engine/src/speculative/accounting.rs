@@ -93,17 +93,23 @@ impl Speculator<'_> {
         self.last_step = Some(LastStep { at: now, plain: true });
     }
 
-    /// A cycle drafting `depth` tokens just committed its tokens (`took` from its drafting to
-    /// its verdict): after another cycle, its wall time goes to the controller of the drafter
-    /// that drafted it. Not a try of the drafter standing by, nor the first cycle after plain
-    /// steps: each first catches its drafter up on what it missed, which is not a cycle's
-    /// usual cost (the statistics count those apart).
-    pub(super) fn timed_cycle(&mut self, depth: usize, took: Duration) {
+    /// A cycle drafting `depth` tokens just committed `committed` tokens (`took` from its
+    /// drafting to its verdict): after another cycle, its wall time goes to the controller of
+    /// the drafter that drafted it. Not a try of the drafter standing by, nor the first cycle
+    /// after plain steps: each first catches its drafter up on what it missed, which is not a
+    /// cycle's usual cost (the statistics count those apart, and a plain controller counts its
+    /// probes' against what it may spend probing).
+    pub(super) fn timed_cycle(&mut self, depth: usize, committed: usize, took: Duration) {
         let now = Instant::now();
         if depth > 0 && self.last_step.is_some_and(|last| last.plain) {
             if let Some(control) = &mut self.stats.control {
                 control.after_plain.cycles += 1;
                 control.after_plain.time += took;
+            }
+            // A try runs the drafter standing by in the plain one's probe turn.
+            let prober = if self.trying { self.standby.as_mut() } else { Some(&mut self.active) };
+            if let Some(control) = prober.and_then(|slot| slot.control.as_mut()).filter(|c| c.depth() == 0) {
+                control.probe_took(took.as_secs_f64(), committed);
             }
         }
         let control = self.active.control.as_mut().filter(|_| !self.trying);
@@ -112,4 +118,10 @@ impl Speculator<'_> {
         }
         self.last_step = (depth > 0).then_some(LastStep { at: now, plain: false });
     }
+}
+
+/// A duration in milliseconds, as the statistics' other times (serde's own form splits seconds
+/// and nanoseconds).
+pub(super) fn milliseconds<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_f64(d.as_secs_f64() * 1e3)
 }

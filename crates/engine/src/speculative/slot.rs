@@ -95,16 +95,17 @@ impl<'m> Slot<'m> {
     ) -> Result<()> {
         let n = next_tokens.len();
         let pad = if catching_up { padded(n) - n } else { 0 };
-        let (features, mut next_tokens) = (features.clone(), next_tokens.to_vec());
-        let features = match pad {
-            0 => features,
+        let with_padding;
+        let (features, next_tokens) = match pad {
+            0 => (features, next_tokens),
             _ => {
                 let zeros = ops::zeros_dtype(&[1, pad as i32, features.dim(2)], features.dtype())?;
-                next_tokens.resize(n + pad, 0);
-                ops::concatenate(&[features, zeros], 1)?
+                let mut tokens = next_tokens.to_vec();
+                tokens.resize(n + pad, 0);
+                with_padding = (ops::concatenate(&[features, &zeros], 1)?, tokens);
+                (&with_padding.0, with_padding.1.as_slice())
             }
         };
-        let (features, next_tokens) = (&features, next_tokens.as_slice());
         match self.drafter {
             Drafter::Mtp(head) => {
                 // The head's slot `j` reads the trunk's features at position `j`: inside a

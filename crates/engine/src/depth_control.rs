@@ -26,7 +26,7 @@ use crate::speculation::DraftWith;
 pub mod choice;
 pub mod going_on;
 pub mod probe_budget;
-use going_on::{GoingOn, Remembered, WEIGHT};
+use going_on::{running, GoingOn, Remembered, WEIGHT};
 use probe_budget::ProbeBudget;
 
 /// Cycles between two decisions.
@@ -461,11 +461,6 @@ impl DepthController {
         self.depth = best;
         self.cycles_plain = 0;
     }
-}
-
-/// A running figure moved by one more sample (the first sample sets it).
-fn running(figure: Option<f64>, sample: f64) -> f64 {
-    figure.map_or(sample, |f| f + WEIGHT * (sample - f))
 }
 
 #[cfg(test)]

@@ -27,6 +27,11 @@ pub(super) fn sample_weight(seen: usize) -> f64 {
     (1.0 / (seen + 1) as f64).max(WEIGHT)
 }
 
+/// A running figure moved by one more sample (the first sample sets it).
+pub(super) fn running(figure: Option<f64>, sample: f64) -> f64 {
+    figure.map_or(sample, |f| f + WEIGHT * (sample - f))
+}
+
 /// Cycles a carried figure counts for in a new request: the request's own soon outweigh it.
 pub(super) const CARRIED_CYCLES: usize = 2;
 

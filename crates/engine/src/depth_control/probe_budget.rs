@@ -4,7 +4,7 @@
 //! back, on every request. So what they cost beyond the tokens they commit, each timed, stays
 //! within a share of the plain steps' time.
 
-use super::going_on::WEIGHT;
+use super::going_on::running;
 
 /// The share of a request's plain steps its probes may cost beyond their tokens.
 pub const PROBE_SHARE: f64 = 0.02;
@@ -26,7 +26,7 @@ impl ProbeBudget {
     }
 
     pub fn timed_plain_step(&mut self, seconds: f64) {
-        self.plain_step_took = Some(self.plain_step_took.map_or(seconds, |s| s + WEIGHT * (seconds - s)));
+        self.plain_step_took = Some(running(self.plain_step_took, seconds));
     }
 
     /// A probe took `seconds` and committed `committed` tokens; `plain_step_s` is what a plain

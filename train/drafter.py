@@ -126,9 +126,11 @@ def target_pass(inner, head, ids, taps):
     return mx.stop_gradient(mx.concatenate([tapped[i] for i in taps], axis=-1)), greedy
 
 
-def blocks(rng, n, t, k, b):
-    """K anchors a sequence, at distinct positions in [1, T - B]: [N, K]."""
-    return np.stack([np.sort(rng.choice(np.arange(1, t - b + 1), size=k, replace=False)) for _ in range(n)])
+def blocks(rng, n, t, k, b, first=None):
+    """K anchors a sequence, at distinct positions in [first, T - B] (`first` a row, default
+    1): [N, K]."""
+    first = np.ones(n, dtype=np.int64) if first is None else first
+    return np.stack([np.sort(rng.choice(np.arange(f, t - b + 1), size=k, replace=False)) for f in first])
 
 
 def chain_kept(ids, greedy, anchors, b):
@@ -243,6 +245,9 @@ def main():
     ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="bfloat16",
                     help="the written tensors' type (the engine computes in the target's)")
     ap.add_argument("--eval-only", action="store_true", help="evaluate --init's drafter and stop")
+    ap.add_argument("--anchors-anywhere", action="store_true",
+                    help="anchor blocks of the target's own rows in their corpus prompt too (by default from the"
+                         " prompt's last token on, where inference drafts)")
     args = ap.parse_args()
 
     mx.random.seed(args.seed)
@@ -270,6 +275,14 @@ def main():
     train_rows = read_rows(args.data / "train-generated.bin", args.seq)
     heldout_rows = read_rows(args.data / "heldout-generated.bin", args.seq)
     generated = 0 if train_rows is None else round(args.batch * args.generated_share)
+    # At inference the first block's anchor is the prompt's last token and every later one is
+    # a token the target chose: a block anchored inside a corpus prompt drafts what the
+    # drafter never has to.
+    prompt = json.loads((args.data / "train-generated.json").read_text())["prompt"] if train_rows is not None else 1
+    answer_from = 1 if args.anchors_anywhere else max(1, prompt - 1)
+    if args.seq - b + 1 - answer_from < args.blocks:
+        raise SystemExit(f"--blocks {args.blocks} do not fit the {args.seq - b + 1 - answer_from} anchor places"
+                         f" after the generated rows' prompt of {prompt}")
     print(f"rows a batch: {args.batch - generated} of corpus text, {generated} the target wrote", flush=True)
     # The steps to run: --steps, or fewer once the first steps' pace shows what fits the budget.
     total = [args.steps]
@@ -292,7 +305,8 @@ def main():
             parts.append(sample_rows(rng, rows, from_rows))
         ids = mx.concatenate(parts) if len(parts) > 1 else parts[0]
         t, greedy = target_pass(inner, head, ids, taps)
-        anchors = blocks(rng, n, args.seq, args.blocks, b)
+        first = np.array([1] * (n - from_rows) + [answer_from] * from_rows)
+        anchors = blocks(rng, n, args.seq, args.blocks, b, first)
         return (t, *batch_inputs(ids, greedy, anchors, b, mask_token, inner.embed_tokens))
 
     def evaluate_on(data, rows=None):
@@ -308,16 +322,25 @@ def main():
         return float(np.mean(losses)), float(accepted.mean()) + 1.0
 
     def evaluate(step):
+        """Prints the held-out figures; returns tokens per block on the target's own held-out
+        text where there is some (what decoding sees), else on corpus text."""
         held_loss, per_cycle = evaluate_on(heldout)
         line = f"step {step}: held-out loss {held_loss:.3f}, teacher-forced tokens per block {per_cycle:.2f}"
         if heldout_rows is not None:
             gen_loss, gen_cycle = evaluate_on(heldout, heldout_rows)
             line += f"; on the target's own text: loss {gen_loss:.3f}, tokens per block {gen_cycle:.2f}"
+            per_cycle = gen_cycle
         print(line, flush=True)
+        return per_cycle
 
     if args.eval_only:
         evaluate(0)
         return
+
+    # The drafter is written at each evaluation that beats the best so far (the one it
+    # started from included), so many passes over a small generated set cannot leave a
+    # drafter worse on held-out text than an earlier one.
+    best, best_step = (evaluate(0) if args.init else 0.0), None
 
     started = time.time()
     step = 0
@@ -338,11 +361,17 @@ def main():
         if step % 25 == 0:
             print(f"step {step}: loss {loss.item():.3f} ({time.time() - started:.0f} s)", flush=True)
         if step % args.eval_every == 0 or step == total[0]:
-            evaluate(step)
-            # Written at every evaluation, so a run stopped early leaves its latest drafter.
-            write(args.out, drafter, tc, taps, b, mask_token, args.layers, args.dtype)
+            per_cycle = evaluate(step)
+            # Written as it goes, so a run stopped early leaves its best drafter.
+            if per_cycle > best:
+                best, best_step = per_cycle, step
+                write(args.out, drafter, tc, taps, b, mask_token, args.layers, args.dtype)
+                print(f"wrote {args.out} (step {step}: {per_cycle:.2f} tokens per block)", flush=True)
 
-    print(f"wrote {args.out} after {step} steps, {time.time() - started:.0f} s")
+    if best_step is None:
+        print(f"{step} steps, {time.time() - started:.0f} s: no evaluation beat --init's {best:.2f}; nothing written")
+    else:
+        print(f"wrote {args.out} at step {best_step} of {step}, {time.time() - started:.0f} s")
 
 
 def write(out, drafter, tc, taps, b, mask_token, layers, dtype="float32"):

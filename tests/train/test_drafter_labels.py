@@ -1,4 +1,5 @@
-"""train/drafter.py: a drafted position trains only on labels of the target's own chain."""
+"""train/drafter.py: a drafted position trains only on labels of the target's own chain, and
+blocks of the target's own rows are anchored where inference drafts."""
 
 import sys
 from pathlib import Path
@@ -6,7 +7,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "train"))
-from drafter import chain_kept  # noqa: E402
+from drafter import blocks, chain_kept  # noqa: E402
 
 
 def test_labels_past_a_token_the_target_would_not_choose_are_dropped() -> None:
@@ -34,3 +35,19 @@ def test_the_first_drafted_position_always_holds() -> None:
     assert kept[:, :, 0].all()
     # Once a label is dropped, every later one in its block is too.
     assert (np.diff(kept.astype(int), axis=2) <= 0).all()
+
+
+def test_anchors_of_a_row_start_where_it_says() -> None:
+    # Two corpus rows (anchors from 1) and two of the target's own text after a prompt of 96
+    # tokens (anchors from its last token, 95): distinct, sorted, and each block ends in its row.
+    rng = np.random.default_rng(0)
+    t, k, b = 160, 24, 8
+    first = np.array([1, 1, 95, 95])
+    for _ in range(50):
+        anchors = blocks(rng, 4, t, k, b, first)
+        assert anchors.shape == (4, k)
+        assert (anchors >= first[:, None]).all() and (anchors <= t - b).all()
+        assert (np.diff(anchors, axis=1) > 0).all()
+    # Every place can be drawn: the 58 places after the prompt, all of them over many draws.
+    seen = set(np.concatenate([blocks(rng, 1, t, k, b, np.array([95]))[0] for _ in range(200)]).tolist())
+    assert seen == set(range(95, t - b + 1))

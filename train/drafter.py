@@ -278,7 +278,11 @@ def main():
     # At inference the first block's anchor is the prompt's last token and every later one is
     # a token the target chose: a block anchored inside a corpus prompt drafts what the
     # drafter never has to.
-    prompt = json.loads((args.data / "train-generated.json").read_text())["prompt"] if train_rows is not None else 1
+    made = args.data / "train-generated.json"
+    if train_rows is not None and not args.anchors_anywhere and not made.exists():
+        raise SystemExit(f"{made} is missing: it says how long the generated rows' prompt is (where their"
+                         " blocks are anchored); carry it with train-generated.bin, or pass --anchors-anywhere")
+    prompt = json.loads(made.read_text())["prompt"] if train_rows is not None and made.exists() else 1
     answer_from = 1 if args.anchors_anywhere else max(1, prompt - 1)
     if args.seq - b + 1 - answer_from < args.blocks:
         raise SystemExit(f"--blocks {args.blocks} do not fit the {args.seq - b + 1 - answer_from} anchor places"

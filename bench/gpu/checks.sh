@@ -32,8 +32,8 @@
 #                   "cudaGraphAddKernelNode ... invalid argument"; GEN_TIMEOUT, default 300 s)
 #                   into ~/train-data, which drafter-train then mixes in (TRAIN_SHARE, default
 #                   0.5; TRAIN_SEQ must then be GEN_SEQ); both sets also come back xz'ed as
-#                   $OUT/{train,heldout}-generated.bin.xz, and a later session that carries
-#                   them beside train.bin.xz skips making them again
+#                   $OUT/{train,heldout}-generated.bin.xz with their .json, and a later
+#                   session that carries them beside train.bin.xz skips making them again
 #   drafter-train   trains a DFlash block drafter for the embedded model (train/drafter.py, for
 #                   TRAIN_MINUTES, default 6, on the carried train.bin.xz and heldout.bin, made
 #                   as train/README.md says; TRAIN_INIT=DIR trains that drafter further,
@@ -110,6 +110,9 @@ train_data() {  # the corpus ids, from the carried train.bin.xz and heldout.bin,
   for split in train heldout; do
     [ -f $data/$split-generated.bin ] || [ ! -f "$carried/$split-generated.bin.xz" ] \
       || xz -d -c "$carried/$split-generated.bin.xz" > $data/$split-generated.bin
+    # How the rows were made (their prompt's length places drafter.py's anchors).
+    [ -f $data/$split-generated.json ] || [ ! -f "$carried/$split-generated.json" ] \
+      || cp "$carried/$split-generated.json" $data/
   done
 }
 tag=${LABEL:+-$LABEL}
@@ -158,6 +161,7 @@ for check in "$@"; do
           --batch ${GEN_BATCH:-32} --seq ${GEN_SEQ:-512} --prompt ${GEN_PROMPT:-64} --out $data/$split-generated.bin > "$res/drafter-data-$split.txt" 2>&1
         log "drafter-data $split: exit $?, $(tail -1 "$res/drafter-data-$split.txt")"
         cp $data/$split-generated.json "$res/" 2>/dev/null
+        cp $data/$split-generated.json "$OUT/" 2>/dev/null
         xz -T0 -6 -c $data/$split-generated.bin > "$OUT/$split-generated.bin.xz"
       done ;;
     drafter-train)

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "train"))
-from drafter import blocks, chain_kept  # noqa: E402
+from drafter import blocks, chain_kept, cycle_lengths  # noqa: E402
 
 
 def test_labels_past_a_token_the_target_would_not_choose_are_dropped() -> None:
@@ -51,3 +51,13 @@ def test_anchors_of_a_row_start_where_it_says() -> None:
     # Every place can be drawn: the 58 places after the prompt, all of them over many draws.
     seen = set(np.concatenate([blocks(rng, 1, t, k, b, np.array([95]))[0] for _ in range(200)]).tolist())
     assert seen == set(range(95, t - b + 1))
+
+
+def test_decoding_follows_its_own_cycles_not_every_place() -> None:
+    # Drafts a block at each place would accept: the first cycle (at place 0) accepts 2 and
+    # commits 3 tokens, so the next is anchored at place 3 (not 1, whose 7 decoding never
+    # sees), accepts 0 and commits 1; place 4 accepts 1; place 6 is the row's last.
+    accepted = np.array([2, 7, 7, 0, 1, 7, 3])
+    assert cycle_lengths(accepted) == [3, 1, 2, 4]
+    # Every place accepting nothing: one token a cycle, a cycle at every place.
+    assert cycle_lengths(np.zeros(5, dtype=int)) == [1] * 5

@@ -29,7 +29,8 @@
 #                   GEN_ROWS rows of GEN_SEQ tokens (default 3072 of 512), GEN_PROMPT of them
 #                   the corpus' (default 64), from train.bin; 256 from heldout.bin; GEN_BATCH at
 #                   once, default 32: 96 and more stopped MLX 0.32.4's CUDA build with
-#                   "cudaGraphAddKernelNode ... invalid argument"; GEN_TIMEOUT, default 300 s)
+#                   "cudaGraphAddKernelNode ... invalid argument"; GEN_TIMEOUT, default 300 s,
+#                   of which the rows made 40 s before it are written: fewer, not none)
 #                   into ~/train-data, which drafter-train then mixes in (TRAIN_SHARE, default
 #                   0.5; TRAIN_SEQ must then be GEN_SEQ); both sets also come back xz'ed as
 #                   $OUT/{train,heldout}-generated.bin.xz with their .json, and a later
@@ -158,7 +159,8 @@ for check in "$@"; do
       for split in train heldout; do
         rows=${GEN_ROWS:-3072}; [ $split = heldout ] && rows=256
         timeout ${GEN_TIMEOUT:-300} python3 train/generate.py --target "$embedded" --source $data/$split.bin --rows $rows \
-          --batch ${GEN_BATCH:-32} --seq ${GEN_SEQ:-512} --prompt ${GEN_PROMPT:-64} --out $data/$split-generated.bin > "$res/drafter-data-$split.txt" 2>&1
+          --batch ${GEN_BATCH:-32} --seq ${GEN_SEQ:-512} --prompt ${GEN_PROMPT:-64} --seconds $(( ${GEN_TIMEOUT:-300} - 40 )) \
+          --out $data/$split-generated.bin > "$res/drafter-data-$split.txt" 2>&1
         log "drafter-data $split: exit $?, $(tail -1 "$res/drafter-data-$split.txt")"
         cp $data/$split-generated.json "$res/" 2>/dev/null
         cp $data/$split-generated.json "$OUT/" 2>/dev/null

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # On the GPU machine, from the checkout root: installs the carried runtime part(s), and the
 # carried `ferrite` once; then runs the named checks, each bounded, writing under ~/gpu-out,
-# and leaves everything as one $OUT/results.tar (the device tool returns at most 8 files).
+# and leaves everything as one $OUT/results.tar (the device tool returns at most 8 files);
+# $OUT/partial.tar, rewritten every 30 s, holds what a check stopped by the call's limit wrote.
 #   bench/gpu/checks.sh --carried DIR [CHECK ...]
 # Checks (each a command of this repo, as the results files quote them):
 #   tune-embedded   5 `ferrite tune` runs on the embedded model (with its block drafter: plain, MTP
@@ -118,6 +119,13 @@ train_data() {  # the corpus ids, from the carried train.bin.xz and heldout.bin,
 }
 tag=${LABEL:+-$LABEL}
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > "$res/gpu.txt" 2>&1
+# A check the call's time limit stops mid-way (a drafter-train whose budget ran out) still
+# brings back what it wrote so far: results.tar is written only between checks. Renamed
+# into place, so the limit never leaves a half-written partial.tar.
+( while sleep 30; do tar -C "$res" -cf "$OUT/partial.tar.tmp" . 2>/dev/null && mv "$OUT/partial.tar.tmp" "$OUT/partial.tar"; done ) \
+  > /dev/null 2>&1 &  # its sleep outlives it: it must not hold the call's output open
+saver=$!
+trap 'kill $saver 2>/dev/null' EXIT
 for check in "$@"; do
   log "$check"
   case $check in

@@ -296,6 +296,9 @@ def main():
             raise SystemExit(f"{made} is missing: it says how long the generated rows' prompt is (where their"
                              " blocks are anchored); carry it with train-generated.bin, or pass --anchors-anywhere")
         answer_from = max(1, json.loads(made.read_text())["prompt"] - 1)
+    # Decoding drafts first at the held-out rows' prompt's last token, however training anchors.
+    made_heldout = args.data / "heldout-generated.json"
+    path_from = max(1, json.loads(made_heldout.read_text())["prompt"] - 1) if made_heldout.exists() else answer_from
     if args.seq - b + 1 - answer_from < args.blocks:
         raise SystemExit(f"--blocks {args.blocks} do not fit the {args.seq - b + 1 - answer_from} anchor places"
                          f" from the generated rows' position {answer_from} on")
@@ -343,9 +346,9 @@ def main():
         (`cycle_lengths`). Decoding anchors where the last block failed, at harder places than
         the average one, so this is below the teacher-forced figure, and it is what `ferrite
         bench --spec` measures."""
-        places = np.arange(answer_from, args.seq - b + 1)
+        places = np.arange(path_from, args.seq - b + 1)
         chunk = max(1, 4096 // (len(places) * b))  # block tokens a forward pass
-        made = []
+        cycles = []
         for start in range(0, len(rows), chunk):
             ids = mx.array(rows[start : start + chunk])
             t, greedy = target_pass(inner, head, ids, taps)
@@ -353,8 +356,8 @@ def main():
             _, hits = loss_fn(drafter, head, t, *batch_inputs(ids, greedy, anchors, b, mask_token, inner.embed_tokens),
                               b, gamma)
             accepted = accept_lengths(hits).reshape(ids.shape[0], len(places))
-            made += [n for row in accepted for n in cycle_lengths(row)]
-        return sum(made) / len(made)
+            cycles += [n for row in accepted for n in cycle_lengths(row)]
+        return sum(cycles) / len(cycles)
 
     def evaluate(step):
         """Prints the held-out figures; returns tokens a cycle on decoding's path over the

@@ -56,7 +56,8 @@ def main():
     ap.add_argument("--temp", type=float, default=0.0)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--seconds", type=float, default=0,
-                    help="stop starting batches after this long and write the rows made (0: --rows, however long)")
+                    help="stop starting batches after this long (the first always runs) and write the rows made"
+                         " (0: --rows, however long)")
     args = ap.parse_args()
     if not 0 < args.prompt < args.seq:
         ap.error("--prompt must be between 0 and --seq")
@@ -68,7 +69,7 @@ def main():
     rng = np.random.default_rng(args.seed)
     key = mx.random.key(args.seed)
     rows, made_rows, started = [], 0, time.time()
-    while made_rows < args.rows and not (args.seconds and time.time() - started > args.seconds):
+    while made_rows < args.rows and not (made_rows and args.seconds and time.time() - started > args.seconds):
         n = min(args.batch, args.rows - made_rows)
         starts = rng.integers(0, len(data) - args.prompt, size=n)
         prompts = mx.array(np.stack([data[s : s + args.prompt] for s in starts]).astype(np.int32))

@@ -230,6 +230,12 @@ def cycle_lengths(accepted):
     return lengths
 
 
+def first_drafted_place(made):
+    """Where decoding drafts first in train/generate.py's rows: their prompt's last token (the
+    prompt's length from the `.json` beside them)."""
+    return max(1, json.loads(made.read_text())["prompt"] - 1)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--target", type=Path, default=Path("assets/models/ferrite-code-20m"))
@@ -295,10 +301,10 @@ def main():
         if not made.exists():
             raise SystemExit(f"{made} is missing: it says how long the generated rows' prompt is (where their"
                              " blocks are anchored); carry it with train-generated.bin, or pass --anchors-anywhere")
-        answer_from = max(1, json.loads(made.read_text())["prompt"] - 1)
+        answer_from = first_drafted_place(made)
     # Decoding drafts first at the held-out rows' prompt's last token, however training anchors.
     made_heldout = args.data / "heldout-generated.json"
-    path_from = max(1, json.loads(made_heldout.read_text())["prompt"] - 1) if made_heldout.exists() else answer_from
+    path_from = first_drafted_place(made_heldout) if made_heldout.exists() else answer_from
     if args.seq - b + 1 - answer_from < args.blocks:
         raise SystemExit(f"--blocks {args.blocks} do not fit the {args.seq - b + 1 - answer_from} anchor places"
                          f" from the generated rows' position {answer_from} on")
@@ -328,11 +334,11 @@ def main():
         anchors = blocks(rng, n, args.seq, args.blocks, b, first)
         return (t, *batch_inputs(ids, greedy, anchors, b, mask_token, inner.embed_tokens))
 
-    def evaluate_on(data, rows=None):
+    def evaluate_on(data):
         eval_rng_state = rng.bit_generator.state
         lengths, losses = [], []
         for _ in range(8):
-            args_ = batch(data, args.batch, rows, args.batch if rows is not None else 0)
+            args_ = batch(data, args.batch)
             loss, hits = loss_fn(drafter, head, *args_, b, gamma)
             losses.append(loss.item())
             lengths.append(accept_lengths(hits))
@@ -340,24 +346,26 @@ def main():
         accepted = np.concatenate(lengths)
         return float(np.mean(losses)), float(accepted.mean()) + 1.0
 
-    def decoding_path(rows):
-        """Tokens a cycle greedy decoding makes on the target's own rows: a block at every
-        place from the prompt's last token on, then each row's cycles followed
-        (`cycle_lengths`). Decoding anchors where the last block failed, at harder places than
-        the average one, so this is below the teacher-forced figure, and it is what `ferrite
-        bench --spec` measures."""
+    def evaluate_rows(rows):
+        """The target's own held-out rows, a block at every place from the prompt's last token
+        on: loss, teacher-forced tokens per block, and tokens a cycle on decoding's path (each
+        row's cycles followed, `cycle_lengths`). Decoding anchors where the last block failed,
+        at harder places than the average one, so the last is below the teacher-forced figure,
+        and it is what `ferrite bench --spec` measures."""
         places = np.arange(path_from, args.seq - b + 1)
         chunk = max(1, 4096 // (len(places) * b))  # block tokens a forward pass
-        cycles = []
+        losses, per_block, cycles = [], [], []
         for start in range(0, len(rows), chunk):
             ids = mx.array(rows[start : start + chunk])
             t, greedy = target_pass(inner, head, ids, taps)
             anchors = np.broadcast_to(places, (ids.shape[0], len(places))).copy()
-            _, hits = loss_fn(drafter, head, t, *batch_inputs(ids, greedy, anchors, b, mask_token, inner.embed_tokens),
-                              b, gamma)
-            accepted = accept_lengths(hits).reshape(ids.shape[0], len(places))
-            cycles += [n for row in accepted for n in cycle_lengths(row)]
-        return sum(cycles) / len(cycles)
+            loss, hits = loss_fn(drafter, head, t, *batch_inputs(ids, greedy, anchors, b, mask_token, inner.embed_tokens),
+                                 b, gamma)
+            losses.append(loss.item())
+            accepted = accept_lengths(hits)
+            per_block.append(accepted)
+            cycles += [n for row in accepted.reshape(ids.shape[0], len(places)) for n in cycle_lengths(row)]
+        return float(np.mean(losses)), float(np.concatenate(per_block).mean()) + 1.0, sum(cycles) / len(cycles)
 
     def evaluate(step):
         """Prints the held-out figures; returns tokens a cycle on decoding's path over the
@@ -366,8 +374,7 @@ def main():
         held_loss, per_cycle = evaluate_on(heldout)
         line = f"step {step}: held-out loss {held_loss:.3f}, teacher-forced tokens per block {per_cycle:.2f}"
         if heldout_rows is not None:
-            gen_loss, gen_block = evaluate_on(heldout, heldout_rows)
-            per_cycle = decoding_path(heldout_rows)
+            gen_loss, gen_block, per_cycle = evaluate_rows(heldout_rows)
             line += (f"; on the target's own text: loss {gen_loss:.3f}, tokens per block {gen_block:.2f},"
                      f" tokens a cycle on decoding's path {per_cycle:.2f}")
         print(line, flush=True)

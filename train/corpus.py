@@ -8,7 +8,9 @@ machine that builds Ferrite and may be redistributed as training data:
   is MIT and/or Apache-2.0), `src/**/*.rs`, up to a byte budget.
 
 Every file goes to train or held-out by a hash of its path (about 1% held out), so the split
-is the same on every machine. A fraction of documents is wrapped in the chat template's turns
+is the same on every machine; a held-out file whose bytes equal a training file's (crates ship
+the same generated file for several architectures) is left out of both, as "duplicate": it
+is no evidence of how the model does on code it has not seen. A fraction of documents is wrapped in the chat template's turns
 (a user asks for the file, the assistant writes it) so the model answers chat requests with
 code. Writes DATA/train.jsonl, DATA/heldout.jsonl and the manifest (every file, its licence,
 sha256, bytes and split) that train/README.md describes.
@@ -35,6 +37,13 @@ OK_LICENCES = ("MIT", "Apache-2.0")
 def split_of(key: str) -> str:
     h = int(hashlib.sha256(key.encode()).hexdigest()[:8], 16)
     return "heldout" if h % 100 < HELD_OUT_PERCENT else "train"
+
+
+def splits(files: list[tuple[str, str]]) -> list[str]:
+    """The split of each (name, sha256) file: by its path's hash, except that a held-out file
+    whose bytes are a training file's is a "duplicate", in neither."""
+    trained = {sha for name, sha in files if split_of(name) == "train"}
+    return ["duplicate" if split_of(name) == "heldout" and sha in trained else split_of(name) for name, sha in files]
 
 
 def python_files():
@@ -95,17 +104,22 @@ def main():
     manifest = []
     outs = {s: open(args.out / f"{s}.jsonl", "w") for s in ("train", "heldout")}
     totals = {}
+    files = []
     for name, path, licence, lang in [*python_files(), *rust_files(args.lock)]:
         raw = path.read_bytes()
         try:
             text = raw.decode("utf-8")
         except UnicodeDecodeError:
             continue
-        split = split_of(name)
-        outs[split].write(json.dumps({"text": document(name, text, lang, rng)}) + "\n")
-        manifest.append({"file": name, "licence": licence, "sha256": hashlib.sha256(raw).hexdigest(), "bytes": len(raw), "split": split})
+        files.append((name, licence, lang, text, hashlib.sha256(raw).hexdigest(), len(raw)))
+    for (name, licence, lang, text, sha, size), split in zip(files, splits([(f[0], f[4]) for f in files])):
+        doc = document(name, text, lang, rng)  # drawn for every file, so the wrapping stays put
+        manifest.append({"file": name, "licence": licence, "sha256": sha, "bytes": size, "split": split})
+        if split == "duplicate":
+            continue
+        outs[split].write(json.dumps({"text": doc}) + "\n")
         key = (lang, split)
-        totals[key] = totals.get(key, 0) + len(raw)
+        totals[key] = totals.get(key, 0) + size
     for f in outs.values():
         f.close()
     (args.manifest or args.out / "manifest.json").write_text(json.dumps(manifest, indent=0) + "\n")

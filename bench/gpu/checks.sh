@@ -5,11 +5,12 @@
 # $OUT/partial.tar, rewritten every 30 s, holds what a check stopped by the call's limit wrote.
 #   bench/gpu/checks.sh --carried DIR [CHECK ...]
 # Checks (each a command of this repo, as the results files quote them):
-#   tune-embedded   5 `ferrite tune` runs on the embedded model (with its block drafter: plain, MTP
-#                   and block depths compete), each one's wall seconds in the log, then a
-#                   30-round reference (TUNE_REF=0 skips it; TUNE_ARGS adds arguments, e.g.
-#                   `--drafter assets/models/ferrite-code-20m-dflash`; TUNE_TIMEOUT bounds a run,
-#                   default 150 s; TUNE_RUNS numbers the runs, default "1 2 3 4 5")
+#   tune-embedded   5 `ferrite tune` runs on the embedded model with its block drafter (DRAFTER_DIR
+#                   or the shipped one, passed by path: a model given by path has no catalog
+#                   drafter), so plain, MTP and block depths compete; each one's wall seconds
+#                   in the log, then a 30-round reference (TUNE_REF=0 skips it; TUNE_ARGS adds
+#                   arguments; TUNE_TIMEOUT bounds a run, default 150 s; TUNE_RUNS numbers the
+#                   runs, default "1 2 3 4 5")
 #   tune-next       the same on a Qwen3-Next-shaped checkpoint with an MTP head (next-small-4bit)
 #   depth           bench/depth.sh on the embedded model (DEPTH_ARGS adds arguments)
 #   spec-embedded   `ferrite bench --spec` on the embedded model with its block drafter (held-out
@@ -31,7 +32,8 @@
 #                   the corpus' (default 64), from train.bin; 256 from heldout.bin; GEN_BATCH at
 #                   once, default 32: 96 and more stopped MLX 0.32.4's CUDA build with
 #                   "cudaGraphAddKernelNode ... invalid argument"; GEN_TIMEOUT, default 300 s,
-#                   of which the rows made 40 s before it are written: fewer, not none)
+#                   of which the rows made 40 s before it are written: fewer, not none;
+#                   GEN_SEED, default 0, draws other training windows, never other held-out ones)
 #                   into ~/train-data, which drafter-train then mixes in (TRAIN_SHARE, default
 #                   0.5; TRAIN_SEQ must then be GEN_SEQ); both sets also come back xz'ed as
 #                   $OUT/{train,heldout}-generated.bin.xz with their .json, and a later
@@ -85,13 +87,13 @@ log() { echo "[$(date -u +%H:%M:%S)] $*" | tee -a "$res/log.txt"; }
 # The CUDA modules Ferrite's processes share (engine::kernel_cache): a fresh process compiles
 # only what none before it did.
 ptx_shared() { find "${TMPDIR:-/tmp}"/ferrite-mlx-*/kernels -name '*.ptx' 2>/dev/null | wc -l; }
-tune_runs() {  # MODEL LABEL
+tune_runs() {  # MODEL LABEL [ARGS of ferrite tune ...]
   local i
   for i in ${TUNE_RUNS:-1 2 3 4 5}; do
     log "tune $2 run $i"
     local began=$SECONDS
     FERRITE_CONFIG_DIR=~/tcfg-$2-$i timeout ${TUNE_TIMEOUT:-150} "$FERRITE" tune --model "$1" --prompts 2 --tokens 48 --budget 60 \
-      ${TUNE_ARGS:-} > "$res/tune-$2-$i.txt" 2>&1
+      "${@:3}" ${TUNE_ARGS:-} > "$res/tune-$2-$i.txt" 2>&1
     log "tune $2 run $i: exit $?, $((SECONDS - began)) s (budget 60 s); shared CUDA modules: $(ptx_shared)"
     cp ~/tcfg-$2-$i/tuning.json "$res/tune-$2-$i.json" 2>/dev/null
     tar -C "$res" -cf "$OUT/results.tar" .
@@ -99,7 +101,7 @@ tune_runs() {  # MODEL LABEL
   [ "${TUNE_REF:-1}" = 0 ] && return
   log "tune $2 reference"
   FERRITE_CONFIG_DIR=~/tcfg-$2-ref timeout 300 "$FERRITE" tune --model "$1" --prompts 2 --tokens 48 --rounds 30 \
-    --budget 280 > "$res/tune-$2-ref.txt" 2>&1
+    --budget 280 "${@:3}" > "$res/tune-$2-ref.txt" 2>&1
   cp ~/tcfg-$2-ref/tuning.json "$res/tune-$2-ref.json" 2>/dev/null
 }
 embedded=assets/models/ferrite-code-20m
@@ -129,7 +131,7 @@ trap 'kill $saver 2>/dev/null' EXIT
 for check in "$@"; do
   log "$check"
   case $check in
-    tune-embedded) tune_runs "$embedded" embedded ;;
+    tune-embedded) tune_runs "$embedded" embedded --drafter "$drafter" ;;
     tune-next) tune_runs "$(checkpoint next-small-4bit)" next-small ;;
     depth) timeout ${DEPTH_TIMEOUT:-180} bench/depth.sh "$embedded" --rounds 3 ${DEPTH_ARGS:-} > "$res/depth.txt" 2>&1 ;;
     spec-embedded)
@@ -165,9 +167,11 @@ for check in "$@"; do
     drafter-data)
       train_data
       for split in train heldout; do
-        rows=${GEN_ROWS:-3072}; [ $split = heldout ] && rows=256
+        # GEN_SEED draws other training windows (a further run on fresh rows); the held-out
+        # rows stay the same, so evaluations compare.
+        rows=${GEN_ROWS:-3072} seed=${GEN_SEED:-0}; [ $split = heldout ] && rows=256 seed=0
         timeout ${GEN_TIMEOUT:-300} python3 train/generate.py --target "$embedded" --source $data/$split.bin --rows $rows \
-          --batch ${GEN_BATCH:-32} --seq ${GEN_SEQ:-512} --prompt ${GEN_PROMPT:-64} --seconds $(( ${GEN_TIMEOUT:-300} - 40 )) \
+          --batch ${GEN_BATCH:-32} --seq ${GEN_SEQ:-512} --prompt ${GEN_PROMPT:-64} --seed $seed --seconds $(( ${GEN_TIMEOUT:-300} - 40 )) \
           --out $data/$split-generated.bin > "$res/drafter-data-$split.txt" 2>&1
         log "drafter-data $split: exit $?, $(tail -1 "$res/drafter-data-$split.txt")"
         cp $data/$split-generated.json "$res/" 2>/dev/null

@@ -9,8 +9,9 @@ machine that builds Ferrite and may be redistributed as training data:
 
 Every file goes to train or held-out by a hash of its path (about 1% held out), so the split
 is the same on every machine; a held-out file whose bytes equal a training file's (crates ship
-the same generated file for several architectures) is left out of both, as "duplicate": it
-is no evidence of how the model does on code it has not seen. A fraction of documents is wrapped in the chat template's turns
+the same generated file for several architectures) or that is a training file at another
+version of its crate is left out of both, as "duplicate": it is no evidence of how the model
+does on code it has not seen. A fraction of documents is wrapped in the chat template's turns
 (a user asks for the file, the assistant writes it) so the model answers chat requests with
 code. Writes DATA/train.jsonl, DATA/heldout.jsonl and the manifest (every file, its licence,
 sha256, bytes and split) that train/README.md describes.
@@ -39,11 +40,29 @@ def split_of(key: str) -> str:
     return "heldout" if h % 100 < HELD_OUT_PERCENT else "train"
 
 
+def same_file_any_version(name: str) -> tuple[str, str]:
+    """A file's crate without its version, and its path in the crate: `darling-0.21.3/src/lib.rs`
+    and `darling-0.20.11/src/lib.rs` are one file at two versions, mostly the same lines."""
+    crate, _, rel = name.partition("/")
+    versioned = re.match(r"(.+?)-\d+\.\d+", crate)
+    return (versioned.group(1) if versioned else crate, rel)
+
+
 def splits(files: list[tuple[str, str]]) -> list[str]:
     """The split of each (name, sha256) file: by its path's hash, except that a held-out file
-    whose bytes are a training file's is a "duplicate", in neither."""
-    trained = {sha for name, sha in files if split_of(name) == "train"}
-    return ["duplicate" if split_of(name) == "heldout" and sha in trained else split_of(name) for name, sha in files]
+    whose bytes are a training file's, or that is a training file at another version of its
+    crate, is a "duplicate", in neither."""
+    trained = [(name, sha) for name, sha in files if split_of(name) == "train"]
+    bytes_seen = {sha for _, sha in trained}
+    files_seen = {same_file_any_version(name) for name, _ in trained}
+
+    def split(name: str, sha: str) -> str:
+        if split_of(name) == "train":
+            return "train"
+        seen = sha in bytes_seen or same_file_any_version(name) in files_seen
+        return "duplicate" if seen else "heldout"
+
+    return [split(name, sha) for name, sha in files]
 
 
 def python_files():

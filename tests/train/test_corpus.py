@@ -26,3 +26,13 @@ def test_a_held_out_copy_of_a_training_file_is_in_neither_split() -> None:
 def test_copies_among_training_files_stay_in_training() -> None:
     train_a, train_b = named("train", 2)
     assert corpus.splits([(train_a, "same"), (train_b, "same")]) == ["train", "train"]
+
+
+def test_a_held_out_file_trained_at_another_version_of_its_crate_is_in_neither_split() -> None:
+    held = [n for n in (f"darling-0.21.{i}/src/lib.rs" for i in range(10_000)) if corpus.split_of(n) == "heldout"][0]
+    trained = [n for n in (f"darling-0.20.{i}/src/lib.rs" for i in range(10_000)) if corpus.split_of(n) == "train"][0]
+    other = [n for n in (f"darling-0.20.{i}/src/util.rs" for i in range(10_000)) if corpus.split_of(n) == "train"][0]
+    assert corpus.splits([(held, "new"), (trained, "old")]) == ["duplicate", "train"]
+    assert corpus.splits([(held, "new"), (other, "old")]) == ["heldout", "train"], "another file of the crate"
+    assert corpus.same_file_any_version("darling_core-0.20.11/src/a.rs") == ("darling_core", "src/a.rs")
+    assert corpus.same_file_any_version("cpython-3.11/ast.py") == ("cpython", "ast.py")

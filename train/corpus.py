@@ -52,17 +52,12 @@ def splits(files: list[tuple[str, str]]) -> list[str]:
     """The split of each (name, sha256) file: by its path's hash, except that a held-out file
     whose bytes are a training file's, or that is a training file at another version of its
     crate, is a "duplicate", in neither."""
-    trained = [(name, sha) for name, sha in files if split_of(name) == "train"]
+    hashed = [split_of(name) for name, _ in files]
+    trained = [file for file, split in zip(files, hashed) if split == "train"]
     bytes_seen = {sha for _, sha in trained}
     files_seen = {same_file_any_version(name) for name, _ in trained}
-
-    def split(name: str, sha: str) -> str:
-        if split_of(name) == "train":
-            return "train"
-        seen = sha in bytes_seen or same_file_any_version(name) in files_seen
-        return "duplicate" if seen else "heldout"
-
-    return [split(name, sha) for name, sha in files]
+    seen = [sha in bytes_seen or same_file_any_version(name) in files_seen for name, sha in files]
+    return ["duplicate" if split == "heldout" and was_seen else split for split, was_seen in zip(hashed, seen)]
 
 
 def python_files():

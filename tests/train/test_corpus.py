@@ -7,9 +7,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "train"))
 import corpus  # noqa: E402
 
 
-def named(split: str, count: int) -> list[str]:
-    """File names that the path hash sends to `split`."""
-    names = (f"crate-1.0.0/src/f{i}.rs" for i in range(100_000))
+def named(split: str, count: int, pattern: str = "crate-1.0.0/src/f{i}.rs") -> list[str]:
+    """File names of `pattern` that the path hash sends to `split`."""
+    names = (pattern.format(i=i) for i in range(100_000))
     found = [n for n in names if corpus.split_of(n) == split][:count]
     assert len(found) == count
     return found
@@ -29,9 +29,9 @@ def test_copies_among_training_files_stay_in_training() -> None:
 
 
 def test_a_held_out_file_trained_at_another_version_of_its_crate_is_in_neither_split() -> None:
-    held = [n for n in (f"darling-0.21.{i}/src/lib.rs" for i in range(10_000)) if corpus.split_of(n) == "heldout"][0]
-    trained = [n for n in (f"darling-0.20.{i}/src/lib.rs" for i in range(10_000)) if corpus.split_of(n) == "train"][0]
-    other = [n for n in (f"darling-0.20.{i}/src/util.rs" for i in range(10_000)) if corpus.split_of(n) == "train"][0]
+    [held] = named("heldout", 1, "darling-0.21.{i}/src/lib.rs")
+    [trained] = named("train", 1, "darling-0.20.{i}/src/lib.rs")
+    [other] = named("train", 1, "darling-0.20.{i}/src/util.rs")
     assert corpus.splits([(held, "new"), (trained, "old")]) == ["duplicate", "train"]
     assert corpus.splits([(held, "new"), (other, "old")]) == ["heldout", "train"], "another file of the crate"
     assert corpus.same_file_any_version("darling_core-0.20.11/src/a.rs") == ("darling_core", "src/a.rs")

@@ -14,7 +14,8 @@
 #   tune-next       the same on a Qwen3-Next-shaped checkpoint with an MTP head (next-small-4bit)
 #   depth           bench/depth.sh on the embedded model (DEPTH_ARGS adds arguments)
 #   spec-embedded   `ferrite bench --spec` on the embedded model with its block drafter (held-out
-#                   code, 64 tokens, temperature 0): plain, MTP and block depths with their
+#                   code, 64 tokens, temperature 0; then the 5 windows of files never trained
+#                   on, heldout-code-unseen.json): plain, MTP and block depths with their
 #                   verify costs, and the controller from each (SPEC_TIMEOUT, default 300 s),
 #                   after an untimed run of 16 tokens (the fresh machine's compiles)
 #   depth-block     the same with its block drafter, from block depth 4
@@ -136,11 +137,15 @@ for check in "$@"; do
     depth) timeout ${DEPTH_TIMEOUT:-180} bench/depth.sh "$embedded" --rounds 3 ${DEPTH_ARGS:-} > "$res/depth.txt" 2>&1 ;;
     spec-embedded)
       spec() { timeout ${SPEC_TIMEOUT:-300} "$FERRITE" bench --spec --model "$embedded" \
-        --drafter "$drafter" --prompt-ids bench/prompts/heldout-code.json --runs 1 --temp 0 "$@"; }
+        --drafter "$drafter" --runs 1 --temp 0 "$@"; }
       # A short untimed run first: on a fresh machine the controller's first cycles met shapes
       # no process had compiled yet (30 tok/s once, bench/results/dflash.md).
-      spec --gen-tokens 16 > /dev/null 2>&1
-      spec --gen-tokens 64 > "$res/spec-embedded$tag.json" 2> "$res/spec-embedded$tag.txt" ;;
+      spec --prompt-ids bench/prompts/heldout-code.json --gen-tokens 16 > /dev/null 2>&1
+      spec --prompt-ids bench/prompts/heldout-code.json --gen-tokens 64 > "$res/spec-embedded$tag.json" \
+        2> "$res/spec-embedded$tag.txt"
+      # The windows of files never trained on at any version (bench/results/dflash.md).
+      spec --prompt-ids bench/prompts/heldout-code-unseen.json --gen-tokens 64 > "$res/spec-embedded-unseen$tag.json" \
+        2> "$res/spec-embedded-unseen$tag.txt" ;;
     depth-block) timeout ${DEPTH_TIMEOUT:-180} bench/depth.sh "$embedded" --rounds 3 --depth 4 \
       --drafter "$drafter" > "$res/depth-block$tag.txt" 2>&1 ;;
     batch-8b) timeout 240 "$FERRITE" dev batch --model "$(checkpoint 8b-4bit)" --streams 2,4,8 --tokens 48 --rounds 3 \

@@ -415,16 +415,25 @@ impl DepthController {
     /// What drafting `depth` tokens promises over plain decoding with `reach`: the cost
     /// model's figure, its costs scaled by what the request's own steps took once it has timed
     /// both plain steps and cycles — where plain steps ran slower than measured, or cycles
-    /// faster, drafting pays more than the model says.
+    /// faster, drafting pays more than the model says. A cycle still costs at least one plain
+    /// step and its drafting however the timings scale it (its verify pass does a plain step's
+    /// work): a machine busier during the request's plain steps than during its cycles must not
+    /// make a drafter whose drafts all fail look worth drafting with.
     fn promise(&self, depth: usize, reach: &[f64]) -> f64 {
         let in_loop = match (self.plain_scale, self.cycle_scale) {
             (Some(plain), Some(cycle)) => plain / cycle,
             _ => 1.0,
         };
-        match depth {
-            0 => 1.0,
-            _ => self.costs.speedup(self.with, depth, reach) * in_loop,
+        if depth == 0 {
+            return 1.0;
         }
+        let (Some(cycle), Some(verify)) = (self.costs.cycle_cost(self.with, depth), self.costs.verify.get(depth - 1))
+        else {
+            return 0.0;
+        };
+        let least = 1.0 + cycle - verify;
+        let tokens = 1.0 + reach.iter().take(depth).sum::<f64>();
+        tokens / (cycle / in_loop).max(least)
     }
 
     /// The speed-up over plain decoding the current figures promise at the current depth.
@@ -716,12 +725,13 @@ mod tests {
     /// The request's own steps scale the costs: where its plain steps take longer than the
     /// cost model's (the loop's own work, a busy machine), drafts the model puts below
     /// break-even pay, and where its cycles take far longer than the model says, drafts it
-    /// puts above break-even do not.
+    /// puts above break-even do not. (The drafting stays on top of a plain step: at these
+    /// timings a depth-1 cycle counts 1.2 plain steps, not 0.87.)
     #[test]
     fn the_requests_own_step_times_scale_the_costs() {
-        // Depth 1 costs 1.3 plain steps: at 20% acceptance 0.92x by the model alone.
+        // Depth 1 costs 1.3 plain steps: at 25% acceptance 0.96x by the model alone.
         let mut untimed = mtp(costs(), 1);
-        run(&mut untimed, 0.2, 40);
+        run(&mut untimed, 0.25, 40);
         assert_eq!(untimed.depth(), 0, "{:?}", untimed.changes);
         let mut slow_plain = mtp(costs(), 1);
         let cycle_s = slow_plain.costs.cycle_cost(DraftWith::Mtp, 1).unwrap() * slow_plain.plain_step_s();
@@ -729,7 +739,7 @@ mod tests {
             slow_plain.timed_plain_step(1.5 * slow_plain.plain_step_s());
             slow_plain.timed_cycle(1, cycle_s);
         }
-        run(&mut slow_plain, 0.2, 40);
+        run(&mut slow_plain, 0.25, 40);
         assert!(slow_plain.depth() > 0 && slow_plain.changes.to_plain == 0, "{:?}", slow_plain.changes);
         assert!(slow_plain.expected_speedup() > 1.0);
 
@@ -750,5 +760,29 @@ mod tests {
         let mut half = mtp(costs(), 1);
         half.timed_plain_step(1.5 * half.plain_step_s());
         assert_eq!(half.expected_speedup(), mtp(costs(), 1).expected_speedup());
+    }
+
+    /// Plain steps timed at the most the scale counts (twice the model's) and cycles at the
+    /// least (half) make a depth-1 cycle look like a third of a plain step; drafts that are
+    /// never accepted still send the request plain and never bring it back: a cycle costs at
+    /// least a plain step and its drafting.
+    #[test]
+    fn timings_however_skewed_never_make_failed_drafts_pay() {
+        let mut c = mtp(costs(), 1);
+        for _ in 0..8 {
+            c.timed_plain_step(10.0 * c.plain_step_s());
+            c.timed_cycle(1, 0.0);
+        }
+        run(&mut c, 0.0, 400);
+        assert_eq!((c.depth(), c.changes.to_plain, c.changes.from_plain), (0, 1, 0), "{:?}", c.changes);
+        assert!((1..=c.max_depth).all(|d| c.promise(d, &vec![0.0; d]) < 1.0));
+        // Accepted drafts still gain from the scale.
+        let mut accepted = mtp(costs(), 1);
+        for _ in 0..8 {
+            accepted.timed_plain_step(10.0 * accepted.plain_step_s());
+            accepted.timed_cycle(1, 0.0);
+        }
+        run(&mut accepted, 0.9, 40);
+        assert!(accepted.depth() > 0 && accepted.expected_speedup() > 1.5, "{:?}", accepted.changes);
     }
 }

@@ -89,13 +89,18 @@ mod linux {
         rc == 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH)
     }
 
-    /// Removes the `run-<pid>` folders of processes that are gone (killed before they could).
-    fn sweep(user: &Path) {
+    /// Removes the `run-<pid>` folders of processes that are gone (killed before they could),
+    /// first sharing the CUDA modules they finished: a process stopped mid-compile (a time
+    /// limit on a fresh GPU machine, where the first one compiles for minutes) leaves that work
+    /// to the next instead of every one starting over. (Its CPU kernels stay unshared: only a
+    /// live process can tell that g++ finished one, by having loaded it.)
+    pub(super) fn sweep(user: &Path, shared: &Path) {
         let Ok(entries) = std::fs::read_dir(user) else { return };
         for entry in entries.flatten() {
             let name = entry.file_name();
             let pid = name.to_str().and_then(|n| n.strip_prefix("run-")).and_then(|p| p.parse::<i32>().ok());
             if pid.is_some_and(|p| p > 0 && !process_alive(p)) {
+                crate::kernel_cache::ptx::publish(&entry.path(), shared, &mut HashSet::new());
                 let _ = std::fs::remove_dir_all(entry.path());
             }
         }
@@ -134,10 +139,11 @@ mod linux {
         let user = trusted_user_folder(&base, uid);
         let (run, shared) = match &user {
             Some(user) => {
-                sweep(user);
+                let shared = user.join("kernels");
+                sweep(user, &shared);
                 let run = user.join(format!("run-{pid}"));
                 let _ = std::fs::remove_dir_all(&run); // a gone process's with this pid
-                (run, Some(user.join("kernels")))
+                (run, Some(shared))
             }
             // Not the user's own: a folder no other process knows, and nothing shared.
             None => (base.join(format!("ferrite-mlx-{uid}-{pid}-{}", nanos())), None),

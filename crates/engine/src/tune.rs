@@ -322,6 +322,12 @@ pub fn measure(
         || started.elapsed(),
         busy,
         |p: &Progress| {
+            // What the warm-up compiled so far goes to the next process now, not only at a
+            // clean exit: a first run on a fresh GPU machine that is stopped mid-warm-up
+            // leaves its kernels to the next.
+            if p.phase == "warm-up" {
+                crate::kernel_cache::publish();
+            }
             last = p.clone();
             progress(p)
         },

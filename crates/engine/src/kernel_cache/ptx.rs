@@ -188,6 +188,26 @@ mod tests {
         assert!(!whole_module(b""));
     }
 
+    /// A process killed mid-compile leaves its finished entries to the next one: the sweep of
+    /// its folder shares them before removing it; an entry it was still writing stays out.
+    #[test]
+    fn a_killed_processs_finished_modules_are_shared() {
+        let tmp = tempfile::tempdir().unwrap();
+        let user = tmp.path();
+        let mut gone = std::process::Command::new("true").spawn().unwrap();
+        let pid = gone.id();
+        gone.wait().unwrap();
+        let ptx = user.join(format!("run-{pid}/mlx/0.32.4/ptx"));
+        entry(&ptx, "binary_add", &cubin(2048, 2048), "add\t_Z3addv\n", true);
+        entry(&ptx, "cut", &cubin(2048, 2048)[..1500], "cut\t_Z3cutv\n", true);
+        let shared = user.join("kernels");
+        crate::kernel_cache::linux::sweep(user, &shared);
+        assert!(!user.join(format!("run-{pid}")).exists());
+        let shared_ptx = shared.join("0.32.4/ptx");
+        assert_eq!(std::fs::read(shared_ptx.join("binary_add.txt")).unwrap(), b"add\t_Z3addv\n");
+        assert!(shared_ptx.join("binary_add.ptx").is_file() && !shared_ptx.join("cut.ptx").exists());
+    }
+
     #[test]
     fn only_whole_entries_are_shared_and_seeded_names_first() {
         let tmp = tempfile::tempdir().unwrap();

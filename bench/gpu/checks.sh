@@ -88,6 +88,9 @@ log() { echo "[$(date -u +%H:%M:%S)] $*" | tee -a "$res/log.txt"; }
 # The CUDA modules Ferrite's processes share (engine::kernel_cache): a fresh process compiles
 # only what none before it did.
 ptx_shared() { find "${TMPDIR:-/tmp}"/ferrite-mlx-*/kernels -name '*.ptx' 2>/dev/null | wc -l; }
+# The shared modules by the time each was compiled (a hard link keeps its file's time): where a
+# fresh machine's first minutes go.
+ptx_times() { find "${TMPDIR:-/tmp}"/ferrite-mlx-*/kernels -name '*.ptx' -printf '%TT %s %f\n' 2>/dev/null | sort; }
 tune_runs() {  # MODEL LABEL [ARGS of ferrite tune ...]
   local i
   for i in ${TUNE_RUNS:-1 2 3 4 5}; do
@@ -96,6 +99,7 @@ tune_runs() {  # MODEL LABEL [ARGS of ferrite tune ...]
     FERRITE_CONFIG_DIR=~/tcfg-$2-$i timeout ${TUNE_TIMEOUT:-150} "$FERRITE" tune --model "$1" --prompts 2 --tokens 48 --budget 60 \
       "${@:3}" ${TUNE_ARGS:-} > "$res/tune-$2-$i.txt" 2>&1
     log "tune $2 run $i: exit $?, $((SECONDS - began)) s (budget 60 s); shared CUDA modules: $(ptx_shared)"
+    ptx_times > "$res/ptx-after-tune-$2-$i.txt"
     cp ~/tcfg-$2-$i/tuning.json "$res/tune-$2-$i.json" 2>/dev/null
     tar -C "$res" -cf "$OUT/results.tar" .
   done

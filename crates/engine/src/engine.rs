@@ -356,7 +356,10 @@ impl Engine {
         }
         if model.config().is_hybrid() {
             crate::layers::delta_check::choose(None);
-            crate::layers::delta_check::check_odd_heads(model.config().linear_key_head_dim);
+            // The layers see the embeddings' dtype: the kernels are checked on it.
+            let dtype = model.embed(&Array::from_slice(&[0u32], &[1, 1]))?.dtype();
+            let head = model.mtp().map(|m| m.layers.as_slice()).unwrap_or_default();
+            crate::layers::delta_check::check_model(model.layers().iter().chain(head), dtype);
         }
         if model.config().quant.is_some() {
             crate::layers::matmul_path::choose(None);

@@ -78,8 +78,9 @@ pub use request::{CancelToken, Event, FinishReason, GenerateRequest, Summary};
 pub use speculation::{DraftWith, Speculation};
 /// Which implementation runs the hybrids' gated delta rule, and its self-check.
 pub mod delta_path {
+    pub use crate::layers::delta_check::check_model;
     pub use crate::layers::delta_check::{choose, self_check, Tolerance};
-    pub use crate::layers::delta_path::{current, report, DeltaPath, DeltaReport};
+    pub use crate::layers::delta_path::{current, passed, report, verdicts, DeltaPath, DeltaReport, KernelUse};
 }
 /// Which implementation runs quantized matmuls of a few rows, and its self-check.
 pub mod matmul_path {

@@ -1,20 +1,29 @@
-//! The self-check that decides which gated delta path a process runs (`delta_path.rs`): the
-//! candidate against the operations on small inputs, through the same compiled layer code a
-//! model runs (`gated_delta::short_core_on`), in float32 and bfloat16.
+//! The self-checks of the gated delta paths (`delta_path.rs`): a kernel against the
+//! operations, through the same layer code a model runs (`gated_delta::short_core_on`). MLX's
+//! op on a Mac is checked once per process on small inputs in float32 and bfloat16
+//! ([`choose`]); the CUDA kernels at each model's load on exactly what its layers launch
+//! ([`check_model`]).
 
 use mlx_rs::error::Exception;
 use mlx_rs::{ops, random, Array, Dtype};
 
 use mlx_rs::ops::indexing::{take_along_axis, IndexOp};
 
-use super::delta_path::{self, DeltaPath, DeltaReport};
+use super::block::{DecoderLayer, FeedForward, Mixer};
+use super::delta_path::{self, DeltaPath, DeltaReport, KernelUse};
+use super::gated_delta::GatedDeltaNet;
 pub use super::kernel_check::Tolerance;
 use super::kernel_check::{mismatch, relative_difference};
 use super::moe_cuda::{self, Routing};
 use crate::device;
 
+/// Why a CUDA path is taken without a check here: its kernels are checked per use.
+const CHECKED_AT_LOAD: &str =
+    "each kernel a model launches is checked against the operations at its load, on that layer's shapes and weights";
+
 /// Settles the path once per process: `wanted` (or the first of the backend's kernel paths)
-/// whose self-check passes, else `ops`. Later calls return the first decision.
+/// whose self-check passes, else `ops`; a CUDA path without one here (see
+/// [`check_model`]). Later calls return the first decision.
 pub fn choose(wanted: Option<DeltaPath>) -> &'static DeltaReport {
     delta_path::settle(|| {
         let candidates = match wanted {
@@ -25,6 +34,10 @@ pub fn choose(wanted: Option<DeltaPath>) -> &'static DeltaReport {
         let mut failures = Vec::new();
         let mut report = None;
         for &kernel in &candidates {
+            if matches!(kernel, DeltaPath::Cuda | DeltaPath::CudaFused) {
+                report = Some(DeltaReport { path: kernel, why: CHECKED_AT_LOAD.into() });
+                break;
+            }
             match self_check(kernel) {
                 Ok(why) => {
                     report = Some(DeltaReport { path: kernel, why });
@@ -77,31 +90,72 @@ pub fn self_check(candidate: DeltaPath) -> crate::error::Result<String> {
 /// The head size of the checks: the real models' key and value heads.
 const FULL_HEAD: i32 = 128;
 
-/// For a model whose key heads, `head_k_dim`, are not whole warps (the embedded model's 48),
-/// on a process that runs a CUDA kernel path: the recurrence kernel on heads of that size, for
-/// a decode step and a recorded 3-position verify pass in float32 and bfloat16, against the
-/// operations. Once per process, at the model's load: models of whole warps never pay for it.
-pub fn check_odd_heads(head_k_dim: i32) {
-    if head_k_dim % 32 == 0 || !matches!(delta_path::current(), DeltaPath::Cuda | DeltaPath::CudaFused) {
+/// At a model's load, on a CUDA path: every kernel use of `layers` (a short step of each
+/// Gated DeltaNet shape, decoding and recording, on activations of `dtype`; the MoE kernels)
+/// this process has not checked yet runs against the operations, on that layer's own weights.
+/// A layer launches a kernel only on a use that passed (`GatedDeltaNet::launches`): the fused
+/// step, else the recurrence alone, else the operations. The modules compiled here are the
+/// ones the model's steps then launch.
+pub fn check_model<'a>(layers: impl IntoIterator<Item = &'a DecoderLayer>, dtype: Dtype) {
+    let path = delta_path::current();
+    if !matches!(path, DeltaPath::Cuda | DeltaPath::CudaFused) {
         return;
     }
-    delta_path::settle_odd_heads(head_k_dim, || {
-        let checked = [Dtype::Float32, Dtype::Bfloat16]
-            .into_iter()
-            .map(|dtype| check_steps(DeltaPath::Cuda, dtype, head_k_dim))
-            .collect::<crate::error::Result<Vec<_>>>();
-        match checked {
-            Ok(worst) => {
-                let worst = worst.concat().join(", ");
-                tracing::info!("gated delta rule on key heads of {head_k_dim}: the CUDA kernel ({worst})");
-                true
-            }
-            Err(e) => {
-                tracing::warn!("the CUDA delta kernel failed its check on key heads of {head_k_dim}: {e}; ops there");
-                false
+    let started = std::time::Instant::now();
+    let mut checked = 0;
+    for layer in layers {
+        if let Mixer::Linear(delta) = &layer.mixer {
+            for record in [false, true] {
+                let fused = path == DeltaPath::CudaFused && delta.takes(DeltaPath::CudaFused);
+                if !(fused && check_use(delta, DeltaPath::CudaFused, dtype, record, &mut checked))
+                    && delta.takes(DeltaPath::Cuda)
+                {
+                    check_use(delta, DeltaPath::Cuda, dtype, record, &mut checked);
+                }
             }
         }
-    });
+        if let (FeedForward::Moe(_), DeltaPath::CudaFused) = (&layer.mlp, path) {
+            let moe = KernelUse::Moe { dtype };
+            if !delta_path::settled(&moe) {
+                checked += 1;
+                let verdict = check_moe_kernels(dtype);
+                match &verdict {
+                    Ok(worst) => tracing::info!(
+                        "MoE routing and combine kernels, {dtype:?}: agree with the operations ({worst:.1e})"
+                    ),
+                    Err(e) => tracing::warn!("the MoE kernels failed their check on {dtype:?}: {e}; operations there"),
+                }
+                delta_path::settle_use(moe, verdict.is_ok());
+            }
+        }
+    }
+    if checked > 0 {
+        tracing::info!("{checked} kernel use(s) checked in {:.1} s", started.elapsed().as_secs_f64());
+    }
+}
+
+/// Checks `kernel` on `layer`'s short step unless its use already has a verdict; returns
+/// whether the use passed (now or before).
+fn check_use(layer: &GatedDeltaNet, kernel: DeltaPath, dtype: Dtype, record: bool, checked: &mut usize) -> bool {
+    let kernel_use = layer.kernel_use(kernel, dtype, record);
+    if !delta_path::settled(&kernel_use) {
+        *checked += 1;
+        let positions = if record { 3 } else { 1 };
+        let verdict = layer_inputs(layer, dtype, positions)
+            .map_err(crate::error::Error::from)
+            .and_then(|args| compare(kernel, &args, record, &format!("{dtype:?}, {positions} position(s)")));
+        let [hk, hv, dk, dv, _] = match kernel_use {
+            KernelUse::Delta { heads, .. } => heads,
+            KernelUse::Moe { .. } => [0; 5],
+        };
+        let what = format!("{kernel} on {hk}x{dk} key and {hv}x{dv} value heads, {dtype:?}, recording: {record}");
+        match &verdict {
+            Ok(largest) => tracing::info!("gated delta {what}: agrees with the operations ({largest:.1e})"),
+            Err(e) => tracing::warn!("gated delta {what}: failed its check ({e}); the next path there"),
+        }
+        delta_path::settle_use(kernel_use, verdict.is_ok());
+    }
+    delta_path::passed(&kernel_use)
 }
 
 /// A decode step and a recorded 3-position verify pass on `path` against the operations, in
@@ -120,8 +174,15 @@ fn check_steps(path: DeltaPath, dtype: Dtype, head: i32) -> crate::error::Result
 /// values: the largest relative difference over its outputs.
 fn check_short(path: DeltaPath, dtype: Dtype, head: i32, positions: i32, record: bool) -> crate::error::Result<f32> {
     let args = check_inputs(dtype, positions, head)?;
-    let expected = super::gated_delta::short_core_on(&args, record, DeltaPath::Ops)?;
-    let got = super::gated_delta::short_core_on(&args, record, path)?;
+    compare(path, &args, record, &format!("{dtype:?}, {positions} position(s), heads of {head}"))
+}
+
+/// The short step on `path` against the operations on `args` (see
+/// `gated_delta::short_core_on`): the largest relative difference over its outputs.
+fn compare(path: DeltaPath, args: &[Array], record: bool, what: &str) -> crate::error::Result<f32> {
+    let dtype = args.first().map_or(Dtype::Float32, Array::dtype);
+    let expected = super::gated_delta::short_core_on(args, record, DeltaPath::Ops)?;
+    let got = super::gated_delta::short_core_on(args, record, path)?;
     if expected.len() != got.len() {
         return Err(mismatch(format!("{} outputs where the operations give {}", got.len(), expected.len())));
     }
@@ -132,8 +193,7 @@ fn check_short(path: DeltaPath, dtype: Dtype, head: i32, positions: i32, record:
             (_, Dtype::Float32) => Tolerance::BF16_STATE,
             _ => Tolerance::BF16_OUTPUT,
         };
-        let what = format!("{dtype:?}, {positions} position(s), heads of {head}: output {i}");
-        largest = largest.max(relative_difference(&what, e, g, tol)?);
+        largest = largest.max(relative_difference(&format!("{what}: output {i}"), e, g, tol)?);
     }
     Ok(largest)
 }
@@ -234,6 +294,35 @@ fn moe_by_operations(logits: &Array, table: &Array, residual: &Array, routing: &
         super::moe::combine_graph::<false>(&args)
     };
     combined?.pop().ok_or_else(|| Exception::custom("the MoE combine returned nothing"))
+}
+
+/// Arguments of `layer`'s short step over `positions` for two sequences: random activations in
+/// `dtype` (values of a model's scale) and a random state, with the layer's own weights, so the
+/// kernels compiled for the check are the layer's.
+fn layer_inputs(layer: &GatedDeltaNet, dtype: Dtype, positions: i32) -> Result<Vec<Array>, Exception> {
+    let (nk, nv, dk, dv) = (layer.num_k_heads, layer.num_v_heads, layer.head_k_dim, layer.head_v_dim);
+    let (b, channels) = (2, layer.conv_weight.dim(0));
+    if channels != 2 * nk * dk + nv * dv || layer.kernel < 1 {
+        return Err(Exception::custom(format!(
+            "the layer's conv has {channels} channels for {nk}x{dk} key and {nv}x{dv} value heads"
+        )));
+    }
+    let normal = |i: u64, shape: &[i32], scale: f32| -> Result<Array, Exception> {
+        let key = random::key(1100 + i)?;
+        random::normal::<f32>(shape, None, None, Some(&key))?.multiply(Array::from_f32(scale))?.as_dtype(dtype)
+    };
+    Ok(vec![
+        normal(0, &[b, positions, channels], 1.0)?,
+        normal(1, &[b, positions, nv, dv], 1.0)?,
+        normal(2, &[b, positions, nv], 1.0)?,
+        normal(3, &[b, positions, nv], 1.0)?,
+        normal(4, &[b, layer.kernel - 1, channels], 1.0)?,
+        normal(5, &[b, nv, dv, dk], 0.1)?.as_dtype(Dtype::Float32)?,
+        layer.conv_weight.clone(),
+        layer.a_log.clone(),
+        layer.dt_bias.clone(),
+        layer.norm.weight.clone(),
+    ])
 }
 
 /// Random arguments of the short step (see `gated_delta::short_core_on`): two sequences, 2 key

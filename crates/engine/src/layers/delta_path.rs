@@ -14,13 +14,22 @@
 //!   (`moe_cuda.rs`). A CUDA machine tries it first, then `cuda-kernel`.
 //!
 //! A GPU's kernels cannot be trusted blind (a Metal kernel is never compiled off a Mac, and a
-//! CUDA kernel compiles at run time): `delta_check::choose` runs the candidate against the operations on
-//! small inputs, in float32 and bfloat16, through the same compiled layer code a model runs,
-//! and keeps it only when every output agrees within `delta_check::Tolerance`; on a mismatch or an error
-//! it logs why and the operations run.
+//! CUDA kernel compiles at run time). On a Mac `delta_check::choose` runs MLX's op against the
+//! operations on small inputs, in float32 and bfloat16, and keeps it only when every output
+//! agrees within `delta_check::Tolerance`. The CUDA kernels are checked where they will run:
+//! at a model's load, each kernel its layers launch (a [`KernelUse`]: the layer's heads, sizes
+//! and dtypes, recording or not) runs against the operations on that layer's own weights
+//! (`delta_check::check_model`); a layer launches a kernel only on a use that passed, else the
+//! next path down. NVRTC compiles a module per use, at seconds each and never kept on disk by
+//! MLX for custom kernels, so checking other shapes than the model's would compile modules no
+//! layer runs, in every process; a use checked on the layer's own arrays is the module its
+//! steps then find compiled. On a mismatch or an error the check logs why.
 
+use std::collections::HashMap;
 use std::fmt;
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock};
+
+use mlx_rs::Dtype;
 
 use crate::device::Backend;
 
@@ -73,11 +82,29 @@ pub struct DeltaReport {
 }
 
 static CHOSEN: OnceLock<DeltaReport> = OnceLock::new();
-/// The key head size that is not whole warps a model of this process asked the CUDA
-/// recurrence kernel to take, and whether the kernel agreed with the operations on it
-/// (`delta_check::check_odd_heads`; a failure keeps that model on the operations, not every
-/// model).
-static ODD_HEADS: OnceLock<(i32, bool)> = OnceLock::new();
+
+/// One CUDA kernel as a model's layers launch it: what decides the module NVRTC compiles (its
+/// template arguments and its inputs' dtypes), so a verdict holds for exactly the code that runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum KernelUse {
+    /// A Gated DeltaNet layer's short step on `kernel` (`cuda-fused` or `cuda-kernel`).
+    Delta {
+        kernel: DeltaPath,
+        /// Key heads, value heads, key size, value size, conv kernel.
+        heads: [i32; 5],
+        /// The activations' dtype.
+        dtype: Dtype,
+        /// The conv weights', `A_log`'s, `dt_bias`' and the gated norm's.
+        weights: [Dtype; 4],
+        /// A verify pass's step, keeping the state after each position.
+        record: bool,
+    },
+    /// The `cuda-fused` path's MoE routing and combine, on activations of `dtype`.
+    Moe { dtype: Dtype },
+}
+
+/// The uses checked in this process, and whether each passed.
+static VERDICTS: Mutex<Option<HashMap<KernelUse, bool>>> = Mutex::new(None);
 
 /// The path this process runs: the one `delta_check::choose` settled on, `ops` before that.
 pub fn current() -> DeltaPath {
@@ -89,15 +116,28 @@ pub fn report() -> Option<&'static DeltaReport> {
     CHOSEN.get()
 }
 
-/// Whether layers with key heads of `head_k_dim`, not whole warps, may run the CUDA recurrence
-/// kernel: its check on that size passed.
-pub fn takes_odd_heads(head_k_dim: i32) -> bool {
-    ODD_HEADS.get() == Some(&(head_k_dim, true))
+/// Whether `kernel_use` passed its check in this process (`false` before it ran).
+pub fn passed(kernel_use: &KernelUse) -> bool {
+    let verdicts = VERDICTS.lock().unwrap_or_else(|e| e.into_inner());
+    verdicts.as_ref().and_then(|v| v.get(kernel_use)).copied().unwrap_or(false)
 }
 
-/// Settles once per process whether heads of `head_k_dim` run the kernel, with `check`.
-pub(crate) fn settle_odd_heads(head_k_dim: i32, check: impl FnOnce() -> bool) {
-    ODD_HEADS.get_or_init(|| (head_k_dim, check()));
+/// Every use checked in this process and whether it passed.
+pub fn verdicts() -> Vec<(KernelUse, bool)> {
+    let verdicts = VERDICTS.lock().unwrap_or_else(|e| e.into_inner());
+    verdicts.as_ref().map_or_else(Vec::new, |v| v.iter().map(|(k, &ok)| (*k, ok)).collect())
+}
+
+/// Whether `kernel_use` has a verdict yet.
+pub(crate) fn settled(kernel_use: &KernelUse) -> bool {
+    let verdicts = VERDICTS.lock().unwrap_or_else(|e| e.into_inner());
+    verdicts.as_ref().is_some_and(|v| v.contains_key(kernel_use))
+}
+
+/// Keeps the verdict of `kernel_use`'s check (the first one: a use is checked once).
+pub(crate) fn settle_use(kernel_use: KernelUse, passed: bool) {
+    let mut verdicts = VERDICTS.lock().unwrap_or_else(|e| e.into_inner());
+    verdicts.get_or_insert_with(HashMap::new).entry(kernel_use).or_insert(passed);
 }
 
 /// Settles the path once per process with `decide` (the first call's; later calls return it).

@@ -16,7 +16,7 @@ use mlx_rs::{fast, ops, Array, Dtype};
 use super::delta_chunked::delta_rule_chunked;
 use super::delta_cuda;
 use super::delta_fused;
-use super::delta_path::{self, DeltaPath};
+use super::delta_path::{self, DeltaPath, KernelUse};
 use super::{Linear, Projections, RmsNorm};
 use crate::cache::LinearState;
 use crate::device::on_gpu;
@@ -71,7 +71,7 @@ impl GatedDeltaNet {
         let (b, s) = (x.dim(0), x.dim(1));
         let (nk, nv, dk, dv) = (self.num_k_heads, self.num_v_heads, self.head_k_dim, self.head_v_dim);
         let short = s < CHUNKED_FROM && self.norm.eps == DECODE_NORM_EPS;
-        if short && delta_path::current() == DeltaPath::CudaFused && delta_fused::fits(dk, dv) {
+        if short && self.launches(DeltaPath::CudaFused, x.dtype(), state.record) {
             return self.fused_step(x, state);
         }
         let [qkv, z, beta_logits, a] = <[Array; 4]>::try_from(self.inputs.forward(x)?)
@@ -174,14 +174,16 @@ impl GatedDeltaNet {
             self.dt_bias.clone(),
             self.norm.weight.clone(),
         ];
+        let record = state.record;
         let path = match delta_path::current() {
-            DeltaPath::Cuda | DeltaPath::CudaFused if !delta_cuda::fits(self.head_k_dim) => DeltaPath::Ops,
-            // Head sizes the fused step does not take (the embedded model's 48, once checked):
-            // the recurrence alone as a kernel.
-            DeltaPath::CudaFused => DeltaPath::Cuda,
+            // Where the fused step was not taken (head sizes it does not take, as the embedded
+            // model's 48, or a use that failed its check): the recurrence alone as a kernel.
+            DeltaPath::Cuda | DeltaPath::CudaFused if self.launches(DeltaPath::Cuda, qkv.dtype(), record) => {
+                DeltaPath::Cuda
+            }
+            DeltaPath::Cuda | DeltaPath::CudaFused => DeltaPath::Ops,
             path => path,
         };
-        let record = state.record;
         let out = SHORT_CORES.with_borrow_mut(|cores| {
             let core = cores
                 .entry((path, record))
@@ -210,6 +212,37 @@ impl GatedDeltaNet {
 }
 
 impl GatedDeltaNet {
+    /// The kernel use a short step of this layer on `kernel` is, on activations of `dtype`.
+    pub fn kernel_use(&self, kernel: DeltaPath, dtype: Dtype, record: bool) -> KernelUse {
+        KernelUse::Delta {
+            kernel,
+            heads: [self.num_k_heads, self.num_v_heads, self.head_k_dim, self.head_v_dim, self.kernel],
+            dtype,
+            weights: [self.conv_weight.dtype(), self.a_log.dtype(), self.dt_bias.dtype(), self.norm.weight.dtype()],
+            record,
+        }
+    }
+
+    /// Whether `kernel` (`cuda-fused` or `cuda-kernel`) takes this layer's head sizes.
+    pub fn takes(&self, kernel: DeltaPath) -> bool {
+        match kernel {
+            DeltaPath::CudaFused => delta_fused::fits(self.head_k_dim, self.head_v_dim),
+            DeltaPath::Cuda => delta_cuda::fits(self.head_k_dim),
+            _ => false,
+        }
+    }
+
+    /// Whether a short step launches `kernel` here: this process's path offers it, it takes
+    /// the layer's head sizes, and its use passed the check at the model's load.
+    pub fn launches(&self, kernel: DeltaPath, dtype: Dtype, record: bool) -> bool {
+        let offered = match delta_path::current() {
+            DeltaPath::CudaFused => matches!(kernel, DeltaPath::CudaFused | DeltaPath::Cuda),
+            DeltaPath::Cuda => kernel == DeltaPath::Cuda,
+            _ => false,
+        };
+        offered && self.takes(kernel) && delta_path::passed(&self.kernel_use(kernel, dtype, record))
+    }
+
     /// A few positions on the `cuda-fused` path: the input projections as one array, then
     /// everything up to the output projection in one launch (`delta_fused.rs`).
     fn fused_step(&self, x: &Array, state: &mut LinearState) -> Result<Array> {

@@ -9,7 +9,7 @@ use mlx_rs::ops::indexing::{Ellipsis, TryIndexOp};
 use mlx_rs::transforms::compile::compile;
 use mlx_rs::{ops, Array};
 
-use super::delta_path::{self, DeltaPath};
+use super::delta_path::{self, DeltaPath, KernelUse};
 use super::moe_cuda::{self, Routing};
 use super::switch::{SwitchGateUp, SwitchGlu, SORT_FROM};
 use super::{Mlp, Projections};
@@ -136,7 +136,8 @@ impl SparseMoe {
     fn kernel_routing(&self, x: &Array, residual: &Array) -> Option<Routing> {
         let tokens = x.size() / x.dim(-1).max(1) as usize;
         let few = tokens * (self.top_k as usize) < SORT_FROM;
-        if delta_path::current() != DeltaPath::CudaFused || !few || residual.dtype() != x.dtype() {
+        let checked = delta_path::passed(&KernelUse::Moe { dtype: x.dtype() });
+        if delta_path::current() != DeltaPath::CudaFused || !checked || !few || residual.dtype() != x.dtype() {
             return None;
         }
         let shared_id = match &self.shared {

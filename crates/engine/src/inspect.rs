@@ -142,7 +142,7 @@ pub fn inspect(dir: &Path, options: &crate::EngineOptions) -> Result<Report> {
         device: format!("{} on MLX {}", crate::device::backend(), crate::device::mlx_version()),
         delta_rule: config.is_hybrid().then(|| {
             let r = crate::layers::delta_check::choose(None);
-            format!("{} ({})", r.path, r.why)
+            format!("{} ({})", r.path, crate::layers::delta_path::describe(r))
         }),
         matmul: config.quant.is_some().then(|| {
             let r = crate::layers::matmul_path::choose(None);

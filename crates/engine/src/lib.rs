@@ -80,7 +80,9 @@ pub use speculation::{DraftWith, Speculation};
 pub mod delta_path {
     pub use crate::layers::delta_check::check_model;
     pub use crate::layers::delta_check::{choose, self_check, Tolerance};
-    pub use crate::layers::delta_path::{current, passed, report, verdicts, DeltaPath, DeltaReport, KernelUse};
+    pub use crate::layers::delta_path::{
+        current, describe, passed, report, verdicts, DeltaPath, DeltaReport, KernelUse,
+    };
 }
 /// Which implementation runs quantized matmuls of a few rows, and its self-check.
 pub mod matmul_path {

@@ -45,6 +45,9 @@ fn a_cuda_path_checks_each_kernel_use_of_the_model_once_and_runs_failed_ones_as_
         verdicts.iter().any(|(u, ok)| *u == KernelUse::Moe { dtype: mlx_rs::Dtype::Float32 } && !ok),
         "{verdicts:?}"
     );
+    // What `/v1/status` and `ferrite inspect` say of it.
+    let said = engine::delta_path::describe(chosen);
+    assert!(said.ends_with("0 of 5 kernel uses checked in this process passed"), "{said}");
 
     // The layers keep to the operations: a request runs (and speculates) as on the CPU.
     let req = GenerateRequest::greedy(vec![1, 5, 9, 14, 3], 8);

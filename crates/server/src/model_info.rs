@@ -81,7 +81,7 @@ impl ModelInfo {
                 .is_hybrid()
                 .then(engine::delta_path::report)
                 .flatten()
-                .map(|r| (r.path.to_string(), r.why.clone())),
+                .map(|r| (r.path.to_string(), engine::delta_path::describe(r))),
             blas: engine::blas::describe(),
             weight_form: engine.weight_form().to_string(),
             has_mtp: engine.model().mtp().is_some(),

@@ -128,6 +128,16 @@ pub fn verdicts() -> Vec<(KernelUse, bool)> {
     verdicts.as_ref().map_or_else(Vec::new, |v| v.iter().map(|(k, &ok)| (*k, ok)).collect())
 }
 
+/// The report's reason with what the checks of kernel uses found so far, for a status line.
+pub fn describe(report: &DeltaReport) -> String {
+    let verdicts = verdicts();
+    if verdicts.is_empty() {
+        return report.why.clone();
+    }
+    let passed = verdicts.iter().filter(|(_, ok)| *ok).count();
+    format!("{}; {passed} of {} kernel uses checked in this process passed", report.why, verdicts.len())
+}
+
 /// Whether `kernel_use` has a verdict yet.
 pub(crate) fn settled(kernel_use: &KernelUse) -> bool {
     let verdicts = VERDICTS.lock().unwrap_or_else(|e| e.into_inner());

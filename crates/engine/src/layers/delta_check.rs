@@ -307,45 +307,46 @@ fn layer_inputs(layer: &GatedDeltaNet, dtype: Dtype, positions: i32) -> Result<V
             "the layer's conv has {channels} channels for {nk}x{dk} key and {nv}x{dv} value heads"
         )));
     }
-    let normal = |i: u64, shape: &[i32], scale: f32| -> Result<Array, Exception> {
-        let key = random::key(1100 + i)?;
-        random::normal::<f32>(shape, None, None, Some(&key))?.multiply(Array::from_f32(scale))?.as_dtype(dtype)
-    };
+    let mut args = step_activations(dtype, 1100, [b, positions], [nk, nv, dk, dv, layer.kernel])?;
+    args.extend([layer.conv_weight.clone(), layer.a_log.clone(), layer.dt_bias.clone(), layer.norm.weight.clone()]);
+    Ok(args)
+}
+
+/// A random value of `shape` in `dtype`, scaled, from key `seed`.
+fn normal(dtype: Dtype, seed: u64, shape: &[i32], scale: f32) -> Result<Array, Exception> {
+    let key = random::key(seed)?;
+    random::normal::<f32>(shape, None, None, Some(&key))?.multiply(Array::from_f32(scale))?.as_dtype(dtype)
+}
+
+/// The short step's first six arguments for `b` sequences of `s` positions and heads
+/// `[nk, nv, dk, dv, conv kernel]`: qkv, z, beta logits, a and the conv tail in `dtype`, the
+/// recurrent state in float32; keys from `seed` on.
+fn step_activations(dtype: Dtype, seed: u64, [b, s]: [i32; 2], heads: [i32; 5]) -> Result<Vec<Array>, Exception> {
+    let [nk, nv, dk, dv, kernel] = heads;
+    let channels = 2 * nk * dk + nv * dv;
     Ok(vec![
-        normal(0, &[b, positions, channels], 1.0)?,
-        normal(1, &[b, positions, nv, dv], 1.0)?,
-        normal(2, &[b, positions, nv], 1.0)?,
-        normal(3, &[b, positions, nv], 1.0)?,
-        normal(4, &[b, layer.kernel - 1, channels], 1.0)?,
-        normal(5, &[b, nv, dv, dk], 0.1)?.as_dtype(Dtype::Float32)?,
-        layer.conv_weight.clone(),
-        layer.a_log.clone(),
-        layer.dt_bias.clone(),
-        layer.norm.weight.clone(),
+        normal(dtype, seed, &[b, s, channels], 1.0)?,
+        normal(dtype, seed + 1, &[b, s, nv, dv], 1.0)?,
+        normal(dtype, seed + 2, &[b, s, nv], 1.0)?,
+        normal(dtype, seed + 3, &[b, s, nv], 1.0)?,
+        normal(dtype, seed + 4, &[b, kernel - 1, channels], 1.0)?,
+        normal(dtype, seed + 5, &[b, nv, dv, dk], 0.1)?.as_dtype(Dtype::Float32)?,
     ])
 }
 
 /// Random arguments of the short step (see `gated_delta::short_core_on`): two sequences, 2 key
 /// heads and 4 value heads of `head` keys and values, conv kernel 4; values of a model's scale.
 fn check_inputs(dtype: Dtype, s: i32, head: i32) -> Result<Vec<Array>, Exception> {
-    let (b, nk, nv, dk, dv, kernel) = (2, 2, 4, head, head, 4);
-    let channels = 2 * nk * dk + nv * dv;
-    let normal = |i: u64, shape: &[i32], scale: f32| -> Result<Array, Exception> {
-        let key = random::key(1000 + i)?;
-        random::normal::<f32>(shape, None, None, Some(&key))?.multiply(Array::from_f32(scale))?.as_dtype(dtype)
-    };
-    Ok(vec![
-        normal(0, &[b, s, channels], 1.0)?,
-        normal(1, &[b, s, nv, dv], 1.0)?,
-        normal(2, &[b, s, nv], 1.0)?,
-        normal(3, &[b, s, nv], 1.0)?,
-        normal(4, &[b, kernel - 1, channels], 1.0)?,
-        normal(5, &[b, nv, dv, dk], 0.1)?.as_dtype(Dtype::Float32)?,
-        normal(6, &[channels, kernel, 1], 0.5)?,
-        normal(7, &[nv], 0.5)?,
-        normal(8, &[nv], 0.5)?,
-        normal(9, &[dv], 1.0)?.add(Array::from_f32(1.0))?.as_dtype(dtype)?,
-    ])
+    let (nk, nv, kernel) = (2, 4, 4);
+    let channels = 2 * nk * head + nv * head;
+    let mut args = step_activations(dtype, 1000, [2, s], [nk, nv, head, head, kernel])?;
+    args.extend([
+        normal(dtype, 1006, &[channels, kernel, 1], 0.5)?,
+        normal(dtype, 1007, &[nv], 0.5)?,
+        normal(dtype, 1008, &[nv], 0.5)?,
+        normal(dtype, 1009, &[head], 1.0)?.add(Array::from_f32(1.0))?.as_dtype(dtype)?,
+    ]);
+    Ok(args)
 }
 
 #[cfg(test)]

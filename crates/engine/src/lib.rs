@@ -78,8 +78,7 @@ pub use request::{CancelToken, Event, FinishReason, GenerateRequest, Summary};
 pub use speculation::{DraftWith, Speculation};
 /// Which implementation runs the hybrids' gated delta rule, and its self-check.
 pub mod delta_path {
-    pub use crate::layers::delta_check::check_model;
-    pub use crate::layers::delta_check::{choose, self_check, Tolerance};
+    pub use crate::layers::delta_check::{check_model, choose, self_check, Tolerance};
     pub use crate::layers::delta_path::{
         current, describe, passed, report, verdicts, DeltaPath, DeltaReport, KernelUse,
     };

@@ -105,8 +105,8 @@ pub fn check_model<'a>(layers: impl IntoIterator<Item = &'a DecoderLayer>, dtype
     let mut checked = 0;
     for layer in layers {
         if let Mixer::Linear(delta) = &layer.mixer {
+            let fused = path == DeltaPath::CudaFused && delta.takes(DeltaPath::CudaFused);
             for record in [false, true] {
-                let fused = path == DeltaPath::CudaFused && delta.takes(DeltaPath::CudaFused);
                 if !(fused && check_use(delta, DeltaPath::CudaFused, dtype, record, &mut checked))
                     && delta.takes(DeltaPath::Cuda)
                 {
@@ -144,10 +144,7 @@ fn check_use(layer: &GatedDeltaNet, kernel: DeltaPath, dtype: Dtype, record: boo
         let verdict = layer_inputs(layer, dtype, positions)
             .map_err(crate::error::Error::from)
             .and_then(|args| compare(kernel, &args, record, &format!("{dtype:?}, {positions} position(s)")));
-        let [hk, hv, dk, dv, _] = match kernel_use {
-            KernelUse::Delta { heads, .. } => heads,
-            KernelUse::Moe { .. } => [0; 5],
-        };
+        let (hk, hv, dk, dv) = (layer.num_k_heads, layer.num_v_heads, layer.head_k_dim, layer.head_v_dim);
         let what = format!("{kernel} on {hk}x{dk} key and {hv}x{dv} value heads, {dtype:?}, recording: {record}");
         match &verdict {
             Ok(largest) => tracing::info!("gated delta {what}: agrees with the operations ({largest:.1e})"),

@@ -154,6 +154,7 @@ fn answer(engine: &Engine, args: Args, speculation: engine::Speculation) -> Resu
         forced_tokens: None,
         grammar,
         images: Vec::new(),
+        prefill_chunk: None,
     };
     let mut out = std::io::stdout().lock();
     for event in engine.generate(request, CancelToken::default())? {

@@ -78,13 +78,15 @@ impl BatchRule {
 /// Measures batching's gain at each of `sizes` on this engine: `rounds` paired rounds, each one
 /// sequence alone then each size together (plain greedy decoding of `tokens` new tokens, the
 /// prompts taken in turn), the gain of a round being the size's total decode rate over the
-/// alone run's beside it; the median of the rounds. Prefill is not timed.
+/// alone run's beside it; the median of the rounds. Prefill is not timed; `prefill_chunk` is
+/// the requests' own prefill pass (see `GenerateRequest::prefill_chunk`).
 pub fn measure_gains(
     engine: &Engine,
     prompts: &[Vec<u32>],
     sizes: &[usize],
     tokens: usize,
     rounds: usize,
+    prefill_chunk: Option<usize>,
 ) -> Result<Vec<BatchGain>> {
     if prompts.is_empty() {
         return Ok(Vec::new());
@@ -94,6 +96,7 @@ pub fn measure_gains(
         r.ignore_eos = true;
         r.draft_depth = 0;
         r.fixed_depth = true;
+        r.prefill_chunk = prefill_chunk;
         r
     };
     let run = |n: usize| decode_rate(engine, &(0..n).map(request).collect::<Vec<_>>());

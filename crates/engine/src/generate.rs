@@ -231,9 +231,14 @@ impl Generation<'_> {
         if matches!(self.phase, Phase::Waiting) {
             self.begin_prefill()?;
         }
-        let chunk = self.engine.prefill_chunk;
+        let chunk = self.prefill_size(self.engine.prefill_chunk);
         while self.prefill_chunk(chunk)? {}
         self.end_prefill()
+    }
+
+    /// Prompt tokens per pass: the engine's `size`, or the request's own where it is smaller.
+    fn prefill_size(&self, size: usize) -> usize {
+        self.request.prefill_chunk.map_or(size, |own| own.clamp(1, size.max(1)))
     }
 
     /// Restores the longest cached prefix of the prompt (it is not computed again) and sets

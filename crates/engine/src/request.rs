@@ -48,6 +48,11 @@ pub struct GenerateRequest {
     /// split model are not sent images.
     #[serde(skip)]
     pub images: Vec<std::sync::Arc<image::RgbImage>>,
+    /// Prompt tokens per prefill pass for this request, below the profile's (`None`: the
+    /// profile's). The tuner prefills in small passes so that a fresh CUDA machine compiles
+    /// one of MLX's quantized-matmul tiles instead of three (`tune::PREFILL_ROWS`).
+    #[serde(default)]
+    pub prefill_chunk: Option<usize>,
 }
 
 impl GenerateRequest {
@@ -65,6 +70,7 @@ impl GenerateRequest {
             forced_tokens: None,
             grammar: None,
             images: Vec::new(),
+            prefill_chunk: None,
         }
     }
 }

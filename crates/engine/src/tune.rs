@@ -302,6 +302,7 @@ pub fn measure(
             req.fixed_depth = true; // each depth as it is, whatever the engine's controller
             req.sampling.temperature = temperature;
             req.sampling.seed = Some(0);
+            req.prefill_chunk = Some(PREFILL_ROWS);
             let (_, s) = engine.generate_text(req)?;
             let decoded = s.usage.completion_tokens.saturating_sub(1);
             total.tokens += decoded;
@@ -340,10 +341,18 @@ pub fn measure(
             return Err(crate::Error::Cancelled("tuning stopped; nothing stored".into()));
         }
         let tokens = options.gen_tokens.clamp(8, BATCH_TOKENS);
-        measurement.batch_gains = measure_gains(engine, &prompts, &sizes, tokens, BATCH_ROUNDS)?;
+        measurement.batch_gains = measure_gains(engine, &prompts, &sizes, tokens, BATCH_ROUNDS, Some(PREFILL_ROWS))?;
     }
     Ok(measurement)
 }
+
+/// Prompt tokens per prefill pass in the tuner's requests. On CUDA, MLX compiles its
+/// quantized matmul once per tile of rows (16, 32 or 64: the next power of two of the rows;
+/// fewer than 8 rows take a precompiled kernel), each tile tens of seconds on a fresh machine.
+/// The verify passes of the deepest blocks and the batching measure run 8-16 rows, so prompts
+/// fed 16 tokens at a time keep the whole tune on the one tile they need (only prefill is
+/// chunked; the decoding it measures is the same).
+pub const PREFILL_ROWS: usize = 16;
 
 /// The batch sizes the tuner measures (up to the profile's limit), the tokens each sequence
 /// decodes and the paired rounds.

@@ -269,6 +269,8 @@ fn a_speculating_generation_joins_a_batch_and_answers_as_alone() {
 /// A newcomer's prompt is prefilled a chunk per decode step while another request decodes
 /// (that one gets a token every step meanwhile), and both answer as they do alone; a hybrid's
 /// too, whose state is checkpointed at the engine's prefill chunks whatever the step's size.
+/// A request's own smaller chunk (the tuner's) is kept, batched and alone, and changes no token
+/// (speculating alone either).
 #[test]
 fn a_newcomers_prompt_is_prefilled_a_chunk_per_step_while_others_decode() {
     use engine::batch::Batch;
@@ -280,44 +282,57 @@ fn a_newcomers_prompt_is_prefilled_a_chunk_per_step_while_others_decode() {
         e.set_prefill_chunk(64);
         e.set_prefill_interleave(16);
         let ids = |text: &str| e.tokenizer().encode(text).unwrap();
-        let running =
-            GenerateRequest { ignore_eos: true, ..GenerateRequest::greedy(ids("import os\nimport sys\n\n"), 40) };
         let long: String = (0..30).map(|i| format!("x{i} = compute({i})\n")).collect();
-        let newcomer = GenerateRequest::greedy(ids(&long), 12);
-        assert!(newcomer.prompt.len() > 100, "{}", newcomer.prompt.len());
+        let plain_newcomer = GenerateRequest::greedy(ids(&long), 12);
+        assert!(plain_newcomer.prompt.len() > 100, "{}", plain_newcomer.prompt.len());
+        // It decodes on through the newcomer's prefill in chunks of 8.
+        let decodes = plain_newcomer.prompt.len() / 8 + 8;
+        let running =
+            GenerateRequest { ignore_eos: true, ..GenerateRequest::greedy(ids("import os\nimport sys\n\n"), decodes) };
         e.set_prompt_cache_budget(0);
-        let (want_a, want_b) = (alone_text(&e, &running), alone_text(&e, &newcomer));
-
-        let mut batch = Batch::default();
-        batch.queue("running", e.generate(running, CancelToken::default()).unwrap()).unwrap();
-        let mut texts = std::collections::HashMap::new();
-        for (key, event) in batch.step() {
-            if let engine::Event::Text(t) = event.unwrap() {
-                texts.entry(key).or_insert_with(String::new).push_str(&t);
-            }
-        }
-        // Alone, the first one was prefilled at once and decodes from the first step.
-        assert_eq!(batch.prefilling(), (0, 0));
-        batch.queue("newcomer", e.generate(newcomer.clone(), CancelToken::default()).unwrap()).unwrap();
-        let mut left = newcomer.prompt.len() - 1;
-        assert_eq!(batch.prefilling(), (1, left));
-        let mut steps = 0;
-        while batch.prefilling().0 == 1 {
-            let decoded = batch.generated(&"running").unwrap();
-            for (key, event) in batch.step() {
-                if let engine::Event::Text(t) = event.unwrap() {
-                    texts.entry(key).or_default().push_str(&t);
+        let (want_a, want_b) = (alone_text(&e, &running), alone_text(&e, &plain_newcomer));
+        for own in [None, Some(8)] {
+            let newcomer = GenerateRequest { prefill_chunk: own, ..plain_newcomer.clone() };
+            let per_step = own.unwrap_or(16);
+            if own.is_some() {
+                assert_eq!(alone_text(&e, &newcomer), want_b, "{}: alone in chunks of 8", dir.display());
+                if e.model().mtp().is_some() {
+                    let speculating = GenerateRequest { draft_depth: 2, fixed_depth: true, ..newcomer.clone() };
+                    assert_eq!(alone_text(&e, &speculating), want_b, "{}: speculating", dir.display());
                 }
             }
-            steps += 1;
-            assert_eq!(batch.generated(&"running").unwrap(), decoded + 1, "a token every step");
-            let now = batch.prefilling().1;
-            assert!(left - now <= 16 && (now == 0 || left - now >= 1), "{left} -> {now}");
-            left = now;
+
+            let mut batch = Batch::default();
+            batch.queue("running", e.generate(running.clone(), CancelToken::default()).unwrap()).unwrap();
+            let mut texts = std::collections::HashMap::new();
+            for (key, event) in batch.step() {
+                if let engine::Event::Text(t) = event.unwrap() {
+                    texts.entry(key).or_insert_with(String::new).push_str(&t);
+                }
+            }
+            // Alone, the first one was prefilled at once and decodes from the first step.
+            assert_eq!(batch.prefilling(), (0, 0));
+            batch.queue("newcomer", e.generate(newcomer.clone(), CancelToken::default()).unwrap()).unwrap();
+            let mut left = newcomer.prompt.len() - 1;
+            assert_eq!(batch.prefilling(), (1, left));
+            let mut steps = 0;
+            while batch.prefilling().0 == 1 {
+                let decoded = batch.generated(&"running").unwrap();
+                for (key, event) in batch.step() {
+                    if let engine::Event::Text(t) = event.unwrap() {
+                        texts.entry(key).or_default().push_str(&t);
+                    }
+                }
+                steps += 1;
+                assert_eq!(batch.generated(&"running").unwrap(), decoded + 1, "a token every step");
+                let now = batch.prefilling().1;
+                assert!(left - now <= per_step && (now == 0 || left - now >= 1), "{left} -> {now}");
+                left = now;
+            }
+            assert!(steps >= newcomer.prompt.len() / per_step, "prefilled in {steps} steps");
+            run_out(&mut batch, &mut texts);
+            assert_eq!(texts["running"], want_a, "{}", dir.display());
+            assert_eq!(texts.get("newcomer").map(String::as_str).unwrap_or(""), want_b, "{}", dir.display());
         }
-        assert!(steps >= newcomer.prompt.len() / 16, "prefilled in {steps} steps");
-        run_out(&mut batch, &mut texts);
-        assert_eq!(texts["running"], want_a, "{}", dir.display());
-        assert_eq!(texts.get("newcomer").map(String::as_str).unwrap_or(""), want_b, "{}", dir.display());
     }
 }

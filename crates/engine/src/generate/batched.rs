@@ -18,7 +18,7 @@ impl<'a> Generation<'a> {
     pub(crate) fn start_batched(&mut self) -> Result<()> {
         if self.needs_prefill() {
             self.begin_batched_prefill()?;
-            let chunk = self.engine.prefill_chunk;
+            let chunk = self.prefill_size(self.engine.prefill_chunk);
             while self.prefill_chunk(chunk)? {}
             self.finish_batched_prefill()
         } else {
@@ -39,9 +39,9 @@ impl<'a> Generation<'a> {
     }
 
     /// One interleaved chunk of the prompt (the engine's [`Engine::prefill_interleave`]
-    /// tokens); whether another follows.
+    /// tokens, or the request's fewer); whether another follows.
     pub(crate) fn prefill_step(&mut self) -> Result<bool> {
-        self.prefill_chunk(self.engine.prefill_interleave())
+        self.prefill_chunk(self.prefill_size(self.engine.prefill_interleave()))
     }
 
     /// Ends a batched prefill: the first token is scheduled.

@@ -64,11 +64,12 @@ fn mib(bytes: u64) -> String {
     }
 }
 
-/// Three lines for the tray: what runs, how fast, how much memory.
+/// A folder's last name, as the tray shows a drafter.
 fn folder_name(dir: &std::path::Path) -> String {
     dir.file_name().map_or_else(|| dir.display().to_string(), |n| n.to_string_lossy().into_owned())
 }
 
+/// Four lines for the tray: what runs, how fast, how much memory, what drafting does.
 pub fn lines(state: &server::AppState) -> Vec<String> {
     let loaded = state.loaded();
     let info = &loaded.worker.info;
@@ -114,5 +115,21 @@ pub fn lines(state: &server::AppState) -> Vec<String> {
         format!("prompt cache {}", mib(cache.bytes as u64))
     };
     let memory = format!("Memory: MLX {} · process {process} · {cached}", mib(snap.memory.mlx_active_bytes));
-    vec![model, speed, memory]
+    vec![model, speed, memory, drafting_line(&live)]
+}
+
+/// What speculation does: the drafter and depth the last speculating request ran at (its
+/// depth controller's), the tokens a cycle and the acceptance by draft position over every
+/// request served — the window's figures, in one line.
+pub fn drafting_line(live: &server::metrics::Live) -> String {
+    if live.tokens_per_cycle <= 0.0 {
+        return "Drafting: no speculative request yet".to_string();
+    }
+    let now = match &live.depth_control {
+        Some(c) if c.depth_now == 0 => "plain now (drafts do not pay) · ".to_string(),
+        Some(c) => format!("{} · ", engine::Speculation { drafter: c.drafter_now, depth: c.depth_now }),
+        None => String::new(),
+    };
+    let accepted: Vec<String> = live.acceptance.iter().map(|a| format!("{:.0}%", a * 100.0)).collect();
+    format!("Drafting: {now}{:.2} tokens a cycle · accepted by position {}", live.tokens_per_cycle, accepted.join(" "))
 }

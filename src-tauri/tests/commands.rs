@@ -82,10 +82,12 @@ fn the_apps_commands_answer_through_the_ipc() {
             || http_get(&api_base, "/health").starts_with("HTTP/1.1 200")
     );
 
-    // The tray's status lines: the model, no request yet, memory with MLX's figure.
+    // The tray's status lines: the model, no request yet, memory with MLX's figure, no
+    // drafting yet.
     let lines = invoke(&window, "status_lines", json!({})).unwrap();
     let lines: Vec<String> = serde_json::from_value(lines).unwrap();
-    assert_eq!(lines.len(), 3, "{lines:?}");
+    assert_eq!(lines.len(), 4, "{lines:?}");
+    assert_eq!(lines[3], "Drafting: no speculative request yet");
     assert!(lines[0].contains("sustained") && lines[0].contains("plain decoding"), "{lines:?}");
     assert_eq!(lines[1], "No request yet");
     assert!(lines[2].starts_with("Memory: MLX ") && !lines[2].contains("not available"), "{lines:?}");
@@ -191,4 +193,25 @@ fn a_model_that_cannot_start_leaves_the_default_running_and_says_why() {
     std::env::remove_var("FERRITE_ASSETS");
     let e = format!("{e:#}");
     assert!(e.contains("default model") && e.contains("/no/such/model"), "{e}");
+}
+
+/// The tray's drafting line: which drafter and depth the controller runs, or plain; the tokens
+/// a cycle and the acceptance by position.
+#[test]
+fn the_tray_says_what_drafting_does() {
+    use engine::speculative::ControlStats;
+    use engine::DraftWith;
+
+    let mut live = server::metrics::Live::default();
+    assert_eq!(app::commands::drafting_line(&live), "Drafting: no speculative request yet");
+    live.tokens_per_cycle = 3.094;
+    live.acceptance = vec![0.8, 0.53, 0.4];
+    assert_eq!(app::commands::drafting_line(&live), "Drafting: 3.09 tokens a cycle · accepted by position 80% 53% 40%");
+    live.depth_control = Some(ControlStats { drafter_now: DraftWith::Block, depth_now: 4, ..Default::default() });
+    assert_eq!(
+        app::commands::drafting_line(&live),
+        "Drafting: block depth 4 · 3.09 tokens a cycle · accepted by position 80% 53% 40%"
+    );
+    live.depth_control = Some(ControlStats { drafter_now: DraftWith::Mtp, depth_now: 0, ..Default::default() });
+    assert!(app::commands::drafting_line(&live).starts_with("Drafting: plain now (drafts do not pay) · 3.09"));
 }

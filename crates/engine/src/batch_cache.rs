@@ -81,7 +81,7 @@ fn pad_left(a: &Array, n: i32) -> Result<Array> {
 
 /// Rows `keep` of `a` (axis 0).
 fn take_rows(a: &Array, keep: &[i32]) -> Result<Array> {
-    Ok(a.take_axis(Array::from_slice(keep, &[keep.len() as i32]), 0)?)
+    Ok(a.take_axis(crate::layers::linear::row_index(keep)?, 0)?)
 }
 
 impl BatchCache {

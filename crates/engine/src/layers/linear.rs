@@ -30,11 +30,24 @@ impl Linear {
     }
 }
 
+/// Row numbers as an index array of `u32`, the token ids' dtype: MLX's CUDA backend compiles a
+/// gather kernel per index dtype on a machine's first run, so the weights' rows taken at load
+/// share the module of the embedding lookups instead of compiling two more. A negative row
+/// (which a `u32` would turn into a read past the end) is refused.
+pub fn row_index(rows: &[i32]) -> Result<Array> {
+    let ids: Vec<u32> = rows
+        .iter()
+        .map(|&r| u32::try_from(r))
+        .collect::<std::result::Result<_, _>>()
+        .map_err(|_| mlx_rs::error::Exception::custom(format!("negative row number among {rows:?}")))?;
+    Ok(Array::from_slice(&ids, &[ids.len() as i32]))
+}
+
 impl Linear {
     /// The projection onto the given output rows, in their order (a reordering or a part of
     /// the matrix; quantization groups run along the inputs, so rows move with their scales).
     pub fn take_rows(&self, rows: &[i32]) -> Result<Linear> {
-        let rows = Array::from_slice(rows, &[rows.len() as i32]);
+        let rows = row_index(rows)?;
         let take = |a: &Array| a.take_axis(&rows, 0);
         let bias = |b: &Option<Array>| b.as_ref().map(take).transpose();
         Ok(match self {
@@ -95,5 +108,19 @@ impl Embedding {
             Embedding::Dense { weight } => Ok(ops::matmul(x, weight.t())?),
             Embedding::Quantized { packed } => quantized_matmul(x, packed),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rows_index_as_token_ids_do_and_a_negative_row_is_refused() {
+        let index = row_index(&[3, 0, 7]).unwrap();
+        assert_eq!(index.dtype(), mlx_rs::Dtype::Uint32);
+        assert_eq!(index.as_slice::<u32>(), &[3, 0, 7]);
+        let err = row_index(&[1, -2]).unwrap_err().to_string();
+        assert!(err.contains("negative row number among [1, -2]"), "{err}");
     }
 }

@@ -115,7 +115,7 @@ impl Split {
 /// `indices` of `a` along `axis`, evaluated now: a gather copies, so the source is not kept
 /// alive by a view, and the source (a whole tensor read from the file) is freed at once.
 pub fn take(a: &Array, indices: &[i32], axis: i32) -> Result<Array> {
-    let part = a.take_axis(Array::from_slice(indices, &[indices.len() as i32]), axis)?;
+    let part = a.take_axis(super::linear::row_index(indices)?, axis)?;
     part.eval()?;
     Ok(part)
 }

@@ -94,7 +94,9 @@ pub fn measure_costs(
     let h = h.index((.., -1.., ..));
     eval(cache.arrays().into_iter().chain([&h]).chain(taps.as_ref()))?;
     let token = |i: usize| prompt[i % prompt.len()];
-    let argmax = |logits: &Array| ops::indexing::argmax_axis(logits.index((.., -1, ..)), -1, None);
+    let argmax = |logits: &Array| -> Result<Array> {
+        Ok(ops::indexing::argmax_axis(crate::logits::last_position(logits)?, -1, None)?)
+    };
     // Two untimed calls: on a GPU the first of a new shape compiles kernels, and after one
     // the first verify depth timed still read high (the embedded model's 2-position pass at
     // 1.4 times its 3-position one on an H100, where `ferrite dev ops` found it cheaper).
@@ -230,7 +232,8 @@ pub fn measure_waited_step(model: &dyn LanguageModel, prompt: &[u32], iters: usi
     for i in 0..iters + 2 {
         let began = Instant::now();
         let input = Array::from_slice(&[prompt[i % prompt.len()]], &[1, 1]);
-        let y = ops::indexing::argmax_axis(model.forward(&input, &mut cache)?.index((.., -1, ..)), -1, None)?;
+        let y =
+            ops::indexing::argmax_axis(crate::logits::last_position(&model.forward(&input, &mut cache)?)?, -1, None)?;
         let built = began.elapsed().as_secs_f64();
         y.eval()?;
         if i >= 2 {

@@ -329,7 +329,8 @@ impl Engine {
                 ))
             }
             Some(path) => {
-                let drafter = BlockDrafter::load(path, model.config(), weight_form.form.dequantize_to())?;
+                let compute = model.embed(&Array::from_slice(&[0u32], &[1, 1]))?.dtype();
+                let drafter = BlockDrafter::load(path, model.config(), weight_form.form.dequantize_to(), compute)?;
                 tracing::info!(
                     "block drafter {} loaded: blocks of {}, reading layers {:?}",
                     path.display(),

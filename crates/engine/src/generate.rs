@@ -207,7 +207,7 @@ impl Generation<'_> {
     /// The logits of the last position after `tokens` (lazy).
     fn last_logits(&mut self, tokens: &Array) -> Result<Array> {
         let logits = self.engine.model.forward(tokens, &mut self.cache)?;
-        Ok(logits.index((.., -1, ..)))
+        crate::logits::last_position(&logits)
     }
 
     /// The next token from the last position's logits (lazy): the forced answer's, then the
@@ -353,7 +353,7 @@ impl Generation<'_> {
         }
         let (hidden, features) = spec.trunk(&Array::from_slice(last, &[1, 1]), &mut self.cache)?;
         spec.observe(last, &features)?;
-        let mut last = model.logits(&hidden)?.index((.., -1, ..));
+        let mut last = crate::logits::last_position(&model.logits(&hidden)?)?;
         if let Some(forced) = &mut self.forced {
             last = forced.apply(&last)?;
         }

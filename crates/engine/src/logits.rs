@@ -12,6 +12,19 @@ use mlx_rs::{ops, Array, Dtype};
 use crate::error::{Error, Result};
 use crate::penalties::Recent;
 
+/// The last position's row of `a` [batch, positions, vocab], as [batch, vocab]: a slice and a
+/// squeeze, views of `a`. An integer index would be a gather (mlx-rs takes it as `take`): a
+/// kernel on every step and, on a fresh CUDA machine, one more module compiled for each dtype.
+pub fn last_position(a: &Array) -> Result<Array> {
+    Ok(a.try_index((.., -1.., ..))?.squeeze_axes(&[1])?)
+}
+
+/// `a` [1, ...] without its batch axis (a view, as [`last_position`] is); an error if the
+/// batch holds more than one row.
+pub fn only_row(a: &Array) -> Result<Array> {
+    Ok(a.squeeze_axes(&[0])?)
+}
+
 /// One step of the chain: a position's logits [1, vocab] in, processed logits out.
 pub trait LogitsProcessor {
     fn process(&self, logits: &Array) -> Result<Array>;

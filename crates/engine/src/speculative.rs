@@ -27,7 +27,7 @@ use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::transforms::eval;
 use mlx_rs::{ops, Array, Dtype};
 use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
+use rand::SeedableRng;
 use serde::Serialize;
 
 use crate::cache::Cache;
@@ -44,6 +44,7 @@ use crate::sampling::Sampler;
 use crate::speculation::DraftWith;
 
 mod accounting;
+mod rejection;
 mod slot;
 pub use slot::Drafter;
 use slot::{PromptAngles, Slot};
@@ -144,8 +145,9 @@ impl SpecStats {
 }
 
 /// The drafted tokens (each a one-element u32 array, evaluated) on the host.
-fn read_ids(drafts: &[Array]) -> Result<Vec<u32>> {
-    Ok(drafts.iter().map(|t| t.try_item_exact::<u32>()).collect::<std::result::Result<_, _>>()?)
+/// The evaluated draft row's ids (none without a row).
+fn read_ids(row: Option<&Array>) -> Result<Vec<u32>> {
+    Ok(row.map(|r| r.as_slice::<u32>().to_vec()).unwrap_or_default())
 }
 
 /// Where a cycle's draft logits come from: the MTP head stepped on its own drafts (its
@@ -602,6 +604,14 @@ impl<'m> Speculator<'m> {
         };
         let (mut drafts, mut draft_scaled) = (Vec::with_capacity(depth), Vec::with_capacity(depth));
         let mut draft_window = self.penalties.as_ref().map(|(p, recent)| Recent::new(*p, recent));
+        // A block's drafts, when no processor, penalty or grammar changes a row: the argmax of
+        // all rows at once, one operation for the block where each draft took four.
+        let block_row = match (&rows, processors.is_empty() && draft_window.is_none() && constraint.is_none()) {
+            (DraftRows::Block(all), true) => {
+                Some(ops::indexing::argmax_axis(logits::only_row(all)?, -1, None)?.as_dtype(Dtype::Uint32)?)
+            }
+            _ => None,
+        };
         // The grammar's masks: before the first draft, then after each kept draft.
         let mut masks = Vec::new();
         if let Some(c) = constraint.as_deref_mut() {
@@ -609,9 +619,10 @@ impl<'m> Speculator<'m> {
                 c.mask().map_err(|e| Error::Request(format!("a speculative cycle after the grammar ended: {e:?}")))?,
             ));
         }
-        for i in 0..depth {
+        let one_by_one = if block_row.is_some() { 0 } else { depth };
+        for i in 0..one_by_one {
             let logits = match &rows {
-                DraftRows::Mtp(head, g) => head.logits(self.model, g)?.index((.., -1, ..)),
+                DraftRows::Mtp(head, g) => logits::last_position(&head.logits(self.model, g)?)?,
                 DraftRows::Block(all) => all.index((.., i as i32, ..)),
                 DraftRows::None => break,
             };
@@ -656,22 +667,29 @@ impl<'m> Speculator<'m> {
             }
             drafts.push(token.as_dtype(Dtype::Uint32)?);
         }
-        let d = drafts.len();
+        // The drafts as one row [d] (none when nothing was drafted).
+        let draft_row = match block_row {
+            Some(row) => Some(row),
+            None if drafts.is_empty() => None,
+            None => {
+                let each = drafts.iter().map(|t| t.reshape(&[1])).collect::<std::result::Result<Vec<_>, _>>()?;
+                Some(ops::concatenate(&each, 0)?)
+            }
+        };
+        let d = draft_row.as_ref().map_or(0, |row| row.dim(0) as usize);
         // Without a grammar, penalties or a script nothing on the host needs the drafts before
         // the verify pass: they feed it on the device, the drafter computes while the host
         // builds the verify pass, and one wait reads the drafts and the verdict together.
         let on_device = constraint.is_none() && self.penalties.is_none() && self.draft_script.is_none();
         let mut draft_ids: Vec<u32> = Vec::with_capacity(d);
         let input = if on_device {
-            crate::distributed::schedule(self.model.is_split(), drafts.iter().chain(draft_scaled.iter()))?;
-            let mut ids = vec![Array::from_slice(&[last_token], &[1])];
-            for t in &drafts {
-                ids.push(t.reshape(&[1])?);
-            }
+            crate::distributed::schedule(self.model.is_split(), draft_row.iter().chain(draft_scaled.iter()))?;
+            let ids: Vec<Array> =
+                std::iter::once(Array::from_slice(&[last_token], &[1])).chain(draft_row.clone()).collect();
             ops::concatenate(&ids, 0)?.reshape(&[1, d as i32 + 1])?
         } else {
-            eval(drafts.iter().chain(draft_scaled.iter()))?;
-            draft_ids = read_ids(&drafts)?;
+            eval(draft_row.iter().chain(draft_scaled.iter()))?;
+            draft_ids = read_ids(draft_row.as_ref())?;
             // A block's drafts are point masses under sampling too: a script may replace them.
             let scripted = sampler.is_greedy() || matches!(drafter, Drafter::Block(_));
             if let (Some(script), true, None) = (&self.draft_script, scripted, &constraint) {
@@ -688,7 +706,7 @@ impl<'m> Speculator<'m> {
 
         // Verify all drafted positions in one trunk pass.
         let (h, features) = self.trunk(&input, cache)?;
-        let logits = self.model.logits(&h)?.index(0);
+        let logits = logits::only_row(&self.model.logits(&h)?)?;
         // Row j predicts the token after input[j]: its window ends with drafts 1..=j, its mask
         // is the grammar's state after them.
         let windows: Vec<Recent> = match &self.penalties {
@@ -704,9 +722,9 @@ impl<'m> Speculator<'m> {
         let logits = logits::apply_rows(&logits, &rows)?;
         let (accepted, next) = if sampler.is_greedy() {
             let target = ops::indexing::argmax_axis(&logits, -1, None)?.as_dtype(Dtype::Uint32)?;
-            eval(drafts.iter().chain([&target, &h]))?;
+            eval(draft_row.iter().chain([&target, &h]))?;
             if on_device {
-                draft_ids = read_ids(&drafts)?;
+                draft_ids = read_ids(draft_row.as_ref())?;
             }
             let mut target = target.as_slice::<u32>().to_vec();
             if let Some((answer, end)) = &self.forced_answer {
@@ -721,13 +739,13 @@ impl<'m> Speculator<'m> {
             let p = ops::softmax_axis(sampler.scaled_logits(&logits)?, -1, None)?;
             let q: Vec<Array> =
                 draft_scaled.iter().map(|s| ops::softmax_axis(s, -1, None)).collect::<std::result::Result<_, _>>()?;
-            eval(q.iter().chain(&drafts).chain([&p, &h]))?;
+            eval(q.iter().chain(&draft_row).chain([&p, &h]))?;
             if on_device {
-                draft_ids = read_ids(&drafts)?;
+                draft_ids = read_ids(draft_row.as_ref())?;
             }
             // A block's drafts carry no distribution of their own: point masses.
             let q = matches!(drafter, Drafter::Mtp(_)).then_some(&q[..]);
-            self.rejection_sample(&draft_ids, &p, q)?
+            rejection::sample(&mut self.rng, &draft_ids, &p, q)?
         };
         let now = Instant::now();
 
@@ -754,45 +772,5 @@ impl<'m> Speculator<'m> {
         self.timed_cycle(d, committed.len(), now - started);
         self.account(d, accepted, committed.len(), verified_at - started, now - verified_at);
         Ok(committed)
-    }
-
-    /// Accepts draft i with probability min(1, p_i(d) / q_i(d)); the first rejection draws
-    /// from max(0, p_i - q_i) renormalised; if all pass, the bonus token comes from p_depth.
-    /// Without `q` each draft is a point mass: accepted with probability p_i(d), the residual
-    /// is p_i without d.
-    fn rejection_sample(&mut self, drafts: &[u32], p: &Array, q: Option<&[Array]>) -> Result<(usize, u32)> {
-        let vocab = p.dim(-1) as usize;
-        let p_all = p.as_slice::<f32>();
-        for (i, &d) in drafts.iter().enumerate() {
-            let p_i = &p_all[i * vocab..(i + 1) * vocab];
-            let q_i = q.map(|q| q[i].as_slice::<f32>());
-            let (pd, qd) = (p_i[d as usize], q_i.map_or(1.0, |q_i| q_i[d as usize]));
-            if qd > 0.0 && self.rng.random::<f32>() * qd < pd {
-                continue;
-            }
-            let residual: Vec<f32> = match q_i {
-                Some(q_i) => p_i.iter().zip(q_i).map(|(a, b)| (a - b).max(0.0)).collect(),
-                None => p_i.iter().enumerate().map(|(t, &a)| if t == d as usize { 0.0 } else { a }).collect(),
-            };
-            return Ok((i, self.draw_host(&residual).unwrap_or_else(|| self.draw_host(p_i).unwrap_or(0))));
-        }
-        let last = &p_all[drafts.len() * vocab..(drafts.len() + 1) * vocab];
-        Ok((drafts.len(), self.draw_host(last).unwrap_or(0)))
-    }
-
-    /// Samples an index from unnormalised non-negative weights; `None` if they sum to 0.
-    fn draw_host(&mut self, weights: &[f32]) -> Option<u32> {
-        let total: f64 = weights.iter().map(|&w| w as f64).sum();
-        if total <= 0.0 {
-            return None;
-        }
-        let mut r = self.rng.random::<f64>() * total;
-        for (i, &w) in weights.iter().enumerate() {
-            r -= w as f64;
-            if r < 0.0 {
-                return Some(i as u32);
-            }
-        }
-        weights.iter().rposition(|&w| w > 0.0).map(|i| i as u32)
     }
 }

@@ -48,7 +48,7 @@ impl Generation<'_> {
     fn feed_plain(&mut self, token: &Array) -> Result<(Array, Array)> {
         let spec = self.spec.as_ref().ok_or_else(|| Error::Request("plain stretch without a speculator".into()))?;
         let (hidden, features) = spec.trunk(token, &mut self.cache)?;
-        let logits = self.engine.model.logits(&hidden)?.index((.., -1, ..));
+        let logits = crate::logits::last_position(&self.engine.model.logits(&hidden)?)?;
         Ok((features, logits))
     }
 

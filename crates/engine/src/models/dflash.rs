@@ -141,8 +141,9 @@ pub struct BlockDrafter {
 
 impl BlockDrafter {
     /// Loads the drafter in `dir` for `target` (whose hidden size it must have), its quantized
-    /// matrices dequantized to `dequantize` when the target's are.
-    pub fn load(dir: &Path, target: &ModelConfig, dequantize: Option<Dtype>) -> Result<Self> {
+    /// matrices dequantized to `dequantize` when the target's are, its float tensors in
+    /// `compute`, the dtype the target computes in.
+    pub fn load(dir: &Path, target: &ModelConfig, dequantize: Option<Dtype>, compute: Dtype) -> Result<Self> {
         let path = dir.join("config.json");
         let text = crate::small_file::read_text(&path, crate::small_file::JSON_CAP)?;
         let value: Value =
@@ -160,6 +161,7 @@ impl BlockDrafter {
             ));
         }
         let mut weights = Weights::load(dir)?;
+        in_dtype(&mut weights, compute)?;
         let mut ld = Loader {
             weights: &mut weights,
             quant: c.quant.as_ref(),
@@ -269,6 +271,24 @@ impl BlockDrafter {
     }
 }
 
+/// Every float tensor in `dtype`. The drafter's inputs are the target's embeddings and hidden
+/// states: a matrix stored in another float dtype (z-lab's drafters are bfloat16, the embedded
+/// model computes in float32) would be converted on every pass, a copy and a launch per matrix.
+fn in_dtype(weights: &mut Weights, dtype: Dtype) -> Result<()> {
+    for name in weights.names() {
+        weights.update(&name, |a| {
+            let float = matches!(a.dtype(), Dtype::Float16 | Dtype::Bfloat16 | Dtype::Float32);
+            if !float || a.dtype() == dtype {
+                return Ok(a.clone());
+            }
+            let converted = a.as_dtype(dtype)?;
+            converted.eval()?;
+            Ok(converted)
+        })?;
+    }
+    Ok(())
+}
+
 fn kv_of(state: &mut LayerCache) -> Result<&mut crate::cache::KvCache> {
     match state {
         LayerCache::Kv(kv) => Ok(kv),
@@ -289,4 +309,33 @@ fn block_mask(keys: i32, block: i32, causal: bool, window: Option<i32>) -> Resul
         keep = keep.logical_and(key_pos.le(&query_pos)?)?;
     }
     Ok(Some(keep))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn float_tensors_take_the_targets_dtype_and_packed_ones_stay() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../assets/models/ferrite-code-20m-dflash");
+        let mut weights = Weights::load(&dir).unwrap();
+        assert!(
+            weights.arrays().all(|(_, a)| a.dtype() == Dtype::Bfloat16),
+            "the shipped drafter is stored in bfloat16"
+        );
+        weights.insert("packed".into(), Array::from_slice(&[1u32, 2, 3], &[3]));
+        let before = weights.array("fc.weight").unwrap().as_dtype(Dtype::Float32).unwrap();
+
+        in_dtype(&mut weights, Dtype::Float32).unwrap();
+        for (name, a) in weights.arrays() {
+            let want = if name == "packed" { Dtype::Uint32 } else { Dtype::Float32 };
+            assert_eq!(a.dtype(), want, "{name}");
+        }
+        let after = weights.array("fc.weight").unwrap();
+        assert!(before.eq_values(after).unwrap(), "converting from bfloat16 is exact");
+
+        in_dtype(&mut weights, Dtype::Bfloat16).unwrap();
+        assert_eq!(weights.array("fc.weight").unwrap().dtype(), Dtype::Bfloat16);
+        assert_eq!(weights.array("packed").unwrap().as_slice::<u32>(), &[1, 2, 3]);
+    }
 }

@@ -144,8 +144,7 @@ impl SpecStats {
     }
 }
 
-/// The drafted tokens (each a one-element u32 array, evaluated) on the host.
-/// The evaluated draft row's ids (none without a row).
+/// The drafted tokens on the host, from their evaluated row [d] of u32 (none without a row).
 fn read_ids(row: Option<&Array>) -> Result<Vec<u32>> {
     Ok(row.map(|r| r.as_slice::<u32>().to_vec()).unwrap_or_default())
 }
